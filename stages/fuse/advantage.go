@@ -1,0 +1,70 @@
+package fuse
+
+import "math"
+
+// AdvantageEps is added to the group's standard deviation, as in GRPO.
+const AdvantageEps = 1e-4
+
+// Normalization says how group-relative advantages are formed.
+type Normalization string
+
+const (
+	// Standardize: (r - mean) / (std + 1e-4), population std (GRPO).
+	Standardize Normalization = "std"
+	// CenterOnly: r - mean (Dr. GRPO style; no per-group rescaling).
+	CenterOnly Normalization = "center"
+)
+
+// Advantages writes the group-relative advantages of rewards into dst (grown
+// if short) and returns it. Entries with graded[i] false are left out of the
+// statistics and get 0; graded may be nil (all graded). ok is false when fewer
+// than two entries are graded: the group carries no within-group signal and
+// every entry is 0.
+func Advantages(dst, rewards []float64, graded []bool, norm Normalization) (out []float64, ok bool) {
+	if cap(dst) < len(rewards) {
+		dst = make([]float64, len(rewards))
+	}
+	dst = dst[:len(rewards)]
+	n, sum := 0, 0.0
+	for i, r := range rewards {
+		if graded == nil || graded[i] {
+			n++
+			sum += r
+		}
+	}
+	if n < 2 {
+		clear(dst)
+		return dst, false
+	}
+	mean := sum / float64(n)
+	scale := 1.0
+	if norm != CenterOnly {
+		ss := 0.0
+		for i, r := range rewards {
+			if graded == nil || graded[i] {
+				ss += (r - mean) * (r - mean)
+			}
+		}
+		scale = 1 / (math.Sqrt(ss/float64(n)) + AdvantageEps)
+	}
+	for i, r := range rewards {
+		if graded == nil || graded[i] {
+			dst[i] = (r - mean) * scale
+		} else {
+			dst[i] = 0
+		}
+	}
+	return dst, true
+}
+
+// meanVar returns the mean and population variance of v.
+func meanVar(v []float64) (mean, variance float64) {
+	for _, x := range v {
+		mean += x
+	}
+	mean /= float64(len(v))
+	for _, x := range v {
+		variance += (x - mean) * (x - mean)
+	}
+	return mean, variance / float64(len(v))
+}
