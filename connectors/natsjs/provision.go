@@ -1,0 +1,65 @@
+package natsjs
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StreamFunc says which stream holds a topic (a NATS subject) and how it is
+// configured. It must return the same stream for every topic it covers.
+type StreamFunc func(topic string) jetstream.StreamConfig
+
+// StreamPerTopic gives every topic a file-backed stream of its own, named
+// after it.
+func StreamPerTopic(topic string) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:     SafeName(topic),
+		Subjects: []string{topic},
+		Storage:  jetstream.FileStorage,
+	}
+}
+
+// SafeName turns a subject into a valid stream or consumer name.
+func SafeName(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '.', '*', '>', ' ', '\t', '/', '\\':
+			return '_'
+		}
+		return r
+	}, s)
+}
+
+// provisioner creates streams idempotently, once per stream name.
+type provisioner struct {
+	js     jetstream.JetStream
+	stream StreamFunc
+	mu     sync.Mutex
+	done   map[string]bool
+}
+
+func newProvisioner(js jetstream.JetStream, f StreamFunc) *provisioner {
+	if f == nil {
+		f = StreamPerTopic
+	}
+	return &provisioner{js: js, stream: f, done: map[string]bool{}}
+}
+
+// ensure creates or updates the stream covering topic and returns its name.
+func (p *provisioner) ensure(ctx context.Context, topic string) (string, error) {
+	cfg := p.stream(topic)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done[cfg.Name] {
+		return cfg.Name, nil
+	}
+	if _, err := p.js.CreateOrUpdateStream(ctx, cfg); err != nil {
+		return "", fmt.Errorf("natsjs: provision stream %s for %s: %w", cfg.Name, topic, err)
+	}
+	p.done[cfg.Name] = true
+	return cfg.Name, nil
+}

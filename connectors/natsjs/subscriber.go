@@ -1,0 +1,273 @@
+package natsjs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// SubscriberConfig configures a Subscriber. Conn is required.
+type SubscriberConfig struct {
+	Conn *nats.Conn
+	// CloseConn closes Conn when the subscriber is closed.
+	CloseConn bool
+	// Stream says which stream holds a topic (default: one per topic).
+	Stream StreamFunc
+	// ConsumerGroup names the durable consumer. Subscribers of one group share
+	// a topic's messages (each message goes to one of them); different groups
+	// each get every message. Empty: one shared group per topic.
+	ConsumerGroup string
+	// AckWait: an unacknowledged message is redelivered after it (default
+	// 30s). Messages still being handled are kept alive with InProgress every
+	// AckWait/2, so a long handler is never redelivered behind its back.
+	AckWait time.Duration
+	// MaxAckPending bounds messages handed out and not yet acknowledged, per
+	// consumer (default 1024). A handler that holds messages (a join waiting
+	// for its other side) needs room for all it holds.
+	MaxAckPending int
+	// Prefetch is how many messages the client buffers ahead (default 256).
+	Prefetch int
+	// NakDelay is the redelivery delay after a Nack, given how often the
+	// message was delivered (default: 250ms doubling to 30s).
+	NakDelay func(deliveries uint64) time.Duration
+	// Logger for transient errors (default: none).
+	Logger watermill.LoggerAdapter
+}
+
+func (c *SubscriberConfig) setDefaults() {
+	if c.AckWait == 0 {
+		c.AckWait = 30 * time.Second
+	}
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = 1024
+	}
+	if c.Prefetch == 0 {
+		c.Prefetch = 256
+	}
+	if c.Prefetch > c.MaxAckPending {
+		c.Prefetch = c.MaxAckPending
+	}
+	if c.NakDelay == nil {
+		c.NakDelay = ExponentialBackoff(250*time.Millisecond, 30*time.Second)
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+// ExponentialBackoff doubles from first to at most max with each delivery.
+func ExponentialBackoff(first, max time.Duration) func(uint64) time.Duration {
+	return func(deliveries uint64) time.Duration {
+		d := first
+		for i := uint64(1); i < deliveries && d < max; i++ {
+			d *= 2
+		}
+		return min(d, max)
+	}
+}
+
+// Subscriber consumes JetStream topics as watermill messages through a
+// durable pull consumer. It hands a message to its output channel without
+// waiting for the previous one to be acknowledged (in flight bounded by
+// MaxAckPending), acknowledges each when the handler acks it, and redelivers
+// it with backoff when the handler nacks it. Safe for concurrent use.
+type Subscriber struct {
+	cfg     SubscriberConfig
+	js      jetstream.JetStream
+	prov    *provisioner
+	closing chan struct{}
+	once    sync.Once
+	loops   sync.WaitGroup // consume loops
+	msgs    sync.WaitGroup // messages handed out and not yet settled
+}
+
+var (
+	_ message.Subscriber          = (*Subscriber)(nil)
+	_ message.SubscribeInitializer = (*Subscriber)(nil)
+)
+
+// NewSubscriber builds a subscriber on an open connection.
+func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
+	if cfg.Conn == nil {
+		return nil, errors.New("natsjs: subscriber needs a connection")
+	}
+	cfg.setDefaults()
+	js, err := jetstream.New(cfg.Conn)
+	if err != nil {
+		return nil, fmt.Errorf("natsjs: jetstream: %w", err)
+	}
+	return &Subscriber{cfg: cfg, js: js, prov: newProvisioner(js, cfg.Stream), closing: make(chan struct{})}, nil
+}
+
+// SubscribeInitialize creates the topic's stream.
+func (s *Subscriber) SubscribeInitialize(topic string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := s.prov.ensure(ctx, topic)
+	return err
+}
+
+// Durable is the consumer name used for topic.
+func (s *Subscriber) Durable(topic string) string {
+	if s.cfg.ConsumerGroup != "" {
+		return SafeName(s.cfg.ConsumerGroup)
+	}
+	return SafeName("wm_" + topic)
+}
+
+// Subscribe starts consuming topic. The channel closes when ctx is done or
+// the subscriber is closed; messages' contexts carry ctx's values and are
+// cancelled when the message is settled or the subscriber closes.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	select {
+	case <-s.closing:
+		return nil, ErrClosed
+	default:
+	}
+	stream, err := s.prov.ensure(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	cons, err := s.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		Durable:       s.Durable(topic),
+		FilterSubject: topic,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       s.cfg.AckWait,
+		MaxAckPending: s.cfg.MaxAckPending,
+		MaxDeliver:    -1,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("natsjs: consumer %s on %s: %w", s.Durable(topic), topic, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(s.cfg.Prefetch))
+	if err != nil {
+		return nil, fmt.Errorf("natsjs: consume %s: %w", topic, err)
+	}
+	out := make(chan *message.Message)
+	s.loops.Add(1)
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-s.closing:
+		case <-stop:
+		}
+		it.Drain() // buffered messages still come out of Next, to be handed back
+	}()
+	go func() {
+		defer s.loops.Done()
+		defer close(out)
+		defer close(stop)
+		s.consume(ctx, topic, it, out)
+	}()
+	return out, nil
+}
+
+func (s *Subscriber) consume(ctx context.Context, topic string, it jetstream.MessagesContext, out chan<- *message.Message) {
+	for {
+		jm, err := it.Next()
+		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			return
+		}
+		if err != nil {
+			s.cfg.Logger.Error("natsjs: next message", err, watermill.LogFields{"topic": topic})
+			continue // the iterator re-issues pulls after heartbeat or connection errors
+		}
+		if ctx.Err() != nil || s.isClosing() {
+			_ = jm.Nak() // hand back at once: another subscriber takes it
+			continue
+		}
+		wm := fromNats(jm)
+		mctx, cancel := context.WithCancel(ctx)
+		wm.SetContext(mctx)
+		select {
+		case out <- wm:
+			s.msgs.Add(1)
+			go s.settle(jm, wm, cancel)
+		case <-ctx.Done():
+			cancel()
+			_ = jm.Nak()
+		case <-s.closing:
+			cancel()
+			_ = jm.Nak()
+		}
+	}
+}
+
+func (s *Subscriber) isClosing() bool {
+	select {
+	case <-s.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// settle waits for the handler's verdict and passes it to JetStream,
+// keeping the message alive meanwhile.
+func (s *Subscriber) settle(jm jetstream.Msg, wm *message.Message, cancel context.CancelFunc) {
+	defer s.msgs.Done()
+	defer cancel()
+	keepAlive := time.NewTicker(s.cfg.AckWait / 2)
+	defer keepAlive.Stop()
+	for {
+		select {
+		case <-wm.Acked():
+			_ = jm.Ack()
+			return
+		case <-wm.Nacked():
+			n, _ := strconv.ParseUint(wm.Metadata.Get(MetaDeliveries), 10, 64)
+			_ = jm.NakWithDelay(s.cfg.NakDelay(n))
+			return
+		case <-keepAlive.C:
+			_ = jm.InProgress()
+		case <-s.closing:
+			_ = jm.Nak()
+			return
+		}
+	}
+}
+
+func fromNats(jm jetstream.Msg) *message.Message {
+	h := jm.Headers()
+	uuid := h.Get(HeaderUUID)
+	if uuid == "" {
+		uuid = watermill.NewUUID()
+	}
+	wm := message.NewMessage(uuid, jm.Data())
+	for k, v := range h {
+		if k != HeaderUUID && len(v) > 0 {
+			wm.Metadata.Set(k, v[0])
+		}
+	}
+	wm.Metadata.Set(MetaSubject, jm.Subject())
+	if md, err := jm.Metadata(); err == nil {
+		wm.Metadata.Set(MetaDeliveries, strconv.FormatUint(md.NumDelivered, 10))
+		wm.Metadata.Set(MetaStreamSeq, strconv.FormatUint(md.Sequence.Stream, 10))
+	}
+	return wm
+}
+
+// Close stops every subscription, hands unsettled messages back to the
+// server for redelivery, and returns once all output channels are closed.
+func (s *Subscriber) Close() error {
+	s.once.Do(func() {
+		close(s.closing)
+		s.loops.Wait()
+		s.msgs.Wait()
+		_ = s.cfg.Conn.Flush()
+		if s.cfg.CloseConn {
+			s.cfg.Conn.Close()
+		}
+	})
+	return nil
+}
