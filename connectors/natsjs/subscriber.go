@@ -90,7 +90,7 @@ type Subscriber struct {
 }
 
 var (
-	_ message.Subscriber          = (*Subscriber)(nil)
+	_ message.Subscriber           = (*Subscriber)(nil)
 	_ message.SubscribeInitializer = (*Subscriber)(nil)
 )
 
