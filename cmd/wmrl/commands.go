@@ -1,0 +1,89 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/stages/fuse"
+)
+
+func rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "wmrl",
+		Short:         "World-model rewards for RL: predict every trajectory, execute a few, correct, fuse",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(runCommand(), stageCommand())
+	return root
+}
+
+// pipelineFlags binds the flags shared by run and stage to a Config.
+func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
+	fs.StringVar(&cfg.Run, "run", cfg.Run, "run name (a subject token)")
+	fs.StringVar(&cfg.Prefix, "prefix", cfg.Prefix, "subject prefix")
+	fs.StringVar(&cfg.NATSURL, "nats", "", "external NATS URL or cluster (default: embedded server)")
+	fs.StringVar(&cfg.DataDir, "data", cfg.DataDir, "data directory of the embedded server")
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client address of the embedded server (port 0: any free one)")
+	fs.StringVar(&cfg.TopologyFile, "topology", "", "YAML file re-pointing stage subjects")
+	fs.StringVar(&cfg.MetricsAddr, "metrics", "", "serve Prometheus /metrics on this address")
+	fs.Float64Var(&cfg.Anchors.Fraction, "anchor-fraction", cfg.Anchors.Fraction, "share of groups executed for real")
+	fs.IntVar(&cfg.Anchors.MinPerStep, "anchor-min", cfg.Anchors.MinPerStep, "minimum anchor groups per step")
+	fs.Uint64Var(&cfg.Anchors.Seed, "anchor-seed", 0, "seed of the anchor draw")
+	fs.BoolVar(&cfg.Debias, "debias", cfg.Debias, "apply the isotonic calibration to world-model scores")
+	fs.IntVar(&cfg.Debiaser.Bins, "bins", cfg.Debiaser.Bins, "equal-width bins before the isotonic fit (0: raw pairs)")
+	fs.IntVar(&cfg.Debiaser.BufferSize, "buffer", cfg.Debiaser.BufferSize, "anchor pairs kept for the fit")
+	fs.StringVar(estimator, "rho", string(fuse.DefaultEstimator), "rho estimator: reference, ratio, advantage or off")
+	fs.DurationVar(&cfg.AnchorDeadline, "anchor-deadline", cfg.AnchorDeadline, "anchors later than this fall back to world-model rewards for their step")
+	fs.DurationVar(&cfg.ExecLatency, "exec-latency", cfg.ExecLatency, "latency of the simulated executor")
+}
+
+func runCommand() *cobra.Command {
+	cfg := pipeline.DefaultConfig()
+	var estimator string
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the whole pipeline in one process (embedded NATS, simulated rollouts by default)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.Denoiser.Estimator = fuse.Estimator(estimator)
+			cfg.Out = cmd.OutOrStdout()
+			return pipeline.Run(cmd.Context(), cfg)
+		},
+	}
+	fs := cmd.Flags()
+	pipelineFlags(fs, &cfg, &estimator)
+	fs.Int64Var(&cfg.Steps, "steps", 0, "stop after this many steps (0: until Ctrl-C)")
+	fs.StringVar(&cfg.Source, "source", cfg.Source, "sim: simulated rollouts; external: wait for trajectories from outside")
+	fs.IntVar(&cfg.Groups, "groups", cfg.Groups, "groups per step (simulated source)")
+	fs.IntVar(&cfg.GroupSize, "group-size", cfg.GroupSize, "trajectories per group (simulated source)")
+	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the simulated source")
+	fs.BoolVar(&cfg.Quiet, "quiet", false, "no per-step lines")
+	return cmd
+}
+
+func stageCommand() *cobra.Command {
+	cfg := pipeline.DefaultConfig()
+	var estimator string
+	cmd := &cobra.Command{
+		Use:   "stage NAME",
+		Short: "Run one stage alone; processes of the same stage share the work (" + strings.Join(pipeline.AllStages, ", ") + ")",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cfg.NATSURL == "" {
+				return fmt.Errorf("stage %s: --nats URL is required (the server other stages use)", args[0])
+			}
+			cfg.Stages = []string{args[0]}
+			cfg.Source = pipeline.SourceExternal
+			cfg.Denoiser.Estimator = fuse.Estimator(estimator)
+			cfg.Out = cmd.OutOrStdout()
+			return pipeline.Run(cmd.Context(), cfg)
+		},
+	}
+	pipelineFlags(cmd.Flags(), &cfg, &estimator)
+	return cmd
+}

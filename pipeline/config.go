@@ -1,0 +1,161 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/fuse"
+	"github.com/wmrl/wmrl/stages/route"
+)
+
+// ErrConfig reports an invalid Config.
+var ErrConfig = errors.New("pipeline: invalid config")
+
+// Sources of trajectories.
+const (
+	SourceSim      = "sim"      // the simulated policy publishes steps
+	SourceExternal = "external" // trajectories come from outside
+)
+
+// Config is everything a pipeline process needs. Zero values take the
+// defaults of setDefaults.
+type Config struct {
+	Run    string // run name (default "default")
+	Prefix string // subject prefix (default "wmrl")
+	// DataDir holds the embedded server's store (default ./wmrl-data).
+	DataDir string
+	// NATSURL selects an external server or cluster; empty embeds one.
+	NATSURL string
+	// Listen is the embedded server's client address (default
+	// 127.0.0.1:4222; port 0 picks a free one).
+	Listen string
+	// Stages run in this process (default: all).
+	Stages []string
+	// Topology file (YAML); empty: the standard subjects.
+	TopologyFile string
+
+	Source string // SourceSim (default) or SourceExternal
+	Steps  int64  // stop after this many steps (0: run until stopped)
+	// Policy shape for the simulated source.
+	Groups, GroupSize, Tasks int
+	Seed                     uint64
+	// InFlightSteps: the simulated source runs at most this many steps
+	// ahead of the last update, as an asynchronous trainer would (default 2).
+	InFlightSteps int
+
+	Anchors  route.SchedulerConfig
+	Debias   bool
+	Debiaser calibrate.DebiaserConfig
+	Denoiser fuse.DenoiserConfig
+	// AnchorDeadline: anchors later than this fall back to world-model
+	// rewards for their step (default 30s).
+	AnchorDeadline time.Duration
+	// StepTimeout: a step closes this long after its watermark even with
+	// incomplete groups (default 30s).
+	StepTimeout time.Duration
+	// ExecLatency of the simulated executor (default 20ms); ExecSlots caps
+	// executions at once per execute process (default 16).
+	ExecLatency time.Duration
+	ExecSlots   int
+
+	// Retention of the stream (default 7 days) and its de-duplication
+	// window (default 10 minutes).
+	MaxAge     time.Duration
+	Duplicates time.Duration
+	// MaxAttempts: a message whose handler fails on its MaxAttempts-th
+	// delivery is dead-lettered with the error (default 10).
+	MaxAttempts int
+	// MaxAckPending per consumer (default 65536: joins hold whole steps).
+	MaxAckPending int
+
+	MetricsAddr string    // serve Prometheus /metrics here when set
+	Out         io.Writer // progress lines (default os.Stdout)
+	Quiet       bool      // no progress lines
+}
+
+// DefaultConfig is `wmrl run` with no flags.
+func DefaultConfig() Config {
+	c := Config{Debias: true, Anchors: route.SchedulerConfig{Fraction: route.DefaultFraction, MinPerStep: 1}}
+	c.Debiaser = calibrate.DefaultDebiaserConfig()
+	c.setDefaults()
+	return c
+}
+
+func (c *Config) setDefaults() {
+	def := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	def(&c.Run, "default")
+	def(&c.Prefix, schemas.DefaultPrefix)
+	def(&c.DataDir, "wmrl-data")
+	def(&c.Listen, "127.0.0.1:4222")
+	def(&c.Source, SourceSim)
+	if len(c.Stages) == 0 {
+		c.Stages = slices.Clone(AllStages)
+	}
+	defInt := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	defInt(&c.Groups, 16)
+	defInt(&c.GroupSize, 8)
+	defInt(&c.Tasks, 32)
+	defInt(&c.InFlightSteps, 2)
+	defInt(&c.ExecSlots, 16)
+	defInt(&c.MaxAttempts, 10)
+	defInt(&c.MaxAckPending, 65536)
+	defDur := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	defDur(&c.AnchorDeadline, 30*time.Second)
+	defDur(&c.StepTimeout, 30*time.Second)
+	defDur(&c.ExecLatency, 20*time.Millisecond)
+	defDur(&c.MaxAge, 7*24*time.Hour)
+	defDur(&c.Duplicates, 10*time.Minute)
+	if c.Out == nil {
+		c.Out = os.Stdout
+	}
+}
+
+// Validate reports the first invalid field.
+func (c *Config) Validate() error {
+	switch {
+	case !schemas.ValidToken(c.Run):
+		return fmt.Errorf("%w: run %q: letters, digits, '_' and '-' only", ErrConfig, c.Run)
+	case !schemas.ValidToken(c.Prefix):
+		return fmt.Errorf("%w: prefix %q: letters, digits, '_' and '-' only", ErrConfig, c.Prefix)
+	case c.Source != SourceSim && c.Source != SourceExternal:
+		return fmt.Errorf("%w: source %q: want sim or external", ErrConfig, c.Source)
+	case c.Steps < 0:
+		return fmt.Errorf("%w: steps %d < 0", ErrConfig, c.Steps)
+	case c.Groups < 1 || c.GroupSize < 2 || c.Tasks < 1:
+		return fmt.Errorf("%w: policy needs groups >= 1, group size >= 2, tasks >= 1", ErrConfig)
+	case c.Source == SourceSim && !c.runs(StageFuse):
+		return fmt.Errorf("%w: the simulated source paces itself on updates: run the fuse stage in the same process or use --source external", ErrConfig)
+	}
+	for _, s := range c.Stages {
+		if !slices.Contains(AllStages, s) {
+			return fmt.Errorf("%w: unknown stage %q (stages: %v)", ErrConfig, s, AllStages)
+		}
+	}
+	if err := c.Anchors.Validate(); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (c *Config) runs(stage string) bool { return slices.Contains(c.Stages, stage) }
+
+func (c *Config) storeDir() string { return filepath.Join(c.DataDir, "nats") }

@@ -1,0 +1,62 @@
+package pipeline
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// deadLetters decides, in one place, whether a failed message is retried
+// or dead-lettered: poison (schemas.ErrInvalid) at once, anything else once
+// it has failed on its MaxAttempts-th delivery. A dead letter is stored on
+// the dlq subject with the reason before the input is acknowledged.
+type deadLetters struct {
+	pub         message.Publisher
+	subject     string
+	maxAttempts int
+	metrics     *Metrics
+}
+
+func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		out, err := h(msg)
+		if err == nil {
+			return out, nil
+		}
+		if msg.Context().Err() != nil {
+			return nil, err // shutting down: hand it back
+		}
+		n, _ := strconv.Atoi(msg.Metadata.Get(natsjs.MetaDeliveries))
+		if !isPoison(err) && n < d.maxAttempts {
+			return nil, err
+		}
+		reason := err.Error()
+		if !isPoison(err) {
+			reason = fmt.Sprintf("gave up after %d deliveries: %v", n, err)
+		}
+		stage := stageOf(message.HandlerNameFromCtx(msg.Context()))
+		if perr := d.send(stage, msg.Metadata.Get(natsjs.MetaSubject), reason, msg.Payload); perr != nil {
+			return nil, fmt.Errorf("%v (and the dead letter could not be stored: %w)", err, perr)
+		}
+		return nil, nil
+	}
+}
+
+func (d *deadLetters) send(stage, subject, reason string, payload []byte) error {
+	dl := schemas.DeadLetter{Schema: schemas.Version, Subject: subject, Stage: stage, Reason: reason,
+		Payload: string(payload), Time: time.Now().UTC()}
+	m, err := schemas.NewMessage("", dl)
+	if err != nil {
+		return err
+	}
+	if err := d.pub.Publish(d.subject, m); err != nil {
+		return err
+	}
+	d.metrics.DeadLetters.WithLabelValues(stage).Inc()
+	return nil
+}

@@ -1,0 +1,116 @@
+package pipeline
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// Metrics are the pipeline's Prometheus collectors, on a registry of their
+// own so several pipelines can live in one test process.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	In, Out, Errors, Redeliveries, DeadLetters *prometheus.CounterVec
+	Latency                                    *prometheus.HistogramVec
+
+	Rho, D, Pairs, Version, Steps prometheus.Gauge
+	StepLatency                   prometheus.Histogram
+}
+
+// NewMetrics registers the collectors.
+func NewMetrics() *Metrics {
+	r := prometheus.NewRegistry()
+	cv := func(name, help string) *prometheus.CounterVec {
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: name, Help: help}, []string{"stage"})
+		r.MustRegister(c)
+		return c
+	}
+	g := func(name, help string) prometheus.Gauge {
+		x := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "wmrl", Name: name, Help: help})
+		r.MustRegister(x)
+		return x
+	}
+	m := &Metrics{
+		Registry:     r,
+		In:           cv("messages_in_total", "Messages handled, per stage handler."),
+		Out:          cv("messages_out_total", "Messages published, per stage."),
+		Errors:       cv("handler_errors_total", "Handler errors (nacked for redelivery or dead-lettered)."),
+		Redeliveries: cv("redeliveries_total", "Messages received more than once."),
+		DeadLetters:  cv("dead_letters_total", "Messages sent to the dead-letter subject."),
+		Latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "wmrl", Name: "handler_seconds", Help: "Handler latency (joins include the time inputs are held).",
+			Buckets: prometheus.ExponentialBuckets(1e-4, 4, 10),
+		}, []string{"stage"}),
+		Rho:     g("rho", "Anchor weight rho of the last update."),
+		D:       g("disagreement", "Tracked world-model disagreement (D or advantage gap) of the last update."),
+		Pairs:   g("calibration_pairs", "Anchor pairs absorbed by the calibration."),
+		Version: g("calibration_version", "Isotonic map version."),
+		Steps:   g("steps_published", "Highest step whose update was published."),
+		StepLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "wmrl", Name: "step_latency_seconds", Help: "From a step's close (last input) to its update.",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 16),
+		}),
+	}
+	r.MustRegister(m.Latency, m.StepLatency)
+	return m
+}
+
+// stageOf is the stage part of a handler name "stage/kind".
+func stageOf(handler string) string {
+	s, _, _ := strings.Cut(handler, "/")
+	return s
+}
+
+// Middleware counts, times and flags redeliveries of every handled message.
+func (m *Metrics) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		stage := stageOf(message.HandlerNameFromCtx(msg.Context()))
+		m.In.WithLabelValues(stage).Inc()
+		if n, _ := strconv.Atoi(msg.Metadata.Get(natsjs.MetaDeliveries)); n > 1 {
+			m.Redeliveries.WithLabelValues(stage).Inc()
+		}
+		start := time.Now()
+		out, err := h(msg)
+		m.Latency.WithLabelValues(stage).Observe(time.Since(start).Seconds())
+		if err != nil {
+			m.Errors.WithLabelValues(stage).Inc()
+		}
+		return out, err
+	}
+}
+
+// ObserveUpdate records an update's figures.
+func (m *Metrics) ObserveUpdate(u schemas.Update) {
+	m.Rho.Set(u.Rho)
+	m.D.Set(u.D)
+	m.Pairs.Set(float64(u.PairsTotal))
+	m.Version.Set(float64(u.CalibrationVersion))
+	m.Steps.Set(float64(u.Step))
+	m.StepLatency.Observe(u.PublishedAt.Sub(u.ClosedAt).Seconds())
+}
+
+// countingPublisher counts a stage's published messages.
+type countingPublisher struct {
+	message.Publisher
+	n prometheus.Counter
+}
+
+func (p countingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	err := p.Publisher.Publish(topic, msgs...)
+	if err == nil {
+		p.n.Add(float64(len(msgs)))
+	}
+	return err
+}
+
+// isPoison reports whether a handler error means the message can never be
+// used.
+func isPoison(err error) bool { return errors.Is(err, schemas.ErrInvalid) }

@@ -1,0 +1,61 @@
+package pipeline
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// progress counts the steps of [0, target) whose update is stored.
+type progress struct {
+	mu     sync.Mutex
+	target int64
+	seen   map[int64]bool
+}
+
+func newProgress(target int64, published []int64) *progress {
+	p := &progress{target: target, seen: map[int64]bool{}}
+	for _, s := range published {
+		p.add(s)
+	}
+	return p
+}
+
+func (p *progress) add(step int64) (complete bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if step >= 0 && step < p.target {
+		p.seen[step] = true
+	}
+	return int64(len(p.seen)) == p.target
+}
+
+func (p *progress) complete() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return int64(len(p.seen)) == p.target
+}
+
+// onUpdate runs for every update this process's fuse stage stores.
+func (p *Pipeline) onUpdate(u schemas.Update) {
+	p.metrics.ObserveUpdate(u)
+	latency := u.PublishedAt.Sub(u.ClosedAt)
+	if p.source != nil {
+		if d := p.source.updated(u.Step); d > 0 {
+			latency = d
+		}
+	}
+	if !p.cfg.Quiet {
+		late := ""
+		if len(u.LateAnchors) > 0 {
+			late = fmt.Sprintf("  late anchors %d", len(u.LateAnchors))
+		}
+		fmt.Fprintf(p.cfg.Out, "step %5d  groups %3d  anchors %2d  pairs %7d  calibration v%-4d  rho %.3f  D %.3f  latency %s%s\n",
+			u.Step, u.Groups, u.Anchors, u.PairsTotal, u.CalibrationVersion, u.Rho, u.D, latency.Round(time.Millisecond), late)
+	}
+	if p.progress != nil && p.progress.add(u.Step) {
+		p.cancel()
+	}
+}

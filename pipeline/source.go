@@ -1,0 +1,120 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmrl/wmrl/connectors/sim"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// simSource plays the trainer: it publishes each step's trajectories and
+// watermark on the public subjects, at most InFlightSteps ahead of the
+// updates, and resumes after the last watermark it stored.
+type simSource struct {
+	p      *Pipeline
+	policy sim.Policy
+	next   int64
+
+	mu      sync.Mutex
+	pending map[int64]bool
+	sentAt  map[int64]time.Time
+	wake    chan struct{}
+}
+
+func newSimSource(p *Pipeline) *simSource {
+	c := &p.cfg
+	return &simSource{
+		p:       p,
+		policy:  sim.Policy{Run: c.Run, Seed: c.Seed, Tasks: c.Tasks, Groups: c.Groups, GroupSize: c.GroupSize},
+		pending: map[int64]bool{}, sentAt: map[int64]time.Time{}, wake: make(chan struct{}, 1),
+	}
+}
+
+// resume starts after the last watermark already stored.
+func (s *simSource) resume(ctx context.Context) error {
+	var last schemas.StepClose
+	ok, err := s.p.tr.last(ctx, s.p.topo.Subject(schemas.KindStep), &last)
+	if err != nil {
+		return err
+	}
+	if ok {
+		s.next = last.Step + 1
+	}
+	return nil
+}
+
+func (s *simSource) run(ctx context.Context) error {
+	target := s.p.cfg.Steps
+	for step := s.next; target == 0 || step < target; step++ {
+		for {
+			s.mu.Lock()
+			n := len(s.pending)
+			s.mu.Unlock()
+			if n < s.p.cfg.InFlightSteps {
+				break
+			}
+			select {
+			case <-s.wake:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		if err := s.publish(step); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *simSource) publish(step int64) error {
+	trajs, wm := s.policy.Step(step)
+	msgs := make([]*message.Message, len(trajs))
+	for i, t := range trajs {
+		m, err := schemas.NewMessage(fmt.Sprintf("%s/traj/%s", t.Run, t.TrajID), t)
+		if err != nil {
+			return err
+		}
+		msgs[i] = m
+	}
+	if err := s.p.pub.Publish(s.p.topo.Subject(schemas.KindTraj), msgs...); err != nil {
+		return fmt.Errorf("source: step %d: %w", step, err)
+	}
+	m, err := schemas.NewMessage(fmt.Sprintf("%s/step/%d", wm.Run, step), wm)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.pending[step] = true
+	s.sentAt[step] = time.Now()
+	s.mu.Unlock()
+	if err := s.p.pub.Publish(s.p.topo.Subject(schemas.KindStep), m); err != nil {
+		return fmt.Errorf("source: watermark %d: %w", step, err)
+	}
+	return nil
+}
+
+// updated releases a step; it returns how long ago its last input was
+// published (0 if this process did not publish it).
+func (s *simSource) updated(step int64) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var d time.Duration
+	if t, ok := s.sentAt[step]; ok {
+		d = time.Since(t)
+		delete(s.sentAt, step)
+	}
+	delete(s.pending, step)
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return d
+}

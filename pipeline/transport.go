@@ -1,0 +1,125 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+)
+
+// transport is the NATS connection a pipeline process uses: to an embedded
+// server (the default) or to an external server or cluster.
+type transport struct {
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	srv    *natsjs.Server // nil when external
+	url    string
+	stream string
+}
+
+func connect(ctx context.Context, cfg *Config) (*transport, error) {
+	t := &transport{}
+	var err error
+	if cfg.NATSURL == "" {
+		t.srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: cfg.storeDir(), Listen: cfg.Listen})
+		if err != nil {
+			return nil, err
+		}
+		t.url = t.srv.URL()
+		t.nc, err = t.srv.Connect("wmrl")
+	} else {
+		t.url = cfg.NATSURL
+		t.nc, err = nats.Connect(cfg.NATSURL, nats.Name("wmrl"), nats.MaxReconnects(-1))
+	}
+	if err != nil {
+		t.close()
+		return nil, fmt.Errorf("pipeline: connect to NATS at %s: %w", t.url, err)
+	}
+	if t.js, err = jetstream.New(t.nc); err != nil {
+		t.close()
+		return nil, err
+	}
+	t.stream = StreamName(cfg.Prefix)
+	if _, err := t.js.CreateOrUpdateStream(ctx, StreamConfig(cfg)); err != nil {
+		t.close()
+		return nil, fmt.Errorf("pipeline: stream %s: %w", t.stream, err)
+	}
+	return t, nil
+}
+
+func (t *transport) close() {
+	if t.nc != nil {
+		_ = t.nc.Drain()
+		t.nc.Close()
+	}
+	if t.srv != nil {
+		t.srv.Shutdown()
+	}
+}
+
+// StreamName is the stream holding every subject under prefix.
+func StreamName(prefix string) string { return "WMRL_" + strings.ToUpper(natsjs.SafeName(prefix)) }
+
+// StreamConfig is the one stream of a prefix: every subject under it,
+// file-backed, kept for MaxAge, with a de-duplication window.
+func StreamConfig(cfg *Config) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        StreamName(cfg.Prefix),
+		Description: "wmrl trajectories, internal stage messages, updates and dead letters",
+		Subjects:    []string{cfg.Prefix + ".>"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      cfg.MaxAge,
+		Duplicates:  cfg.Duplicates,
+		Discard:     jetstream.DiscardOld,
+	}
+}
+
+// stepsByMsgID scans subject and returns the step numbers in its message
+// IDs of the form "<run>/<kind>/<step>".
+func (t *transport) stepsByMsgID(ctx context.Context, subject string) ([]int64, error) {
+	var steps []int64
+	err := natsjs.Scan(ctx, t.js, t.stream, subject, true, func(r natsjs.Record) error {
+		i := strings.LastIndexByte(r.MsgID, '/')
+		if n, err := strconv.ParseInt(r.MsgID[i+1:], 10, 64); i >= 0 && err == nil {
+			steps = append(steps, n)
+		}
+		return nil
+	})
+	return steps, err
+}
+
+// last decodes the newest message on subject into v; ok is false when
+// there is none.
+func (t *transport) last(ctx context.Context, subject string, v any) (ok bool, err error) {
+	s, err := t.js.Stream(ctx, t.stream)
+	if err != nil {
+		return false, err
+	}
+	m, err := s.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := json.Unmarshal(m.Data, v); err != nil {
+		return false, fmt.Errorf("pipeline: last message on %s: %w", subject, err)
+	}
+	return true, nil
+}
+
+// readerSource adapts a natsjs.Reader to the stages' Source interfaces.
+type readerSource struct{ r *natsjs.Reader }
+
+func (s readerSource) Next(ctx context.Context) ([]byte, error) {
+	rec, err := s.r.Next(ctx)
+	return rec.Data, err
+}

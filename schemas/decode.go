@@ -1,0 +1,161 @@
+package schemas
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrInvalid marks a message that can never be used, however often it is
+// redelivered: it goes to the dead-letter subject with the reason.
+var ErrInvalid = errors.New("invalid message")
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// missing collects the names of absent required fields.
+type missing []string
+
+func (m *missing) need(name string, present bool) {
+	if !present {
+		*m = append(*m, name)
+	}
+}
+
+func (m missing) err() error {
+	if len(m) == 0 {
+		return nil
+	}
+	return invalid("missing field(s): %s", strings.Join(m, ", "))
+}
+
+func decodeJSON(data []byte, v any) error {
+	if err := json.Unmarshal(data, v); err != nil {
+		return invalid("malformed JSON: %v", err)
+	}
+	return nil
+}
+
+func checkSchema(schema *int) error {
+	if schema == nil {
+		return nil // reported as missing
+	}
+	if *schema != Version {
+		return invalid("schema %d, this pipeline speaks schema %d", *schema, Version)
+	}
+	return nil
+}
+
+// CheckRun rejects a message whose run is not the pipeline's.
+func CheckRun(got, want string) error {
+	if got != want {
+		return invalid("unknown run %q (this pipeline serves run %q)", got, want)
+	}
+	return nil
+}
+
+// DecodeTrajectory parses and validates a Trajectory, naming every missing
+// or invalid field.
+func DecodeTrajectory(data []byte) (Trajectory, error) {
+	var r struct {
+		Schema        *int           `json:"schema"`
+		Run           *string        `json:"run"`
+		Step          *int64         `json:"step"`
+		GroupID       *string        `json:"group_id"`
+		TrajID        *string        `json:"traj_id"`
+		GroupSize     *int           `json:"group_size"`
+		TaskID        *string        `json:"task_id"`
+		Prompt        *string        `json:"prompt"`
+		Response      *string        `json:"response"`
+		PolicyVersion *int64         `json:"policy_version"`
+		Meta          map[string]any `json:"meta"`
+	}
+	if err := decodeJSON(data, &r); err != nil {
+		return Trajectory{}, err
+	}
+	var m missing
+	m.need("schema", r.Schema != nil)
+	m.need("run", r.Run != nil && *r.Run != "")
+	m.need("step", r.Step != nil)
+	m.need("group_id", r.GroupID != nil && *r.GroupID != "")
+	m.need("traj_id", r.TrajID != nil && *r.TrajID != "")
+	m.need("group_size", r.GroupSize != nil)
+	m.need("task_id", r.TaskID != nil && *r.TaskID != "")
+	m.need("prompt", r.Prompt != nil)
+	m.need("response", r.Response != nil)
+	m.need("policy_version", r.PolicyVersion != nil)
+	if err := errors.Join(checkSchema(r.Schema), m.err()); err != nil {
+		return Trajectory{}, err
+	}
+	t := Trajectory{
+		Schema: *r.Schema, Run: *r.Run, Step: *r.Step, GroupID: *r.GroupID, TrajID: *r.TrajID,
+		GroupSize: *r.GroupSize, TaskID: *r.TaskID, Prompt: *r.Prompt, Response: *r.Response,
+		PolicyVersion: *r.PolicyVersion, Meta: r.Meta,
+	}
+	switch {
+	case !ValidToken(t.Run):
+		return t, invalid("run %q: want letters, digits, '_' or '-'", t.Run)
+	case t.Step < 0:
+		return t, invalid("step %d < 0", t.Step)
+	case t.GroupSize < 1:
+		return t, invalid("group_size %d < 1", t.GroupSize)
+	}
+	return t, nil
+}
+
+// DecodeStepClose parses and validates a StepClose.
+func DecodeStepClose(data []byte) (StepClose, error) {
+	var r struct {
+		Schema *int    `json:"schema"`
+		Run    *string `json:"run"`
+		Step   *int64  `json:"step"`
+		Groups *int    `json:"groups"`
+	}
+	if err := decodeJSON(data, &r); err != nil {
+		return StepClose{}, err
+	}
+	var m missing
+	m.need("schema", r.Schema != nil)
+	m.need("run", r.Run != nil && *r.Run != "")
+	m.need("step", r.Step != nil)
+	m.need("groups", r.Groups != nil)
+	if err := errors.Join(checkSchema(r.Schema), m.err()); err != nil {
+		return StepClose{}, err
+	}
+	s := StepClose{Schema: *r.Schema, Run: *r.Run, Step: *r.Step, Groups: *r.Groups}
+	switch {
+	case s.Step < 0:
+		return s, invalid("step %d < 0", s.Step)
+	case s.Groups < 0:
+		return s, invalid("groups %d < 0", s.Groups)
+	}
+	return s, nil
+}
+
+// Internal is implemented by every internal message type (and Update).
+type Internal interface {
+	head() (schema int, run string)
+}
+
+func (m *Group) head() (int, string)       { return m.Schema, m.Run }
+func (m *Plan) head() (int, string)        { return m.Schema, m.Run }
+func (m *Prediction) head() (int, string)  { return m.Schema, m.Run }
+func (m *Execution) head() (int, string)   { return m.Schema, m.Run }
+func (m *PairGroup) head() (int, string)   { return m.Schema, m.Run }
+func (m *Calibration) head() (int, string) { return m.Schema, m.Run }
+func (m *Update) head() (int, string)      { return m.Schema, m.Run }
+
+// Decode parses an internal message into v and checks its schema number
+// and run.
+func Decode(data []byte, run string, v Internal) error {
+	if err := decodeJSON(data, v); err != nil {
+		return err
+	}
+	schema, got := v.head()
+	if schema != Version {
+		return invalid("schema %d, this pipeline speaks schema %d", schema, Version)
+	}
+	return CheckRun(got, run)
+}

@@ -1,0 +1,238 @@
+package schemas
+
+import "time"
+
+// Trajectory is one candidate solution (public, in: <prefix>.<run>.traj).
+type Trajectory struct {
+	Schema        int            `json:"schema"`
+	Run           string         `json:"run"`
+	Step          int64          `json:"step"`
+	GroupID       string         `json:"group_id"`
+	TrajID        string         `json:"traj_id"`
+	GroupSize     int            `json:"group_size"`
+	TaskID        string         `json:"task_id"`
+	Prompt        string         `json:"prompt"`
+	Response      string         `json:"response"`
+	PolicyVersion int64          `json:"policy_version"`
+	Meta          map[string]any `json:"meta"`
+}
+
+// StepClose is a step's watermark (public, in: <prefix>.<run>.step): the
+// step has Groups groups and no more trajectories will come for it.
+type StepClose struct {
+	Schema int    `json:"schema"`
+	Run    string `json:"run"`
+	Step   int64  `json:"step"`
+	Groups int    `json:"groups"`
+}
+
+// Update is a step's fused result (public, out: <prefix>.<run>.update), one
+// per step, retained so a trainer that was down catches up.
+type Update struct {
+	Schema int    `json:"schema"`
+	Run    string `json:"run"`
+	Step   int64  `json:"step"`
+	// Rho is the anchor weight used; D the tracked world-model disagreement.
+	Rho float64 `json:"rho"`
+	D   float64 `json:"d"`
+	// CalibrationVersion is the isotonic map version used for world-model
+	// groups (0: the identity).
+	CalibrationVersion int64 `json:"calibration_version"`
+	// Groups and Anchors count the groups that contribute to the gradient.
+	Groups  int `json:"groups"`
+	Anchors int `json:"anchors"`
+	// Items: every trajectory of the step, in group order.
+	Items []UpdateItem `json:"items"`
+	// Skipped: groups that do not contribute, and why.
+	Skipped []SkippedGroup `json:"skipped"`
+	// LateAnchors: anchor groups whose execution missed the deadline; they
+	// used world-model rewards here, and their pairs still feed calibration.
+	LateAnchors []string `json:"late_anchors"`
+	// PairsTotal: anchor pairs the calibration had absorbed.
+	PairsTotal int64 `json:"pairs_total"`
+	// ClosedAt: when the step's last input arrived (its plan was made);
+	// PublishedAt: when this update was made.
+	ClosedAt    time.Time `json:"closed_at"`
+	PublishedAt time.Time `json:"published_at"`
+}
+
+// UpdateItem is one trajectory's share of the step's gradient.
+type UpdateItem struct {
+	TrajID  string `json:"traj_id"`
+	GroupID string `json:"group_id"`
+	// Source: "anchor" (real execution) or "world_model".
+	Source string `json:"source"`
+	// Reward: the true score for anchors, the calibrated world-model score
+	// otherwise; null when ungraded (dropped, never scored as 0).
+	Reward *float64 `json:"reward"`
+	// Advantage: the group-relative advantage A_i; Weight: w_i (rho for
+	// anchors, 1 otherwise, 0 when not contributing).
+	Advantage float64 `json:"advantage"`
+	Weight    float64 `json:"weight"`
+	// FusedAdvantage = A_i * w_i * m / (rho*|A| + |W|): use it in place of
+	// the GRPO advantage.
+	FusedAdvantage float64 `json:"fused_advantage"`
+}
+
+// SkippedGroup is a group that does not contribute.
+type SkippedGroup struct {
+	GroupID string `json:"group_id"`
+	Reason  string `json:"reason"`
+}
+
+// DeadLetter is a message no stage could use (<prefix>.<run>.dlq).
+type DeadLetter struct {
+	Schema  int       `json:"schema"`
+	Subject string    `json:"subject"`
+	Stage   string    `json:"stage"`
+	Reason  string    `json:"reason"`
+	Payload string    `json:"payload"`
+	Time    time.Time `json:"time"`
+}
+
+// Group is a complete rollout group (internal: group, exec).
+type Group struct {
+	Schema       int          `json:"schema"`
+	Run          string       `json:"run"`
+	Step         int64        `json:"step"`
+	GroupID      string       `json:"group_id"`
+	TaskID       string       `json:"task_id"`
+	Anchor       bool         `json:"anchor"`
+	Trajectories []Trajectory `json:"trajectories"`
+}
+
+// Plan is a step's composition and anchor choice (internal: plan).
+type Plan struct {
+	Schema    int            `json:"schema"`
+	Run       string         `json:"run"`
+	Step      int64          `json:"step"`
+	Groups    []PlanGroup    `json:"groups"`
+	Anchors   int            `json:"anchors"`
+	ClosedAt  time.Time      `json:"closed_at"`
+	Decisions []PlanDecision `json:"decisions"`
+}
+
+// PlanGroup lists one group's trajectories as received.
+type PlanGroup struct {
+	GroupID string   `json:"group_id"`
+	Anchor  bool     `json:"anchor"`
+	TrajIDs []string `json:"traj_ids"`
+	// Want is the declared group size; fewer TrajIDs mean the step closed
+	// on its timeout with the group incomplete.
+	Want int `json:"want"`
+}
+
+// PlanDecision says why a group was or was not made an anchor.
+type PlanDecision struct {
+	GroupID string `json:"group_id"`
+	Anchor  bool   `json:"anchor"`
+	Reason  string `json:"reason"`
+}
+
+// Statuses of a world-model prediction.
+const (
+	PredOK       = "ok"
+	PredUngraded = "ungraded"
+)
+
+// Prediction is the world model's scores for a group (internal: pred).
+type Prediction struct {
+	Schema  int        `json:"schema"`
+	Run     string     `json:"run"`
+	Step    int64      `json:"step"`
+	GroupID string     `json:"group_id"`
+	Anchor  bool       `json:"anchor"`
+	Model   string     `json:"model"`
+	Items   []PredItem `json:"items"`
+}
+
+// PredItem is one trajectory's prediction.
+type PredItem struct {
+	TrajID string   `json:"traj_id"`
+	Score  *float64 `json:"score"` // null when ungraded
+	Status string   `json:"status"`
+	Reason string   `json:"reason,omitempty"`
+	// Spread: standard deviation over the world model's samples.
+	Spread float64 `json:"spread,omitempty"`
+	// ResponseChars: the response's length, for shaping stages.
+	ResponseChars int `json:"response_chars"`
+}
+
+// Statuses of an execution.
+const (
+	ExecScored       = "scored"
+	ExecInvalid      = "invalid_submission" // scored 0 by the grader
+	ExecCrashed      = "crashed"            // scored 0
+	ExecTimedOut     = "timed_out"          // scored 0
+	ExecSandboxError = "sandbox_error"      // not a score: ungraded
+)
+
+// Execution is the real outcome of an anchor group (internal: execution).
+type Execution struct {
+	Schema  int        `json:"schema"`
+	Run     string     `json:"run"`
+	Step    int64      `json:"step"`
+	GroupID string     `json:"group_id"`
+	Items   []ExecItem `json:"items"`
+}
+
+// ExecItem is one trajectory's execution.
+type ExecItem struct {
+	TrajID  string   `json:"traj_id"`
+	Score   *float64 `json:"score"` // null for a sandbox error
+	Status  string   `json:"status"`
+	Seconds float64  `json:"seconds"`
+	Detail  string   `json:"detail,omitempty"`
+}
+
+// PairGroup is an anchor group's (prediction, truth) pairs (internal:
+// pairs), in trajectory order, graded on both sides only.
+type PairGroup struct {
+	Schema  int        `json:"schema"`
+	Run     string     `json:"run"`
+	Step    int64      `json:"step"`
+	GroupID string     `json:"group_id"`
+	Pairs   []PairItem `json:"pairs"`
+}
+
+// PairItem is one anchor pair.
+type PairItem struct {
+	TrajID    string  `json:"traj_id"`
+	Predicted float64 `json:"predicted"`
+	True      float64 `json:"true"`
+}
+
+// Calibration is the debiaser's state after absorbing one anchor group
+// (internal: calibration), published in the order the groups were absorbed.
+type Calibration struct {
+	Schema int    `json:"schema"`
+	Run    string `json:"run"`
+	// Seq counts anchor groups absorbed; Version counts map refits.
+	Seq     int64 `json:"seq"`
+	Version int64 `json:"version"`
+	// Step and GroupID name the group just absorbed.
+	Step    int64  `json:"step"`
+	GroupID string `json:"group_id"`
+	// Map is the isotonic map now in force; null is the identity (before
+	// the first fit).
+	Map *Thresholds `json:"map"`
+	// Pairs are the group's pairs with their calibrated predictions under
+	// the map before (out-of-sample) and after (in-sample) they were added,
+	// for the denoiser.
+	Pairs      []CalibratedPair `json:"pairs"`
+	PairsTotal int64            `json:"pairs_total"`
+}
+
+// CalibratedPair is one anchor pair as the denoiser needs it.
+type CalibratedPair struct {
+	Predicted float64 `json:"predicted"`
+	True      float64 `json:"true"`
+	Before    float64 `json:"before"`
+	After     float64 `json:"after"`
+}
+
+// Thresholds are an isotonic map's breakpoints.
+type Thresholds struct {
+	X []float64 `json:"x"`
+	Y []float64 `json:"y"`
+}

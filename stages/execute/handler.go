@@ -1,0 +1,95 @@
+// Package execute runs anchor groups for real. It is stateless: several
+// processes of it share the work, and a crash loses no anchor (the group's
+// message is redelivered).
+package execute
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// Result is one execution's outcome.
+type Result struct {
+	// Status is one of the schemas.Exec* statuses. Score is meaningful for
+	// every status but schemas.ExecSandboxError (not a score: ungraded).
+	Status  string
+	Score   float64
+	Seconds float64
+	Detail  string
+}
+
+// Executor runs one trajectory. An error means the executor itself failed
+// (the group is retried); a failing solution is a Result with its status.
+type Executor interface {
+	Execute(ctx context.Context, t schemas.Trajectory) (Result, error)
+}
+
+// Handler is the execute stage: an anchor Group in, an Execution out.
+type Handler struct {
+	Run string
+	Out string // execution subject
+	Pub message.Publisher
+	Exe Executor
+	// Slots bounds executions running at once across all groups (default 8).
+	Slots chan struct{}
+}
+
+// NewHandler builds the stage with at most slots executions at once.
+func NewHandler(run, out string, pub message.Publisher, exe Executor, slots int) *Handler {
+	if slots < 1 {
+		slots = 8
+	}
+	return &Handler{Run: run, Out: out, Pub: pub, Exe: exe, Slots: make(chan struct{}, slots)}
+}
+
+// Handle executes one anchor group, its trajectories concurrently.
+func (h *Handler) Handle(msg *message.Message) error {
+	var g schemas.Group
+	if err := schemas.Decode(msg.Payload, h.Run, &g); err != nil {
+		return fmt.Errorf("execute: %w", err)
+	}
+	ctx := msg.Context()
+	items := make([]schemas.ExecItem, len(g.Trajectories))
+	errs := make([]error, len(g.Trajectories))
+	var wg sync.WaitGroup
+	for i, t := range g.Trajectories {
+		select {
+		case h.Slots <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("execute: group %s: %w", g.GroupID, ctx.Err())
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-h.Slots }()
+			r, err := h.Exe.Execute(ctx, t)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			it := schemas.ExecItem{TrajID: t.TrajID, Status: r.Status, Seconds: r.Seconds, Detail: r.Detail}
+			if r.Status != schemas.ExecSandboxError {
+				v := r.Score
+				it.Score = &v
+			}
+			items[i] = it
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return fmt.Errorf("execute: %s: %w", g.Trajectories[i].TrajID, err)
+		}
+	}
+	e := schemas.Execution{Schema: schemas.Version, Run: g.Run, Step: g.Step, GroupID: g.GroupID, Items: items}
+	out, err := schemas.NewMessage(fmt.Sprintf("%s/execution/%d/%s", g.Run, g.Step, g.GroupID), e)
+	if err != nil {
+		return err
+	}
+	return h.Pub.Publish(h.Out, out)
+}

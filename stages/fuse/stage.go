@@ -1,0 +1,211 @@
+package fuse
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// Source yields the run's Calibration messages in stream order from the
+// first retained one; Backlog is how many existed when it opened.
+type Source interface {
+	Next(ctx context.Context) ([]byte, error)
+}
+
+// Stage is the fuse stage. Plans, predictions and executions are held (their
+// handler call blocks) until their step's update is stored, so a crash loses
+// nothing; the update carries a de-duplication ID and steps already
+// published (MarkPublished, from the retained updates) are never fused
+// twice. One fuse stage per run.
+type Stage struct {
+	RunID string
+	Out   string // update subject
+	Pub   message.Publisher
+	Now   func() time.Time
+	// OnUpdate, if set, sees every update stored (progress, metrics).
+	OnUpdate func(schemas.Update)
+	// OnLate, if set, sees executions that came after their step.
+	OnLate func(schemas.Execution)
+
+	mu       sync.Mutex
+	steps    *Steps
+	done     map[int64]chan struct{}
+	caughtUp bool
+}
+
+// NewStage builds the stage.
+func NewStage(cfg StepsConfig, out string, pub message.Publisher) (*Stage, error) {
+	steps, err := NewSteps(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Stage{RunID: cfg.Run, Out: out, Pub: pub, Now: time.Now, steps: steps, done: map[int64]chan struct{}{}}, nil
+}
+
+// MarkPublished records steps whose updates are stored already.
+func (s *Stage) MarkPublished(steps ...int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range steps {
+		s.steps.MarkPublished(n)
+	}
+}
+
+// Rho and Signal report the denoiser's state.
+func (s *Stage) Rho() (rho, signal float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.steps.Denoiser().Rho(), s.steps.Denoiser().Signal()
+}
+
+func (s *Stage) doneFor(step int64) chan struct{} {
+	c := s.done[step]
+	if c == nil {
+		c = make(chan struct{})
+		s.done[step] = c
+	}
+	return c
+}
+
+// HandlePlan takes a Plan.
+func (s *Stage) HandlePlan(msg *message.Message) error {
+	var p schemas.Plan
+	if err := schemas.Decode(msg.Payload, s.RunID, &p); err != nil {
+		return fmt.Errorf("fuse: %w", err)
+	}
+	return s.add(msg.Context(), p.Step, func() { s.steps.AddPlan(p, s.Now()) })
+}
+
+// HandlePrediction takes a Prediction.
+func (s *Stage) HandlePrediction(msg *message.Message) error {
+	var p schemas.Prediction
+	if err := schemas.Decode(msg.Payload, s.RunID, &p); err != nil {
+		return fmt.Errorf("fuse: %w", err)
+	}
+	return s.add(msg.Context(), p.Step, func() { s.steps.AddPrediction(p) })
+}
+
+// HandleExecution takes an Execution.
+func (s *Stage) HandleExecution(msg *message.Message) error {
+	var e schemas.Execution
+	if err := schemas.Decode(msg.Payload, s.RunID, &e); err != nil {
+		return fmt.Errorf("fuse: %w", err)
+	}
+	s.mu.Lock()
+	late := s.steps.Published(e.Step)
+	s.mu.Unlock()
+	if late {
+		if s.OnLate != nil {
+			s.OnLate(e)
+		}
+		return nil
+	}
+	return s.add(msg.Context(), e.Step, func() { s.steps.AddExecution(e) })
+}
+
+// add records an input and holds it until its step is published.
+func (s *Stage) add(ctx context.Context, step int64, record func()) error {
+	s.mu.Lock()
+	if s.steps.Published(step) {
+		s.mu.Unlock()
+		return nil
+	}
+	record()
+	done := s.doneFor(step)
+	s.mu.Unlock()
+	if err := s.Flush(ctx); err != nil {
+		return err
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("fuse: gave up holding input of step %d: %w", step, ctx.Err())
+	}
+}
+
+// Flush fuses and publishes every ready step.
+func (s *Stage) Flush(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.caughtUp {
+		return nil // rho and the map are not rebuilt yet
+	}
+	now := s.Now()
+	for _, n := range s.steps.Ready(now) {
+		u := s.steps.Fuse(n, now)
+		m, err := schemas.NewMessage(fmt.Sprintf("%s/update/%d", s.RunID, n), u)
+		if err != nil {
+			return err
+		}
+		if err := s.Pub.Publish(s.Out, m); err != nil {
+			return fmt.Errorf("fuse: publish update %d: %w", n, err)
+		}
+		s.steps.Close(n)
+		close(s.doneFor(n))
+		delete(s.done, n)
+		if s.OnUpdate != nil {
+			s.OnUpdate(u)
+		}
+	}
+	return nil
+}
+
+// Run follows the calibration stream (first replaying backlog messages to
+// rebuild rho and the map) and closes steps on their deadlines, until ctx
+// is done.
+func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
+	if backlog == 0 {
+		s.setCaughtUp()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		for read := uint64(0); ; read++ {
+			data, err := cal.Next(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					errc <- fmt.Errorf("fuse: read calibration: %w", err)
+				}
+				return
+			}
+			var c schemas.Calibration
+			if err := schemas.Decode(data, s.RunID, &c); err == nil {
+				s.mu.Lock()
+				err = s.steps.AddCalibration(c)
+				s.mu.Unlock()
+			}
+			if err != nil && !errors.Is(err, schemas.ErrInvalid) {
+				errc <- err
+				return
+			}
+			if read+1 >= backlog {
+				s.setCaughtUp()
+			}
+			_ = s.Flush(ctx)
+		}
+	}()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errc:
+			return err
+		case <-t.C:
+			_ = s.Flush(ctx)
+		}
+	}
+}
+
+func (s *Stage) setCaughtUp() {
+	s.mu.Lock()
+	s.caughtUp = true
+	s.mu.Unlock()
+}

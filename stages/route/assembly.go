@@ -1,0 +1,167 @@
+package route
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// Assembly gathers a run's trajectories into groups and steps. A step is
+// ready when its watermark has arrived and every declared group is
+// complete, or when StepTimeout has passed since the watermark (incomplete
+// groups are then used as they are). Pure: time comes in as arguments. Not
+// safe for concurrent use.
+type Assembly struct {
+	StepTimeout time.Duration
+	steps       map[int64]*stepState
+	closed      map[int64]bool
+}
+
+type stepState struct {
+	groups      map[string]*groupState
+	watermark   *schemas.StepClose
+	watermarkAt time.Time
+}
+
+type groupState struct {
+	taskID string
+	want   int
+	trajs  []schemas.Trajectory
+	seen   map[string]bool
+}
+
+// NewAssembly returns an empty assembly.
+func NewAssembly(stepTimeout time.Duration) *Assembly {
+	return &Assembly{StepTimeout: stepTimeout, steps: map[int64]*stepState{}, closed: map[int64]bool{}}
+}
+
+// MarkClosed records a step planned earlier (before a restart): its
+// trajectories are late from now on.
+func (a *Assembly) MarkClosed(step int64) { a.closed[step] = true }
+
+// IsClosed reports whether a step was planned already.
+func (a *Assembly) IsClosed(step int64) bool { return a.closed[step] }
+
+func (a *Assembly) step(n int64) *stepState {
+	s := a.steps[n]
+	if s == nil {
+		s = &stepState{groups: map[string]*groupState{}}
+		a.steps[n] = s
+	}
+	return s
+}
+
+// AddTraj adds a trajectory. A redelivered one (same traj_id) is ignored.
+// It fails, with schemas.ErrInvalid, for a step already closed or a group
+// whose declared size or task disagrees with earlier trajectories.
+func (a *Assembly) AddTraj(t schemas.Trajectory) error {
+	if a.closed[t.Step] {
+		return fmt.Errorf("%w: late trajectory %s: step %d was already closed", schemas.ErrInvalid, t.TrajID, t.Step)
+	}
+	s := a.step(t.Step)
+	g := s.groups[t.GroupID]
+	if g == nil {
+		g = &groupState{taskID: t.TaskID, want: t.GroupSize, seen: map[string]bool{}}
+		s.groups[t.GroupID] = g
+	}
+	switch {
+	case g.seen[t.TrajID]:
+		return nil
+	case t.GroupSize != g.want:
+		return fmt.Errorf("%w: trajectory %s declares group_size %d, group %s has %d", schemas.ErrInvalid, t.TrajID, t.GroupSize, t.GroupID, g.want)
+	case t.TaskID != g.taskID:
+		return fmt.Errorf("%w: trajectory %s has task %s, group %s answers task %s", schemas.ErrInvalid, t.TrajID, t.TaskID, t.GroupID, g.taskID)
+	case len(g.trajs) >= g.want:
+		return fmt.Errorf("%w: trajectory %s: group %s already has its %d trajectories", schemas.ErrInvalid, t.TrajID, t.GroupID, g.want)
+	}
+	g.seen[t.TrajID] = true
+	g.trajs = append(g.trajs, t)
+	return nil
+}
+
+// AddWatermark records a step's watermark, received at now. A second one
+// for the same step is ignored unless it disagrees (then it is invalid).
+func (a *Assembly) AddWatermark(w schemas.StepClose, now time.Time) error {
+	if a.closed[w.Step] {
+		return nil // redelivered after the step was planned
+	}
+	s := a.step(w.Step)
+	if s.watermark != nil {
+		if s.watermark.Groups != w.Groups {
+			return fmt.Errorf("%w: step %d closed twice, with %d and %d groups", schemas.ErrInvalid, w.Step, s.watermark.Groups, w.Groups)
+		}
+		return nil
+	}
+	s.watermark, s.watermarkAt = &w, now
+	return nil
+}
+
+// Ready lists the steps that can be planned now, in step order.
+func (a *Assembly) Ready(now time.Time) []int64 {
+	var out []int64
+	for n, s := range a.steps {
+		if s.watermark == nil {
+			continue
+		}
+		complete := 0
+		for _, g := range s.groups {
+			if len(g.trajs) == g.want {
+				complete++
+			}
+		}
+		all := complete == len(s.groups) && len(s.groups) >= s.watermark.Groups
+		if all || now.Sub(s.watermarkAt) >= a.StepTimeout {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Plan builds step n's groups and plan with sched's anchor choice; the step
+// stays open until Close (so a failed publish can be retried).
+func (a *Assembly) Plan(run string, n int64, sched *Scheduler, inFlight int, now time.Time) (schemas.Plan, []schemas.Group) {
+	s := a.steps[n]
+	ids := make([]string, 0, len(s.groups))
+	for id := range s.groups {
+		ids = append(ids, id)
+	}
+	sel := sched.Select(run, n, ids, inFlight)
+	plan := schemas.Plan{Schema: schemas.Version, Run: run, Step: n, ClosedAt: now, Anchors: sel.Chosen}
+	groups := make([]schemas.Group, 0, len(ids))
+	for _, d := range sel.Decisions { // sorted by group ID
+		g := s.groups[d.GroupID]
+		trajs := slices.Clone(g.trajs)
+		slices.SortFunc(trajs, func(x, y schemas.Trajectory) int {
+			switch {
+			case x.TrajID < y.TrajID:
+				return -1
+			case x.TrajID > y.TrajID:
+				return 1
+			}
+			return 0
+		})
+		pg := schemas.PlanGroup{GroupID: d.GroupID, Anchor: d.Anchor, Want: g.want}
+		for _, t := range trajs {
+			pg.TrajIDs = append(pg.TrajIDs, t.TrajID)
+		}
+		plan.Groups = append(plan.Groups, pg)
+		plan.Decisions = append(plan.Decisions, schemas.PlanDecision{GroupID: d.GroupID, Anchor: d.Anchor, Reason: d.Reason})
+		groups = append(groups, schemas.Group{
+			Schema: schemas.Version, Run: run, Step: n, GroupID: d.GroupID, TaskID: g.taskID,
+			Anchor: d.Anchor, Trajectories: trajs,
+		})
+	}
+	return plan, groups
+}
+
+// Close forgets step n's trajectories and marks it closed.
+func (a *Assembly) Close(n int64) {
+	delete(a.steps, n)
+	a.closed[n] = true
+}
+
+// Open is the number of steps being assembled.
+func (a *Assembly) Open() int { return len(a.steps) }

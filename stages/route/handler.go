@@ -1,0 +1,203 @@
+package route
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// Topics are route's output subjects.
+type Topics struct {
+	Group, Exec, Plan string
+}
+
+// Handler is the route stage: it consumes trajectories and watermarks,
+// assembles steps, picks anchors, and publishes every group (to predict),
+// each anchor group (to execute) and the step's plan. Input messages are
+// held (their handler call blocks) until the step's outputs are stored, so
+// a crash loses nothing: unacknowledged inputs are redelivered and the step
+// re-assembled, and outputs carry deterministic de-duplication IDs.
+// One route per run: two would split a step's trajectories.
+type Handler struct {
+	run   string
+	out   Topics
+	pub   message.Publisher
+	sched *Scheduler
+	now   func() time.Time
+
+	mu   sync.Mutex
+	asm  *Assembly
+	done map[int64]chan struct{} // closed when the step's outputs are stored
+}
+
+// Config configures a Handler.
+type Config struct {
+	Run         string
+	Out         Topics
+	Scheduler   SchedulerConfig
+	StepTimeout time.Duration    // default 30s
+	Now         func() time.Time // default time.Now
+}
+
+// NewHandler builds the stage.
+func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
+	sched, err := NewScheduler(cfg.Scheduler)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.StepTimeout == 0 {
+		cfg.StepTimeout = 30 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Handler{
+		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now,
+		asm: NewAssembly(cfg.StepTimeout), done: map[int64]chan struct{}{},
+	}, nil
+}
+
+// MarkClosed records steps planned before a restart.
+func (h *Handler) MarkClosed(steps ...int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, s := range steps {
+		h.asm.MarkClosed(s)
+	}
+}
+
+func (h *Handler) doneFor(step int64) chan struct{} {
+	c := h.done[step]
+	if c == nil {
+		c = make(chan struct{})
+		h.done[step] = c
+	}
+	return c
+}
+
+// HandleTraj takes one trajectory message.
+func (h *Handler) HandleTraj(msg *message.Message) error {
+	t, err := schemas.DecodeTrajectory(msg.Payload)
+	if err != nil {
+		return fmt.Errorf("route: %w", err)
+	}
+	if err := schemas.CheckRun(t.Run, h.run); err != nil {
+		return fmt.Errorf("route: %w", err)
+	}
+	h.mu.Lock()
+	if err := h.asm.AddTraj(t); err != nil {
+		h.mu.Unlock()
+		return fmt.Errorf("route: %w", err)
+	}
+	done := h.doneFor(t.Step)
+	h.mu.Unlock()
+	return h.hold(msg.Context(), done)
+}
+
+// HandleStep takes one watermark message.
+func (h *Handler) HandleStep(msg *message.Message) error {
+	w, err := schemas.DecodeStepClose(msg.Payload)
+	if err != nil {
+		return fmt.Errorf("route: %w", err)
+	}
+	if err := schemas.CheckRun(w.Run, h.run); err != nil {
+		return fmt.Errorf("route: %w", err)
+	}
+	h.mu.Lock()
+	if h.asm.IsClosed(w.Step) {
+		h.mu.Unlock()
+		return nil
+	}
+	if err := h.asm.AddWatermark(w, h.now()); err != nil {
+		h.mu.Unlock()
+		return fmt.Errorf("route: %w", err)
+	}
+	done := h.doneFor(w.Step)
+	h.mu.Unlock()
+	return h.hold(msg.Context(), done)
+}
+
+// hold waits until the step's outputs are stored: then the input can be
+// acknowledged.
+func (h *Handler) hold(ctx context.Context, done <-chan struct{}) error {
+	if err := h.Flush(); err != nil {
+		return err
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("route: gave up holding input: %w", ctx.Err())
+	}
+}
+
+// Flush plans every ready step. Handlers call it after each input; Run
+// calls it periodically for step timeouts.
+func (h *Handler) Flush() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.now()
+	for _, step := range h.asm.Ready(now) {
+		plan, groups := h.asm.Plan(h.run, step, h.sched, 0, now)
+		if err := h.publish(plan, groups); err != nil {
+			return err // the step stays open; the next input or tick retries
+		}
+		h.asm.Close(step)
+		close(h.doneFor(step))
+		delete(h.done, step)
+	}
+	return nil
+}
+
+func (h *Handler) publish(plan schemas.Plan, groups []schemas.Group) error {
+	var toPredict, toExec []*message.Message
+	for _, g := range groups {
+		m, err := schemas.NewMessage(fmt.Sprintf("%s/group/%d/%s", h.run, g.Step, g.GroupID), g)
+		if err != nil {
+			return err
+		}
+		toPredict = append(toPredict, m)
+		if g.Anchor {
+			m, err := schemas.NewMessage(fmt.Sprintf("%s/exec/%d/%s", h.run, g.Step, g.GroupID), g)
+			if err != nil {
+				return err
+			}
+			toExec = append(toExec, m)
+		}
+	}
+	pm, err := schemas.NewMessage(fmt.Sprintf("%s/plan/%d", h.run, plan.Step), plan)
+	if err != nil {
+		return err
+	}
+	// The plan goes first: fuse and pair learn the step's shape before its
+	// predictions and executions arrive.
+	if err := h.pub.Publish(h.out.Plan, pm); err != nil {
+		return fmt.Errorf("route: publish plan %d: %w", plan.Step, err)
+	}
+	if err := h.pub.Publish(h.out.Exec, toExec...); err != nil {
+		return fmt.Errorf("route: publish anchors of step %d: %w", plan.Step, err)
+	}
+	if err := h.pub.Publish(h.out.Group, toPredict...); err != nil {
+		return fmt.Errorf("route: publish groups of step %d: %w", plan.Step, err)
+	}
+	return nil
+}
+
+// Run flushes steps whose timeout passed, until ctx is done.
+func (h *Handler) Run(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = h.Flush()
+		}
+	}
+}
