@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -56,7 +57,11 @@ func connect(ctx context.Context, cfg *Config) (*transport, error) {
 
 func (t *transport) close() {
 	if t.nc != nil {
-		_ = t.nc.Drain()
+		// Stages and publishers are closed by now; flush what is buffered
+		// unless the server is gone (then there is nothing to wait for).
+		if t.nc.IsConnected() {
+			_ = t.nc.FlushTimeout(2 * time.Second)
+		}
 		t.nc.Close()
 	}
 	if t.srv != nil {

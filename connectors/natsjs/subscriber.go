@@ -161,7 +161,19 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		case <-s.closing:
 		case <-stop:
 		}
-		it.Drain() // buffered messages still come out of Next, to be handed back
+		// Drain: buffered messages still come out of Next, to be handed
+		// back at once. Draining needs the server; without it (or if it
+		// stalls) stop outright: the server redelivers after AckWait.
+		if !s.cfg.Conn.IsConnected() {
+			it.Stop()
+			return
+		}
+		it.Drain()
+		select {
+		case <-stop:
+		case <-time.After(2 * time.Second):
+			it.Stop()
+		}
 	}()
 	go func() {
 		defer s.loops.Done()
@@ -264,7 +276,9 @@ func (s *Subscriber) Close() error {
 		close(s.closing)
 		s.loops.Wait()
 		s.msgs.Wait()
-		_ = s.cfg.Conn.Flush()
+		if s.cfg.Conn.IsConnected() {
+			_ = s.cfg.Conn.FlushTimeout(2 * time.Second) // push out the last acks and naks
+		}
 		if s.cfg.CloseConn {
 			s.cfg.Conn.Close()
 		}

@@ -1,0 +1,267 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/sim"
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/fuse"
+)
+
+func testConfig(t *testing.T) Config {
+	cfg := DefaultConfig()
+	cfg.DataDir = t.TempDir()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Quiet = true
+	cfg.ExecLatency = time.Millisecond
+	cfg.Debiaser = calibrate.DebiaserConfig{MinPairs: 32, RefitEvery: 16, BufferSize: 1000, Bins: 10}
+	cfg.Denoiser = fuse.DenoiserConfig{Warmup: 4}
+	return cfg
+}
+
+// readSubject returns every message stored on subject, reopening the data
+// directory of a pipeline that has stopped.
+func readStored(t *testing.T, dataDir, subject string) [][]byte {
+	t.Helper()
+	srv, err := natsjs.StartServer(context.Background(), natsjs.ServerConfig{StoreDir: dataDir + "/nats"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := srv.Connect("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	return scanAll(t, nc, subject)
+}
+
+func scanAll(t *testing.T, nc *nats.Conn, subject string) [][]byte {
+	t.Helper()
+	js, _ := jetstream.New(nc)
+	var out [][]byte
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := natsjs.Scan(ctx, js, StreamName("wmrl"), subject, false, func(r natsjs.Record) error {
+		out = append(out, r.Data)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func decodeUpdates(t *testing.T, raw [][]byte) map[int64]schemas.Update {
+	t.Helper()
+	out := map[int64]schemas.Update{}
+	for _, b := range raw {
+		var u schemas.Update
+		if err := json.Unmarshal(b, &u); err != nil {
+			t.Fatal(err)
+		}
+		if _, dup := out[u.Step]; dup {
+			t.Fatalf("step %d has two updates", u.Step)
+		}
+		out[u.Step] = u
+	}
+	return out
+}
+
+// checkFusion recomputes an update's fused advantages with the core from
+// its own rewards and rho.
+func checkFusion(t *testing.T, u schemas.Update) {
+	t.Helper()
+	var groups []fuse.Group
+	idx := map[string]int{}
+	for _, it := range u.Items {
+		i, ok := idx[it.GroupID]
+		if !ok {
+			i = len(groups)
+			idx[it.GroupID] = i
+			groups = append(groups, fuse.Group{ID: it.GroupID, Anchor: it.Source == fuse.SourceAnchor})
+		}
+		item := fuse.Item{TrajID: it.TrajID, Graded: it.Reward != nil}
+		if it.Reward != nil {
+			item.Reward = *it.Reward
+		}
+		groups[i].Items = append(groups[i].Items, item)
+	}
+	res := fuse.Fuse(groups, u.Rho, fuse.Standardize)
+	if res.Groups != u.Groups || res.Anchors != u.Anchors {
+		t.Fatalf("step %d: groups %d/%d anchors %d/%d", u.Step, res.Groups, u.Groups, res.Anchors, u.Anchors)
+	}
+	for i, it := range res.Items {
+		if math.Abs(it.FusedAdvantage-u.Items[i].FusedAdvantage) > 1e-12 {
+			t.Fatalf("step %d %s: fused %v, the core gives %v", u.Step, it.TrajID, u.Items[i].FusedAdvantage, it.FusedAdvantage)
+		}
+	}
+}
+
+func TestPipelineFusesEveryStepOnce(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 12
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	if len(ups) != 12 {
+		t.Fatalf("%d updates, want 12", len(ups))
+	}
+	for step := int64(0); step < 12; step++ {
+		u, ok := ups[step]
+		if !ok {
+			t.Fatalf("step %d has no update", step)
+		}
+		if len(u.Items) != cfg.Groups*cfg.GroupSize || u.Anchors != 2 || u.Groups != cfg.Groups {
+			t.Fatalf("step %d: %d items, %d anchors, %d groups", step, len(u.Items), u.Anchors, u.Groups)
+		}
+		checkFusion(t, u)
+	}
+	if last := ups[11]; last.CalibrationVersion == 0 || last.Rho == 1 || last.PairsTotal != 12*2*8 {
+		t.Fatalf("last update: version %d rho %v pairs %d: calibration and denoising never engaged", last.CalibrationVersion, last.Rho, last.PairsTotal)
+	}
+	if dl := readStored(t, cfg.DataDir, "wmrl.default.dlq"); len(dl) != 0 {
+		t.Fatalf("dead letters from clean input: %s", dl[0])
+	}
+}
+
+func TestMalformedInputIsDeadLettered(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source = SourceExternal
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	nc, err := nats.Connect(p.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	good, _ := json.Marshal(schemas.Trajectory{Schema: 1, Run: "default", Step: 0, GroupID: "g", TrajID: "t", GroupSize: 2, TaskID: "x", Prompt: "p", Response: "r"})
+	wrongSchema := strings.Replace(string(good), `"schema":1`, `"schema":2`, 1)
+	otherRun := strings.Replace(string(good), `"run":"default"`, `"run":"elsewhere"`, 1)
+	bad := map[string]string{
+		"malformed JSON": `{"schema": 1, "run": "default", `,
+		"schema 2":       wrongSchema,
+		"missing field(s): group_id, traj_id, group_size": `{"schema":1,"run":"default","step":0,"task_id":"x","prompt":"","response":"","policy_version":0}`,
+		`unknown run "elsewhere"`:                         otherRun,
+	}
+	for _, payload := range bad {
+		if _, err := js.Publish(ctx, "wmrl.default.traj", []byte(payload)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The pipeline keeps going: a valid step after the bad input is fused.
+	pol := sim.Policy{Run: "default", Tasks: 4, Groups: 3, GroupSize: 4}
+	trajs, wm := pol.Step(0)
+	for _, tr := range trajs {
+		b, _ := json.Marshal(tr)
+		if _, err := js.Publish(ctx, "wmrl.default.traj", b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := json.Marshal(wm)
+	js.Publish(ctx, "wmrl.default.step", b)
+	waitFor(t, 60*time.Second, func() bool { return len(scanAll(t, nc, "wmrl.default.update")) == 1 })
+	var dls []schemas.DeadLetter
+	waitFor(t, 10*time.Second, func() bool {
+		raw := scanAll(t, nc, "wmrl.default.dlq")
+		dls = dls[:0]
+		for _, r := range raw {
+			var d schemas.DeadLetter
+			json.Unmarshal(r, &d)
+			dls = append(dls, d)
+		}
+		return len(dls) >= len(bad)
+	})
+	if len(dls) != len(bad) {
+		t.Fatalf("%d dead letters, want %d", len(dls), len(bad))
+	}
+	for want, payload := range bad {
+		found := false
+		for _, d := range dls {
+			if strings.Contains(d.Reason, want) && d.Payload == payload && d.Subject == "wmrl.default.traj" && d.Stage == StageRoute {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no dead letter with reason %q and the original payload; got %+v", want, dls)
+		}
+	}
+	if n := testutil.ToFloat64(p.Metrics().DeadLetters.WithLabelValues(StageRoute)); n != float64(len(bad)) {
+		t.Errorf("dead-letter counter %v, want %d", n, len(bad))
+	}
+}
+
+func TestTwoPredictProcessesShareTheLoad(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 20
+	cfg.Stages = []string{StageRoute, StageExecute, StagePair, StageCalibrate, StageFuse}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	main, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var predictors []*Pipeline
+	for i := 0; i < 2; i++ {
+		pc := testConfig(t)
+		pc.NATSURL = main.URL()
+		pc.Stages = []string{StagePredict}
+		pc.Source = SourceExternal
+		p, err := Start(ctx, pc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		predictors = append(predictors, p)
+	}
+	if err := main.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	var counts []float64
+	for _, p := range predictors {
+		counts = append(counts, testutil.ToFloat64(p.Metrics().Out.WithLabelValues(StagePredict)))
+		p.Stop()
+	}
+	total := float64(cfg.Steps) * float64(cfg.Groups)
+	t.Logf("predictions per process: %v of %v groups", counts, total)
+	if counts[0] == 0 || counts[1] == 0 {
+		t.Fatalf("one process did all the work: %v", counts)
+	}
+	if counts[0]+counts[1] < total {
+		t.Fatalf("%v predictions for %v groups", counts[0]+counts[1], total)
+	}
+	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	if len(ups) != int(cfg.Steps) {
+		t.Fatalf("%d updates, want %d", len(ups), cfg.Steps)
+	}
+}
+
+func waitFor(t *testing.T, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v", d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

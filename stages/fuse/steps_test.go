@@ -1,0 +1,83 @@
+package fuse
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+func score(v float64) *float64 { return &v }
+
+func TestStepsFallBackForLateAnchors(t *testing.T) {
+	s, err := NewSteps(StepsConfig{Run: "r", Debias: true, AnchorDeadline: time.Second, Denoiser: DenoiserConfig{Estimator: EstimatorOff}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	plan := schemas.Plan{Step: 3, Groups: []schemas.PlanGroup{
+		{GroupID: "a", Anchor: true, TrajIDs: []string{"a0", "a1"}},
+		{GroupID: "w", TrajIDs: []string{"w0", "w1", "w2"}},
+	}}
+	s.AddPlan(plan, t0)
+	s.AddPrediction(schemas.Prediction{Step: 3, GroupID: "a", Items: []schemas.PredItem{{TrajID: "a0", Score: score(0.2)}, {TrajID: "a1", Score: score(0.6)}}})
+	if len(s.Ready(t0)) != 0 {
+		t.Fatal("ready without the world-model group's prediction")
+	}
+	s.AddPrediction(schemas.Prediction{Step: 3, GroupID: "w", Items: []schemas.PredItem{
+		{TrajID: "w0", Score: score(0.1)}, {TrajID: "w1", Score: nil, Status: schemas.PredUngraded}, {TrajID: "w2", Score: score(0.9)}}})
+	// The map halves scores.
+	if err := s.AddCalibration(schemas.Calibration{Seq: 1, Version: 4, Step: 2, GroupID: "x",
+		Map: &schemas.Thresholds{X: []float64{0, 1}, Y: []float64{0, 0.5}}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Ready(t0.Add(999*time.Millisecond))) != 0 {
+		t.Fatal("ready before the anchor deadline without the execution")
+	}
+	if r := s.Ready(t0.Add(time.Second)); len(r) != 1 {
+		t.Fatal("not ready at the anchor deadline")
+	}
+	u := s.Fuse(3, t0.Add(time.Second))
+	if len(u.LateAnchors) != 1 || u.LateAnchors[0] != "a" || u.Anchors != 0 || u.Groups != 2 || u.CalibrationVersion != 4 {
+		t.Fatalf("update %+v", u)
+	}
+	for _, it := range u.Items {
+		if it.Source != SourceWorldModel {
+			t.Fatalf("%s: source %s for a late anchor", it.TrajID, it.Source)
+		}
+	}
+	if got := *u.Items[0].Reward; got != 0.1 { // calibrated 0.2
+		t.Fatalf("late anchor reward %v, want its calibrated prediction 0.1", got)
+	}
+	if u.Items[3].Reward != nil || u.Items[3].FusedAdvantage != 0 {
+		t.Fatalf("ungraded item got %+v", u.Items[3])
+	}
+	s.Close(3)
+	if s.AddExecution(schemas.Execution{Step: 3, GroupID: "a"}) {
+		t.Fatal("an execution after publication was accepted")
+	}
+}
+
+func TestStepsUseExecutionOnceCalibrated(t *testing.T) {
+	s, _ := NewSteps(StepsConfig{Run: "r", Debias: true, AnchorDeadline: time.Hour, Denoiser: DenoiserConfig{Estimator: EstimatorOff}})
+	t0 := time.Unix(0, 0)
+	s.AddPlan(schemas.Plan{Step: 1, Groups: []schemas.PlanGroup{{GroupID: "a", Anchor: true, TrajIDs: []string{"a0", "a1"}}}}, t0)
+	s.AddPrediction(schemas.Prediction{Step: 1, GroupID: "a", Items: []schemas.PredItem{{TrajID: "a0", Score: score(0.5)}, {TrajID: "a1", Score: score(0.5)}}})
+	s.AddExecution(schemas.Execution{Step: 1, GroupID: "a", Items: []schemas.ExecItem{{TrajID: "a0", Score: score(0.3)}, {TrajID: "a1", Score: score(0.8)}}})
+	if len(s.Ready(t0)) != 0 {
+		t.Fatal("ready before the anchor group was calibrated")
+	}
+	s.AddCalibration(schemas.Calibration{Seq: 1, Step: 1, GroupID: "a"})
+	if len(s.Ready(t0)) != 1 {
+		t.Fatal("not ready once executed and calibrated")
+	}
+	u := s.Fuse(1, t0)
+	if u.Anchors != 1 || *u.Items[1].Reward != 0.8 || u.Items[1].Source != SourceAnchor {
+		t.Fatalf("update %+v", u)
+	}
+	want := 0.25 / (0.25 + AdvantageEps)
+	if math.Abs(u.Items[1].FusedAdvantage-want) > 1e-12 {
+		t.Fatalf("fused %v, want %v", u.Items[1].FusedAdvantage, want)
+	}
+}

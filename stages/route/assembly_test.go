@@ -1,0 +1,89 @@
+package route
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+func traj(step int64, group string, i, size int) schemas.Trajectory {
+	return schemas.Trajectory{Schema: 1, Run: "r", Step: step, GroupID: group, TrajID: fmt.Sprintf("%s-%d", group, i),
+		GroupSize: size, TaskID: "task-" + group}
+}
+
+func TestAssemblyClosesCompleteSteps(t *testing.T) {
+	a := NewAssembly(time.Minute)
+	t0 := time.Unix(0, 0)
+	for g := 0; g < 3; g++ {
+		for i := 0; i < 4; i++ {
+			if err := a.AddTraj(traj(7, fmt.Sprint(g), i, 4)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if len(a.Ready(t0)) != 0 {
+		t.Fatal("ready without a watermark")
+	}
+	if err := a.AddWatermark(schemas.StepClose{Step: 7, Groups: 4}, t0); err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Ready(t0)) != 0 {
+		t.Fatal("ready with 3 of 4 declared groups")
+	}
+	for i := 0; i < 4; i++ {
+		a.AddTraj(traj(7, "3", i, 4))
+		a.AddTraj(traj(7, "3", i, 4)) // redelivered: ignored
+	}
+	if r := a.Ready(t0); len(r) != 1 || r[0] != 7 {
+		t.Fatalf("ready %v, want [7]", r)
+	}
+	sched, _ := NewScheduler(SchedulerConfig{Fraction: 0.5})
+	plan, groups := a.Plan("r", 7, sched, 0, t0)
+	if len(groups) != 4 || plan.Anchors != 2 || len(plan.Groups[0].TrajIDs) != 4 {
+		t.Fatalf("plan %+v", plan)
+	}
+	a.Close(7)
+	if err := a.AddTraj(traj(7, "0", 9, 4)); !errors.Is(err, schemas.ErrInvalid) {
+		t.Fatalf("late trajectory: %v", err)
+	}
+}
+
+func TestAssemblyTimesOutIncompleteGroups(t *testing.T) {
+	a := NewAssembly(time.Second)
+	t0 := time.Unix(100, 0)
+	a.AddTraj(traj(1, "a", 0, 4))
+	a.AddTraj(traj(1, "a", 1, 4))
+	a.AddWatermark(schemas.StepClose{Step: 1, Groups: 1}, t0)
+	if len(a.Ready(t0.Add(999*time.Millisecond))) != 0 {
+		t.Fatal("closed before the timeout")
+	}
+	if len(a.Ready(t0.Add(time.Second))) != 1 {
+		t.Fatal("not closed at the timeout")
+	}
+	sched, _ := NewScheduler(SchedulerConfig{})
+	plan, _ := a.Plan("r", 1, sched, 0, t0)
+	if g := plan.Groups[0]; len(g.TrajIDs) != 2 || g.Want != 4 {
+		t.Fatalf("incomplete group not recorded: %+v", g)
+	}
+}
+
+func TestAssemblyRejectsInconsistentInput(t *testing.T) {
+	a := NewAssembly(time.Second)
+	a.AddTraj(traj(1, "a", 0, 4))
+	bad := traj(1, "a", 1, 5)
+	if err := a.AddTraj(bad); !errors.Is(err, schemas.ErrInvalid) {
+		t.Fatalf("group size changed: %v", err)
+	}
+	bad = traj(1, "a", 1, 4)
+	bad.TaskID = "other"
+	if err := a.AddTraj(bad); !errors.Is(err, schemas.ErrInvalid) {
+		t.Fatalf("task changed: %v", err)
+	}
+	a.AddWatermark(schemas.StepClose{Step: 1, Groups: 1}, time.Now())
+	if err := a.AddWatermark(schemas.StepClose{Step: 1, Groups: 2}, time.Now()); !errors.Is(err, schemas.ErrInvalid) {
+		t.Fatalf("conflicting watermark: %v", err)
+	}
+}
