@@ -74,7 +74,7 @@ func (m *Metrics) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		stage := stageOf(message.HandlerNameFromCtx(msg.Context()))
 		m.In.WithLabelValues(stage).Inc()
-		if n, _ := strconv.Atoi(msg.Metadata.Get(natsjs.MetaDeliveries)); n > 1 {
+		if redelivered(msg) {
 			m.Redeliveries.WithLabelValues(stage).Inc()
 		}
 		start := time.Now()
@@ -109,6 +109,12 @@ func (p countingPublisher) Publish(topic string, msgs ...*message.Message) error
 		p.n.Add(float64(len(msgs)))
 	}
 	return err
+}
+
+// redelivered reports whether JetStream delivered msg before.
+func redelivered(msg *message.Message) bool {
+	n, _ := strconv.Atoi(msg.Metadata.Get(natsjs.MetaDeliveries))
+	return n > 1
 }
 
 // isPoison reports whether a handler error means the message can never be

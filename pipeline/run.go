@@ -190,6 +190,9 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 	cfg := &p.cfg
 	h, err := route.NewHandler(route.Config{
 		Run: cfg.Run, Scheduler: cfg.Anchors, StepTimeout: cfg.StepTimeout,
+		Redelivered: func(m *message.Message) bool {
+			return m.Metadata.Get(natsjs.MetaDeliveries) > "1" || len(m.Metadata.Get(natsjs.MetaDeliveries)) > 1
+		},
 		Out: route.Topics{
 			Group: p.topo.Out(StageRoute, schemas.KindGroup),
 			Exec:  p.topo.Out(StageRoute, schemas.KindExec),

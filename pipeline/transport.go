@@ -48,9 +48,9 @@ func connect(ctx context.Context, cfg *Config) (*transport, error) {
 		return nil, err
 	}
 	t.stream = StreamName(cfg.Prefix)
-	if _, err := t.js.CreateOrUpdateStream(ctx, StreamConfig(cfg)); err != nil {
+	if err := natsjs.EnsureStream(ctx, t.js, StreamConfig(cfg)); err != nil {
 		t.close()
-		return nil, fmt.Errorf("pipeline: stream %s: %w", t.stream, err)
+		return nil, fmt.Errorf("pipeline: %w", err)
 	}
 	return t, nil
 }

@@ -2,7 +2,9 @@ package natsjs
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -57,9 +59,35 @@ func (p *provisioner) ensure(ctx context.Context, topic string) (string, error) 
 	if p.done[cfg.Name] {
 		return cfg.Name, nil
 	}
-	if _, err := p.js.CreateOrUpdateStream(ctx, cfg); err != nil {
-		return "", fmt.Errorf("natsjs: provision stream %s for %s: %w", cfg.Name, topic, err)
+	if err := EnsureStream(ctx, p.js, cfg); err != nil {
+		return "", fmt.Errorf("natsjs: provision stream for %s: %w", topic, err)
 	}
 	p.done[cfg.Name] = true
 	return cfg.Name, nil
+}
+
+// EnsureStream creates the stream when it is missing and updates it only
+// when its subjects, retention age or de-duplication window differ. Needless
+// updates are not free: each one rewrites the stream's configuration on the
+// server while other clients may be creating consumers on it.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
+	s, err := js.Stream(ctx, cfg.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		_, err = js.CreateStream(ctx, cfg)
+		if err == nil || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil // created, by us or meanwhile by another client
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", cfg.Name, err)
+	}
+	cur := s.CachedInfo().Config
+	if slices.Equal(cur.Subjects, cfg.Subjects) && cur.MaxAge == cfg.MaxAge &&
+		(cfg.Duplicates == 0 || cur.Duplicates == cfg.Duplicates) {
+		return nil
+	}
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("update stream %s: %w", cfg.Name, err)
+	}
+	return nil
 }

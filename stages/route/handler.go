@@ -30,6 +30,8 @@ type Handler struct {
 	sched *Scheduler
 	now   func() time.Time
 
+	redelivered func(*message.Message) bool
+
 	mu   sync.Mutex
 	asm  *Assembly
 	done map[int64]chan struct{} // closed when the step's outputs are stored
@@ -42,6 +44,9 @@ type Config struct {
 	Scheduler   SchedulerConfig
 	StepTimeout time.Duration    // default 30s
 	Now         func() time.Time // default time.Now
+	// Redelivered tells a message delivered before (to a process that may
+	// have planned its step) from a first delivery. Default: never.
+	Redelivered func(*message.Message) bool
 }
 
 // NewHandler builds the stage.
@@ -56,8 +61,11 @@ func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Redelivered == nil {
+		cfg.Redelivered = func(*message.Message) bool { return false }
+	}
 	return &Handler{
-		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now,
+		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered,
 		asm: NewAssembly(cfg.StepTimeout), done: map[int64]chan struct{}{},
 	}, nil
 }
@@ -90,6 +98,12 @@ func (h *Handler) HandleTraj(msg *message.Message) error {
 		return fmt.Errorf("route: %w", err)
 	}
 	h.mu.Lock()
+	if h.asm.IsClosed(t.Step) && h.redelivered(msg) {
+		// Delivered before, to a route that planned its step and died
+		// before acknowledging: a duplicate, not a late trajectory.
+		h.mu.Unlock()
+		return nil
+	}
 	if err := h.asm.AddTraj(t); err != nil {
 		h.mu.Unlock()
 		return fmt.Errorf("route: %w", err)
@@ -174,16 +188,16 @@ func (h *Handler) publish(plan schemas.Plan, groups []schemas.Group) error {
 	if err != nil {
 		return err
 	}
-	// The plan goes first: fuse and pair learn the step's shape before its
-	// predictions and executions arrive.
-	if err := h.pub.Publish(h.out.Plan, pm); err != nil {
-		return fmt.Errorf("route: publish plan %d: %w", plan.Step, err)
-	}
+	// The plan goes last: a stored plan means every output of the step is
+	// stored, which is what a restarted route relies on (MarkClosed).
 	if err := h.pub.Publish(h.out.Exec, toExec...); err != nil {
 		return fmt.Errorf("route: publish anchors of step %d: %w", plan.Step, err)
 	}
 	if err := h.pub.Publish(h.out.Group, toPredict...); err != nil {
 		return fmt.Errorf("route: publish groups of step %d: %w", plan.Step, err)
+	}
+	if err := h.pub.Publish(h.out.Plan, pm); err != nil {
+		return fmt.Errorf("route: publish plan %d: %w", plan.Step, err)
 	}
 	return nil
 }

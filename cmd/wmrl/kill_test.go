@@ -1,0 +1,176 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/calibrate"
+)
+
+// buildBinary compiles wmrl once for the test.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "wmrl")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestSIGKILLLosesNothing kills a running `wmrl run` at random points
+// several times, restarts it on the same data directory, and checks the
+// stored stream: every step's update exactly once, every anchor group's
+// pairs once, and a calibration that resumed where it was (the stored map
+// versions are exactly those a fresh replay of the stored pairs gives).
+func TestSIGKILLLosesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t)
+	data := t.TempDir()
+	const steps = 60
+	args := []string{"run", "--steps", fmt.Sprint(steps), "--data", data, "--listen", "127.0.0.1:0", "--exec-latency", "5ms"}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	for kill := 0; kill < 3; kill++ {
+		cmd := exec.Command(bin, args...)
+		stdout, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		lineCh := make(chan string)
+		go func() {
+			lines := bufio.NewScanner(stdout)
+			for lines.Scan() {
+				lineCh <- lines.Text()
+			}
+			close(lineCh)
+		}()
+		want := 2 + rng.IntN(6)
+		seen := 0
+		for seen < want {
+			select {
+			case _, ok := <-lineCh:
+				if !ok {
+					t.Fatalf("run %d exited after %d lines", kill+1, seen)
+				}
+				seen++
+			case <-time.After(30 * time.Second):
+				cmd.Process.Kill()
+				t.Fatalf("run %d: no progress for 30s after %d lines (stalled after a restart)", kill+1, seen)
+			}
+		}
+		time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond) // mid-step, not only between lines
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		cmd.Wait()
+		go func() {
+			for range lineCh {
+			}
+		}()
+		t.Logf("kill %d after %d update lines", kill+1, seen)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("final run: %v\n%s", err, out)
+	}
+
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(data, "nats")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, _ := srv.Connect("check")
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	read := func(subject string) [][]byte {
+		var out [][]byte
+		if err := natsjs.Scan(ctx, js, pipeline.StreamName("wmrl"), subject, false, func(r natsjs.Record) error {
+			out = append(out, r.Data)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+
+	updates := map[int64]int{}
+	for _, b := range read("wmrl.default.update") {
+		var u schemas.Update
+		json.Unmarshal(b, &u)
+		updates[u.Step]++
+	}
+	for s := int64(0); s < steps; s++ {
+		if updates[s] != 1 {
+			t.Errorf("step %d has %d updates, want exactly 1", s, updates[s])
+		}
+	}
+	if len(updates) != steps {
+		t.Errorf("updates for %d distinct steps, want %d", len(updates), steps)
+	}
+
+	pairs := read("wmrl.default.pairs")
+	groups := map[string]bool{}
+	replay := &calibrate.Stage{RunID: "default", Deb: mustDebiaser(t)}
+	var replayed []schemas.Calibration
+	for _, b := range pairs {
+		var pg schemas.PairGroup
+		json.Unmarshal(b, &pg)
+		key := fmt.Sprintf("%d/%s", pg.Step, pg.GroupID)
+		if groups[key] {
+			t.Errorf("anchor group %s paired twice", key)
+		}
+		groups[key] = true
+		c, err := replay.Absorb(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c != nil {
+			replayed = append(replayed, *c)
+		}
+	}
+	if len(groups) != steps*2 {
+		t.Errorf("%d anchor groups paired, want %d", len(groups), steps*2)
+	}
+	stored := read("wmrl.default.calibration")
+	if len(stored) != len(replayed) {
+		t.Fatalf("%d calibrations stored, a replay of the pairs gives %d", len(stored), len(replayed))
+	}
+	for i, b := range stored {
+		var c schemas.Calibration
+		json.Unmarshal(b, &c)
+		if c.Seq != int64(i+1) || c.Version != replayed[i].Version || c.PairsTotal != replayed[i].PairsTotal {
+			t.Fatalf("calibration %d: stored seq %d version %d pairs %d; replay gives seq %d version %d pairs %d",
+				i, c.Seq, c.Version, c.PairsTotal, replayed[i].Seq, replayed[i].Version, replayed[i].PairsTotal)
+		}
+	}
+	last := replayed[len(replayed)-1]
+	if last.Version < 2 {
+		t.Errorf("final calibration version %d: too few refits to test resumption", last.Version)
+	}
+	t.Logf("%d steps, %d anchor groups, calibration v%d after %d pairs", len(updates), len(groups), last.Version, last.PairsTotal)
+}
+
+func mustDebiaser(t *testing.T) *calibrate.Debiaser {
+	d, err := calibrate.NewDebiaser(calibrate.DefaultDebiaserConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
