@@ -3,6 +3,9 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net"
+	"net/http"
 
 	"math"
 	"strings"
@@ -263,5 +266,46 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 			t.Fatalf("condition not met within %v", d)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cfg := testConfig(t)
+	cfg.MetricsAddr = addr
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	var body string
+	waitFor(t, 30*time.Second, func() bool {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		return strings.Contains(body, "wmrl_step_latency_seconds_count 5")
+	})
+	for _, want := range []string{
+		`wmrl_messages_in_total{stage="route"}`, `wmrl_messages_out_total{stage="fuse"}`,
+		`wmrl_handler_seconds_bucket{stage="predict"`, "wmrl_rho ", "wmrl_disagreement ",
+		"wmrl_calibration_pairs ", "wmrl_calibration_version ", "wmrl_steps_published ",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if n := testutil.ToFloat64(p.Metrics().In.WithLabelValues(StageRoute)); n < 5*float64(cfg.Groups*cfg.GroupSize) {
+		t.Errorf("route handled %v messages after 5 steps", n)
 	}
 }

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/calibrate"
+)
+
+// TestPenaltyReachesTheUpdates runs the pipeline with the topology file and
+// this stage as a separate process, and checks that every world-model
+// reward in the updates is the penalised score, not the raw one.
+func TestPenaltyReachesTheUpdates(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the stage")
+	}
+	bin := filepath.Join(t.TempDir(), "length-penalty")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	cfg := pipeline.DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.Quiet, cfg.Steps = t.TempDir(), "127.0.0.1:0", true, 6
+	cfg.TopologyFile = "topology.yaml"
+	cfg.ExecLatency = time.Millisecond
+	// No refit in 6 steps: world-model rewards are the scores themselves.
+	cfg.Debiaser = calibrate.DebiaserConfig{MinPairs: 10000, BufferSize: 10000}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := pipeline.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const limit, perChar = 210, 0.01
+	stage := exec.CommandContext(ctx, bin, "--nats", p.URL(), "--limit", "210", "--per-char", "0.01")
+	stage.Stderr = testWriter{t}
+	if err := stage.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stage.Process.Kill(); stage.Wait() }()
+
+	if err := p.Wait(); err != nil { // returns after the 6th update
+		t.Fatal(err)
+	}
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(cfg.DataDir, "nats")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, _ := srv.Connect("check")
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	read := func(subject string) [][]byte {
+		var out [][]byte
+		if err := natsjs.Scan(ctx, js, pipeline.StreamName("wmrl"), subject, false, func(r natsjs.Record) error {
+			out = append(out, r.Data)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	updates := read("wmrl.default.update")
+	if len(updates) != 6 {
+		t.Fatalf("%d updates, want 6", len(updates))
+	}
+	raw := map[string]schemas.PredItem{}
+	for _, b := range read("wmrl.default.pred_raw") {
+		var pr schemas.Prediction
+		json.Unmarshal(b, &pr)
+		for _, it := range pr.Items {
+			raw[it.TrajID] = it
+		}
+	}
+	checked, penalised := 0, 0
+	for _, b := range updates {
+		var u schemas.Update
+		json.Unmarshal(b, &u)
+		for _, it := range u.Items {
+			if it.Source != "world_model" || it.Reward == nil {
+				continue
+			}
+			r := raw[it.TrajID]
+			want := math.Max(0, *r.Score-penalty(r.ResponseChars, limit, perChar))
+			if math.Abs(*it.Reward-want) > 1e-12 {
+				t.Fatalf("%s: reward %v, want the penalised score %v (raw %v, %d bytes)", it.TrajID, *it.Reward, want, *r.Score, r.ResponseChars)
+			}
+			checked++
+			if want < *r.Score {
+				penalised++
+			}
+		}
+	}
+	t.Logf("%d world-model rewards checked, %d penalised", checked, penalised)
+	if checked == 0 || penalised == 0 {
+		t.Fatalf("nothing shown: %d checked, %d penalised", checked, penalised)
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Logf("length-penalty: %s", b)
+	return len(b), nil
+}
