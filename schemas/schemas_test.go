@@ -1,0 +1,66 @@
+package schemas
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"os"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the JSON Schema files")
+
+// The JSON Schema files are generated from the Go types; this keeps them in
+// step (go test ./schemas -update rewrites them).
+func TestJSONSchemaFilesUpToDate(t *testing.T) {
+	for _, d := range Messages {
+		want, err := JSONSchema(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := string(d.Kind) + ".schema.json"
+		if *update {
+			if err := os.WriteFile(path, want, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		got, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("%s: %v (run go test ./schemas -update)", path, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s is stale: run go test ./schemas -update", path)
+		}
+	}
+}
+
+func TestDecodeTrajectoryNamesWhatIsWrong(t *testing.T) {
+	ok := `{"schema":1,"run":"r","step":3,"group_id":"g","traj_id":"t","group_size":4,"task_id":"x","prompt":"","response":"print(1)","policy_version":7,"meta":{"k":1}}`
+	tr, err := DecodeTrajectory([]byte(ok))
+	if err != nil || tr.Step != 3 || tr.GroupSize != 4 || tr.Meta["k"] != 1.0 {
+		t.Fatalf("valid trajectory: %+v %v", tr, err)
+	}
+	for _, tc := range []struct{ payload, want string }{
+		{`{"schema":1,`, "malformed JSON"},
+		{strings.Replace(ok, `"schema":1`, `"schema":3`, 1), "schema 3"},
+		{`{"schema":1,"run":"r"}`, "missing field(s): step, group_id, traj_id, group_size, task_id, prompt, response, policy_version"},
+		{strings.Replace(ok, `"group_size":4`, `"group_size":0`, 1), "group_size 0"},
+		{strings.Replace(ok, `"step":3`, `"step":-1`, 1), "step -1"},
+		{strings.Replace(ok, `"run":"r"`, `"run":"a.b"`, 1), `run "a.b"`},
+		{strings.Replace(ok, `"step":3`, `"step":"3"`, 1), "malformed JSON"},
+	} {
+		_, err := DecodeTrajectory([]byte(tc.payload))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an ErrInvalid naming %q", tc.payload, err, tc.want)
+		}
+	}
+	if _, err := DecodeStepClose([]byte(`{"schema":1,"run":"r","step":1}`)); err == nil || !strings.Contains(err.Error(), "groups") {
+		t.Errorf("step without groups: %v", err)
+	}
+	var p Prediction
+	if err := Decode([]byte(`{"schema":1,"run":"other"}`), "r", &p); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `unknown run "other"`) {
+		t.Errorf("internal message of another run: %v", err)
+	}
+}
