@@ -75,6 +75,10 @@ type Config struct {
 	// MaxAckPending per consumer (default 65536: joins hold whole steps).
 	MaxAckPending int
 
+	// OnUpdate, if set, sees every update this process stores, with the
+	// time from the step's last input to it (for embedding and benchmarks).
+	OnUpdate func(u schemas.Update, latency time.Duration)
+
 	MetricsAddr string    // serve Prometheus /metrics here when set
 	Out         io.Writer // progress lines (default os.Stdout)
 	Quiet       bool      // no progress lines

@@ -47,6 +47,9 @@ func (p *Pipeline) onUpdate(u schemas.Update) {
 			latency = d
 		}
 	}
+	if p.cfg.OnUpdate != nil {
+		p.cfg.OnUpdate(u, latency)
+	}
 	if !p.cfg.Quiet {
 		late := ""
 		if len(u.LateAnchors) > 0 {
