@@ -31,29 +31,34 @@ func rawBaseline(b *testing.B) float64 {
 	return raw
 }
 
-// runSteps runs the whole pipeline in-process on b.N steps of 1024
-// trajectories (128 groups of 8) and returns the elapsed time and each
-// step's latency from its last input to its update.
-func runSteps(b *testing.B, inFlight int) (time.Duration, []time.Duration) {
+// runSteps runs the whole pipeline in-process on at least 20 steps of 1024
+// trajectories (128 groups of 8). It returns the steady-state rate (the
+// steps after the first, from the first update to the last, so start-up is
+// not counted) and each step's latency from its last input to its update.
+func runSteps(b *testing.B, inFlight int) (trajPerSec float64, lat []time.Duration) {
 	cfg := DefaultConfig()
 	cfg.DataDir, cfg.Listen, cfg.Quiet = b.TempDir(), "127.0.0.1:0", true
-	cfg.Groups, cfg.GroupSize, cfg.Steps, cfg.InFlightSteps = 128, 8, int64(max(b.N, 3)), inFlight
+	steps := max(b.N, 20)
+	cfg.Groups, cfg.GroupSize, cfg.Steps, cfg.InFlightSteps = 128, 8, int64(steps), inFlight
 	cfg.ExecLatency = time.Millisecond
 	var mu sync.Mutex
-	var lat []time.Duration
+	var first, last time.Time
 	cfg.OnUpdate = func(_ schemas.Update, d time.Duration) {
 		mu.Lock()
+		defer mu.Unlock()
+		if first.IsZero() {
+			first = time.Now()
+		}
+		last = time.Now()
 		lat = append(lat, d)
-		mu.Unlock()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	b.ResetTimer()
-	start := time.Now()
 	if err := Run(ctx, cfg); err != nil {
 		b.Fatal(err)
 	}
-	return time.Since(start), lat
+	return float64((steps-1)*1024) / last.Sub(first).Seconds(), lat
 }
 
 // BenchmarkEndToEnd: trajectories per second through every stage with
@@ -61,8 +66,7 @@ func runSteps(b *testing.B, inFlight int) (time.Duration, []time.Duration) {
 // publish+consume (msgs/s) measured in the same run. Target: 20,000/s.
 func BenchmarkEndToEnd(b *testing.B) {
 	raw := rawBaseline(b)
-	elapsed, _ := runSteps(b, 4)
-	rate := float64(max(b.N, 3)*1024) / elapsed.Seconds()
+	rate, _ := runSteps(b, 4)
 	b.ReportMetric(rate, "traj/s")
 	b.ReportMetric(raw, "raw_msgs/s")
 	b.ReportMetric(rate/raw, "x_raw")

@@ -1,7 +1,6 @@
 package calibrate
 
 import (
-	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -92,12 +91,7 @@ func FitIsotonic(x, y, w []float64, opts ...IsotonicOption) (*Isotonic, error) {
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(pts, func(a, b point) int {
-		if c := cmp.Compare(a.x, b.x); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.y, b.y)
-	})
+	sortPoints(pts)
 	ux, uy, uw := makeUnique(pts)
 	pava(uy, uw)
 	if !math.IsInf(cfg.lo, -1) || !math.IsInf(cfg.hi, 1) {
