@@ -36,7 +36,8 @@ type Config struct {
 	// Listen is the embedded server's client address (default
 	// 127.0.0.1:4222; port 0 picks a free one).
 	Listen string
-	// Stages run in this process (default: all).
+	// Stages run in this process: nil means all, an empty slice none (a
+	// gateway alone).
 	Stages []string
 	// Topology file (YAML); empty: the standard subjects.
 	TopologyFile string
@@ -79,6 +80,11 @@ type Config struct {
 	// time from the step's last input to it (for embedding and benchmarks).
 	OnUpdate func(u schemas.Update, latency time.Duration)
 
+	// HTTPAddr serves the trainer gateway (connectors/gateway) when set;
+	// HTTPToken, if set, is the bearer token it requires.
+	HTTPAddr  string
+	HTTPToken string
+
 	MetricsAddr string    // serve Prometheus /metrics here when set
 	Out         io.Writer // progress lines (default os.Stdout)
 	Quiet       bool      // no progress lines
@@ -103,7 +109,7 @@ func (c *Config) setDefaults() {
 	def(&c.DataDir, "wmrl-data")
 	def(&c.Listen, "127.0.0.1:4222")
 	def(&c.Source, SourceSim)
-	if len(c.Stages) == 0 {
+	if c.Stages == nil {
 		c.Stages = slices.Clone(AllStages)
 	}
 	defInt := func(p *int, v int) {

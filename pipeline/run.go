@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/wmrl/wmrl/connectors/gateway"
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
@@ -36,7 +38,11 @@ type Pipeline struct {
 	fuse     *fuse.Stage
 	source   *simSource
 	progress *progress
-	dl       *deadLetters
+	gateway  *gateway.Gateway
+	// httpListener is bound in build, so Start fails on a busy address and
+	// HTTPURL is known as soon as Start returns.
+	httpListener net.Listener
+	dl           *deadLetters
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -73,12 +79,43 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	p := &Pipeline{cfg: cfg, topo: topo, tr: tr, metrics: NewMetrics(), cancel: cancel, done: make(chan struct{})}
 	if err := p.build(ctx); err != nil {
+		if p.httpListener != nil {
+			p.httpListener.Close()
+		}
 		cancel()
 		tr.close()
 		return nil, err
 	}
 	p.start(ctx)
 	return p, nil
+}
+
+// HTTPURL is the gateway's base URL ("" without one).
+func (p *Pipeline) HTTPURL() string {
+	if p.httpListener == nil {
+		return ""
+	}
+	return "http://" + p.httpListener.Addr().String()
+}
+
+func (p *Pipeline) buildGateway() error {
+	g, err := gateway.New(gateway.Config{
+		Run: p.cfg.Run, Stream: p.tr.stream, Token: p.cfg.HTTPToken, WorldModel: sim.DefaultWorldModel(),
+		Subjects: gateway.Subjects{
+			Traj: p.topo.Subject(schemas.KindTraj), Step: p.topo.Subject(schemas.KindStep),
+			Update: p.topo.Out(StageFuse, schemas.KindUpdate), Calibration: p.topo.Out(StageCalibrate, schemas.KindCalibration),
+			Exec: p.topo.Out(StageRoute, schemas.KindExec), Execution: p.topo.Out(StageExecute, schemas.KindExecution),
+		},
+	}, p.tr.js, p.pub)
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", p.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("pipeline: gateway: %w", err)
+	}
+	p.gateway, p.httpListener = g, l
+	return nil
 }
 
 // URL is the NATS server address other processes can use.
@@ -175,6 +212,11 @@ func (p *Pipeline) build(ctx context.Context) error {
 		}
 		if err != nil {
 			return fmt.Errorf("pipeline: stage %s: %w", stage, err)
+		}
+	}
+	if cfg.HTTPAddr != "" {
+		if err := p.buildGateway(); err != nil {
+			return err
 		}
 	}
 	if cfg.Source == SourceSim {
@@ -277,6 +319,17 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 }
 
 func (p *Pipeline) start(ctx context.Context) {
+	if p.gateway != nil {
+		srv := &http.Server{Addr: p.cfg.HTTPAddr, Handler: p.gateway.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		p.go_(func() error { return p.gateway.Run(ctx) })
+		p.go_(func() error {
+			go func() { <-ctx.Done(); _ = srv.Close() }()
+			if err := srv.Serve(p.httpListener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("pipeline: gateway on %s: %w", p.cfg.HTTPAddr, err)
+			}
+			return nil
+		})
+	}
 	if p.cfg.MetricsAddr != "" {
 		srv := &http.Server{Addr: p.cfg.MetricsAddr, Handler: promhttp.HandlerFor(p.metrics.Registry, promhttp.HandlerOpts{})}
 		p.go_(func() error {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -18,7 +19,7 @@ func rootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(runCommand(), stageCommand())
+	root.AddCommand(runCommand(), stageCommand(), serveCommand())
 	return root
 }
 
@@ -31,6 +32,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client address of the embedded server (port 0: any free one)")
 	fs.StringVar(&cfg.TopologyFile, "topology", "", "YAML file re-pointing stage subjects")
 	fs.StringVar(&cfg.MetricsAddr, "metrics", "", "serve Prometheus /metrics on this address")
+	fs.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "serve the trainer HTTP gateway on this address")
 	fs.Float64Var(&cfg.Anchors.Fraction, "anchor-fraction", cfg.Anchors.Fraction, "share of groups executed for real")
 	fs.IntVar(&cfg.Anchors.MinPerStep, "anchor-min", cfg.Anchors.MinPerStep, "minimum anchor groups per step")
 	fs.Uint64Var(&cfg.Anchors.Seed, "anchor-seed", 0, "seed of the anchor draw")
@@ -51,6 +53,7 @@ func runCommand() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Denoiser.Estimator = fuse.Estimator(estimator)
+			cfg.HTTPToken = os.Getenv("WMRL_HTTP_TOKEN")
 			cfg.Out = cmd.OutOrStdout()
 			return pipeline.Run(cmd.Context(), cfg)
 		},
@@ -80,6 +83,28 @@ func stageCommand() *cobra.Command {
 			cfg.Stages = []string{args[0]}
 			cfg.Source = pipeline.SourceExternal
 			cfg.Denoiser.Estimator = fuse.Estimator(estimator)
+			cfg.Out = cmd.OutOrStdout()
+			return pipeline.Run(cmd.Context(), cfg)
+		},
+	}
+	pipelineFlags(cmd.Flags(), &cfg, &estimator)
+	return cmd
+}
+
+func serveCommand() *cobra.Command {
+	cfg := pipeline.DefaultConfig()
+	var estimator string
+	cmd := &cobra.Command{
+		Use:   "serve --nats URL --http ADDR",
+		Short: "Serve the trainer HTTP gateway for a pipeline running elsewhere (bearer token from WMRL_HTTP_TOKEN)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.NATSURL == "" || cfg.HTTPAddr == "" {
+				return fmt.Errorf("serve: --nats URL and --http ADDR are required")
+			}
+			cfg.Stages = []string{}
+			cfg.Source = pipeline.SourceExternal
+			cfg.HTTPToken = os.Getenv("WMRL_HTTP_TOKEN")
 			cfg.Out = cmd.OutOrStdout()
 			return pipeline.Run(cmd.Context(), cfg)
 		},

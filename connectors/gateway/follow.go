@@ -1,0 +1,149 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// updates indexes the run's retained updates by step: the newest few are
+// kept whole, every one by stream sequence, so any step can be served.
+type updates struct {
+	mu      sync.Mutex
+	seq     map[int64]uint64
+	recent  map[int64]json.RawMessage
+	order   []int64 // steps in arrival order, for evicting recent
+	keep    int
+	waiters map[int64][]chan struct{}
+	last    schemas.Update // the newest, for rho and D
+	have    bool
+}
+
+func newUpdates(keep int) *updates {
+	return &updates{seq: map[int64]uint64{}, recent: map[int64]json.RawMessage{}, keep: keep, waiters: map[int64][]chan struct{}{}}
+}
+
+func (u *updates) add(rec natsjs.Record) {
+	var up schemas.Update
+	if err := json.Unmarshal(rec.Data, &up); err != nil {
+		return
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if _, dup := u.seq[up.Step]; dup {
+		return
+	}
+	u.seq[up.Step] = rec.Seq
+	u.recent[up.Step] = rec.Data
+	u.order = append(u.order, up.Step)
+	if len(u.order) > u.keep {
+		delete(u.recent, u.order[0])
+		u.order = u.order[1:]
+	}
+	if !u.have || up.Step >= u.last.Step {
+		up.Items = nil
+		u.last, u.have = up, true
+	}
+	for _, w := range u.waiters[up.Step] {
+		close(w)
+	}
+	delete(u.waiters, up.Step)
+}
+
+// get returns the update of step, or a channel closed when it arrives.
+func (u *updates) get(step int64) (data json.RawMessage, seq uint64, wait <-chan struct{}) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if d, ok := u.recent[step]; ok {
+		return d, 0, nil
+	}
+	if s, ok := u.seq[step]; ok {
+		return nil, s, nil
+	}
+	c := make(chan struct{})
+	u.waiters[step] = append(u.waiters[step], c)
+	return nil, 0, c
+}
+
+func (u *updates) newest() (schemas.Update, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.last, u.have
+}
+
+// truths maps a trajectory's content to its real score once its anchor
+// group was executed, for the reward endpoints. Bounded: the oldest entries
+// go first.
+type truths struct {
+	mu     sync.Mutex
+	byTraj map[string]string // traj_id -> content key, for anchors sent to execute
+	score  map[string]float64
+	order  []string
+	keep   int
+}
+
+func newTruths(keep int) *truths {
+	return &truths{byTraj: map[string]string{}, score: map[string]float64{}, keep: keep}
+}
+
+func contentKey(prompt, response string) string { return prompt + "\x00" + response }
+
+func (t *truths) addAnchor(g schemas.Group) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, tr := range g.Trajectories {
+		t.byTraj[tr.TrajID] = contentKey(tr.Prompt, tr.Response)
+	}
+}
+
+func (t *truths) addExecution(e schemas.Execution) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, it := range e.Items {
+		key, ok := t.byTraj[it.TrajID]
+		if !ok || it.Score == nil {
+			continue
+		}
+		delete(t.byTraj, it.TrajID)
+		t.score[key] = *it.Score
+		t.order = append(t.order, key)
+		if len(t.order) > t.keep {
+			delete(t.score, t.order[0])
+			t.order = t.order[1:]
+		}
+	}
+}
+
+func (t *truths) lookup(prompt, response string) (float64, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.score[contentKey(prompt, response)]
+	return s, ok
+}
+
+// follow reads subject from its first retained message and hands each to fn
+// until ctx is done.
+func follow(ctx context.Context, js jetstream.JetStream, stream, subject string, fn func(natsjs.Record)) error {
+	r, err := natsjs.NewReader(ctx, js, stream, subject, false)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	for {
+		rec, err := r.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return fmt.Errorf("gateway: follow %s: %w", subject, err)
+		}
+		fn(rec)
+	}
+}

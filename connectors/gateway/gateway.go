@@ -1,0 +1,337 @@
+// Package gateway is wmrl's HTTP front door for trainers: submit a step's
+// trajectories and close it, fetch its fused update (long poll), read the
+// current calibration, and reward endpoints compatible with OpenRLHF's
+// --remote_rm_url and slime's --rm-url. Everything it accepts goes through
+// the same validation and onto the same subjects as the NATS path.
+package gateway
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/predict"
+)
+
+// Subjects the gateway reads and writes.
+type Subjects struct {
+	Traj, Step, Update, Calibration, Exec, Execution string
+}
+
+// Config configures a Gateway.
+type Config struct {
+	Run      string
+	Stream   string
+	Subjects Subjects
+	// Token, when set, is required as "Authorization: Bearer <token>".
+	Token string
+	// MaxBody caps request bodies (default 16 MiB).
+	MaxBody int64
+	// MaxWait caps ?wait= (default 10 minutes).
+	MaxWait time.Duration
+	// WorldModel scores the reward endpoints' requests.
+	WorldModel predict.WorldModel
+	// KeepUpdates whole in memory (default 256; older ones are read back
+	// from the stream).
+	KeepUpdates int
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxBody == 0 {
+		c.MaxBody = 16 << 20
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = 10 * time.Minute
+	}
+	if c.KeepUpdates == 0 {
+		c.KeepUpdates = 256
+	}
+}
+
+// Gateway serves the HTTP API. Create it with New, start its followers with
+// Run, serve Handler.
+type Gateway struct {
+	cfg     Config
+	js      jetstream.JetStream
+	pub     message.Publisher
+	updates *updates
+	truths  *truths
+	cal     atomic.Pointer[calState]
+	ready   sync.WaitGroup
+}
+
+type calState struct {
+	c schemas.Calibration
+	m *calibrate.Isotonic // nil: identity
+}
+
+// New builds a gateway; it does no I/O.
+func New(cfg Config, js jetstream.JetStream, pub message.Publisher) (*Gateway, error) {
+	cfg.setDefaults()
+	if cfg.WorldModel == nil {
+		return nil, errors.New("gateway: a world model is required for the reward endpoints")
+	}
+	return &Gateway{cfg: cfg, js: js, pub: pub, updates: newUpdates(cfg.KeepUpdates), truths: newTruths(100_000)}, nil
+}
+
+// Run follows the update, calibration and anchor subjects until ctx is done.
+func (g *Gateway) Run(ctx context.Context) error {
+	errc := make(chan error, 4)
+	s := g.cfg.Subjects
+	go func() { errc <- follow(ctx, g.js, g.cfg.Stream, s.Update, g.updates.add) }()
+	go func() {
+		errc <- follow(ctx, g.js, g.cfg.Stream, s.Calibration, func(r natsjs.Record) {
+			var c schemas.Calibration
+			if json.Unmarshal(r.Data, &c) != nil {
+				return
+			}
+			st := &calState{c: c}
+			if c.Map != nil {
+				st.m, _ = calibrate.NewIsotonic(c.Map.X, c.Map.Y)
+			}
+			g.cal.Store(st)
+		})
+	}()
+	go func() {
+		errc <- follow(ctx, g.js, g.cfg.Stream, s.Exec, func(r natsjs.Record) {
+			var gr schemas.Group
+			if json.Unmarshal(r.Data, &gr) == nil {
+				g.truths.addAnchor(gr)
+			}
+		})
+	}()
+	go func() {
+		errc <- follow(ctx, g.js, g.cfg.Stream, s.Execution, func(r natsjs.Record) {
+			var e schemas.Execution
+			if json.Unmarshal(r.Data, &e) == nil {
+				g.truths.addExecution(e)
+			}
+		})
+	}()
+	var first error
+	for range 4 {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Handler routes the API.
+func (g *Gateway) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/runs/{run}/trajectories", g.postTrajectories)
+	mux.HandleFunc("POST /v1/runs/{run}/steps/{step}/close", g.closeStep)
+	mux.HandleFunc("GET /v1/runs/{run}/steps/{step}/update", g.getUpdate)
+	mux.HandleFunc("GET /v1/runs/{run}/calibration", g.getCalibration)
+	mux.HandleFunc("POST /v1/runs/{run}/rewards/openrlhf", g.openrlhf)
+	mux.HandleFunc("POST /v1/runs/{run}/rewards/slime", g.slime)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		fail(w, http.StatusNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path)
+	})
+	return g.guard(mux)
+}
+
+// guard checks the token, the run and the body size before any handler.
+func (g *Gateway) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if g.cfg.Token != "" {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(g.cfg.Token)) != 1 {
+				fail(w, http.StatusUnauthorized, "missing or wrong bearer token")
+				return
+			}
+		}
+		if rest, ok := strings.CutPrefix(r.URL.Path, "/v1/runs/"); ok {
+			if run, _, _ := strings.Cut(rest, "/"); run != g.cfg.Run {
+				fail(w, http.StatusNotFound, "unknown run %q (this gateway serves run %q)", run, g.cfg.Run)
+				return
+			}
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxBody)
+		next.ServeHTTP(w, r)
+	})
+}
+
+type apiError struct {
+	Error string `json:"error"`
+}
+
+func fail(w http.ResponseWriter, code int, format string, args ...any) {
+	writeJSON(w, code, apiError{Error: fmt.Sprintf(format, args...)})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // messages read as written: "n >= 0", not "n \u003e= 0"
+	_ = enc.Encode(v)
+}
+
+// readBody decodes the JSON body into v, answering the error itself.
+func readBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	err := json.NewDecoder(r.Body).Decode(v)
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		fail(w, http.StatusRequestEntityTooLarge, "request body over %d bytes", tooBig.Limit)
+		return false
+	case err != nil:
+		fail(w, http.StatusBadRequest, "malformed JSON body: %v", err)
+		return false
+	}
+	return true
+}
+
+func stepParam(w http.ResponseWriter, r *http.Request) (int64, bool) {
+	n, err := strconv.ParseInt(r.PathValue("step"), 10, 64)
+	if err != nil || n < 0 {
+		fail(w, http.StatusBadRequest, "step %q: want a non-negative integer", r.PathValue("step"))
+		return 0, false
+	}
+	return n, true
+}
+
+// postTrajectories validates every trajectory first and publishes only if
+// all are valid: a bad request changes nothing.
+func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
+	var raw []json.RawMessage
+	if !readBody(w, r, &raw) {
+		return
+	}
+	if len(raw) == 0 {
+		fail(w, http.StatusBadRequest, "no trajectories: want a non-empty JSON array")
+		return
+	}
+	msgs := make([]*message.Message, len(raw))
+	for i, b := range raw {
+		t, err := schemas.DecodeTrajectory(b)
+		if err == nil {
+			err = schemas.CheckRun(t.Run, g.cfg.Run)
+		}
+		if err != nil {
+			fail(w, http.StatusBadRequest, "trajectory %d: %v", i, err)
+			return
+		}
+		m, err := schemas.NewMessage(fmt.Sprintf("%s/traj/%s", t.Run, t.TrajID), t)
+		if err != nil {
+			fail(w, http.StatusInternalServerError, "trajectory %d: %v", i, err)
+			return
+		}
+		msgs[i] = m
+	}
+	if err := g.pub.Publish(g.cfg.Subjects.Traj, msgs...); err != nil {
+		fail(w, http.StatusServiceUnavailable, "store trajectories: %v", err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, map[string]int{"accepted": len(msgs)})
+}
+
+func (g *Gateway) closeStep(w http.ResponseWriter, r *http.Request) {
+	step, ok := stepParam(w, r)
+	if !ok {
+		return
+	}
+	var body struct {
+		Groups *int `json:"groups"`
+	}
+	if !readBody(w, r, &body) {
+		return
+	}
+	if body.Groups == nil || *body.Groups < 0 {
+		fail(w, http.StatusBadRequest, `body must be {"groups": n} with n >= 0`)
+		return
+	}
+	sc := schemas.StepClose{Schema: schemas.Version, Run: g.cfg.Run, Step: step, Groups: *body.Groups}
+	m, _ := schemas.NewMessage(fmt.Sprintf("%s/step/%d", g.cfg.Run, step), sc)
+	if err := g.pub.Publish(g.cfg.Subjects.Step, m); err != nil {
+		fail(w, http.StatusServiceUnavailable, "store watermark: %v", err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, sc)
+}
+
+func (g *Gateway) getUpdate(w http.ResponseWriter, r *http.Request) {
+	step, ok := stepParam(w, r)
+	if !ok {
+		return
+	}
+	wait := time.Duration(0)
+	if s := r.URL.Query().Get("wait"); s != "" {
+		secs, err := strconv.ParseFloat(s, 64)
+		if err != nil || secs < 0 || math.IsNaN(secs) {
+			fail(w, http.StatusBadRequest, "wait %q: want seconds >= 0", s)
+			return
+		}
+		wait = min(time.Duration(secs*float64(time.Second)), g.cfg.MaxWait)
+	}
+	data, seq, ready := g.updates.get(step)
+	if ready != nil && wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-ready:
+			data, seq, _ = g.updates.get(step)
+		case <-t.C:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	if data == nil && seq > 0 {
+		st, err := g.js.Stream(r.Context(), g.cfg.Stream)
+		var m *jetstream.RawStreamMsg
+		if err == nil {
+			m, err = st.GetMsg(r.Context(), seq)
+		}
+		if err != nil {
+			fail(w, http.StatusServiceUnavailable, "read update of step %d: %v", step, err)
+			return
+		}
+		data = m.Data
+	}
+	if data == nil {
+		fail(w, http.StatusNotFound, "step %d has no update yet (waited %v)", step, wait)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(data)
+}
+
+// CalibrationView is GET .../calibration.
+type CalibrationView struct {
+	Run        string              `json:"run"`
+	Version    int64               `json:"version"`
+	Map        *schemas.Thresholds `json:"map"` // null: identity
+	PairsTotal int64               `json:"pairs_total"`
+	Rho        float64             `json:"rho"`
+	D          float64             `json:"d"`
+	Step       *int64              `json:"step"` // the newest update's step; null before any
+}
+
+func (g *Gateway) getCalibration(w http.ResponseWriter, _ *http.Request) {
+	v := CalibrationView{Run: g.cfg.Run, Rho: 1}
+	if st := g.cal.Load(); st != nil {
+		v.Version, v.Map, v.PairsTotal = st.c.Version, st.c.Map, st.c.PairsTotal
+	}
+	if u, ok := g.updates.newest(); ok {
+		step := u.Step
+		v.Rho, v.D, v.Step = u.Rho, u.D, &step
+	}
+	writeJSON(w, http.StatusOK, v)
+}

@@ -1,0 +1,99 @@
+"""Plays a trainer against `wmrl run --source external --http ADDR`.
+
+For each step it submits groups of trajectories, closes the step, fetches the
+update, and checks the fused advantages against its own computation of
+WMRL's fusion from the update's rewards and rho:
+
+    fused_i = A_i * w_i * m / (rho*|A| + |W|)
+
+Exits non-zero on any mismatch. Standard library only.
+
+    python3 examples/python/trainer_demo.py --url http://127.0.0.1:8080 --steps 3
+"""
+
+import argparse
+import math
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from wmrl_client import WMRLClient, WMRLError  # noqa: E402
+
+
+def advantages(rewards):
+    """GRPO: (r - mean) / (population std + 1e-4) over graded entries."""
+    graded = [r for r in rewards if r is not None]
+    if len(graded) < 2:
+        return None
+    mean = sum(graded) / len(graded)
+    sd = math.sqrt(sum((r - mean) ** 2 for r in graded) / len(graded))
+    return [0.0 if r is None else (r - mean) / (sd + 1e-4) for r in rewards]
+
+
+def check(update):
+    groups = {}
+    for it in update["items"]:
+        groups.setdefault(it["group_id"], []).append(it)
+    rho = update["rho"]
+    adv = {gid: advantages([it["reward"] for it in items]) for gid, items in groups.items()}
+    contributing = [gid for gid in groups if adv[gid] is not None]
+    n_anchor = sum(1 for gid in contributing if groups[gid][0]["source"] == "anchor")
+    n_wm = len(contributing) - n_anchor
+    assert (len(contributing), n_anchor) == (update["groups"], update["anchors"]), "group counts differ"
+    scale = len(contributing) / (rho * n_anchor + n_wm)
+    for gid, items in groups.items():
+        for i, it in enumerate(items):
+            if adv[gid] is None or it["reward"] is None:
+                want = 0.0
+            else:
+                w = rho if it["source"] == "anchor" else 1.0
+                want = adv[gid][i] * w * scale
+            if abs(want - it["fused_advantage"]) > 1e-9:
+                raise AssertionError(f"step {update['step']} {it['traj_id']}: fused {it['fused_advantage']}, recomputed {want}")
+    return len(update["items"])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--run", default="default")
+    ap.add_argument("--token", default=os.environ.get("WMRL_HTTP_TOKEN"))
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--first-step", type=int, default=0)
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=4)
+    args = ap.parse_args()
+    client = WMRLClient(args.url, run=args.run, token=args.token)
+    rng = random.Random(7)
+    for step in range(args.first_step, args.first_step + args.steps):
+        trajs = []
+        for g in range(args.groups):
+            task = rng.randrange(10)
+            for i in range(args.group_size):
+                trajs.append({
+                    "schema": 1, "run": args.run, "step": step, "group_id": f"py{step}-g{g}",
+                    "traj_id": f"py{step}-g{g}-t{i}", "group_size": args.group_size, "task_id": f"task-{task}",
+                    "prompt": f"Solve task {task}.", "response": f"print({rng.random()})",
+                    "policy_version": step, "meta": {},
+                })
+        assert client.submit(trajs) == len(trajs)
+        client.close_step(step, groups=args.groups)
+        update = client.update(step, wait=60)
+        n = check(update)
+        assert n == len(trajs), f"update has {n} items for {len(trajs)} trajectories"
+        print(f"step {step}: {n} fused advantages match, rho {update['rho']:.3f}, anchors {update['anchors']}")
+    try:
+        client.update(10**9, wait=0)
+        raise AssertionError("an unknown step returned an update")
+    except WMRLError as e:
+        assert e.status == 404, e
+    cal = client.calibration()
+    print(f"calibration v{cal['version']}, rho {cal['rho']:.3f}")
+    r = client.slime_reward("Solve task 1.", "print(1)", label="task-1")
+    assert r is None or 0.0 <= r <= 1.0, r
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""A client for wmrl's HTTP gateway, standard library only.
+
+    client = WMRLClient("http://127.0.0.1:8080", run="default", token=None)
+    client.submit(trajectories)           # list of dicts in the NATS contract's shape
+    client.close_step(step, groups=16)
+    update = client.update(step, wait=60)  # the step's fused update (long poll)
+    adv = {it["traj_id"]: it["fused_advantage"] for it in update["items"]}
+
+Use fused_advantage where your trainer would use the GRPO advantage.
+"""
+
+import json
+import urllib.error
+import urllib.request
+
+
+class WMRLError(Exception):
+    """An error answered by the gateway: status code and its message."""
+
+    def __init__(self, status, message):
+        super().__init__(f"wmrl gateway {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class WMRLClient:
+    def __init__(self, base_url, run="default", token=None, timeout=30.0):
+        self.base = base_url.rstrip("/") + f"/v1/runs/{run}"
+        self.run = run
+        self.token = token
+        self.timeout = timeout
+
+    def _call(self, method, path, body=None, timeout=None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            try:
+                msg = json.loads(e.read()).get("error", e.reason)
+            except ValueError:
+                msg = e.reason
+            raise WMRLError(e.code, msg) from None
+
+    def submit(self, trajectories):
+        """Publish a list of trajectories; returns how many were accepted."""
+        return self._call("POST", "/trajectories", trajectories)["accepted"]
+
+    def close_step(self, step, groups):
+        """Publish the step's watermark: it has `groups` groups, no more will come."""
+        return self._call("POST", f"/steps/{step}/close", {"groups": groups})
+
+    def update(self, step, wait=60.0):
+        """The step's fused update, waiting up to `wait` seconds for it."""
+        return self._call("GET", f"/steps/{step}/update?wait={wait}", timeout=wait + self.timeout)
+
+    def calibration(self):
+        """The current isotonic map, its version, rho and D."""
+        return self._call("GET", "/calibration")
+
+    def openrlhf_rewards(self, query, prompts=None, labels=None):
+        body = {"query": query, "prompts": prompts or [""] * len(query), "labels": labels or [None] * len(query)}
+        return self._call("POST", "/rewards/openrlhf", body)["rewards"]
+
+    def slime_reward(self, prompt, response, label=None):
+        return self._call("POST", "/rewards/slime", {"prompt": prompt, "response": response, "label": label})

@@ -1,0 +1,250 @@
+package pipeline
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/sim"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+const token = "s3cret"
+
+type httpTrainer struct {
+	t    *testing.T
+	base string
+}
+
+func (h httpTrainer) do(method, path string, body []byte, tok string) (int, []byte) {
+	h.t.Helper()
+	req, _ := http.NewRequest(method, h.base+path, bytes.NewReader(body))
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func (h httpTrainer) want(code int, method, path string, body []byte, tok, msg string) []byte {
+	h.t.Helper()
+	got, b := h.do(method, path, body, tok)
+	if got != code || (msg != "" && !strings.Contains(string(b), msg)) {
+		h.t.Fatalf("%s %s: %d %s; want %d with %q", method, path, got, b, code, msg)
+	}
+	return b
+}
+
+// checkAnchors compares anchor rewards with the simulated executor's score
+// of the same trajectories, computed here independently of the pipeline.
+func checkAnchors(t *testing.T, u schemas.Update, trajs []schemas.Trajectory) {
+	t.Helper()
+	byID := map[string]schemas.Trajectory{}
+	for _, tr := range trajs {
+		byID[tr.TrajID] = tr
+	}
+	exe := &sim.Executor{Noise: 0.02}
+	n := 0
+	for _, it := range u.Items {
+		if it.Source != "anchor" {
+			continue
+		}
+		r, _ := exe.Execute(context.Background(), byID[it.TrajID])
+		if it.Reward == nil || *it.Reward != r.Score {
+			t.Fatalf("step %d %s: anchor reward %v, the executor gives %v", u.Step, it.TrajID, it.Reward, r.Score)
+		}
+		n++
+	}
+	if n == 0 {
+		t.Fatalf("step %d has no anchor items", u.Step)
+	}
+}
+
+func TestTrainerOverHTTPAndNATS(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
+	cfg.Anchors.Fraction = 0.25
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 8, GroupSize: 8}
+
+	var last schemas.Update
+	for step := int64(0); step < 4; step++ {
+		trajs, wm := pol.Step(step)
+		body, _ := json.Marshal(trajs)
+		h.want(http.StatusAccepted, "POST", "/trajectories", body, token, `"accepted":64`)
+		h.want(http.StatusAccepted, "POST", fmt.Sprintf("/steps/%d/close", step), []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), token, "")
+		b := h.want(http.StatusOK, "GET", fmt.Sprintf("/steps/%d/update?wait=60", step), nil, token, "")
+		if err := json.Unmarshal(b, &last); err != nil || last.Step != step || len(last.Items) != len(trajs) {
+			t.Fatalf("step %d: update %s (%v)", step, b, err)
+		}
+		checkFusion(t, last)
+		checkAnchors(t, last, trajs)
+	}
+
+	// The same trainer over NATS.
+	nc, err := nats.Connect(p.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	updates, err := natsjs.NewReader(ctx, js, StreamName("wmrl"), "wmrl.default.update", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer updates.Close()
+	for step := int64(4); step < 6; step++ {
+		trajs, wm := pol.Step(step)
+		for _, tr := range trajs {
+			b, _ := json.Marshal(tr)
+			if _, err := js.Publish(ctx, "wmrl.default.traj", b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b, _ := json.Marshal(wm)
+		js.Publish(ctx, "wmrl.default.step", b)
+		for {
+			rec, err := updates.Next(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var u schemas.Update
+			json.Unmarshal(rec.Data, &u)
+			if u.Step == step {
+				checkFusion(t, u)
+				checkAnchors(t, u, trajs)
+				break
+			}
+		}
+	}
+
+	// Calibration: the current map and the newest update's rho.
+	var cal struct {
+		Version int64
+		Rho     float64
+		Step    int64
+		Map     *schemas.Thresholds
+	}
+	json.Unmarshal(h.want(http.StatusOK, "GET", "/calibration", nil, token, ""), &cal)
+	if cal.Version == 0 || cal.Map == nil || cal.Step != 5 {
+		t.Fatalf("calibration %+v: want a fitted map and the rho of step 5", cal)
+	}
+
+	// Reward endpoints: an executed anchor gets its real score.
+	trajs, _ := pol.Step(3)
+	var anchor schemas.Trajectory
+	var truth float64
+	for _, it := range last.Items {
+		if it.Source == "anchor" {
+			for _, tr := range trajs {
+				if tr.TrajID == it.TrajID {
+					anchor, truth = tr, *it.Reward
+				}
+			}
+		}
+	}
+	q, _ := json.Marshal(map[string]any{"query": []string{anchor.Prompt + anchor.Response, "Solve task 1.print(2)"},
+		"prompts": []string{anchor.Prompt, "Solve task 1."}, "labels": []any{anchor.TaskID, "task-1"}})
+	var rr struct{ Rewards []*float64 }
+	json.Unmarshal(h.want(http.StatusOK, "POST", "/rewards/openrlhf", q, token, ""), &rr)
+	if len(rr.Rewards) != 2 || rr.Rewards[0] == nil || *rr.Rewards[0] != truth || rr.Rewards[1] == nil || *rr.Rewards[1] < 0 || *rr.Rewards[1] > 1 {
+		t.Fatalf("openrlhf rewards %v; want the anchor's real score %v first", rr.Rewards, truth)
+	}
+	var one *float64
+	json.Unmarshal(h.want(http.StatusOK, "POST", "/rewards/slime", []byte(`{"prompt":"p","response":"print(3)","label":"task-2"}`), token, ""), &one)
+	if one == nil || *one < 0 || *one > 1 {
+		t.Fatalf("slime reward %v", one)
+	}
+}
+
+func TestGatewayRejectsBadRequestsAndChangesNothing(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	small := sim.Policy{Run: "default", Tasks: 2, Groups: 1, GroupSize: 2}
+	trajs, _ := small.Step(0)
+	good, _ := json.Marshal(trajs)
+	var arr []map[string]any
+	json.Unmarshal(good, &arr)
+	delete(arr[1], "traj_id")
+	oneBad, _ := json.Marshal(arr)
+
+	h.want(http.StatusUnauthorized, "POST", "/trajectories", good, "", "bearer token")
+	h.want(http.StatusUnauthorized, "POST", "/trajectories", good, "wrong", "bearer token")
+	h.want(http.StatusBadRequest, "POST", "/trajectories", []byte(`[{"schema":1,`), token, "malformed JSON")
+	h.want(http.StatusBadRequest, "POST", "/trajectories", oneBad, token, "trajectory 1: invalid message: missing field(s): traj_id")
+	h.want(http.StatusBadRequest, "POST", "/trajectories", []byte(`[]`), token, "no trajectories")
+	h.want(http.StatusRequestEntityTooLarge, "POST", "/trajectories", bytes.Repeat([]byte(" "), 17<<20), token, "over")
+	h.want(http.StatusBadRequest, "POST", "/steps/x/close", []byte(`{"groups":1}`), token, "want a non-negative integer")
+	h.want(http.StatusBadRequest, "POST", "/steps/0/close", []byte(`{}`), token, `n >= 0`)
+	h.want(http.StatusNotFound, "GET", "/steps/7/update?wait=0", nil, token, "step 7 has no update yet")
+	h.want(http.StatusBadRequest, "GET", "/steps/7/update?wait=soon", nil, token, "wait")
+	h.want(http.StatusBadRequest, "POST", "/rewards/openrlhf", []byte(`{"query":["a"],"prompts":["a","b"]}`), token, "differ in length")
+	h.want(http.StatusBadRequest, "POST", "/rewards/slime", []byte(`{"prompt":"p"}`), token, "response")
+	other := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/other"}
+	other.want(http.StatusNotFound, "GET", "/calibration", nil, token, `unknown run \"other\"`)
+
+	nc, _ := nats.Connect(p.URL())
+	defer nc.Close()
+	for _, subject := range []string{"wmrl.default.traj", "wmrl.default.step"} {
+		if n := len(scanAll(t, nc, subject)); n != 0 {
+			t.Fatalf("%d messages on %s after only bad requests", n, subject)
+		}
+	}
+}
+
+// TestPythonClient runs the standard-library Python client as a trainer.
+func TestPythonClient(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	cmd := exec.CommandContext(ctx, py, "../examples/python/trainer_demo.py", "--url", p.HTTPURL(), "--token", token, "--steps", "3")
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("python trainer: %v", err)
+	}
+	if !strings.Contains(string(out), "step 2: 32 fused advantages match") || !strings.HasSuffix(strings.TrimSpace(string(out)), "ok") {
+		t.Fatal("the python trainer did not finish its three steps")
+	}
+}
