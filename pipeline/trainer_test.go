@@ -247,4 +247,9 @@ func TestPythonClient(t *testing.T) {
 	if !strings.Contains(string(out), "step 2: 32 fused advantages match") || !strings.HasSuffix(strings.TrimSpace(string(out)), "ok") {
 		t.Fatal("the python trainer did not finish its three steps")
 	}
+	out, err = exec.CommandContext(ctx, py, "../examples/python/check_integrations.py", p.HTTPURL(), token).CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil || !strings.HasSuffix(strings.TrimSpace(string(out)), "ok") {
+		t.Fatalf("verl and TRL reward functions: %v", err)
+	}
 }

@@ -1,0 +1,79 @@
+"""wmrl in verl: debiased rewards, or fused advantages in place of GRPO's.
+
+Runs here: `compute_score` (only the client is needed). Cannot run here:
+`apply_fused_advantages` needs torch and verl's DataProto (no GPU stack on
+this machine); it is written against verl's GRPO trainer as of 2026 and is
+checked only for syntax.
+
+1. Debiased rewards only (a config change): in the verl config,
+
+       custom_reward_function:
+         path: examples/verl/wmrl_verl.py
+         name: compute_score
+
+   and export WMRL_URL=http://host:8080 (WMRL_RUN, WMRL_HTTP_TOKEN optional).
+   GRPO's per-group normalisation cancels any per-group weight, so this
+   gives debiasing only.
+
+2. Debiasing and denoising: after verl computed rewards for a batch, call
+   `apply_fused_advantages(batch, step)` in place of
+   `compute_grpo_outcome_advantage` (verl/trainer/ppo/core_algos.py, called
+   from compute_advantage in verl/trainer/ppo/ray_trainer.py). It submits
+   the batch's trajectories, closes the step, waits for the update and
+   writes fused_advantage into batch["advantages"] over each response's
+   tokens.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from wmrl_client import WMRLClient  # noqa: E402
+
+_client = None
+
+
+def client():
+    global _client
+    if _client is None:
+        _client = WMRLClient(os.environ.get("WMRL_URL", "http://127.0.0.1:8080"),
+                             run=os.environ.get("WMRL_RUN", "default"),
+                             token=os.environ.get("WMRL_HTTP_TOKEN"))
+    return _client
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """verl's custom reward: the debiased world-model score (the real one
+    once this solution was executed as an anchor). verl wants a number; an
+    ungraded solution has none, so it is reported as such instead of 0."""
+    prompt = (extra_info or {}).get("prompt", "")
+    score = client().slime_reward(prompt, solution_str, label=str(ground_truth))
+    if score is None:
+        return {"score": 0.0, "wmrl_ungraded": True}  # verl needs a float; flagged, not hidden
+    return {"score": score, "wmrl_ungraded": False}
+
+
+def apply_fused_advantages(batch, step, tokenizer):  # pragma: no cover - needs verl + torch
+    """Replace GRPO advantages with wmrl's fused advantages for one step."""
+    import torch  # noqa: F401  (verl's tensors)
+
+    uids = batch.non_tensor_batch["uid"]  # verl's group id per sample
+    prompts = tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True)
+    responses = tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True)
+    sizes = {}
+    for u in uids:
+        sizes[u] = sizes.get(u, 0) + 1
+    trajs = [{
+        "schema": 1, "run": client().run, "step": step, "group_id": str(u), "traj_id": f"{step}-{i}",
+        "group_size": sizes[u], "task_id": str(batch.non_tensor_batch.get("data_source", ["task"] * len(uids))[i]),
+        "prompt": p, "response": r, "policy_version": step, "meta": {},
+    } for i, (u, p, r) in enumerate(zip(uids, prompts, responses))]
+    client().submit(trajs)
+    client().close_step(step, groups=len(sizes))
+    update = client().update(step, wait=3600)
+    fused = {it["traj_id"]: it["fused_advantage"] for it in update["items"]}
+    scores = torch.tensor([fused[t["traj_id"]] for t in trajs], dtype=torch.float32)
+    mask = batch.batch["response_mask"]
+    batch.batch["advantages"] = scores.unsqueeze(-1) * mask
+    batch.batch["returns"] = batch.batch["advantages"]
+    return batch
