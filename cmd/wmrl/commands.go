@@ -19,7 +19,7 @@ func rootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(runCommand(), stageCommand(), serveCommand())
+	root.AddCommand(runCommand(), stageCommand(), serveCommand(), simCommand())
 	return root
 }
 

@@ -31,8 +31,9 @@ const (
 	EstimatorOff Estimator = "off"
 )
 
-// DefaultEstimator is provisional until the simulation benchmark's evidence
-// picks one: the advantage gap measures what the gradient sees.
+// DefaultEstimator: the advantage gap measures what the gradient sees, and
+// `wmrl sim` finds it best or tied in every scenario (README, "What the
+// corrections buy").
 const DefaultEstimator = EstimatorAdvantage
 
 // DenoiserConfig sets the rho estimator. Zero values mean the reference

@@ -1,0 +1,182 @@
+package rl
+
+import (
+	"math"
+	"runtime"
+	"sync"
+
+	"gonum.org/v1/gonum/stat"
+	"gonum.org/v1/gonum/stat/distuv"
+)
+
+// Stat is a mean over seeds with its 95% interval half-width (Student t).
+type Stat struct {
+	Mean float64 `json:"mean"`
+	CI95 float64 `json:"ci95"`
+}
+
+func statOf(xs []float64) Stat {
+	m, sd := stat.MeanStdDev(xs, nil)
+	if len(xs) < 2 {
+		return Stat{Mean: m}
+	}
+	t := distuv.StudentsT{Mu: 0, Sigma: 1, Nu: float64(len(xs) - 1)}.Quantile(0.975)
+	return Stat{Mean: m, CI95: t * sd / math.Sqrt(float64(len(xs)))}
+}
+
+// MethodResult is one method in one scenario, over seeds. Differences to
+// grpo are paired: the same seed's environment and sampling streams.
+type MethodResult struct {
+	FinalReward     float64 `json:"final_reward"`
+	CI95            float64 `json:"ci95"`
+	Cost            float64 `json:"cost"`
+	CostRatio       float64 `json:"cost_ratio_to_grpo"`
+	Executions      float64 `json:"executions"`
+	Rho             float64 `json:"rho"`
+	DiffGRPO        Stat    `json:"diff_to_grpo"`
+	EqualCostReward Stat    `json:"equal_cost_reward"` // at wmrl's total cost
+	EqualCostDiff   Stat    `json:"equal_cost_diff_to_grpo"`
+	Curve           []Point `json:"-"` // mean over seeds
+}
+
+// ScenarioResult holds every method of one scenario.
+type ScenarioResult struct {
+	Scenario string                   `json:"scenario"`
+	Doc      string                   `json:"doc"`
+	Methods  map[string]*MethodResult `json:"methods"`
+}
+
+// Options sets a benchmark run.
+type Options struct {
+	Config    Config
+	Seeds     int
+	Scenarios []Scenario
+	Methods   []Method
+	// Progress, if set, is called after each training run.
+	Progress func(done, total int)
+}
+
+type job struct {
+	sc   int
+	m    int
+	seed int
+}
+
+// Run trains every method on every scenario and seed (both cores) and
+// summarises them.
+func Run(o Options) ([]ScenarioResult, error) {
+	curves := make([][][][]Point, len(o.Scenarios)) // scenario, method, seed
+	for i := range curves {
+		curves[i] = make([][][]Point, len(o.Methods))
+		for j := range curves[i] {
+			curves[i][j] = make([][]Point, o.Seeds)
+		}
+	}
+	jobs := make(chan job)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	done, total := 0, len(o.Scenarios)*len(o.Methods)*o.Seeds
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				cfg := o.Config
+				cfg.Seed = uint64(1000 + j.seed)
+				c, err := Train(cfg, o.Scenarios[j.sc], o.Methods[j.m])
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				curves[j.sc][j.m][j.seed] = c
+				done++
+				if o.Progress != nil {
+					o.Progress(done, total)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for s := range o.Scenarios {
+		for m := range o.Methods {
+			for seed := 0; seed < o.Seeds; seed++ {
+				jobs <- job{s, m, seed}
+			}
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	out := make([]ScenarioResult, len(o.Scenarios))
+	for s, sc := range o.Scenarios {
+		out[s] = summarise(sc, o.Methods, curves[s])
+	}
+	return out, nil
+}
+
+func index(ms []Method, name string) int {
+	for i, m := range ms {
+		if m.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func summarise(sc Scenario, ms []Method, curves [][][]Point) ScenarioResult {
+	res := ScenarioResult{Scenario: sc.Name, Doc: sc.Doc, Methods: map[string]*MethodResult{}}
+	g, w := index(ms, "grpo"), index(ms, "wmrl")
+	seeds := len(curves[0])
+	for mi, m := range ms {
+		final, cost, execs, rho, diff, eq, eqDiff := []float64{}, 0.0, 0.0, 0.0, []float64{}, []float64{}, []float64{}
+		for s := 0; s < seeds; s++ {
+			c := curves[mi][s]
+			last := c[len(c)-1]
+			final = append(final, last.Reward)
+			cost += last.Cost / float64(seeds)
+			execs += float64(last.Executions) / float64(seeds)
+			rho += last.Rho / float64(seeds)
+			if g >= 0 {
+				gl := curves[g][s]
+				diff = append(diff, last.Reward-gl[len(gl)-1].Reward)
+			}
+			if w >= 0 {
+				wl := curves[w][s]
+				budget := wl[len(wl)-1].Cost
+				r := RewardAtCost(c, budget)
+				eq = append(eq, r)
+				if g >= 0 {
+					eqDiff = append(eqDiff, r-RewardAtCost(curves[g][s], budget))
+				}
+			}
+		}
+		fs := statOf(final)
+		mr := &MethodResult{FinalReward: fs.Mean, CI95: fs.CI95, Cost: cost, Executions: execs, Rho: rho,
+			DiffGRPO: statOf(diff), EqualCostReward: statOf(eq), EqualCostDiff: statOf(eqDiff), Curve: meanCurve(curves[mi])}
+		res.Methods[m.Name] = mr
+	}
+	if gr := res.Methods["grpo"]; gr != nil {
+		for _, mr := range res.Methods {
+			mr.CostRatio = mr.Cost / gr.Cost
+		}
+	}
+	return res
+}
+
+func meanCurve(bySeed [][]Point) []Point {
+	out := make([]Point, len(bySeed[0]))
+	n := float64(len(bySeed))
+	for _, c := range bySeed {
+		for i, p := range c {
+			out[i].Step = p.Step
+			out[i].Cost += p.Cost / n
+			out[i].Reward += p.Reward / n
+			out[i].Rho += p.Rho / n
+			out[i].Executions += p.Executions
+		}
+	}
+	return out
+}

@@ -1,0 +1,106 @@
+package rl
+
+import (
+	"math"
+	"testing"
+)
+
+// run trains the named methods on 8 fixed seeds of one scenario.
+func run(t *testing.T, scenario string, methods ...string) ScenarioResult {
+	t.Helper()
+	sc, err := ScenarioByName(scenario)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms []Method
+	for _, n := range methods {
+		ms = append(ms, Methods[index(Methods, n)])
+	}
+	res, err := Run(Options{Config: DefaultConfig(), Seeds: 8, Scenarios: []Scenario{sc}, Methods: ms})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res[0]
+}
+
+func TestMonotoneScenario(t *testing.T) {
+	r := run(t, "monotone", "grpo", "wm", "wmrl")
+	g, w, wm := r.Methods["grpo"], r.Methods["wmrl"], r.Methods["wm"]
+	t.Logf("grpo %.4f, wmrl %.4f (%+.4f ± %.4f at equal steps, %+.4f ± %.4f at equal cost), wm %.4f; cost ratio %.2f",
+		g.FinalReward, w.FinalReward, w.DiffGRPO.Mean, w.DiffGRPO.CI95, w.EqualCostDiff.Mean, w.EqualCostDiff.CI95, wm.FinalReward, g.Cost/w.Cost)
+	if w.EqualCostDiff.Mean-w.EqualCostDiff.CI95 <= 0 {
+		t.Errorf("at equal cost wmrl does not clearly beat grpo: %+.4f ± %.4f", w.EqualCostDiff.Mean, w.EqualCostDiff.CI95)
+	}
+	if math.Abs(w.DiffGRPO.Mean) > 0.01 {
+		t.Errorf("at equal steps wmrl is %+.4f from grpo; want within 0.01", w.DiffGRPO.Mean)
+	}
+	if wm.DiffGRPO.Mean+wm.DiffGRPO.CI95 >= 0 {
+		t.Errorf("the uncorrected world model is not below grpo: %+.4f ± %.4f", wm.DiffGRPO.Mean, wm.DiffGRPO.CI95)
+	}
+	// The cost accounting itself: per step 128 generations and world-model
+	// calls and 2 anchor groups of 8 executions (round_half_even(1.6) = 2).
+	cfg := DefaultConfig()
+	perStep := 128*(cfg.Costs.Generate+cfg.Costs.WorldModel) + 2*8*cfg.Costs.Execute
+	if want := float64(cfg.Steps) * perStep; w.Cost != want || w.Executions != float64(cfg.Steps*16) {
+		t.Errorf("wmrl cost %v and %v executions; the cost model gives %v and %d", w.Cost, w.Executions, want, cfg.Steps*16)
+	}
+}
+
+// A world model without information, or an anti-correlated one: wmrl falls
+// back on the anchors and stays far above the uncorrected world model.
+func TestUselessAndAdversarialWorldModels(t *testing.T) {
+	mono := run(t, "monotone", "wmrl").Methods["wmrl"].Rho
+	for _, sc := range []string{"useless", "adversarial"} {
+		r := run(t, sc, "wm", "wmrl", "denoise")
+		w, wm, dn := r.Methods["wmrl"], r.Methods["wm"], r.Methods["denoise"]
+		t.Logf("%s: wmrl %.4f (rho %.2f; monotone %.2f), denoise rho %.2f, wm %.4f", sc, w.FinalReward, w.Rho, mono, dn.Rho, wm.FinalReward)
+		if w.FinalReward-wm.FinalReward < 0.1 {
+			t.Errorf("%s: wmrl %.4f is not far above wm %.4f", sc, w.FinalReward, wm.FinalReward)
+		}
+		if dn.Rho <= mono {
+			t.Errorf("%s: rho on the raw scores %.2f did not rise above monotone's %.2f", sc, dn.Rho, mono)
+		}
+		if sc == "useless" && w.Rho <= mono {
+			t.Errorf("useless: rho %.2f did not rise above monotone's %.2f", w.Rho, mono)
+		}
+		if sc == "adversarial" && math.Abs(w.Rho-2) > 0.1 {
+			// The isotonic map of anti-correlated scores is flat: calibrated
+			// scores carry no within-group signal, whose advantage gap is 1.
+			t.Errorf("adversarial: rho %.2f; a flat calibration map gives 1 + 1 = 2", w.Rho)
+		}
+	}
+}
+
+// The evidence for the default estimator: the advantage gap beats the
+// reference where the world model is weak.
+func TestAdvantageEstimatorBeatsReference(t *testing.T) {
+	for _, sc := range []string{"noisy", "useless"} {
+		r := run(t, sc, "grpo", "wmrl-advantage", "wmrl-reference")
+		a, ref := r.Methods["wmrl-advantage"], r.Methods["wmrl-reference"]
+		t.Logf("%s: advantage %.4f, reference %.4f", sc, a.FinalReward, ref.FinalReward)
+		if a.DiffGRPO.Mean <= ref.DiffGRPO.Mean {
+			t.Errorf("%s: advantage %.4f does not beat reference %.4f", sc, a.FinalReward, ref.FinalReward)
+		}
+	}
+}
+
+func TestRewardAtCost(t *testing.T) {
+	c := []Point{{Cost: 10, Reward: 0.1}, {Cost: 20, Reward: 0.3}, {Cost: 30, Reward: 0.4}}
+	for _, tc := range []struct{ cost, want float64 }{{5, 0.1}, {15, 0.2}, {30, 0.4}, {99, 0.4}} {
+		if got := RewardAtCost(c, tc.cost); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("RewardAtCost(%v) = %v, want %v", tc.cost, got, tc.want)
+		}
+	}
+}
+
+func TestSpearmanHandlesTies(t *testing.T) {
+	if got := spearman([]float64{1, 2, 3, 4}, []float64{10, 20, 30, 40}); math.Abs(got-1) > 1e-12 {
+		t.Fatalf("perfect order: %v", got)
+	}
+	if got := spearman([]float64{1, 2, 3, 4}, []float64{4, 3, 2, 1}); math.Abs(got+1) > 1e-12 {
+		t.Fatalf("reversed: %v", got)
+	}
+	if got := spearman([]float64{1, 1, 1}, []float64{1, 2, 3}); got != 0 {
+		t.Fatalf("constant side: %v", got)
+	}
+}
