@@ -121,4 +121,3 @@ func PlotSweep(dir string, cells []SweepCell) (string, error) {
 	path := filepath.Join(dir, "sweep.png")
 	return path, p.Save(7*vg.Inch, 5*vg.Inch, path)
 }
-
