@@ -51,6 +51,15 @@ type Config struct {
 	// ahead of the last update, as an asynchronous trainer would (default 2).
 	InFlightSteps int
 
+	// WorldModel: "sim" (default) or "openai", an OpenAI-compatible server
+	// at WMURL serving WMModel (key from WMRL_WM_API_KEY), with an optional
+	// prompt template file and WMSamples samples per trajectory.
+	WorldModel     string
+	WMURL, WMModel string
+	WMTemplateFile string
+	WMSamples      int
+	WMAPIKey       string
+
 	Anchors  route.SchedulerConfig
 	Debias   bool
 	Debiaser calibrate.DebiaserConfig
@@ -109,6 +118,7 @@ func (c *Config) setDefaults() {
 	def(&c.DataDir, "wmrl-data")
 	def(&c.Listen, "127.0.0.1:4222")
 	def(&c.Source, SourceSim)
+	def(&c.WorldModel, "sim")
 	if c.Stages == nil {
 		c.Stages = slices.Clone(AllStages)
 	}
@@ -152,6 +162,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: steps %d < 0", ErrConfig, c.Steps)
 	case c.Groups < 1 || c.GroupSize < 2 || c.Tasks < 1:
 		return fmt.Errorf("%w: policy needs groups >= 1, group size >= 2, tasks >= 1", ErrConfig)
+	case c.WorldModel != "sim" && c.WorldModel != "openai":
+		return fmt.Errorf("%w: world model %q: want sim or openai", ErrConfig, c.WorldModel)
+	case c.WorldModel == "openai" && (c.WMURL == "" || c.WMModel == ""):
+		return fmt.Errorf("%w: --world-model openai needs --wm-url and --wm-model", ErrConfig)
 	case c.Source == SourceSim && !c.runs(StageFuse):
 		return fmt.Errorf("%w: the simulated source paces itself on updates: run the fuse stage in the same process or use --source external", ErrConfig)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/gateway"
 	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/openai"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/calibrate"
@@ -39,6 +40,7 @@ type Pipeline struct {
 	source   *simSource
 	progress *progress
 	gateway  *gateway.Gateway
+	wm       predict.WorldModel
 	// httpListener is bound in build, so Start fails on a busy address and
 	// HTTPURL is known as soon as Start returns.
 	httpListener net.Listener
@@ -98,9 +100,38 @@ func (p *Pipeline) HTTPURL() string {
 	return "http://" + p.httpListener.Addr().String()
 }
 
+// worldModel builds the configured world model once per process.
+func (p *Pipeline) worldModel() (predict.WorldModel, error) {
+	if p.wm != nil {
+		return p.wm, nil
+	}
+	switch p.cfg.WorldModel {
+	case "openai":
+		cfg := openai.Config{BaseURL: p.cfg.WMURL, Model: p.cfg.WMModel, APIKey: p.cfg.WMAPIKey, Samples: p.cfg.WMSamples}
+		if p.cfg.WMTemplateFile != "" {
+			var err error
+			if cfg.Template, err = openai.LoadTemplate(p.cfg.WMTemplateFile); err != nil {
+				return nil, err
+			}
+		}
+		wm, err := openai.New(cfg)
+		if err != nil {
+			return nil, err
+		}
+		p.wm = wm
+	default:
+		p.wm = sim.DefaultWorldModel()
+	}
+	return p.wm, nil
+}
+
 func (p *Pipeline) buildGateway() error {
+	wm, err := p.worldModel()
+	if err != nil {
+		return err
+	}
 	g, err := gateway.New(gateway.Config{
-		Run: p.cfg.Run, Stream: p.tr.stream, Token: p.cfg.HTTPToken, WorldModel: sim.DefaultWorldModel(),
+		Run: p.cfg.Run, Stream: p.tr.stream, Token: p.cfg.HTTPToken, WorldModel: wm,
 		Subjects: gateway.Subjects{
 			Traj: p.topo.Subject(schemas.KindTraj), Step: p.topo.Subject(schemas.KindStep),
 			Update: p.topo.Out(StageFuse, schemas.KindUpdate), Calibration: p.topo.Out(StageCalibrate, schemas.KindCalibration),
@@ -194,8 +225,11 @@ func (p *Pipeline) build(ctx context.Context) error {
 		case StageRoute:
 			err = p.buildRoute(ctx)
 		case StagePredict:
-			h := &predict.Handler{Run: cfg.Run, Out: p.topo.Out(StagePredict, schemas.KindPred), Pub: p.stagePublisher(stage), WM: sim.DefaultWorldModel()}
-			err = p.subscribe(stage, schemas.KindGroup, h.Handle)
+			var wm predict.WorldModel
+			if wm, err = p.worldModel(); err == nil {
+				h := &predict.Handler{Run: cfg.Run, Out: p.topo.Out(StagePredict, schemas.KindPred), Pub: p.stagePublisher(stage), WM: wm}
+				err = p.subscribe(stage, schemas.KindGroup, h.Handle)
+			}
 		case StageExecute:
 			h := execute.NewHandler(cfg.Run, p.topo.Out(StageExecute, schemas.KindExecution), p.stagePublisher(stage),
 				&sim.Executor{Latency: cfg.ExecLatency, Noise: 0.02}, cfg.ExecSlots)

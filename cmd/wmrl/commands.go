@@ -24,7 +24,10 @@ func rootCommand() *cobra.Command {
 }
 
 // pipelineFlags binds the flags shared by run and stage to a Config.
+// Secrets come from the environment, never from flags (they would show in ps).
 func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
+	cfg.HTTPToken = os.Getenv("WMRL_HTTP_TOKEN")
+	cfg.WMAPIKey = os.Getenv("WMRL_WM_API_KEY")
 	fs.StringVar(&cfg.Run, "run", cfg.Run, "run name (a subject token)")
 	fs.StringVar(&cfg.Prefix, "prefix", cfg.Prefix, "subject prefix")
 	fs.StringVar(&cfg.NATSURL, "nats", "", "external NATS URL or cluster (default: embedded server)")
@@ -33,6 +36,11 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.TopologyFile, "topology", "", "YAML file re-pointing stage subjects")
 	fs.StringVar(&cfg.MetricsAddr, "metrics", "", "serve Prometheus /metrics on this address")
 	fs.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "serve the trainer HTTP gateway on this address")
+	fs.StringVar(&cfg.WorldModel, "world-model", "sim", "world model: sim, or openai (an OpenAI-compatible /v1/chat/completions server; key from WMRL_WM_API_KEY)")
+	fs.StringVar(&cfg.WMURL, "wm-url", "", "base URL of the world model's server, e.g. http://127.0.0.1:8000/v1")
+	fs.StringVar(&cfg.WMModel, "wm-model", "", "model name the world model's server serves")
+	fs.StringVar(&cfg.WMTemplateFile, "wm-template", "", "prompt template file (Go text/template over .TaskID .Prompt .Code .DataSummary)")
+	fs.IntVar(&cfg.WMSamples, "wm-samples", 1, "samples per trajectory, averaged (their spread is recorded)")
 	fs.Float64Var(&cfg.Anchors.Fraction, "anchor-fraction", cfg.Anchors.Fraction, "share of groups executed for real")
 	fs.IntVar(&cfg.Anchors.MinPerStep, "anchor-min", cfg.Anchors.MinPerStep, "minimum anchor groups per step")
 	fs.Uint64Var(&cfg.Anchors.Seed, "anchor-seed", 0, "seed of the anchor draw")
@@ -53,7 +61,6 @@ func runCommand() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Denoiser.Estimator = fuse.Estimator(estimator)
-			cfg.HTTPToken = os.Getenv("WMRL_HTTP_TOKEN")
 			cfg.Out = cmd.OutOrStdout()
 			return pipeline.Run(cmd.Context(), cfg)
 		},
@@ -104,7 +111,6 @@ func serveCommand() *cobra.Command {
 			}
 			cfg.Stages = []string{}
 			cfg.Source = pipeline.SourceExternal
-			cfg.HTTPToken = os.Getenv("WMRL_HTTP_TOKEN")
 			cfg.Out = cmd.OutOrStdout()
 			return pipeline.Run(cmd.Context(), cfg)
 		},

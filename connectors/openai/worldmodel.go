@@ -1,0 +1,420 @@
+// Package openai is a world model served behind the OpenAI-compatible
+// /v1/chat/completions API (vLLM, SGLang, llama.cpp's server, Ollama,
+// OpenAI). It asks for a JSON verdict {status, score, rationale}, averages k
+// samples and records their spread, and reports a reply it cannot read as
+// ungraded with the reason, never as a default score.
+package openai
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"text/template"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/predict"
+)
+
+// Config configures the client. BaseURL and Model are required.
+type Config struct {
+	BaseURL string // e.g. http://127.0.0.1:8000/v1
+	Model   string
+	APIKey  string // sent as a bearer token when set
+	// Template renders the user message from a Prompt; empty: DefaultTemplate.
+	Template    string
+	Temperature float64
+	MaxTokens   int // default 512
+	// Samples per trajectory (k), averaged; their spread is recorded.
+	Samples int // default 1
+	// GuidedJSON also sends vLLM's guided_json field with the schema.
+	GuidedJSON bool
+	// Concurrency bounds requests in flight (default 16).
+	Concurrency int
+	// Timeout per request (default 120s); Retries on 429, 5xx and
+	// connection errors (default 5), with jittered exponential backoff from
+	// Backoff (default 500ms), honouring Retry-After.
+	Timeout time.Duration
+	Retries int
+	Backoff time.Duration
+	// CacheSize bounds the (model, prompt) cache (default 100000; -1: off).
+	CacheSize int
+	Client    *http.Client
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxTokens == 0 {
+		c.MaxTokens = 512
+	}
+	if c.Samples == 0 {
+		c.Samples = 1
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 16
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 120 * time.Second
+	}
+	if c.Retries == 0 {
+		c.Retries = 5
+	}
+	if c.Backoff == 0 {
+		c.Backoff = 500 * time.Millisecond
+	}
+	if c.CacheSize == 0 {
+		c.CacheSize = 100_000
+	}
+	if c.Template == "" {
+		c.Template = DefaultTemplate
+	}
+	if c.Client == nil {
+		c.Client = &http.Client{}
+	}
+}
+
+// DefaultTemplate is the user message when no template file is given.
+const DefaultTemplate = `You are predicting the outcome of running a candidate solution to a task, without running it.
+
+Task {{.TaskID}}:
+{{.Prompt}}
+{{if .DataSummary}}
+Data:
+{{.DataSummary}}
+{{end}}
+Candidate solution:
+` + "```" + `
+{{.Code}}
+` + "```" + `
+
+Predict what executing it would give. Answer with JSON only:
+{"status": "scored" | "crashed" | "invalid_submission" | "timed_out",
+ "score": the expected score in [0, 1] (a leaderboard percentile; 0 for a failure),
+ "rationale": one sentence}`
+
+// Prompt is what the template sees.
+type Prompt struct {
+	TaskID, Prompt, Code, DataSummary string
+}
+
+// verdictSchema is the JSON Schema of a reply.
+var verdictSchema = map[string]any{
+	"type": "object",
+	"properties": map[string]any{
+		"status":    map[string]any{"type": "string", "enum": []string{"scored", "crashed", "invalid_submission", "timed_out"}},
+		"score":     map[string]any{"type": "number", "minimum": 0, "maximum": 1},
+		"rationale": map[string]any{"type": "string"},
+	},
+	"required":             []string{"status", "score", "rationale"},
+	"additionalProperties": false,
+}
+
+// WorldModel is the client. Safe for concurrent use.
+type WorldModel struct {
+	cfg   Config
+	tmpl  *template.Template
+	slots chan struct{}
+
+	mu    sync.Mutex
+	cache map[string]predict.Score
+	order []string
+}
+
+var _ predict.WorldModel = (*WorldModel)(nil)
+
+// ErrConfig reports an invalid Config.
+var ErrConfig = errors.New("openai: invalid config")
+
+// New builds the client; it does no I/O.
+func New(cfg Config) (*WorldModel, error) {
+	cfg.setDefaults()
+	if cfg.BaseURL == "" || cfg.Model == "" {
+		return nil, fmt.Errorf("%w: base URL and model are required", ErrConfig)
+	}
+	if cfg.Samples < 1 || cfg.Concurrency < 1 {
+		return nil, fmt.Errorf("%w: samples and concurrency must be >= 1", ErrConfig)
+	}
+	tmpl, err := template.New("prompt").Option("missingkey=error").Parse(cfg.Template)
+	if err != nil {
+		return nil, fmt.Errorf("%w: prompt template: %v", ErrConfig, err)
+	}
+	return &WorldModel{cfg: cfg, tmpl: tmpl, slots: make(chan struct{}, cfg.Concurrency), cache: map[string]predict.Score{}}, nil
+}
+
+// LoadTemplate reads a prompt template file.
+func LoadTemplate(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("openai: prompt template: %w", err)
+	}
+	return string(b), nil
+}
+
+// Name identifies the model in predictions.
+func (w *WorldModel) Name() string { return w.cfg.Model }
+
+// Predict scores every trajectory, concurrently within the bound. A
+// trajectory whose replies cannot be read is ungraded with the reason; an
+// error means the server could not be reached after all retries (the group
+// is retried by the pipeline).
+func (w *WorldModel) Predict(ctx context.Context, trajs []schemas.Trajectory) ([]predict.Score, error) {
+	out := make([]predict.Score, len(trajs))
+	errs := make([]error, len(trajs))
+	var wg sync.WaitGroup
+	for i, t := range trajs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i], errs[i] = w.one(ctx, t)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("openai: %s: %w", trajs[i].TrajID, err)
+		}
+	}
+	return out, nil
+}
+
+func (w *WorldModel) one(ctx context.Context, t schemas.Trajectory) (predict.Score, error) {
+	summary, _ := t.Meta["data_summary"].(string)
+	var msg strings.Builder
+	if err := w.tmpl.Execute(&msg, Prompt{TaskID: t.TaskID, Prompt: t.Prompt, Code: t.Response, DataSummary: summary}); err != nil {
+		return predict.Score{Reason: "prompt template: " + err.Error()}, nil
+	}
+	sum := sha256.Sum256([]byte(w.cfg.Model + "\x00" + msg.String()))
+	key := hex.EncodeToString(sum[:])
+	if s, ok := w.cached(key); ok {
+		return s, nil
+	}
+	replies, err := w.complete(ctx, msg.String())
+	var perm permanentError
+	if errors.As(err, &perm) {
+		return predict.Score{Reason: err.Error()}, nil
+	}
+	if err != nil {
+		return predict.Score{}, err
+	}
+	var scores []float64
+	var reasons []string
+	for _, r := range replies {
+		v, err := ParseVerdict(r)
+		if err != nil {
+			reasons = append(reasons, err.Error())
+			continue
+		}
+		scores = append(scores, v.Score)
+	}
+	if len(scores) == 0 {
+		return predict.Score{Reason: "no usable reply: " + strings.Join(reasons, "; ")}, nil
+	}
+	mean, sd := meanSD(scores)
+	s := predict.Score{Value: mean, Graded: true, Spread: sd}
+	w.store(key, s)
+	return s, nil
+}
+
+func meanSD(x []float64) (mean, sd float64) {
+	for _, v := range x {
+		mean += v
+	}
+	mean /= float64(len(x))
+	for _, v := range x {
+		sd += (v - mean) * (v - mean)
+	}
+	return mean, math.Sqrt(sd / float64(len(x)))
+}
+
+func (w *WorldModel) cached(key string) (predict.Score, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s, ok := w.cache[key]
+	return s, ok
+}
+
+func (w *WorldModel) store(key string, s predict.Score) {
+	if w.cfg.CacheSize < 0 {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.cache[key]; ok {
+		return
+	}
+	w.cache[key] = s
+	w.order = append(w.order, key)
+	if len(w.order) > w.cfg.CacheSize {
+		delete(w.cache, w.order[0])
+		w.order = w.order[1:]
+	}
+}
+
+// permanentError is a reply the server will give again (a 4xx other than
+// 408 and 429): the trajectory is ungraded, not retried.
+type permanentError struct{ msg string }
+
+func (e permanentError) Error() string { return e.msg }
+
+type chatRequest struct {
+	Model          string        `json:"model"`
+	Messages       []chatMessage `json:"messages"`
+	Temperature    float64       `json:"temperature"`
+	MaxTokens      int           `json:"max_tokens"`
+	N              int           `json:"n"`
+	ResponseFormat any           `json:"response_format,omitempty"`
+	GuidedJSON     any           `json:"guided_json,omitempty"`
+}
+
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type chatResponse struct {
+	Choices []struct {
+		Message struct {
+			Content string `json:"content"`
+		} `json:"message"`
+	} `json:"choices"`
+}
+
+// complete asks for Samples replies, topping up with further requests when
+// a server ignores n (llama.cpp does).
+func (w *WorldModel) complete(ctx context.Context, user string) ([]string, error) {
+	var replies []string
+	for attempts := 0; len(replies) < w.cfg.Samples && attempts < w.cfg.Samples; attempts++ {
+		got, err := w.request(ctx, user, w.cfg.Samples-len(replies))
+		if err != nil {
+			return nil, err
+		}
+		if len(got) == 0 {
+			break
+		}
+		replies = append(replies, got...)
+	}
+	return replies, nil
+}
+
+func (w *WorldModel) request(ctx context.Context, user string, n int) ([]string, error) {
+	req := chatRequest{
+		Model:       w.cfg.Model,
+		Messages:    []chatMessage{{Role: "user", Content: user}},
+		Temperature: w.cfg.Temperature, MaxTokens: w.cfg.MaxTokens, N: n,
+		ResponseFormat: map[string]any{"type": "json_schema", "json_schema": map[string]any{
+			"name": "verdict", "schema": verdictSchema, "strict": true}},
+	}
+	if w.cfg.GuidedJSON {
+		req.GuidedJSON = verdictSchema
+	}
+	body, _ := json.Marshal(req)
+	url := strings.TrimSuffix(w.cfg.BaseURL, "/") + "/chat/completions"
+	var last error
+	for attempt := 0; attempt <= w.cfg.Retries; attempt++ {
+		if attempt > 0 {
+			if err := sleep(ctx, w.backoff(attempt, last)); err != nil {
+				return nil, err
+			}
+		}
+		select {
+		case w.slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		replies, err := w.post(ctx, url, body)
+		<-w.slots
+		var perm permanentError
+		if err == nil || errors.As(err, &perm) || ctx.Err() != nil {
+			return replies, err
+		}
+		last = err
+	}
+	return nil, fmt.Errorf("gave up after %d attempts: %w", w.cfg.Retries+1, last)
+}
+
+// retryAfter carries a server's Retry-After.
+type retryAfter struct {
+	err  error
+	wait time.Duration
+}
+
+func (e retryAfter) Error() string { return e.err.Error() }
+func (e retryAfter) Unwrap() error { return e.err }
+
+func (w *WorldModel) backoff(attempt int, last error) time.Duration {
+	var ra retryAfter
+	if errors.As(last, &ra) && ra.wait > 0 {
+		return ra.wait
+	}
+	max := w.cfg.Backoff << (attempt - 1)
+	return time.Duration(rand.Int64N(int64(max))) + w.cfg.Backoff/2 // full jitter, never zero
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (w *WorldModel) post(ctx context.Context, url string, body []byte) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
+	defer cancel()
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, permanentError{fmt.Sprintf("request: %v", err)}
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	if w.cfg.APIKey != "" {
+		hreq.Header.Set("Authorization", "Bearer "+w.cfg.APIKey)
+	}
+	resp, err := w.cfg.Client.Do(hreq)
+	if err != nil {
+		return nil, err // connection error or timeout: retried
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 || resp.StatusCode == http.StatusRequestTimeout:
+		err := fmt.Errorf("HTTP %d: %s", resp.StatusCode, snippet(raw))
+		secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+		return nil, retryAfter{err: err, wait: time.Duration(secs) * time.Second}
+	case resp.StatusCode != http.StatusOK:
+		return nil, permanentError{fmt.Sprintf("world model refused the request: HTTP %d: %s", resp.StatusCode, snippet(raw))}
+	}
+	var cr chatResponse
+	if err := json.Unmarshal(raw, &cr); err != nil {
+		return nil, permanentError{fmt.Sprintf("unreadable response (not chat completions JSON): %s", snippet(raw))}
+	}
+	out := make([]string, 0, len(cr.Choices))
+	for _, c := range cr.Choices {
+		out = append(out, c.Message.Content)
+	}
+	return out, nil
+}
+
+func snippet(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 200 {
+		s = s[:200] + "..."
+	}
+	return s
+}

@@ -1,0 +1,238 @@
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// server speaks /v1/chat/completions; reply decides each response.
+type server struct {
+	*httptest.Server
+	calls    atomic.Int64
+	inflight atomic.Int64
+	maxIn    atomic.Int64
+	mu       sync.Mutex
+	last     map[string]any
+}
+
+func newServer(t *testing.T, reply func(n int64, req map[string]any, w http.ResponseWriter)) *server {
+	s := &server{}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/chat/completions" || r.Method != http.MethodPost {
+			http.Error(w, "not found", http.StatusNotFound)
+			return
+		}
+		in := s.inflight.Add(1)
+		defer s.inflight.Add(-1)
+		for {
+			m := s.maxIn.Load()
+			if in <= m || s.maxIn.CompareAndSwap(m, in) {
+				break
+			}
+		}
+		var req map[string]any
+		json.NewDecoder(r.Body).Decode(&req)
+		req["_auth"] = r.Header.Get("Authorization")
+		s.mu.Lock()
+		s.last = req
+		s.mu.Unlock()
+		reply(s.calls.Add(1), req, w)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func choices(w http.ResponseWriter, contents ...string) {
+	var cs []map[string]any
+	for _, c := range contents {
+		cs = append(cs, map[string]any{"message": map[string]any{"role": "assistant", "content": c}})
+	}
+	json.NewEncoder(w).Encode(map[string]any{"choices": cs})
+}
+
+func wm(t *testing.T, url string, tweak func(*Config)) *WorldModel {
+	cfg := Config{BaseURL: url + "/v1", Model: "judge-7b", APIKey: "k", Backoff: time.Millisecond, Timeout: 5 * time.Second}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	w, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func traj(id, code string) schemas.Trajectory {
+	return schemas.Trajectory{TrajID: id, TaskID: "house-prices", Prompt: "Predict prices.", Response: code,
+		Meta: map[string]any{"data_summary": "1460 rows, 80 columns"}}
+}
+
+func TestPredictsFromStructuredReplies(t *testing.T) {
+	s := newServer(t, func(_ int64, req map[string]any, w http.ResponseWriter) {
+		choices(w,
+			"Sure! Here is my verdict:\n```json\n{\"status\": \"scored\", \"score\": 0.6, \"rationale\": \"a {reasonable} model\"}\n```",
+			`{"status":"scored","score":0.8,"rationale":"ok"}`,
+			`{"status":"crashed","rationale":"imports a missing module"}`)
+	})
+	w := wm(t, s.URL, func(c *Config) { c.Samples = 3; c.GuidedJSON = true })
+	scores, err := w.Predict(context.Background(), []schemas.Trajectory{traj("t1", "import pandas\nprint(1)")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := scores[0]
+	wantMean := (0.6 + 0.8 + 0) / 3
+	wantSD := math.Sqrt(((0.6-wantMean)*(0.6-wantMean) + (0.8-wantMean)*(0.8-wantMean) + wantMean*wantMean) / 3)
+	if !got.Graded || math.Abs(got.Value-wantMean) > 1e-12 || math.Abs(got.Spread-wantSD) > 1e-12 {
+		t.Fatalf("score %+v, want mean %v spread %v", got, wantMean, wantSD)
+	}
+	req := s.last
+	msg := req["messages"].([]any)[0].(map[string]any)["content"].(string)
+	rf, _ := req["response_format"].(map[string]any)
+	switch {
+	case req["model"] != "judge-7b" || req["n"] != 3.0 || req["_auth"] != "Bearer k":
+		t.Fatalf("request %v", req)
+	case rf["type"] != "json_schema" || req["guided_json"] == nil:
+		t.Fatalf("no structured output requested: %v", req)
+	case !strings.Contains(msg, "import pandas") || !strings.Contains(msg, "house-prices") || !strings.Contains(msg, "1460 rows"):
+		t.Fatalf("prompt lacks the task, code or data summary:\n%s", msg)
+	}
+	// The same solution again comes from the cache.
+	if _, err := w.Predict(context.Background(), []schemas.Trajectory{traj("t2", "import pandas\nprint(1)")}); err != nil || s.calls.Load() != 1 {
+		t.Fatalf("cached solution re-predicted: %d calls, %v", s.calls.Load(), err)
+	}
+}
+
+func TestUnreadableRepliesAreUngraded(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		reply  func(w http.ResponseWriter)
+		reason string
+	}{
+		{"prose", func(w http.ResponseWriter) { choices(w, "I think this is a fine solution.") }, "no JSON object"},
+		{"score out of range", func(w http.ResponseWriter) { choices(w, `{"status":"scored","score":1.7,"rationale":"x"}`) }, "outside [0, 1]"},
+		{"scored without score", func(w http.ResponseWriter) { choices(w, `{"status":"scored","rationale":"x"}`) }, "no score"},
+		{"unknown status", func(w http.ResponseWriter) { choices(w, `{"status":"great","score":0.5}`) }, `status "great"`},
+		{"not chat JSON", func(w http.ResponseWriter) { w.Write([]byte("<html>gateway</html>")) }, "unreadable response"},
+		{"bad request", func(w http.ResponseWriter) { http.Error(w, `{"error":"context too long"}`, http.StatusBadRequest) }, "HTTP 400"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newServer(t, func(_ int64, _ map[string]any, w http.ResponseWriter) { tc.reply(w) })
+			scores, err := wm(t, s.URL, nil).Predict(context.Background(), []schemas.Trajectory{traj("t", "x")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if scores[0].Graded || !strings.Contains(scores[0].Reason, tc.reason) {
+				t.Fatalf("got %+v, want ungraded with %q", scores[0], tc.reason)
+			}
+			if s.calls.Load() != 1 {
+				t.Fatalf("%d calls: a reply the server will give again is not retried", s.calls.Load())
+			}
+		})
+	}
+}
+
+func TestRetriesFailingAndRateLimitingServers(t *testing.T) {
+	s := newServer(t, func(n int64, _ map[string]any, w http.ResponseWriter) {
+		switch n {
+		case 1:
+			http.Error(w, "overloaded", http.StatusServiceUnavailable)
+		case 2:
+			w.Header().Set("Retry-After", "0")
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+		default:
+			choices(w, `{"status":"scored","score":0.25,"rationale":"ok"}`)
+		}
+	})
+	scores, err := wm(t, s.URL, nil).Predict(context.Background(), []schemas.Trajectory{traj("t", "x")})
+	if err != nil || !scores[0].Graded || scores[0].Value != 0.25 || s.calls.Load() != 3 {
+		t.Fatalf("after 503 and 429: %+v %v (%d calls)", scores, err, s.calls.Load())
+	}
+	// A server that never recovers: an error, so the pipeline retries the group later.
+	down := newServer(t, func(int64, map[string]any, http.ResponseWriter) {})
+	down.Close()
+	_, err = wm(t, down.URL, func(c *Config) { c.Retries = 2 }).Predict(context.Background(), []schemas.Trajectory{traj("t", "x")})
+	if err == nil || !strings.Contains(err.Error(), "gave up after 3 attempts") {
+		t.Fatalf("unreachable server: %v", err)
+	}
+}
+
+func TestRetryAfterIsHonoured(t *testing.T) {
+	w := wm(t, "http://unused", nil)
+	if d := w.backoff(1, retryAfter{err: errors.New("429"), wait: 7 * time.Second}); d != 7*time.Second {
+		t.Fatalf("backoff %v, want the server's Retry-After 7s", d)
+	}
+	for attempt := 1; attempt <= 4; attempt++ {
+		if d := w.backoff(attempt, errors.New("503")); d <= 0 || d > w.cfg.Backoff<<attempt {
+			t.Fatalf("attempt %d: backoff %v outside (0, %v]", attempt, d, w.cfg.Backoff<<attempt)
+		}
+	}
+}
+
+func TestSlowServerTimesOut(t *testing.T) {
+	s := newServer(t, func(_ int64, _ map[string]any, w http.ResponseWriter) {
+		time.Sleep(300 * time.Millisecond) // longer than the client's timeout
+		choices(w, `{"status":"scored","score":0.5,"rationale":"late"}`)
+	})
+	_, err := wm(t, s.URL, func(c *Config) { c.Timeout = 20 * time.Millisecond; c.Retries = 1 }).
+		Predict(context.Background(), []schemas.Trajectory{traj("t", "x")})
+	if err == nil || !strings.Contains(err.Error(), "gave up after 2 attempts") || s.calls.Load() != 2 {
+		t.Fatalf("slow server: %v after %d calls", err, s.calls.Load())
+	}
+}
+
+func TestTopsUpWhenNIsIgnoredAndBoundsConcurrency(t *testing.T) {
+	var mu sync.Mutex
+	sample := map[string]int{} // the k-th request for a prompt answers k/4
+	s := newServer(t, func(_ int64, req map[string]any, w http.ResponseWriter) {
+		time.Sleep(5 * time.Millisecond)
+		prompt := req["messages"].([]any)[0].(map[string]any)["content"].(string)
+		mu.Lock()
+		k := sample[prompt]
+		sample[prompt]++
+		mu.Unlock()
+		choices(w, fmt.Sprintf(`{"status":"scored","score":%v,"rationale":"x"}`, float64(k)/4))
+	})
+	w := wm(t, s.URL, func(c *Config) { c.Samples = 3; c.Concurrency = 2; c.CacheSize = -1 })
+	var trajs []schemas.Trajectory
+	for i := range 8 {
+		trajs = append(trajs, traj(fmt.Sprint(i), fmt.Sprintf("print(%d)", i)))
+	}
+	scores, err := w.Predict(context.Background(), trajs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.calls.Load() != 24 {
+		t.Fatalf("%d requests for 8 trajectories x 3 samples from a server that ignores n", s.calls.Load())
+	}
+	if m := s.maxIn.Load(); m > 2 {
+		t.Fatalf("%d requests in flight at once, bound is 2", m)
+	}
+	for _, sc := range scores {
+		if !sc.Graded || sc.Value != 0.25 || sc.Spread == 0 {
+			t.Fatalf("score %+v: want 3 differing samples averaged", sc)
+		}
+	}
+}
+
+func TestParseVerdict(t *testing.T) {
+	v, err := ParseVerdict("thinking... {\"note\": \"ignore\"} then {\"status\": \"Timed_Out\", \"rationale\": \"loops forever }\"}")
+	if err == nil {
+		t.Fatalf("an object without a valid status was accepted: %+v", v)
+	}
+	v, err = ParseVerdict("```\n{\"status\": \"timed_out\", \"rationale\": \"loops { forever\"}\n```")
+	if err != nil || v.Status != "timed_out" || v.Score != 0 {
+		t.Fatalf("fenced failure verdict: %+v %v", v, err)
+	}
+}

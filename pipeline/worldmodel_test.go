@@ -1,0 +1,77 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// TestPipelineWithAnOpenAIWorldModel runs every stage with the world model
+// behind a real HTTP server speaking /v1/chat/completions, one reply in
+// seven of which is garbage.
+func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Messages []struct{ Content string } `json:"messages"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		h := fnv.New32a()
+		h.Write([]byte(req.Messages[0].Content))
+		content := fmt.Sprintf(`{"status":"scored","score":%.3f,"rationale":"by hash"}`, float64(h.Sum32()%1000)/1000)
+		if h.Sum32()%7 == 0 {
+			content = "I am not sure."
+		}
+		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"content": content}}}})
+	}))
+	defer srv.Close()
+	cfg := testConfig(t)
+	cfg.Steps = 4
+	cfg.WorldModel, cfg.WMURL, cfg.WMModel = "openai", srv.URL+"/v1", "judge"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	ungraded, graded := 0, 0
+	for _, b := range readStored(t, cfg.DataDir, "wmrl.default.pred") {
+		var p schemas.Prediction
+		json.Unmarshal(b, &p)
+		if p.Model != "judge" {
+			t.Fatalf("prediction from model %q", p.Model)
+		}
+		for _, it := range p.Items {
+			if it.Score == nil {
+				if it.Status != schemas.PredUngraded || it.Reason == "" {
+					t.Fatalf("ungraded item without status or reason: %+v", it)
+				}
+				ungraded++
+			} else {
+				graded++
+			}
+		}
+	}
+	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	if len(ups) != 4 || ungraded == 0 || graded == 0 {
+		t.Fatalf("%d updates; %d graded and %d ungraded predictions", len(ups), graded, ungraded)
+	}
+	nulls := 0
+	for _, u := range ups {
+		checkFusion(t, u)
+		for _, it := range u.Items {
+			if it.Source == "world_model" && it.Reward == nil {
+				nulls++
+			}
+		}
+	}
+	if nulls == 0 {
+		t.Fatal("no ungraded world-model reward reached the updates as null")
+	}
+	t.Logf("%d graded, %d ungraded predictions; %d null rewards in updates", graded, ungraded, nulls)
+}
