@@ -60,6 +60,11 @@ type Config struct {
 	WMSamples      int
 	WMAPIKey       string
 
+	// Executor: "sim" or "subprocess", which runs anchors for real on the
+	// task in TaskDir. Empty: subprocess when TaskDir is set, else sim.
+	Executor string
+	TaskDir  string
+
 	Anchors  route.SchedulerConfig
 	Debias   bool
 	Debiaser calibrate.DebiaserConfig
@@ -166,6 +171,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: world model %q: want sim or openai", ErrConfig, c.WorldModel)
 	case c.WorldModel == "openai" && (c.WMURL == "" || c.WMModel == ""):
 		return fmt.Errorf("%w: --world-model openai needs --wm-url and --wm-model", ErrConfig)
+	case c.Executor != "" && c.Executor != "sim" && c.Executor != "subprocess":
+		return fmt.Errorf("%w: executor %q: want sim or subprocess", ErrConfig, c.Executor)
+	case c.executor() == "subprocess" && c.TaskDir == "":
+		return fmt.Errorf("%w: --executor subprocess needs --task DIR", ErrConfig)
 	case c.Source == SourceSim && !c.runs(StageFuse):
 		return fmt.Errorf("%w: the simulated source paces itself on updates: run the fuse stage in the same process or use --source external", ErrConfig)
 	}
@@ -178,6 +187,19 @@ func (c *Config) Validate() error {
 		return err
 	}
 	return nil
+}
+
+// executor is the executor in force: an explicit choice, else subprocess
+// when a task is given, else sim. Derived here, not defaulted, so that a
+// TaskDir set after DefaultConfig still implies real execution.
+func (c *Config) executor() string {
+	switch {
+	case c.Executor != "":
+		return c.Executor
+	case c.TaskDir != "":
+		return "subprocess"
+	}
+	return "sim"
 }
 
 func (c *Config) runs(stage string) bool { return slices.Contains(c.Stages, stage) }

@@ -17,6 +17,7 @@ import (
 	"github.com/wmrl/wmrl/connectors/gateway"
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/openai"
+	"github.com/wmrl/wmrl/connectors/sandbox"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/calibrate"
@@ -231,8 +232,15 @@ func (p *Pipeline) build(ctx context.Context) error {
 				err = p.subscribe(stage, schemas.KindGroup, h.Handle)
 			}
 		case StageExecute:
-			h := execute.NewHandler(cfg.Run, p.topo.Out(StageExecute, schemas.KindExecution), p.stagePublisher(stage),
-				&sim.Executor{Latency: cfg.ExecLatency, Noise: 0.02}, cfg.ExecSlots)
+			var exe execute.Executor = &sim.Executor{Latency: cfg.ExecLatency, Noise: 0.02}
+			if cfg.executor() == "subprocess" {
+				var task *sandbox.Task
+				if task, err = sandbox.LoadTask(cfg.TaskDir); err != nil {
+					return err
+				}
+				exe = &sandbox.Subprocess{Task: task}
+			}
+			h := execute.NewHandler(cfg.Run, p.topo.Out(StageExecute, schemas.KindExecution), p.stagePublisher(stage), exe, cfg.ExecSlots)
 			err = p.subscribe(stage, schemas.KindExec, h.Handle)
 		case StagePair:
 			h := pair.NewHandler(cfg.Run, p.topo.Out(StagePair, schemas.KindPairs), p.stagePublisher(stage))
@@ -254,7 +262,10 @@ func (p *Pipeline) build(ctx context.Context) error {
 		}
 	}
 	if cfg.Source == SourceSim {
-		p.source = newSimSource(p)
+		var err error
+		if p.source, err = newSimSource(p); err != nil {
+			return err
+		}
 		if err := p.source.resume(ctx); err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmrl/wmrl/connectors/sandbox"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 )
@@ -17,8 +18,10 @@ import (
 // updates, and resumes after the last watermark it stored.
 type simSource struct {
 	p      *Pipeline
-	policy sim.Policy
-	next   int64
+	policy interface {
+		Step(n int64) ([]schemas.Trajectory, schemas.StepClose)
+	}
+	next int64
 
 	mu      sync.Mutex
 	pending map[int64]bool
@@ -26,13 +29,25 @@ type simSource struct {
 	wake    chan struct{}
 }
 
-func newSimSource(p *Pipeline) *simSource {
+// newSimSource rolls out the simulated policy, or, with a task, the task's
+// candidate solutions.
+func newSimSource(p *Pipeline) (*simSource, error) {
 	c := &p.cfg
-	return &simSource{
+	s := &simSource{
 		p:       p,
-		policy:  sim.Policy{Run: c.Run, Seed: c.Seed, Tasks: c.Tasks, Groups: c.Groups, GroupSize: c.GroupSize},
+		policy:  &sim.Policy{Run: c.Run, Seed: c.Seed, Tasks: c.Tasks, Groups: c.Groups, GroupSize: c.GroupSize},
 		pending: map[int64]bool{}, sentAt: map[int64]time.Time{}, wake: make(chan struct{}, 1),
 	}
+	if c.TaskDir != "" {
+		task, err := sandbox.LoadTask(c.TaskDir)
+		if err != nil {
+			return nil, err
+		}
+		if s.policy, err = sim.NewTaskPolicy(c.Run, c.TaskDir, task.Name, task.Description, c.Seed, c.Groups, c.GroupSize); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
 }
 
 // resume starts after the last watermark already stored.

@@ -41,6 +41,8 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.WMModel, "wm-model", "", "model name the world model's server serves")
 	fs.StringVar(&cfg.WMTemplateFile, "wm-template", "", "prompt template file (Go text/template over .TaskID .Prompt .Code .DataSummary)")
 	fs.IntVar(&cfg.WMSamples, "wm-samples", 1, "samples per trajectory, averaged (their spread is recorded)")
+	fs.StringVar(&cfg.Executor, "executor", "", "anchor executor: sim, or subprocess (real execution of the --task)")
+	fs.StringVar(&cfg.TaskDir, "task", "", "task directory (task.json, public/, private/, leaderboard.csv); implies --executor subprocess")
 	fs.Float64Var(&cfg.Anchors.Fraction, "anchor-fraction", cfg.Anchors.Fraction, "share of groups executed for real")
 	fs.IntVar(&cfg.Anchors.MinPerStep, "anchor-min", cfg.Anchors.MinPerStep, "minimum anchor groups per step")
 	fs.Uint64Var(&cfg.Anchors.Seed, "anchor-seed", 0, "seed of the anchor draw")

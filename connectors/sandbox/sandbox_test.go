@@ -1,0 +1,201 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// housing generates the example task into a temporary directory.
+func housing(t testing.TB) *Task {
+	t.Helper()
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	dir := t.TempDir()
+	src := "../../examples/tasks/housing"
+	for _, f := range []string{"generate.py", "task.json"} {
+		b, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, f), b, 0o644)
+	}
+	if out, err := exec.Command("python3", filepath.Join(dir, "generate.py")).CombinedOutput(); err != nil {
+		t.Fatalf("generate: %v\n%s", err, out)
+	}
+	task, err := LoadTask(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return task
+}
+
+func solution(t testing.TB, name string) string {
+	b, err := os.ReadFile(filepath.Join("../../examples/tasks/housing/solutions", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func exe(task *Task) *Subprocess {
+	return &Subprocess{Task: task, Limits: Limits{Timeout: 10 * time.Second, MemoryBytes: 512 << 20, Processes: 32}}
+}
+
+func run1(t *testing.T, s *Subprocess, code string) (r struct {
+	status, detail string
+	score          float64
+}) {
+	t.Helper()
+	res, err := s.Execute(context.Background(), schemas.Trajectory{TrajID: "t", Response: code})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.status, r.detail, r.score = res.Status, res.Detail, res.Score
+	return r
+}
+
+func TestCandidateSolutionsRankByQuality(t *testing.T) {
+	task := housing(t)
+	s := exe(task)
+	mean := run1(t, s, solution(t, "01_mean.py"))
+	one := run1(t, s, solution(t, "02_one_feature.py"))
+	best := run1(t, s, solution(t, "03_interactions.py"))
+	t.Logf("rewards: mean %.3f, one feature %.3f, with interactions %.3f", mean.score, one.score, best.score)
+	for _, r := range []struct {
+		status, detail string
+		score          float64
+	}{mean, one, best} {
+		if r.status != schemas.ExecScored {
+			t.Fatalf("status %s: %s", r.status, r.detail)
+		}
+	}
+	if !(mean.score < one.score && one.score < best.score) || best.score < 0.9 {
+		t.Fatalf("rewards not ordered by quality: %.3f %.3f %.3f", mean.score, one.score, best.score)
+	}
+	if r := run1(t, s, solution(t, "04_wrong_format.py")); r.status != schemas.ExecInvalid || !strings.Contains(r.detail, `columns "id" and "price"`) {
+		t.Fatalf("wrong format: %+v", r)
+	}
+	if r := run1(t, s, solution(t, "05_crash.py")); r.status != schemas.ExecCrashed || !strings.Contains(r.detail, "KeyError") {
+		t.Fatalf("crash: %+v", r)
+	}
+	if r := run1(t, s, "print('no submission')"); r.status != schemas.ExecInvalid || !strings.Contains(r.detail, "no submission.csv") {
+		t.Fatalf("no submission: %+v", r)
+	}
+}
+
+func TestSandboxContainsHostileCode(t *testing.T) {
+	task := housing(t)
+	s := exe(task)
+	s.Limits.Timeout = 2 * time.Second
+
+	if r := run1(t, s, "while True:\n    pass\n"); r.status != schemas.ExecTimedOut {
+		t.Fatalf("infinite loop: %+v", r)
+	}
+	if r := run1(t, s, "x = bytearray(2 * 1024**3)\n"); r.status != schemas.ExecCrashed || !strings.Contains(r.detail, "MemoryError") {
+		t.Fatalf("memory hog: %+v", r)
+	}
+	bomb := "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)\n"
+	start := time.Now()
+	r := run1(t, s, bomb)
+	if r.status != schemas.ExecTimedOut && r.status != schemas.ExecCrashed {
+		t.Fatalf("fork bomb: %+v", r)
+	}
+	if time.Since(start) > time.Minute {
+		t.Fatal("fork bomb not contained")
+	}
+	if os.Geteuid() == 0 {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			out, _ := exec.Command("pgrep", "-u", "65534", "python3").Output()
+			if len(out) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("processes left behind by the fork bomb: %s", out)
+			}
+		}
+	}
+
+	// Writing outside its directory, reading the private answers, reaching
+	// the network: each attempt is reported by the code itself.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	outside := filepath.Join(task.Dir, "escaped.txt")
+	probe := fmt.Sprintf(`import socket
+res = []
+for name, act in [("write", lambda: open(%q, "w").write("x")),
+                  ("read_answers", lambda: open(%q).read()),
+                  ("network", lambda: socket.create_connection(("127.0.0.1", %d), timeout=1))]:
+    try:
+        act()
+        res.append(name + "=ok")
+    except Exception as e:
+        res.append(name + "=" + type(e).__name__)
+raise SystemExit(" ".join(res))
+`, outside, filepath.Join(task.Dir, "private", "answers.csv"), l.Addr().(*net.TCPAddr).Port)
+	r = run1(t, s, probe)
+	t.Logf("probe: %s", r.detail)
+	if _, err := os.Stat(outside); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the code wrote outside its directory (%s)", outside)
+	}
+	if os.Geteuid() == 0 {
+		for _, want := range []string{"write=PermissionError", "read_answers=PermissionError"} {
+			if !strings.Contains(r.detail, want) {
+				t.Errorf("probe %q lacks %s", r.detail, want)
+			}
+		}
+	}
+	if !strings.Contains(r.detail, "network not isolated") && strings.Contains(r.detail, "network=ok") {
+		t.Errorf("network reachable although isolated: %s", r.detail)
+	}
+}
+
+func TestGraderRejectsBadSubmissions(t *testing.T) {
+	task := housing(t)
+	good := "id,price\n"
+	for id := range task.answers {
+		good += id + ",200\n"
+	}
+	if _, err := task.Grade([]byte(good)); err != nil {
+		t.Fatalf("a complete submission: %v", err)
+	}
+	for name, sub := range map[string]string{
+		"missing rows":  "id,price\n1000,1\n",
+		"unknown id":    good + "99999,1\n",
+		"duplicate id":  good + "1000,1\n",
+		"not a number":  strings.Replace(good, ",200\n", ",cheap\n", 1),
+		"wrong columns": "house,value\n1000,1\n",
+	} {
+		if _, err := task.Grade([]byte(sub)); !errors.Is(err, ErrInvalidSubmission) {
+			t.Errorf("%s: got %v, want ErrInvalidSubmission", name, err)
+		}
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	if v, _ := metric("accuracy", []string{"a", "b", "c", "d"}, []string{"a", "b", "x", "d"}); v != 0.75 {
+		t.Errorf("accuracy %v", v)
+	}
+	if v, _ := metric("f1", []string{"1", "1", "0", "0"}, []string{"1", "0", "1", "0"}); v != 0.5 {
+		t.Errorf("f1 %v", v)
+	}
+	if v, _ := metric("rmse", []string{"1", "3"}, []string{"2", "2"}); v != 1 {
+		t.Errorf("rmse %v", v)
+	}
+	if v, _ := metric("auc", []string{"0.1", "0.4", "0.35", "0.8"}, []string{"0", "0", "1", "1"}); v != 0.75 {
+		t.Errorf("auc %v (sklearn's roc_auc_score gives 0.75)", v)
+	}
+}

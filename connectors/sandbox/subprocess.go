@@ -1,0 +1,288 @@
+// Package sandbox runs candidate solutions for real, in the style of
+// MLE-Dojo: a fresh working directory per execution holding the code and the
+// task's public data, a wall-clock timeout, resource limits, its own process
+// group killed whole, captured output with a size cap, and a grader that
+// scores the submission file against the task's private answers.
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/execute"
+)
+
+// Limits bound one execution. Zero values take the defaults.
+type Limits struct {
+	Timeout     time.Duration // wall clock (default 60s)
+	MemoryBytes int64         // address space (default 1 GiB)
+	CPUSeconds  int           // CPU time (default: the timeout, rounded up, plus 1)
+	OpenFiles   int           // default 256
+	Processes   int           // per user (default 64); enforced for a non-root user only
+	OutputBytes int           // kept per stream (default 64 KiB)
+}
+
+func (l *Limits) setDefaults() {
+	if l.Timeout == 0 {
+		l.Timeout = 60 * time.Second
+	}
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = 1 << 30
+	}
+	if l.CPUSeconds == 0 {
+		l.CPUSeconds = int(l.Timeout.Seconds()+0.999) + 1
+	}
+	if l.OpenFiles == 0 {
+		l.OpenFiles = 256
+	}
+	if l.Processes == 0 {
+		l.Processes = 64
+	}
+	if l.OutputBytes == 0 {
+		l.OutputBytes = 64 << 10
+	}
+}
+
+// Subprocess executes trajectories' code as local processes.
+type Subprocess struct {
+	Task    *Task
+	Command []string // default: python3 solution.py
+	Limits  Limits
+	// RunAs is the uid/gid the code runs as when wmrl runs as root
+	// (default 65534, nobody): root ignores the process limit and can write
+	// anywhere. Not root: the code runs as the current user.
+	RunAs uint32
+}
+
+var _ execute.Executor = (*Subprocess)(nil)
+
+// Run is one execution's outcome before grading.
+type Run struct {
+	ExitCode        int
+	TimedOut        bool
+	Stdout, Stderr  string
+	Seconds         float64
+	Submission      []byte // nil: none written
+	NetworkIsolated bool
+}
+
+// Execute runs t.Response as the solution and grades its submission.
+func (s *Subprocess) Execute(ctx context.Context, t schemas.Trajectory) (execute.Result, error) {
+	run, err := s.Run(ctx, t.Response)
+	if err != nil {
+		if ctx.Err() != nil {
+			return execute.Result{}, ctx.Err() // shutting down: retried elsewhere
+		}
+		return execute.Result{Status: schemas.ExecSandboxError, Detail: err.Error()}, nil
+	}
+	res := execute.Result{Seconds: run.Seconds}
+	tail := lastLines(run.Stderr, 5)
+	switch {
+	case run.TimedOut:
+		res.Status, res.Detail = schemas.ExecTimedOut, fmt.Sprintf("killed after %v", s.limits().Timeout)
+	case run.ExitCode != 0:
+		res.Status, res.Detail = schemas.ExecCrashed, fmt.Sprintf("exit code %d: %s", run.ExitCode, tail)
+	case run.Submission == nil:
+		res.Status, res.Detail = schemas.ExecInvalid, "no "+s.Task.Submission+" written"
+	default:
+		score, err := s.Task.Grade(run.Submission)
+		if err != nil {
+			res.Status, res.Detail = schemas.ExecInvalid, err.Error()
+		} else {
+			res.Status, res.Score = schemas.ExecScored, score
+		}
+	}
+	if !run.NetworkIsolated {
+		res.Detail = strings.TrimSpace(res.Detail + " (network not isolated: no permission for a network namespace)")
+	}
+	return res, nil
+}
+
+// Run executes code in a fresh directory and returns what happened. An
+// error means the sandbox itself failed (not the code).
+func (s *Subprocess) Run(ctx context.Context, code string) (Run, error) {
+	dir, err := os.MkdirTemp("", "wmrl-exec-")
+	if err != nil {
+		return Run{}, fmt.Errorf("sandbox: work dir: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	if err := s.prepare(dir, code); err != nil {
+		return Run{}, err
+	}
+	cmdline := s.Command
+	if len(cmdline) == 0 {
+		cmdline = []string{"python3", "solution.py"}
+	}
+	l := s.limits()
+	// The limits are set by the shell before it execs the command, so
+	// nothing the code starts escapes them.
+	script := fmt.Sprintf(`ulimit -v %d && ulimit -t %d && ulimit -n %d && ulimit -p %d && exec "$@"`,
+		l.MemoryBytes/1024, l.CPUSeconds, l.OpenFiles, l.Processes)
+	run, err := s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), true)
+	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL) {
+		run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), false)
+	}
+	if err != nil {
+		return Run{}, err
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, s.Task.Submission)); err == nil {
+		run.Submission = b
+	}
+	return run, nil
+}
+
+// prepare writes the code and a read-only copy of the public data.
+func (s *Subprocess) prepare(dir, code string) error {
+	if err := os.WriteFile(filepath.Join(dir, "solution.py"), []byte(code), 0o644); err != nil {
+		return fmt.Errorf("sandbox: write solution: %w", err)
+	}
+	data := filepath.Join(dir, "data")
+	if err := os.Mkdir(data, 0o755); err != nil {
+		return fmt.Errorf("sandbox: data dir: %w", err)
+	}
+	entries, err := os.ReadDir(s.Task.PublicDir())
+	if err != nil {
+		return fmt.Errorf("sandbox: public data: %w", err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(s.Task.PublicDir(), e.Name()))
+		if err != nil {
+			return fmt.Errorf("sandbox: public data: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(data, e.Name()), b, 0o444); err != nil {
+			return fmt.Errorf("sandbox: public data: %w", err)
+		}
+	}
+	if err := os.Chmod(data, 0o555); err != nil {
+		return err
+	}
+	if os.Geteuid() == 0 {
+		uid := int(s.runAs())
+		if err := os.Chown(dir, uid, uid); err != nil {
+			return fmt.Errorf("sandbox: hand the work dir to uid %d: %w", uid, err)
+		}
+	}
+	return nil
+}
+
+// limits are the configured limits with defaults filled in. The executor is
+// shared by concurrent executions: nothing here writes to it.
+func (s *Subprocess) limits() Limits {
+	l := s.Limits
+	l.setDefaults()
+	return l
+}
+
+func (s *Subprocess) runAs() uint32 {
+	if s.RunAs == 0 {
+		return 65534
+	}
+	return s.RunAs
+}
+
+// capped keeps the first n bytes written and counts the rest.
+type capped struct {
+	buf     bytes.Buffer
+	n       int
+	dropped int
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.n - c.buf.Len(); room > 0 {
+		c.buf.Write(p[:min(room, len(p))])
+	}
+	if len(p) > c.n-c.buf.Len() {
+		c.dropped += len(p) - max(0, min(len(p), c.n-c.buf.Len()))
+	}
+	return len(p), nil
+}
+
+func (c *capped) String() string {
+	if c.dropped > 0 {
+		return c.buf.String() + fmt.Sprintf("\n[%d bytes dropped]", c.dropped)
+	}
+	return c.buf.String()
+}
+
+func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolateNet bool) (Run, error) {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = dir
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, "PYTHONDONTWRITEBYTECODE=1", "LANG=C.UTF-8"}
+	l := s.limits()
+	stdout, stderr := &capped{n: l.OutputBytes}, &capped{n: l.OutputBytes}
+	cmd.Stdout, cmd.Stderr, cmd.Stdin = stdout, stderr, nil
+	attr := &syscall.SysProcAttr{Setpgid: true}
+	if os.Geteuid() == 0 {
+		uid := s.runAs()
+		attr.Credential = &syscall.Credential{Uid: uid, Gid: uid, NoSetGroups: true}
+	}
+	if isolateNet {
+		attr.Cloneflags = syscall.CLONE_NEWNET
+	}
+	cmd.SysProcAttr = attr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return Run{}, fmt.Errorf("sandbox: start: %w", err)
+	}
+	pgid := cmd.Process.Pid
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	timer := time.NewTimer(l.Timeout)
+	defer timer.Stop()
+	run := Run{NetworkIsolated: isolateNet}
+	var werr error
+	select {
+	case werr = <-done:
+	case <-timer.C:
+		run.TimedOut = true
+		killGroup(pgid)
+		werr = <-done
+	case <-ctx.Done():
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		<-done
+		return Run{}, ctx.Err()
+	}
+	killGroup(pgid) // whatever the code left behind
+	run.Seconds = time.Since(start).Seconds()
+	run.Stdout, run.Stderr = stdout.String(), stderr.String()
+	var exit *exec.ExitError
+	switch {
+	case werr == nil:
+	case errors.As(werr, &exit):
+		run.ExitCode = exit.ExitCode()
+		if run.ExitCode < 0 {
+			run.ExitCode = 128 + int(exit.Sys().(syscall.WaitStatus).Signal())
+		}
+	default:
+		return Run{}, fmt.Errorf("sandbox: wait: %w", werr)
+	}
+	return run, nil
+}
+
+// killGroup kills the process group until it is empty: a process forking
+// while the signal is delivered can leave a child the first kill missed.
+func killGroup(pgid int) {
+	for i := 0; i < 200; i++ {
+		if err := syscall.Kill(-pgid, syscall.SIGKILL); errors.Is(err, syscall.ESRCH) {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}

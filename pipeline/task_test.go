@@ -1,0 +1,85 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/connectors/sandbox"
+	"github.com/wmrl/wmrl/connectors/sim"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// TestPipelineExecutesARealTask runs the pipeline with real execution of
+// anchors on the example task: every anchor reward must be the sandbox's
+// grading of that same solution, computed here independently.
+func TestPipelineExecutesARealTask(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	dir := t.TempDir()
+	src := "../examples/tasks/housing"
+	os.MkdirAll(filepath.Join(dir, "solutions"), 0o755)
+	files, _ := filepath.Glob(filepath.Join(src, "solutions", "*.py"))
+	for _, f := range append(files, filepath.Join(src, "generate.py"), filepath.Join(src, "task.json")) {
+		b, _ := os.ReadFile(f)
+		rel, _ := filepath.Rel(src, f)
+		os.WriteFile(filepath.Join(dir, rel), b, 0o644)
+	}
+	if out, err := exec.Command("python3", filepath.Join(dir, "generate.py")).CombinedOutput(); err != nil {
+		t.Fatalf("generate: %v\n%s", err, out)
+	}
+	cfg := testConfig(t)
+	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = dir, 3, 4, 4
+	cfg.Anchors.Fraction = 0.5
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	task, err := sandbox.LoadTask(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := &sandbox.Subprocess{Task: task}
+	want := map[string]float64{} // solution code -> reward
+	for _, f := range files {
+		code, _ := os.ReadFile(f)
+		r, err := exe.Execute(ctx, schemas.Trajectory{Response: string(code)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[string(code)] = r.Score
+	}
+	pol, _ := sim.NewTaskPolicy("default", dir, task.Name, task.Description, 0, 4, 4)
+	anchors, distinct := 0, map[float64]bool{}
+	for _, u := range decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update")) {
+		trajs, _ := pol.Step(u.Step)
+		code := map[string]string{}
+		for _, tr := range trajs {
+			code[tr.TrajID] = tr.Response
+		}
+		for _, it := range u.Items {
+			if it.Source != "anchor" {
+				continue
+			}
+			anchors++
+			if it.Reward == nil || *it.Reward != want[code[it.TrajID]] {
+				got := "null"
+				if it.Reward != nil {
+					got = fmt.Sprint(*it.Reward)
+				}
+				t.Fatalf("step %d %s: anchor reward %s, the sandbox grades that solution %v\n%s", u.Step, it.TrajID, got, want[code[it.TrajID]], code[it.TrajID][:60])
+			}
+			distinct[*it.Reward] = true
+		}
+		checkFusion(t, u)
+	}
+	if anchors != 3*2*4 || len(distinct) < 2 {
+		t.Fatalf("%d anchor items with %d distinct rewards", anchors, len(distinct))
+	}
+}
