@@ -34,21 +34,14 @@ func testConfig(t *testing.T) Config {
 	return cfg
 }
 
-// readSubject returns every message stored on subject, reopening the data
-// directory of a pipeline that has stopped.
+// readStored returns every message stored on subject by a stopped pipeline.
 func readStored(t *testing.T, dataDir, subject string) [][]byte {
 	t.Helper()
-	srv, err := natsjs.StartServer(context.Background(), natsjs.ServerConfig{StoreDir: dataDir + "/nats"})
+	out, err := ReadStored(context.Background(), dataDir, "wmrl", subject)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Shutdown()
-	nc, err := srv.Connect("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	return scanAll(t, nc, subject)
+	return out
 }
 
 func scanAll(t *testing.T, nc *nats.Conn, subject string) [][]byte {

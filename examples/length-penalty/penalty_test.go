@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/calibrate"
@@ -51,20 +48,9 @@ func TestPenaltyReachesTheUpdates(t *testing.T) {
 	if err := p.Wait(); err != nil { // returns after the 6th update
 		t.Fatal(err)
 	}
-	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(cfg.DataDir, "nats")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, _ := srv.Connect("check")
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
 	read := func(subject string) [][]byte {
-		var out [][]byte
-		if err := natsjs.Scan(ctx, js, pipeline.StreamName("wmrl"), subject, false, func(r natsjs.Record) error {
-			out = append(out, r.Data)
-			return nil
-		}); err != nil {
+		out, err := pipeline.ReadStored(ctx, cfg.DataDir, "wmrl", subject)
+		if err != nil {
 			t.Fatal(err)
 		}
 		return out
