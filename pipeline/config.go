@@ -58,12 +58,16 @@ type Config struct {
 	WMURL, WMModel string
 	WMTemplateFile string
 	WMSamples      int
+	WMTemperature  float64
+	WMMaxTokens    int
 	WMAPIKey       string
 
 	// Executor: "sim" or "subprocess", which runs anchors for real on the
 	// task in TaskDir. Empty: subprocess when TaskDir is set, else sim.
 	Executor string
 	TaskDir  string
+	// SandboxURL is the Sandbox Fusion server of Executor "sandbox-fusion".
+	SandboxURL string
 
 	Anchors  route.SchedulerConfig
 	Debias   bool
@@ -171,10 +175,12 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: world model %q: want sim or openai", ErrConfig, c.WorldModel)
 	case c.WorldModel == "openai" && (c.WMURL == "" || c.WMModel == ""):
 		return fmt.Errorf("%w: --world-model openai needs --wm-url and --wm-model", ErrConfig)
-	case c.Executor != "" && c.Executor != "sim" && c.Executor != "subprocess":
-		return fmt.Errorf("%w: executor %q: want sim or subprocess", ErrConfig, c.Executor)
-	case c.executor() == "subprocess" && c.TaskDir == "":
-		return fmt.Errorf("%w: --executor subprocess needs --task DIR", ErrConfig)
+	case c.Executor != "" && c.Executor != "sim" && c.Executor != "subprocess" && c.Executor != "sandbox-fusion":
+		return fmt.Errorf("%w: executor %q: want sim, subprocess or sandbox-fusion", ErrConfig, c.Executor)
+	case c.executor() != "sim" && c.TaskDir == "":
+		return fmt.Errorf("%w: --executor %s needs --task DIR (its data and grader)", ErrConfig, c.executor())
+	case c.executor() == "sandbox-fusion" && c.SandboxURL == "":
+		return fmt.Errorf("%w: --executor sandbox-fusion needs --sandbox-url URL", ErrConfig)
 	case c.Source == SourceSim && !c.runs(StageFuse):
 		return fmt.Errorf("%w: the simulated source paces itself on updates: run the fuse stage in the same process or use --source external", ErrConfig)
 	}

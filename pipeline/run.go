@@ -108,7 +108,8 @@ func (p *Pipeline) worldModel() (predict.WorldModel, error) {
 	}
 	switch p.cfg.WorldModel {
 	case "openai":
-		cfg := openai.Config{BaseURL: p.cfg.WMURL, Model: p.cfg.WMModel, APIKey: p.cfg.WMAPIKey, Samples: p.cfg.WMSamples}
+		cfg := openai.Config{BaseURL: p.cfg.WMURL, Model: p.cfg.WMModel, APIKey: p.cfg.WMAPIKey, Samples: p.cfg.WMSamples,
+			Temperature: p.cfg.WMTemperature, MaxTokens: p.cfg.WMMaxTokens}
 		if p.cfg.WMTemplateFile != "" {
 			var err error
 			if cfg.Template, err = openai.LoadTemplate(p.cfg.WMTemplateFile); err != nil {
@@ -233,12 +234,15 @@ func (p *Pipeline) build(ctx context.Context) error {
 			}
 		case StageExecute:
 			var exe execute.Executor = &sim.Executor{Latency: cfg.ExecLatency, Noise: 0.02}
-			if cfg.executor() == "subprocess" {
+			if cfg.executor() != "sim" {
 				var task *sandbox.Task
 				if task, err = sandbox.LoadTask(cfg.TaskDir); err != nil {
 					return err
 				}
 				exe = &sandbox.Subprocess{Task: task}
+				if cfg.executor() == "sandbox-fusion" {
+					exe = &sandbox.Fusion{URL: cfg.SandboxURL, Task: task}
+				}
 			}
 			h := execute.NewHandler(cfg.Run, p.topo.Out(StageExecute, schemas.KindExecution), p.stagePublisher(stage), exe, cfg.ExecSlots)
 			err = p.subscribe(stage, schemas.KindExec, h.Handle)

@@ -1,0 +1,183 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/execute"
+)
+
+// Fusion executes trajectories on a Sandbox Fusion server (the run_code API
+// verl users already run): the code with the task's public data as files
+// under data/, the submission fetched back and graded here.
+type Fusion struct {
+	URL  string // e.g. http://127.0.0.1:8080 (run_code is appended)
+	Task *Task
+	// RunTimeout per execution (default 60s); MemoryMB (default 1024).
+	RunTimeout time.Duration
+	MemoryMB   int
+	// Retries on 5xx and connection errors (default 3).
+	Retries int
+	Client  *http.Client
+}
+
+var _ execute.Executor = (*Fusion)(nil)
+
+type fusionRequest struct {
+	Code           string            `json:"code"`
+	Language       string            `json:"language"`
+	CompileTimeout float64           `json:"compile_timeout"`
+	RunTimeout     float64           `json:"run_timeout"`
+	MemoryLimitMB  int               `json:"memory_limit_MB"`
+	Stdin          string            `json:"stdin"`
+	Files          map[string]string `json:"files"`
+	FetchFiles     []string          `json:"fetch_files"`
+}
+
+type fusionResponse struct {
+	Status    string `json:"status"` // Success | Failed | SandboxError
+	Message   string `json:"message"`
+	RunResult *struct {
+		Status        string  `json:"status"` // Finished | TimeLimitExceeded | Error
+		ExecutionTime float64 `json:"execution_time"`
+		ReturnCode    *int    `json:"return_code"`
+		Stderr        string  `json:"stderr"`
+	} `json:"run_result"`
+	Files map[string]string `json:"files"`
+}
+
+func (f *Fusion) files() (map[string]string, error) {
+	out := map[string]string{}
+	entries, err := os.ReadDir(f.Task.PublicDir())
+	if err != nil {
+		return nil, fmt.Errorf("sandbox fusion: public data: %w", err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(f.Task.PublicDir(), e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		out["data/"+e.Name()] = base64.StdEncoding.EncodeToString(b)
+	}
+	return out, nil
+}
+
+// Execute runs one trajectory. A sandbox that fails (SandboxError, or
+// unreachable after the retries) is not a score: SandboxError comes back as
+// schemas.ExecSandboxError, an unreachable server as an error so the group
+// is retried later.
+func (f *Fusion) Execute(ctx context.Context, t schemas.Trajectory) (execute.Result, error) {
+	timeout, mem, retries := f.RunTimeout, f.MemoryMB, f.Retries
+	if timeout == 0 {
+		timeout = 60 * time.Second
+	}
+	if mem == 0 {
+		mem = 1024
+	}
+	if retries == 0 {
+		retries = 3
+	}
+	files, err := f.files()
+	if err != nil {
+		return execute.Result{Status: schemas.ExecSandboxError, Detail: err.Error()}, nil
+	}
+	body, _ := json.Marshal(fusionRequest{Code: t.Response, Language: "python", CompileTimeout: 10,
+		RunTimeout: timeout.Seconds(), MemoryLimitMB: mem, Files: files, FetchFiles: []string{f.Task.Submission}})
+	var resp fusionResponse
+	var last error
+	for attempt := 0; attempt <= retries; attempt++ {
+		if attempt > 0 {
+			if err := sleepCtx(ctx, time.Duration(rand.Int64N(int64(200*time.Millisecond<<attempt)))); err != nil {
+				return execute.Result{}, err
+			}
+		}
+		if resp, last = f.post(ctx, body, timeout); last == nil {
+			break
+		}
+	}
+	if last != nil {
+		return execute.Result{}, fmt.Errorf("sandbox fusion at %s: %w", f.URL, last)
+	}
+	return f.judge(resp, timeout)
+}
+
+func (f *Fusion) judge(resp fusionResponse, timeout time.Duration) (execute.Result, error) {
+	rr := resp.RunResult
+	switch {
+	case resp.Status == "SandboxError" || rr == nil:
+		return execute.Result{Status: schemas.ExecSandboxError, Detail: strings.TrimSpace("sandbox error: " + resp.Message)}, nil
+	case rr.Status == "TimeLimitExceeded":
+		return execute.Result{Status: schemas.ExecTimedOut, Seconds: rr.ExecutionTime, Detail: fmt.Sprintf("killed after %v", timeout)}, nil
+	case rr.ReturnCode == nil || *rr.ReturnCode != 0 || rr.Status == "Error":
+		code := -1
+		if rr.ReturnCode != nil {
+			code = *rr.ReturnCode
+		}
+		return execute.Result{Status: schemas.ExecCrashed, Seconds: rr.ExecutionTime,
+			Detail: fmt.Sprintf("exit code %d: %s", code, lastLines(rr.Stderr, 5))}, nil
+	}
+	enc, ok := resp.Files[f.Task.Submission]
+	if !ok {
+		return execute.Result{Status: schemas.ExecInvalid, Seconds: rr.ExecutionTime, Detail: "no " + f.Task.Submission + " written"}, nil
+	}
+	sub, err := base64.StdEncoding.DecodeString(enc)
+	if err != nil {
+		return execute.Result{Status: schemas.ExecSandboxError, Detail: "fetched submission is not base64: " + err.Error()}, nil
+	}
+	score, err := f.Task.Grade(sub)
+	if err != nil {
+		return execute.Result{Status: schemas.ExecInvalid, Seconds: rr.ExecutionTime, Detail: err.Error()}, nil
+	}
+	return execute.Result{Status: schemas.ExecScored, Score: score, Seconds: rr.ExecutionTime}, nil
+}
+
+func (f *Fusion) post(ctx context.Context, body []byte, timeout time.Duration) (fusionResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout+30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(f.URL, "/")+"/run_code", bytes.NewReader(body))
+	if err != nil {
+		return fusionResponse{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	client := f.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	hr, err := client.Do(req)
+	if err != nil {
+		return fusionResponse{}, err
+	}
+	defer hr.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(hr.Body, 64<<20))
+	if hr.StatusCode != http.StatusOK {
+		return fusionResponse{}, fmt.Errorf("HTTP %d: %s", hr.StatusCode, strings.TrimSpace(string(raw[:min(len(raw), 200)])))
+	}
+	var resp fusionResponse
+	if err := json.Unmarshal(raw, &resp); err != nil {
+		return fusionResponse{}, errors.New("response is not run_code JSON: " + err.Error())
+	}
+	return resp, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,123 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// fusionServer speaks Sandbox Fusion's run_code and really runs the code
+// with python3 in a scratch directory.
+func fusionServer(t *testing.T, failFirst int64) (*httptest.Server, *atomic.Int64) {
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/run_code" {
+			http.NotFound(w, r)
+			return
+		}
+		if calls.Add(1) <= failFirst {
+			http.Error(w, "overloaded", http.StatusServiceUnavailable)
+			return
+		}
+		var req fusionRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Language != "python" {
+			http.Error(w, "bad request", http.StatusBadRequest)
+			return
+		}
+		dir := t.TempDir()
+		for name, enc := range req.Files {
+			b, _ := base64.StdEncoding.DecodeString(enc)
+			os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755)
+			os.WriteFile(filepath.Join(dir, name), b, 0o644)
+		}
+		os.WriteFile(filepath.Join(dir, "code.py"), []byte(req.Code), 0o644)
+		ctx, cancel := context.WithTimeout(r.Context(), time.Duration(req.RunTimeout*float64(time.Second)))
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "python3", "code.py")
+		cmd.Dir = dir
+		var stderr []byte
+		start := time.Now()
+		out, err := cmd.Output()
+		_ = out
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			stderr = ee.Stderr
+		}
+		status, code := "Finished", cmd.ProcessState.ExitCode()
+		if ctx.Err() != nil {
+			status = "TimeLimitExceeded"
+		}
+		files := map[string]string{}
+		for _, f := range req.FetchFiles {
+			if b, err := os.ReadFile(filepath.Join(dir, f)); err == nil {
+				files[f] = base64.StdEncoding.EncodeToString(b)
+			}
+		}
+		overall := "Success"
+		if status != "Finished" || code != 0 {
+			overall = "Failed"
+		}
+		json.NewEncoder(w).Encode(map[string]any{"status": overall, "compile_result": nil, "files": files,
+			"run_result": map[string]any{"status": status, "execution_time": time.Since(start).Seconds(), "return_code": code,
+				"stdout": "", "stderr": string(stderr)}})
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &calls
+}
+
+func TestSandboxFusionExecutor(t *testing.T) {
+	task := housing(t)
+	srv, calls := fusionServer(t, 1) // the first request gets a 503
+	f := &Fusion{URL: srv.URL, Task: task, RunTimeout: 2 * time.Second}
+	local := exe(task)
+	for _, tc := range []struct{ file, status string }{
+		{"03_interactions.py", schemas.ExecScored},
+		{"01_mean.py", schemas.ExecScored},
+		{"04_wrong_format.py", schemas.ExecInvalid},
+		{"05_crash.py", schemas.ExecCrashed},
+	} {
+		code := solution(t, tc.file)
+		r, err := f.Execute(context.Background(), schemas.Trajectory{Response: code})
+		if err != nil || r.Status != tc.status {
+			t.Fatalf("%s: %+v %v", tc.file, r, err)
+		}
+		want, _ := local.Execute(context.Background(), schemas.Trajectory{Response: code})
+		if r.Score != want.Score {
+			t.Fatalf("%s: reward %v through Sandbox Fusion, %v locally", tc.file, r.Score, want.Score)
+		}
+	}
+	if calls.Load() != 5 {
+		t.Fatalf("%d calls: the 503 was not retried once", calls.Load())
+	}
+	if r, _ := f.Execute(context.Background(), schemas.Trajectory{Response: "while True:\n    pass\n"}); r.Status != schemas.ExecTimedOut {
+		t.Fatalf("infinite loop: %+v", r)
+	}
+}
+
+func TestSandboxFusionFailures(t *testing.T) {
+	task := housing(t)
+	broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"status":"SandboxError","message":"container failed to start","run_result":null}`))
+	}))
+	defer broken.Close()
+	r, err := (&Fusion{URL: broken.URL, Task: task}).Execute(context.Background(), schemas.Trajectory{Response: "print(1)"})
+	if err != nil || r.Status != schemas.ExecSandboxError {
+		t.Fatalf("sandbox error: %+v %v; want ungraded, not a score", r, err)
+	}
+	down := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	down.Close()
+	if _, err := (&Fusion{URL: down.URL, Task: task, Retries: 1}).Execute(context.Background(), schemas.Trajectory{Response: "print(1)"}); err == nil {
+		t.Fatal("an unreachable sandbox gave a result; want an error so the group is retried")
+	}
+}
