@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -23,6 +22,8 @@ import (
 	"sync"
 	"text/template"
 	"time"
+
+	"gonum.org/v1/gonum/stat"
 
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/predict"
@@ -220,21 +221,10 @@ func (w *WorldModel) one(ctx context.Context, t schemas.Trajectory) (predict.Sco
 	if len(scores) == 0 {
 		return predict.Score{Reason: "no usable reply: " + strings.Join(reasons, "; ")}, nil
 	}
-	mean, sd := meanSD(scores)
+	mean, sd := stat.PopMeanStdDev(scores, nil)
 	s := predict.Score{Value: mean, Graded: true, Spread: sd}
 	w.store(key, s)
 	return s, nil
-}
-
-func meanSD(x []float64) (mean, sd float64) {
-	for _, v := range x {
-		mean += v
-	}
-	mean /= float64(len(x))
-	for _, v := range x {
-		sd += (v - mean) * (v - mean)
-	}
-	return mean, math.Sqrt(sd / float64(len(x)))
 }
 
 func (w *WorldModel) cached(key string) (predict.Score, bool) {
