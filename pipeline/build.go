@@ -15,6 +15,7 @@ import (
 	"github.com/wmrl/wmrl/connectors/sandbox"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/execute"
 	"github.com/wmrl/wmrl/stages/fuse"
@@ -71,6 +72,8 @@ func (p *Pipeline) build(ctx context.Context) error {
 			err = p.buildCalibrate(ctx)
 		case StageFuse:
 			err = p.buildFuse(ctx)
+		case StageArchive:
+			err = p.buildArchive(ctx)
 		}
 		if err != nil {
 			return fmt.Errorf("pipeline: stage %s: %w", stage, err)
@@ -180,6 +183,43 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 	if p.cfg.Steps > 0 {
 		p.progress = newProgress(p.cfg.Steps, published)
 	}
+	return nil
+}
+
+func (p *Pipeline) buildArchive(ctx context.Context) error {
+	w, err := archive.OpenWriter(archive.WriterConfig{Dir: p.cfg.ArchiveRoot(), Run: p.cfg.Run,
+		MaxRows: p.cfg.ArchiveMaxRows, MaxAge: p.cfg.ArchiveMaxAge})
+	if err != nil {
+		return err
+	}
+	st := archive.NewStage(p.cfg.Run, w)
+	p.archiveWriter = w
+	if p.cfg.Steps > 0 {
+		p.archived = newProgress(p.cfg.Steps, w.Archived())
+		st.OnArchived = func(step int64, late bool) {
+			if !late {
+				p.metrics.Archived.Inc()
+				p.archived.add(step)
+			}
+			p.finishIfComplete()
+		}
+	} else {
+		st.OnArchived = func(_ int64, late bool) {
+			if !late {
+				p.metrics.Archived.Inc()
+			}
+		}
+	}
+	if err := p.subscribe(StageArchive, schemas.KindUpdate, st.HandleUpdate); err != nil {
+		return err
+	}
+	if err := p.subscribe(StageArchive, schemas.KindCalibration, st.HandleCalibration); err != nil {
+		return err
+	}
+	p.go_(func() error {
+		<-ctx.Done()
+		return w.Close() // the open file's rows are durable; its inputs are redelivered and skipped
+	})
 	return nil
 }
 

@@ -31,6 +31,12 @@ type Config struct {
 	Prefix string // subject prefix (default "wmrl")
 	// DataDir holds the embedded server's store (default ./wmrl-data).
 	DataDir string
+	// ArchiveDir is the archive stage's root (default DataDir/archive);
+	// files close every ArchiveMaxAge (default 10s) or ArchiveMaxRows rows
+	// (default 1,000,000), and only then are their inputs acknowledged.
+	ArchiveDir     string
+	ArchiveMaxAge  time.Duration
+	ArchiveMaxRows int
 	// NATSURL selects an external server or cluster; empty embeds one.
 	NATSURL string
 	// Listen is the embedded server's client address (default
@@ -211,3 +217,12 @@ func (c *Config) executor() string {
 func (c *Config) runs(stage string) bool { return slices.Contains(c.Stages, stage) }
 
 func (c *Config) storeDir() string { return filepath.Join(c.DataDir, "nats") }
+
+// ArchiveRoot is the archive stage's root directory: ArchiveDir, else
+// DataDir/archive.
+func (c *Config) ArchiveRoot() string {
+	if c.ArchiveDir != "" {
+		return c.ArchiveDir
+	}
+	return filepath.Join(c.DataDir, "archive")
+}

@@ -23,6 +23,7 @@ type Metrics struct {
 
 	Rho, D, Pairs, Version, Steps prometheus.Gauge
 	StepLatency                   prometheus.Histogram
+	Archived                      prometheus.Counter
 }
 
 // NewMetrics registers the collectors.
@@ -59,7 +60,9 @@ func NewMetrics() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 16),
 		}),
 	}
-	r.MustRegister(m.Latency, m.StepLatency)
+	m.Archived = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "steps_archived_total",
+		Help: "Step updates whose rows are in closed, synced archive files."})
+	r.MustRegister(m.Latency, m.StepLatency, m.Archived)
 	return m
 }
 

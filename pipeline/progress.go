@@ -59,6 +59,22 @@ func (p *Pipeline) onUpdate(u schemas.Update) {
 			u.Step, u.Groups, u.Anchors, u.PairsTotal, u.CalibrationVersion, u.Rho, u.D, latency.Round(time.Millisecond), late)
 	}
 	if p.progress != nil && p.progress.add(u.Step) {
+		p.finishIfComplete()
+	}
+}
+
+// finishIfComplete stops a run of a fixed number of steps once every step
+// is fused and, when this process archives, archived with the pairs of
+// its late anchor groups (which come after their steps).
+func (p *Pipeline) finishIfComplete() {
+	if p.progress == nil && p.archived == nil {
+		return
+	}
+	fused := p.progress == nil || p.progress.complete()
+	if fused && p.archiveWriter != nil {
+		p.archiveWriter.SetMaxAge(0) // the last steps' rows: close the file at once
+	}
+	if fused && (p.archived == nil || p.archived.complete() && p.archiveWriter.PendingLate() == 0) {
 		p.cancel()
 	}
 }

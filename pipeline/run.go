@@ -16,6 +16,7 @@ import (
 	"github.com/wmrl/wmrl/connectors/gateway"
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/fuse"
 	"github.com/wmrl/wmrl/stages/predict"
 )
@@ -23,17 +24,19 @@ import (
 // Pipeline is a running pipeline process: some or all stages, optionally
 // the simulated source, on one NATS connection.
 type Pipeline struct {
-	cfg      Config
-	topo     *Topology
-	tr       *transport
-	metrics  *Metrics
-	pub      *natsjs.Publisher
-	router   *message.Router
-	fuse     *fuse.Stage
-	source   *simSource
-	progress *progress
-	gateway  *gateway.Gateway
-	wm       predict.WorldModel
+	cfg           Config
+	topo          *Topology
+	tr            *transport
+	metrics       *Metrics
+	pub           *natsjs.Publisher
+	router        *message.Router
+	fuse          *fuse.Stage
+	source        *simSource
+	progress      *progress
+	archived      *progress
+	archiveWriter *archive.Writer
+	gateway       *gateway.Gateway
+	wm            predict.WorldModel
 	// httpListener is bound in build, so Start fails on a busy address and
 	// HTTPURL is known as soon as Start returns.
 	httpListener net.Listener
@@ -178,9 +181,7 @@ func (p *Pipeline) start(ctx context.Context) {
 	if p.source != nil {
 		p.go_(func() error { return p.source.run(ctx) })
 	}
-	if p.progress != nil && p.progress.complete() {
-		p.cancel()
-	}
+	p.finishIfComplete()
 	go func() {
 		<-ctx.Done()
 		_ = p.router.Close()

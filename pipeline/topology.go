@@ -19,10 +19,11 @@ const (
 	StagePair      = "pair"
 	StageCalibrate = "calibrate"
 	StageFuse      = "fuse"
+	StageArchive   = "archive"
 )
 
 // AllStages in data-flow order.
-var AllStages = []string{StageRoute, StagePredict, StageExecute, StagePair, StageCalibrate, StageFuse}
+var AllStages = []string{StageRoute, StagePredict, StageExecute, StagePair, StageCalibrate, StageFuse, StageArchive}
 
 // Ports: which kinds each stage reads and writes.
 var (
@@ -33,6 +34,7 @@ var (
 		StagePair:      {schemas.KindPred, schemas.KindExecution},
 		StageCalibrate: {schemas.KindPairs},
 		StageFuse:      {schemas.KindPlan, schemas.KindPred, schemas.KindExecution, schemas.KindCalibration},
+		StageArchive:   {schemas.KindUpdate, schemas.KindCalibration},
 	}
 	stageOut = map[string][]schemas.Kind{
 		StageRoute:     {schemas.KindGroup, schemas.KindExec, schemas.KindPlan},
@@ -41,6 +43,7 @@ var (
 		StagePair:      {schemas.KindPairs},
 		StageCalibrate: {schemas.KindCalibration},
 		StageFuse:      {schemas.KindUpdate},
+		StageArchive:   {},
 	}
 )
 

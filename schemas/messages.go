@@ -48,8 +48,11 @@ type Update struct {
 	// LateAnchors: anchor groups whose execution missed the deadline; they
 	// used world-model rewards here, and their pairs still feed calibration.
 	LateAnchors []string `json:"late_anchors"`
-	// PairsTotal: anchor pairs the calibration had absorbed.
-	PairsTotal int64 `json:"pairs_total"`
+	// PairsTotal: anchor pairs the calibration had absorbed;
+	// CalibrationSeq: anchor groups it had absorbed (the calibration
+	// message's seq), which pins the map and rho used, for replays.
+	PairsTotal     int64 `json:"pairs_total"`
+	CalibrationSeq int64 `json:"calibration_seq"`
 	// ClosedAt: when the step's last input arrived (its plan was made);
 	// PublishedAt: when this update was made.
 	ClosedAt    time.Time `json:"closed_at"`
@@ -72,6 +75,27 @@ type UpdateItem struct {
 	// FusedAdvantage = A_i * w_i * m / (rho*|A| + |W|): use it in place of
 	// the GRPO advantage.
 	FusedAdvantage float64 `json:"fused_advantage"`
+
+	// The record behind the numbers, for logs and the archive.
+	TaskID        string `json:"task_id"`
+	PolicyVersion int64  `json:"policy_version"`
+	// Predicted: the raw world-model score (null when ungraded), WMStatus
+	// its status.
+	Predicted *float64 `json:"predicted"`
+	WMStatus  string   `json:"wm_status"`
+	// Calibrated: the world-model score under the calibration: for
+	// world-model items the map the step used (the identity when debiasing
+	// is off); for anchors, the out-of-sample value (the map before their
+	// group's pairs were absorbed). Null when not known.
+	Calibrated *float64 `json:"calibrated"`
+	// TrueScore, ExecStatus, ExecSeconds: the execution of an anchor
+	// executed in time (null and empty otherwise).
+	TrueScore   *float64 `json:"true_score"`
+	ExecStatus  string   `json:"exec_status"`
+	ExecSeconds *float64 `json:"exec_seconds"`
+	// AbsorbedSeq: for an anchor, the calibration seq at which its group's
+	// pairs were absorbed (0 for others).
+	AbsorbedSeq int64 `json:"absorbed_seq"`
 }
 
 // SkippedGroup is a group that does not contribute.
@@ -120,6 +144,10 @@ type PlanGroup struct {
 	// Want is the declared group size; fewer TrajIDs mean the step closed
 	// on its timeout with the group incomplete.
 	Want int `json:"want"`
+	// TaskID and PolicyVersions (parallel to TrajIDs) carry the
+	// trajectories' task and policy version to the update.
+	TaskID         string  `json:"task_id"`
+	PolicyVersions []int64 `json:"policy_versions"`
 }
 
 // PlanDecision says why a group was or was not made an anchor.
@@ -225,6 +253,7 @@ type Calibration struct {
 
 // CalibratedPair is one anchor pair as the denoiser needs it.
 type CalibratedPair struct {
+	TrajID    string  `json:"traj_id"`
 	Predicted float64 `json:"predicted"`
 	True      float64 `json:"true"`
 	Before    float64 `json:"before"`

@@ -92,7 +92,7 @@ func (s *Stage) Absorb(data []byte) (*schemas.Calibration, error) {
 	c := schemas.Calibration{Schema: schemas.Version, Run: s.RunID, Step: pg.Step, GroupID: pg.GroupID,
 		Pairs: make([]schemas.CalibratedPair, 0, len(pg.Pairs))}
 	for _, p := range pg.Pairs {
-		c.Pairs = append(c.Pairs, schemas.CalibratedPair{Predicted: p.Predicted, True: p.True, Before: s.Deb.Predict(p.Predicted)})
+		c.Pairs = append(c.Pairs, schemas.CalibratedPair{TrajID: p.TrajID, Predicted: p.Predicted, True: p.True, Before: s.Deb.Predict(p.Predicted)})
 	}
 	for i, p := range pg.Pairs {
 		if _, err := s.Deb.Push(Pair{Predicted: p.Predicted, True: p.True}); err != nil {

@@ -21,10 +21,18 @@ type Steps struct {
 
 	open      map[int64]*stepAsm
 	published map[int64]bool
-	absorbed  map[string]bool // "step/group" of anchor groups calibrated
+	absorbed  map[string]absorbed // "step/group" of anchor groups calibrated
 	cal       *calibrate.Isotonic
 	version   int64
 	pairs     int64
+	seq       int64
+}
+
+// absorbed is an anchor group's calibration: its seq and its pairs'
+// out-of-sample calibrated predictions.
+type absorbed struct {
+	seq    int64
+	before map[string]float64
 }
 
 type stepAsm struct {
@@ -61,7 +69,7 @@ func NewSteps(cfg StepsConfig) (*Steps, error) {
 	}
 	return &Steps{
 		run: cfg.Run, debias: cfg.Debias, norm: cfg.Norm, deadline: cfg.AnchorDeadline, den: den,
-		open: map[int64]*stepAsm{}, published: map[int64]bool{}, absorbed: map[string]bool{},
+		open: map[int64]*stepAsm{}, published: map[int64]bool{}, absorbed: map[string]absorbed{},
 	}, nil
 }
 
@@ -123,10 +131,12 @@ func (s *Steps) AddCalibration(c schemas.Calibration) error {
 	} else {
 		s.cal = nil
 	}
-	s.version, s.pairs = c.Version, c.PairsTotal
+	s.version, s.pairs, s.seq = c.Version, c.PairsTotal, c.Seq
 	cal, truth := make([]float64, len(c.Pairs)), make([]float64, len(c.Pairs))
+	before := make(map[string]float64, len(c.Pairs))
 	for i, p := range c.Pairs {
 		truth[i] = p.True
+		before[p.TrajID] = p.Before
 		switch {
 		case !s.debias:
 			cal[i] = p.Predicted
@@ -138,7 +148,7 @@ func (s *Steps) AddCalibration(c schemas.Calibration) error {
 	}
 	s.den.Observe(cal, truth)
 	if !s.published[c.Step] {
-		s.absorbed[fmt.Sprintf("%d/%s", c.Step, c.GroupID)] = true
+		s.absorbed[fmt.Sprintf("%d/%s", c.Step, c.GroupID)] = absorbed{seq: c.Seq, before: before}
 	}
 	return nil
 }
@@ -159,7 +169,7 @@ func (s *Steps) Ready(now time.Time) []int64 {
 				ok = false
 				break
 			}
-			if g.Anchor && !late && (a.execs[g.GroupID] == nil || !s.absorbed[fmt.Sprintf("%d/%s", n, g.GroupID)]) {
+			if g.Anchor && !late && (a.execs[g.GroupID] == nil || s.absorbed[fmt.Sprintf("%d/%s", n, g.GroupID)].seq == 0) {
 				ok = false
 				break
 			}
@@ -178,45 +188,67 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 	rho := s.den.Rho()
 	u := schemas.Update{
 		Schema: schemas.Version, Run: s.run, Step: n, Rho: rho, D: s.den.Signal(),
-		CalibrationVersion: s.version, PairsTotal: s.pairs, ClosedAt: a.plan.ClosedAt, PublishedAt: now,
+		CalibrationVersion: s.version, PairsTotal: s.pairs, CalibrationSeq: s.seq, ClosedAt: a.plan.ClosedAt, PublishedAt: now,
 		Items: []schemas.UpdateItem{}, Skipped: []schemas.SkippedGroup{}, LateAnchors: []string{},
 	}
 	if !s.debias {
 		u.CalibrationVersion = 0
 	}
 	groups := make([]Group, 0, len(a.plan.Groups))
+	record := map[string]schemas.UpdateItem{} // by trajectory: what the numbers came from
 	for _, pg := range a.plan.Groups {
 		g := Group{ID: pg.GroupID}
-		if e := a.execs[pg.GroupID]; pg.Anchor && e != nil {
-			g.Anchor = true
-			byID := map[string]schemas.ExecItem{}
+		preds := map[string]schemas.PredItem{}
+		for _, it := range a.preds[pg.GroupID].Items {
+			preds[it.TrajID] = it
+		}
+		execs := map[string]schemas.ExecItem{}
+		e := a.execs[pg.GroupID]
+		g.Anchor = pg.Anchor && e != nil
+		if pg.Anchor && e == nil {
+			u.LateAnchors = append(u.LateAnchors, pg.GroupID)
+		}
+		if g.Anchor {
 			for _, it := range e.Items {
-				byID[it.TrajID] = it
+				execs[it.TrajID] = it
 			}
-			for _, id := range pg.TrajIDs {
-				it, ok := byID[id]
-				item := Item{TrajID: id, Graded: ok && it.Score != nil}
-				if item.Graded {
-					item.Reward = *it.Score
+		}
+		cal := s.absorbed[fmt.Sprintf("%d/%s", n, pg.GroupID)]
+		for i, id := range pg.TrajIDs {
+			rec := schemas.UpdateItem{TaskID: pg.TaskID, WMStatus: schemas.PredUngraded}
+			if i < len(pg.PolicyVersions) {
+				rec.PolicyVersion = pg.PolicyVersions[i]
+			}
+			p, predicted := preds[id]
+			if predicted {
+				rec.Predicted, rec.WMStatus = p.Score, p.Status
+			}
+			item := Item{TrajID: id}
+			if g.Anchor {
+				x, ok := execs[id]
+				item.Graded = ok && x.Score != nil
+				if ok {
+					sec := x.Seconds
+					rec.TrueScore, rec.ExecStatus, rec.ExecSeconds = x.Score, x.Status, &sec
 				}
-				g.Items = append(g.Items, item)
-			}
-		} else {
-			if pg.Anchor {
-				u.LateAnchors = append(u.LateAnchors, pg.GroupID)
-			}
-			byID := map[string]schemas.PredItem{}
-			for _, it := range a.preds[pg.GroupID].Items {
-				byID[it.TrajID] = it
-			}
-			for _, id := range pg.TrajIDs {
-				it, ok := byID[id]
-				item := Item{TrajID: id, Graded: ok && it.Score != nil}
-				if item.Graded {
-					item.Reward = s.calibrate(*it.Score)
+				if b, ok := cal.before[id]; ok {
+					rec.Calibrated = &b
 				}
-				g.Items = append(g.Items, item)
+				rec.AbsorbedSeq = cal.seq
+			} else if predicted && p.Score != nil {
+				item.Graded = true
+				c := s.calibrate(*p.Score)
+				rec.Calibrated = &c
 			}
+			switch {
+			case !item.Graded:
+			case g.Anchor:
+				item.Reward = *rec.TrueScore
+			default:
+				item.Reward = *rec.Calibrated
+			}
+			record[id] = rec
+			g.Items = append(g.Items, item)
 		}
 		groups = append(groups, g)
 	}
@@ -226,8 +258,9 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 		u.Skipped = append(u.Skipped, schemas.SkippedGroup{GroupID: sk.GroupID, Reason: sk.Reason})
 	}
 	for _, it := range res.Items {
-		ui := schemas.UpdateItem{TrajID: it.TrajID, GroupID: it.GroupID, Source: it.Source,
-			Advantage: it.Advantage, Weight: it.Weight, FusedAdvantage: it.FusedAdvantage}
+		ui := record[it.TrajID]
+		ui.TrajID, ui.GroupID, ui.Source = it.TrajID, it.GroupID, it.Source
+		ui.Advantage, ui.Weight, ui.FusedAdvantage = it.Advantage, it.Weight, it.FusedAdvantage
 		if it.Graded {
 			r := it.Reward
 			ui.Reward = &r

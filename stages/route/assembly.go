@@ -143,9 +143,10 @@ func (a *Assembly) Plan(run string, n int64, sched *Scheduler, inFlight int, now
 			}
 			return 0
 		})
-		pg := schemas.PlanGroup{GroupID: d.GroupID, Anchor: d.Anchor, Want: g.want}
+		pg := schemas.PlanGroup{GroupID: d.GroupID, Anchor: d.Anchor, Want: g.want, TaskID: g.taskID}
 		for _, t := range trajs {
 			pg.TrajIDs = append(pg.TrajIDs, t.TrajID)
+			pg.PolicyVersions = append(pg.PolicyVersions, t.PolicyVersion)
 		}
 		plan.Groups = append(plan.Groups, pg)
 		plan.Decisions = append(plan.Decisions, schemas.PlanDecision{GroupID: d.GroupID, Anchor: d.Anchor, Reason: d.Reason})

@@ -1,0 +1,123 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/archive"
+)
+
+// checkArchive compares the archived rows with the stored updates: one row
+// per item, the same numbers, and the record behind them filled in.
+func checkArchive(t *testing.T, rows []archive.Row, ups map[int64]schemas.Update) {
+	t.Helper()
+	byTraj := map[string]archive.Row{}
+	for _, r := range rows {
+		if r.Source == archive.SourceLateAnchor {
+			continue
+		}
+		k := fmt.Sprintf("%d/%s", r.Step, r.TrajID)
+		if _, dup := byTraj[k]; dup {
+			t.Fatalf("row %s archived twice", k)
+		}
+		byTraj[k] = r
+	}
+	n := 0
+	for _, u := range ups {
+		for _, it := range u.Items {
+			n++
+			r, ok := byTraj[fmt.Sprintf("%d/%s", u.Step, it.TrajID)]
+			switch {
+			case !ok:
+				t.Fatalf("step %d %s: no row", u.Step, it.TrajID)
+			case r.FusedAdvantage != it.FusedAdvantage || r.Rho != u.Rho || r.Weight != it.Weight || r.Source != it.Source:
+				t.Fatalf("step %d %s: row %+v differs from item %+v", u.Step, it.TrajID, r, it)
+			case r.TaskID == "" || r.Predicted == nil || r.WMStatus != schemas.PredOK:
+				t.Fatalf("step %d %s: task %q predicted %v status %q", u.Step, it.TrajID, r.TaskID, r.Predicted, r.WMStatus)
+			case r.Source == archive.SourceAnchor && (r.TrueScore == nil || r.ExecStatus == nil || r.ExecSeconds == nil || r.AbsorbedSeq == 0 || r.Calibrated == nil):
+				t.Fatalf("step %d %s: anchor row without its execution or calibration: %+v", u.Step, it.TrajID, r)
+			case r.Source == archive.SourceWorldModel && !r.IsAnchor && (r.TrueScore != nil || r.Calibrated == nil || math.Abs(*r.Calibrated-*r.Reward) > 0):
+				t.Fatalf("step %d %s: world-model row: %+v", u.Step, it.TrajID, r)
+			}
+		}
+	}
+	if len(byTraj) != n {
+		t.Fatalf("%d rows for %d update items", len(byTraj), n)
+	}
+}
+
+func TestArchiveHoldsEveryItemOnce(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 10
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 10*cfg.Groups*cfg.GroupSize {
+		t.Fatalf("%d rows archived, want %d", len(rows), 10*cfg.Groups*cfg.GroupSize)
+	}
+	checkArchive(t, rows, ups)
+}
+
+// Anchors whose execution misses the deadline are fused on world-model
+// rewards; their pairs, absorbed later, are archived as late_anchor rows.
+func TestArchiveKeepsLateAnchorPairs(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.ExecLatency = 400 * time.Millisecond
+	cfg.AnchorDeadline = 50 * time.Millisecond
+	cfg.ArchiveMaxAge = 50 * time.Millisecond
+	cfg.Steps = 4
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// A run of fixed length ends once the late pairs are archived too.
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := 0
+	for _, u := range ups {
+		late += len(u.LateAnchors)
+	}
+	if late != 4*2 {
+		t.Fatalf("%d late anchor groups, want all 8 late", late)
+	}
+	if n := len(rows) - 4*cfg.Groups*cfg.GroupSize; n != late*cfg.GroupSize {
+		t.Fatalf("%d late_anchor rows, want %d", n, late*cfg.GroupSize)
+	}
+	checkArchive(t, rows, ups)
+	wm := map[string]archive.Row{}
+	for _, r := range rows {
+		if r.IsAnchor && r.Source == archive.SourceWorldModel {
+			if r.ExecStatus == nil || *r.ExecStatus != archive.ExecLate {
+				t.Fatalf("late anchor's world-model row not marked late: %+v", r)
+			}
+			wm[fmt.Sprintf("%d/%s", r.Step, r.TrajID)] = r
+		}
+	}
+	for _, r := range rows {
+		if r.Source != archive.SourceLateAnchor {
+			continue
+		}
+		w, ok := wm[fmt.Sprintf("%d/%s", r.Step, r.TrajID)]
+		switch {
+		case !ok:
+			t.Fatalf("late pair %d/%s has no world-model row in its step", r.Step, r.TrajID)
+		case r.TrueScore == nil || r.Reward != nil || r.AbsorbedSeq == 0 || *r.Predicted != *w.Predicted || r.TaskID != w.TaskID:
+			t.Fatalf("late pair row %+v (its step's row %+v)", r, w)
+		}
+	}
+}

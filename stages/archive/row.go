@@ -1,0 +1,134 @@
+// Package archive keeps every reward record as Parquet for offline replays
+// and audits of the world model's bias: one row per trajectory of every
+// step update, and one per anchor pair whose execution came too late for
+// its step.
+package archive
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// Sources of a row: the two of an update item, and an anchor pair absorbed
+// by the calibration after its step was fused on world-model rewards.
+const (
+	SourceAnchor     = "anchor"
+	SourceWorldModel = "world_model"
+	SourceLateAnchor = "late_anchor"
+)
+
+// ExecLate is the exec_status of the world-model row of an anchor whose
+// execution missed its step's deadline; its pair comes later as a row of
+// source late_anchor.
+const ExecLate = "late"
+
+// Row is one archived record. The column names are public: DuckDB, pandas
+// and the audit read them.
+type Row struct {
+	Run           string `parquet:"run,dict"`
+	Step          int64  `parquet:"step"`
+	GroupID       string `parquet:"group_id"`
+	TrajID        string `parquet:"traj_id"`
+	TaskID        string `parquet:"task_id,dict"`
+	PolicyVersion int64  `parquet:"policy_version"`
+	IsAnchor      bool   `parquet:"is_anchor"`
+	// Predicted is null when the world model could not grade it; TrueScore
+	// null unless executed and graded.
+	Predicted  *float64 `parquet:"predicted,optional"`
+	TrueScore  *float64 `parquet:"true_score,optional"`
+	Calibrated *float64 `parquet:"calibrated,optional"`
+	// CalibrationVersion: the map version the step used (0: identity).
+	CalibrationVersion int64 `parquet:"calibration_version"`
+	// Reward is null when ungraded (and on late_anchor rows, which did not
+	// enter any gradient).
+	Reward         *float64 `parquet:"reward,optional"`
+	Advantage      float64  `parquet:"advantage"`
+	Weight         float64  `parquet:"weight"`
+	FusedAdvantage float64  `parquet:"fused_advantage"`
+	Rho            float64  `parquet:"rho"`
+	Source         string   `parquet:"source,dict"`
+	WMStatus       string   `parquet:"wm_status,dict"`
+	ExecStatus     *string  `parquet:"exec_status,optional,dict"`
+	ExecSeconds    *float64 `parquet:"exec_seconds,optional"`
+	// TS is when the update (or the late pair's calibration) was made.
+	TS time.Time `parquet:"ts,timestamp(microsecond:utc)"`
+
+	// For replays: the calibration seq the step was fused at, and for an
+	// anchor the seq at which its group's pairs were absorbed (0: not).
+	CalibrationSeq int64 `parquet:"calibration_seq"`
+	AbsorbedSeq    int64 `parquet:"absorbed_seq"`
+	// D is the tracked world-model disagreement when the step was fused.
+	D float64 `parquet:"d"`
+}
+
+// UpdateKey and LateKey name what a file holds, so that a redelivered
+// input is never archived twice.
+func UpdateKey(step int64) string { return fmt.Sprintf("update/%d", step) }
+
+// LateKey names a late anchor group's pairs.
+func LateKey(step int64, group string) string { return fmt.Sprintf("late/%d/%s", step, group) }
+
+// LateGroup is what a late anchor group's rows take from its step's update.
+type LateGroup struct {
+	Step          int64            `json:"step"`
+	GroupID       string           `json:"group_id"`
+	TaskID        string           `json:"task_id"`
+	PolicyVersion map[string]int64 `json:"policy_version"`
+}
+
+// FromUpdate turns an update into its rows, in item order, and lists its
+// late anchor groups.
+func FromUpdate(u schemas.Update) ([]Row, []LateGroup) {
+	late := map[string]*LateGroup{}
+	var lates []LateGroup
+	for _, g := range u.LateAnchors {
+		late[g] = &LateGroup{Step: u.Step, GroupID: g, PolicyVersion: map[string]int64{}}
+	}
+	rows := make([]Row, len(u.Items))
+	for i, it := range u.Items {
+		lg := late[it.GroupID]
+		r := Row{
+			Run: u.Run, Step: u.Step, GroupID: it.GroupID, TrajID: it.TrajID, TaskID: it.TaskID,
+			PolicyVersion: it.PolicyVersion, IsAnchor: it.Source == SourceAnchor || lg != nil,
+			Predicted: it.Predicted, TrueScore: it.TrueScore, Calibrated: it.Calibrated,
+			CalibrationVersion: u.CalibrationVersion, Reward: it.Reward, Advantage: it.Advantage,
+			Weight: it.Weight, FusedAdvantage: it.FusedAdvantage, Rho: u.Rho, Source: it.Source,
+			WMStatus: it.WMStatus, ExecSeconds: it.ExecSeconds, TS: u.PublishedAt.UTC(),
+			CalibrationSeq: u.CalibrationSeq, AbsorbedSeq: it.AbsorbedSeq, D: u.D,
+		}
+		if it.ExecStatus != "" {
+			r.ExecStatus = &it.ExecStatus
+		}
+		if lg != nil {
+			s := ExecLate
+			r.ExecStatus = &s
+			lg.TaskID = it.TaskID
+			lg.PolicyVersion[it.TrajID] = it.PolicyVersion
+		}
+		rows[i] = r
+	}
+	for _, g := range u.LateAnchors {
+		lates = append(lates, *late[g])
+	}
+	return rows, lates
+}
+
+// FromLate turns a late anchor group's calibration into its rows: one per
+// pair, with the out-of-sample calibrated prediction and no reward.
+func FromLate(c schemas.Calibration, g LateGroup, now time.Time) []Row {
+	rows := make([]Row, len(c.Pairs))
+	scored := schemas.ExecScored
+	for i, p := range c.Pairs {
+		pred, truth, before := p.Predicted, p.True, p.Before
+		rows[i] = Row{
+			Run: c.Run, Step: c.Step, GroupID: c.GroupID, TrajID: p.TrajID, TaskID: g.TaskID,
+			PolicyVersion: g.PolicyVersion[p.TrajID], IsAnchor: true,
+			Predicted: &pred, TrueScore: &truth, Calibrated: &before, CalibrationVersion: c.Version,
+			Source: SourceLateAnchor, WMStatus: schemas.PredOK, ExecStatus: &scored, TS: now.UTC(),
+			CalibrationSeq: c.Seq, AbsorbedSeq: c.Seq,
+		}
+	}
+	return rows
+}
