@@ -3,7 +3,9 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -55,6 +57,17 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(estimator, "rho", string(fuse.DefaultEstimator), "rho estimator: reference, ratio, advantage or off")
 	fs.DurationVar(&cfg.AnchorDeadline, "anchor-deadline", cfg.AnchorDeadline, "anchors later than this fall back to world-model rewards for their step")
 	fs.DurationVar(&cfg.ExecLatency, "exec-latency", cfg.ExecLatency, "latency of the simulated executor")
+	fs.StringVar(&cfg.ArchiveDir, "archive", "", "Parquet archive root of the archive stage (default: DATA/archive; off: no archive)")
+	fs.DurationVar(&cfg.ArchiveMaxAge, "archive-max-age", 10*time.Second, "close an archive file (and acknowledge its inputs) after this long")
+	fs.IntVar(&cfg.ArchiveMaxRows, "archive-max-rows", 1_000_000, "close an archive file after this many rows")
+}
+
+// noArchive drops the archive stage from a run given --archive off.
+func noArchive(cfg *pipeline.Config) {
+	if cfg.ArchiveDir == "off" {
+		cfg.ArchiveDir = ""
+		cfg.Stages = slices.DeleteFunc(slices.Clone(cfg.Stages), func(s string) bool { return s == pipeline.StageArchive })
+	}
 }
 
 func runCommand() *cobra.Command {
@@ -67,6 +80,7 @@ func runCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Denoiser.Estimator = fuse.Estimator(estimator)
 			cfg.Out = cmd.OutOrStdout()
+			noArchive(&cfg)
 			return pipeline.Run(cmd.Context(), cfg)
 		},
 	}

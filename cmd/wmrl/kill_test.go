@@ -14,6 +14,7 @@ import (
 
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
 )
 
@@ -40,7 +41,8 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	bin := buildBinary(t)
 	data := t.TempDir()
 	const steps = 60
-	args := []string{"run", "--steps", fmt.Sprint(steps), "--data", data, "--listen", "127.0.0.1:0", "--exec-latency", "5ms"}
+	args := []string{"run", "--steps", fmt.Sprint(steps), "--data", data, "--listen", "127.0.0.1:0", "--exec-latency", "5ms",
+		"--archive-max-age", "150ms"}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	for kill := 0; kill < 3; kill++ {
 		cmd := exec.Command(bin, args...)
@@ -97,11 +99,35 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	}
 
 	updates := map[int64]int{}
+	fused := map[string]float64{}
 	for _, b := range read("wmrl.default.update") {
 		var u schemas.Update
 		json.Unmarshal(b, &u)
 		updates[u.Step]++
+		for _, it := range u.Items {
+			fused[fmt.Sprintf("%d/%s", u.Step, it.TrajID)] = it.FusedAdvantage
+		}
 	}
+	// The archive: every item of every update exactly once, as stored.
+	rows, err := archive.ReadAll(filepath.Join(data, "archive"), "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	archived := map[string]int{}
+	for _, r := range rows {
+		k := fmt.Sprintf("%d/%s", r.Step, r.TrajID)
+		if archived[k]++; archived[k] > 1 && r.Source != archive.SourceLateAnchor {
+			t.Fatalf("row %s archived twice", k)
+		}
+		if f, ok := fused[k]; !ok || f != r.FusedAdvantage {
+			t.Fatalf("row %s: fused %v, its update says %v (%v)", k, r.FusedAdvantage, f, ok)
+		}
+	}
+	if len(archived) != len(fused) || len(rows) != steps*16*8 {
+		t.Fatalf("archive: %d rows for %d distinct items; updates hold %d items", len(rows), len(archived), len(fused))
+	}
+	files, _ := archive.Files(filepath.Join(data, "archive"), "default")
+	t.Logf("archive: %d rows in %d files", len(rows), len(files))
 	for s := int64(0); s < steps; s++ {
 		if updates[s] != 1 {
 			t.Errorf("step %d has %d updates, want exactly 1", s, updates[s])
