@@ -188,7 +188,9 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 
 func (p *Pipeline) buildArchive(ctx context.Context) error {
 	w, err := archive.OpenWriter(archive.WriterConfig{Dir: p.cfg.ArchiveRoot(), Run: p.cfg.Run,
-		MaxRows: p.cfg.ArchiveMaxRows, MaxAge: p.cfg.ArchiveMaxAge})
+		MaxRows: p.cfg.ArchiveMaxRows, MaxAge: p.cfg.ArchiveMaxAge,
+		Settings: archive.Settings{Debias: p.cfg.Debias, Debiaser: p.cfg.Debiaser, Denoiser: p.cfg.Denoiser,
+			AnchorFraction: p.cfg.Anchors.Fraction, AnchorMin: p.cfg.Anchors.MinPerStep}})
 	if err != nil {
 		return err
 	}

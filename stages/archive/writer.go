@@ -32,6 +32,8 @@ type WriterConfig struct {
 	MaxAge  time.Duration
 	// RowGroupRows bounds a row group (default 65,536).
 	RowGroupRows int64
+	// Settings are recorded in every file.
+	Settings Settings
 }
 
 // Writer appends rows to rolling zstd Parquet files. A file is written
@@ -283,7 +285,11 @@ func (w *Writer) open() error {
 	if err != nil {
 		return fmt.Errorf("archive: %w", err)
 	}
-	pw := parquet.NewGenericWriter[Row](f, parquet.Compression(&parquet.Zstd),
+	settings, err := json.Marshal(w.cfg.Settings)
+	if err != nil {
+		return fmt.Errorf("archive: settings: %w", err)
+	}
+	pw := parquet.NewGenericWriter[Row](f, parquet.Compression(&parquet.Zstd), parquet.KeyValueMetadata(metaSettings, string(settings)),
 		parquet.MaxRowsPerRowGroup(w.cfg.RowGroupRows), parquet.CreatedBy("wmrl", "1", ""))
 	w.cur = &file{f: f, w: pw, tmp: tmp, final: filepath.Join(w.dir, partName(n)), opened: time.Now(),
 		has: map[string]bool{}, commit: &Commit{done: make(chan struct{})}}

@@ -202,10 +202,14 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 		for _, it := range a.preds[pg.GroupID].Items {
 			preds[it.TrajID] = it
 		}
+		// An anchor group counts as one once executed and calibrated; at
+		// its deadline without both it is late: world-model rewards here,
+		// and its pairs reach the calibration (and the archive) later.
 		execs := map[string]schemas.ExecItem{}
 		e := a.execs[pg.GroupID]
-		g.Anchor = pg.Anchor && e != nil
-		if pg.Anchor && e == nil {
+		cal := s.absorbed[fmt.Sprintf("%d/%s", n, pg.GroupID)]
+		g.Anchor = pg.Anchor && e != nil && cal.seq > 0
+		if pg.Anchor && !g.Anchor {
 			u.LateAnchors = append(u.LateAnchors, pg.GroupID)
 		}
 		if g.Anchor {
@@ -213,7 +217,6 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 				execs[it.TrajID] = it
 			}
 		}
-		cal := s.absorbed[fmt.Sprintf("%d/%s", n, pg.GroupID)]
 		for i, id := range pg.TrajIDs {
 			rec := schemas.UpdateItem{TaskID: pg.TaskID, WMStatus: schemas.PredUngraded}
 			if i < len(pg.PolicyVersions) {

@@ -1,0 +1,115 @@
+package offline
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/stages/archive"
+	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/fuse"
+)
+
+// archiveRun runs the pipeline for steps and returns its archived rows and
+// recorded settings.
+func archiveRun(t *testing.T, steps int64, edit func(*pipeline.Config)) ([]archive.Row, archive.Settings) {
+	t.Helper()
+	cfg := pipeline.DefaultConfig()
+	cfg.DataDir = t.TempDir()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Quiet = true
+	cfg.ExecLatency = time.Millisecond
+	cfg.Steps = steps
+	// Small enough that the map refits and rho moves within a short run.
+	cfg.Debiaser = calibrate.DebiaserConfig{MinPairs: 32, RefitEvery: 16, BufferSize: 200, Bins: 10}
+	cfg.Denoiser = fuse.DenoiserConfig{Warmup: 4}
+	if edit != nil {
+		edit(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := pipeline.Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _ := archive.Files(cfg.ArchiveRoot(), cfg.Run)
+	settings, err := archive.ReadSettings(files[len(files)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows, settings
+}
+
+func TestReplayReproducesTheArchive(t *testing.T) {
+	rows, settings := archiveRun(t, 30, nil)
+	var steps int
+	sum, err := Replay(rows, ReplayOptions{Settings: settings}, func(r StepReport) {
+		steps++
+		if r.MaxFusedDiff > 1e-9 || r.MaxCalibratedDiff > 1e-9 || math.Abs(r.Rho-r.RecordedRho) > 1e-9 {
+			t.Errorf("step %d: fused differs by %g, calibrated by %g, rho %v vs %v", r.Step, r.MaxFusedDiff, r.MaxCalibratedDiff, r.Rho, r.RecordedRho)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if steps != 30 || sum.Rows != 30*16*8 || len(sum.Gaps) != 0 || sum.AnchorGroups != 60 {
+		t.Fatalf("summary %+v after %d steps", sum, steps)
+	}
+	versions := map[int64]bool{}
+	for _, r := range rows {
+		versions[r.CalibrationVersion] = true
+	}
+	if len(versions) < 3 || rows[len(rows)-1].Rho == 1 {
+		t.Fatalf("the run never refitted or moved rho (versions %v): the replay proves little", versions)
+	}
+
+	// Changed settings change the numbers, step by step.
+	off := settings
+	off.Debias = false
+	sum, err = Replay(rows, ReplayOptions{Settings: off}, func(r StepReport) {
+		for _, it := range r.Items {
+			if it.Row.Source == archive.SourceWorldModel && it.Row.Predicted != nil && *it.Calibrated != *it.Row.Predicted {
+				t.Fatalf("debias off: step %d %s calibrated %v, want the raw %v", r.Step, it.Row.TrajID, *it.Calibrated, *it.Row.Predicted)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.MaxFusedDiff < 1e-3 {
+		t.Fatalf("debias off changed no fused advantage (max diff %g)", sum.MaxFusedDiff)
+	}
+	sum, err = Replay(rows, ReplayOptions{Settings: settings, AnchorFraction: settings.AnchorFraction / 2}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.DroppedAnchors < 15 || sum.DroppedAnchors > 45 || sum.AnchorGroups+sum.DroppedAnchors != 60 {
+		t.Fatalf("half the anchor fraction dropped %d of 60 anchor groups", sum.DroppedAnchors)
+	}
+}
+
+// Late anchors are absorbed after their steps; the replay absorbs them at
+// their recorded seq and still reproduces every step.
+func TestReplayReproducesLateAnchors(t *testing.T) {
+	rows, settings := archiveRun(t, 12, func(c *pipeline.Config) {
+		c.ExecLatency = 60 * time.Millisecond
+		c.AnchorDeadline = 40 * time.Millisecond
+		c.ArchiveMaxAge = 50 * time.Millisecond
+	})
+	sum, err := Replay(rows, ReplayOptions{Settings: settings}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.LateRows == 0 {
+		t.Fatalf("no late anchors: the test proves nothing (%+v)", sum)
+	}
+	if sum.MaxFusedDiff > 1e-9 || sum.MaxCalibratedDiff > 1e-9 || len(sum.Gaps) != 0 {
+		t.Fatalf("replay differs: %+v", sum)
+	}
+	t.Logf("%d late rows of %d", sum.LateRows, len(rows))
+}

@@ -1,0 +1,52 @@
+package archive
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/parquet-go/parquet-go"
+
+	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/fuse"
+)
+
+const metaSettings = "wmrl.settings"
+
+// Settings are the correction settings of the pipeline that wrote an
+// archive, kept in every file's footer so that a replay can reproduce it.
+// The archive stage records its own process's settings: run it with the
+// same flags as the calibrate and fuse stages.
+type Settings struct {
+	Debias         bool                     `json:"debias"`
+	Debiaser       calibrate.DebiaserConfig `json:"debiaser"`
+	Denoiser       fuse.DenoiserConfig      `json:"denoiser"`
+	AnchorFraction float64                  `json:"anchor_fraction"`
+	AnchorMin      int                      `json:"anchor_min"`
+}
+
+// ReadSettings returns the settings recorded in a file.
+func ReadSettings(path string) (Settings, error) {
+	var s Settings
+	f, err := os.Open(path)
+	if err != nil {
+		return s, fmt.Errorf("archive: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return s, fmt.Errorf("archive: %w", err)
+	}
+	pf, err := parquet.OpenFile(f, st.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
+	if err != nil {
+		return s, fmt.Errorf("archive: %s: %w", path, err)
+	}
+	v, ok := pf.Lookup(metaSettings)
+	if !ok {
+		return s, fmt.Errorf("archive: %s records no settings", path)
+	}
+	if err := json.Unmarshal([]byte(v), &s); err != nil {
+		return s, fmt.Errorf("archive: %s: settings: %w", path, err)
+	}
+	return s, nil
+}
