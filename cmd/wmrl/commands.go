@@ -21,7 +21,7 @@ func rootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(runCommand(), stageCommand(), serveCommand(), simCommand())
+	root.AddCommand(runCommand(), stageCommand(), serveCommand(), simCommand(), replayCommand())
 	return root
 }
 

@@ -1,9 +1,7 @@
 package archive
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -51,19 +49,19 @@ func Count(files []string) (int64, error) {
 	return n, nil
 }
 
-// Scan reads files in order and calls fn with each batch of rows; the
-// batch is reused after fn returns.
+// Scan reads files in order and calls fn with each row group's rows,
+// which fn may keep.
 func Scan(files []string, fn func([]Row) error) error {
-	buf := make([]Row, 8192)
+	vals := make([]parquet.Value, 4096)
 	for _, path := range files {
-		if err := scanFile(path, buf, fn); err != nil {
+		if err := scanFile(path, vals, fn); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func scanFile(path string, buf []Row, fn func([]Row) error) error {
+func scanFile(path string, vals []parquet.Value, fn func([]Row) error) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("archive: %w", err)
@@ -77,23 +75,16 @@ func scanFile(path string, buf []Row, fn func([]Row) error) error {
 	if err != nil {
 		return fmt.Errorf("archive: %s: %w", filepath.Base(path), err)
 	}
-	r := parquet.NewGenericReader[Row](pf)
-	defer r.Close()
-	for {
-		clear(buf)
-		n, err := r.Read(buf)
-		if n > 0 {
-			if ferr := fn(buf[:n]); ferr != nil {
-				return ferr
-			}
-		}
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
+	for _, rg := range pf.RowGroups() {
+		rows, err := readRowGroup(pf, rg, vals)
 		if err != nil {
 			return fmt.Errorf("archive: %s: %w", filepath.Base(path), err)
 		}
+		if err := fn(rows); err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
 // ReadAll reads a run's rows.
@@ -105,4 +96,47 @@ func ReadAll(root, run string) ([]Row, error) {
 	var out []Row
 	err = Scan(files, func(b []Row) error { out = append(out, b...); return nil })
 	return out, err
+}
+
+// RowWriter writes rows to one zstd Parquet file (replays, tests), made
+// visible under path only by Close.
+type RowWriter struct {
+	f    *os.File
+	w    *parquet.GenericWriter[Row]
+	path string
+}
+
+// CreateFile starts a file at path.
+func CreateFile(path string) (*RowWriter, error) {
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+	f, err := os.Create(tmp)
+	if err != nil {
+		return nil, fmt.Errorf("archive: %w", err)
+	}
+	return &RowWriter{f: f, w: parquet.NewGenericWriter[Row](f, parquet.Compression(&parquet.Zstd)), path: path}, nil
+}
+
+// Write appends rows.
+func (w *RowWriter) Write(rows []Row) error {
+	_, err := w.w.Write(rows)
+	return err
+}
+
+// Close finishes the file, syncs it and renames it into place.
+func (w *RowWriter) Close() error {
+	err := w.w.Close()
+	if err == nil {
+		err = w.f.Sync()
+	}
+	if cerr := w.f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(w.f.Name(), w.path)
+	}
+	if err != nil {
+		_ = os.Remove(w.f.Name())
+		return fmt.Errorf("archive: %s: %w", w.path, err)
+	}
+	return nil
 }

@@ -1,0 +1,220 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/wmrl/wmrl/pipeline/offline"
+	"github.com/wmrl/wmrl/stages/archive"
+	"github.com/wmrl/wmrl/stages/fuse"
+)
+
+// loadRun reads one run's rows from an archive root, with a progress bar,
+// and the settings its last file recorded. run "" picks the only run.
+func loadRun(root, run string, stderr io.Writer) ([]archive.Row, archive.Settings, string, error) {
+	var settings archive.Settings
+	if run == "" {
+		runs, err := archive.Runs(root)
+		if err != nil {
+			return nil, settings, "", err
+		}
+		switch len(runs) {
+		case 0:
+			return nil, settings, "", fmt.Errorf("%s holds no run=<name> directory: not an archive root", root)
+		case 1:
+			run = runs[0]
+		default:
+			return nil, settings, "", fmt.Errorf("%s holds several runs %v: pick one with --run", root, runs)
+		}
+	}
+	files, err := archive.Files(root, run)
+	if err != nil {
+		return nil, settings, "", err
+	}
+	if len(files) == 0 {
+		return nil, settings, "", fmt.Errorf("run %s has no closed archive files in %s", run, archive.RunDir(root, run))
+	}
+	if settings, err = archive.ReadSettings(files[len(files)-1]); err != nil {
+		return nil, settings, "", err
+	}
+	total, err := archive.Count(files)
+	if err != nil {
+		return nil, settings, "", err
+	}
+	bar := newProgressBar(stderr)
+	show := bar.set("reading")
+	rows := make([]archive.Row, 0, total)
+	start := time.Now()
+	err = archive.Scan(files, func(b []archive.Row) error {
+		rows = append(rows, b...)
+		show(len(rows), int(max(total, 1)))
+		return nil
+	})
+	bar.done()
+	if err != nil {
+		return nil, settings, "", err
+	}
+	fmt.Fprintf(stderr, "read %d rows of run %s from %d files in %s (%.2fM rows/s)\n", len(rows), run, len(files),
+		time.Since(start).Round(time.Millisecond), float64(len(rows))/time.Since(start).Seconds()/1e6)
+	return rows, settings, run, nil
+}
+
+func onOff(flag, v string) (bool, error) {
+	switch v {
+	case "on", "true":
+		return true, nil
+	case "off", "false":
+		return false, nil
+	}
+	return false, fmt.Errorf("--%s %q: want on or off", flag, v)
+}
+
+func replayCommand() *cobra.Command {
+	var (
+		root, run, out, debias, denoise, rho string
+		bins, buffer                         int
+		fraction                             float64
+		steps                                bool
+	)
+	cmd := &cobra.Command{
+		Use:   "replay --archive DIR",
+		Short: "Re-run calibration and fusion over an archive: reproduce it, or see what other settings would have given",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
+			rows, recorded, run, err := loadRun(root, run, stderr)
+			if err != nil {
+				return err
+			}
+			opt := offline.ReplayOptions{Settings: recorded}
+			fs := cmd.Flags()
+			var changed []string
+			if fs.Changed("debias") {
+				if opt.Settings.Debias, err = onOff("debias", debias); err != nil {
+					return err
+				}
+				changed = append(changed, "debias "+debias)
+			}
+			if fs.Changed("denoise") {
+				on, err := onOff("denoise", denoise)
+				if err != nil {
+					return err
+				}
+				if !on {
+					opt.Settings.Denoiser.Estimator = fuse.EstimatorOff
+				}
+				changed = append(changed, "denoise "+denoise)
+			}
+			if fs.Changed("rho") {
+				opt.Settings.Denoiser.Estimator = fuse.Estimator(rho)
+				changed = append(changed, "rho "+rho)
+			}
+			if fs.Changed("bins") {
+				opt.Settings.Debiaser.Bins = bins
+				changed = append(changed, fmt.Sprintf("bins %d", bins))
+			}
+			if fs.Changed("buffer") {
+				opt.Settings.Debiaser.BufferSize = buffer
+				changed = append(changed, fmt.Sprintf("buffer %d", buffer))
+			}
+			if fs.Changed("anchor-fraction") {
+				if fraction <= 0 || fraction > recorded.AnchorFraction {
+					return fmt.Errorf("--anchor-fraction %v: replays can only subsample the recorded anchors (recorded fraction %v)", fraction, recorded.AnchorFraction)
+				}
+				opt.AnchorFraction = fraction
+				changed = append(changed, fmt.Sprintf("anchor fraction %v (recorded %v)", fraction, recorded.AnchorFraction))
+			}
+			if len(changed) > 0 && out == "" {
+				out = fmt.Sprintf("replay-%s.parquet", run)
+			}
+			var w *archive.RowWriter
+			if out != "" {
+				if w, err = archive.CreateFile(out); err != nil {
+					return err
+				}
+			}
+			bar := newProgressBar(stderr)
+			show := bar.set("replay")
+			nsteps := countSteps(rows)
+			done := 0
+			if steps || len(changed) > 0 {
+				fmt.Fprintf(stdout, "%8s  %8s  %8s  %7s  %12s  %6s\n", "step", "rho", "recorded", "anchors", "max|dfused|", "sign=")
+			}
+			var werr error
+			start := time.Now()
+			sum, err := offline.Replay(rows, opt, func(r offline.StepReport) {
+				done++
+				if steps || len(changed) > 0 {
+					fmt.Fprintf(stdout, "%8d  %8.4f  %8.4f  %7d  %12.3g  %5.1f%%\n", r.Step, r.Rho, r.RecordedRho, r.Anchors, r.MaxFusedDiff, 100*r.SignAgreement)
+				} else {
+					show(done, nsteps)
+				}
+				if w != nil && werr == nil {
+					werr = w.Write(r.Rows())
+				}
+			})
+			if len(changed) == 0 && !steps {
+				bar.done()
+			}
+			if err != nil {
+				return err
+			}
+			if w != nil {
+				werr = errors.Join(werr, w.Close())
+				if werr != nil {
+					return werr
+				}
+			}
+			fmt.Fprintf(stdout, "replayed run %s: %d steps, %d rows (%d late anchor pairs), %d anchor groups absorbed in %s\n",
+				run, sum.Steps, sum.Rows, sum.LateRows, sum.AnchorGroups, time.Since(start).Round(time.Millisecond))
+			if len(sum.Gaps) > 0 {
+				fmt.Fprintf(stdout, "warning: the archive holds no anchor group for %d calibration seqs (first %d): those pairs were never archived, so the live calibration saw pairs this replay cannot\n", len(sum.Gaps), sum.Gaps[0])
+			}
+			if len(changed) == 0 {
+				ok := sum.MaxFusedDiff <= 1e-9 && sum.MaxCalibratedDiff <= 1e-9
+				verdict := "REPRODUCED: identical to the archive within 1e-9"
+				if !ok {
+					verdict = "NOT REPRODUCED"
+				}
+				fmt.Fprintf(stdout, "%s (recorded settings; max |d fused| %.3g, max |d calibrated| %.3g)\n", verdict, sum.MaxFusedDiff, sum.MaxCalibratedDiff)
+				if !ok {
+					return fmt.Errorf("replay with the recorded settings differs from the archive")
+				}
+			} else {
+				fmt.Fprintf(stdout, "with %v: max |d fused| %.3g, fused sign kept on %.1f%% of rows, %d anchor groups dropped\n",
+					changed, sum.MaxFusedDiff, 100*sum.SignAgreement, sum.DroppedAnchors)
+			}
+			if w != nil {
+				abs, _ := filepath.Abs(out)
+				fmt.Fprintf(stdout, "replayed rows written to %s\n", abs)
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&root, "archive", "", "archive root (the directory holding run=<name>/)")
+	fs.StringVar(&run, "run", "", "run to replay (default: the only one)")
+	fs.StringVar(&out, "out", "", "write the replayed rows to this Parquet file (default with changed settings: replay-<run>.parquet)")
+	fs.StringVar(&debias, "debias", "on", "on or off: apply the isotonic map")
+	fs.StringVar(&denoise, "denoise", "on", "on or off: inverse-variance anchor weight (off: rho 1)")
+	fs.StringVar(&rho, "rho", string(fuse.DefaultEstimator), "rho estimator: reference, ratio, advantage or off")
+	fs.IntVar(&bins, "bins", 0, "equal-width bins before the isotonic fit (0: raw pairs)")
+	fs.IntVar(&buffer, "buffer", 0, "anchor pairs kept for the fit")
+	fs.Float64Var(&fraction, "anchor-fraction", 0, "keep this share of groups as anchors (below the recorded one: a fixed subsample)")
+	fs.BoolVar(&steps, "steps", false, "print every step even when reproducing")
+	_ = cmd.MarkFlagRequired("archive")
+	return cmd
+}
+
+func countSteps(rows []archive.Row) int {
+	seen := map[int64]bool{}
+	for _, r := range rows {
+		seen[r.Step] = true
+	}
+	return max(len(seen), 1)
+}

@@ -1,0 +1,90 @@
+package archive
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+
+	"github.com/parquet-go/parquet-go"
+	"testing"
+	"time"
+)
+
+// SyntheticRows makes n rows shaped like a run's (128 per step, 2 anchor
+// groups of 8), for benchmarks.
+func syntheticRows(n int) []Row {
+	rng := rand.New(rand.NewPCG(1, 2))
+	rows := make([]Row, n)
+	t0 := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	status := "scored"
+	for i := range rows {
+		step, g := int64(i/128), (i%128)/8
+		pred, truth, cal, rew := rng.Float64(), rng.Float64(), rng.Float64(), rng.Float64()
+		r := Row{Run: "bench", Step: step, GroupID: fmt.Sprintf("s%d-g%02d", step, g), TrajID: fmt.Sprintf("s%d-g%02d-%d", step, g, i%8),
+			TaskID: fmt.Sprintf("task-%02d", rng.IntN(32)), PolicyVersion: step, Predicted: &pred, Calibrated: &cal, Reward: &rew,
+			Advantage: rng.NormFloat64(), Weight: 1, FusedAdvantage: rng.NormFloat64(), Rho: 2, Source: SourceWorldModel,
+			WMStatus: "ok", TS: t0.Add(time.Duration(step) * time.Second), CalibrationSeq: 2 * step}
+		if g < 2 {
+			r.IsAnchor, r.Source, r.TrueScore, r.ExecStatus, r.AbsorbedSeq = true, SourceAnchor, &truth, &status, 2*step+int64(g)
+		}
+		rows[i] = r
+	}
+	return rows
+}
+
+// BenchmarkReadArchive reads a million archived rows (the replay's and
+// the audit's input) and reports rows per second.
+func BenchmarkReadArchive(b *testing.B) {
+	const n = 1_000_000
+	dir := b.TempDir()
+	w, err := OpenWriter(WriterConfig{Dir: dir, Run: "bench", MaxAge: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rows := syntheticRows(n)
+	for i := 0; i < n; i += 128 {
+		if _, err := w.Add(UpdateKey(int64(i/128)), rows[i:min(i+128, n)], nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		b.Fatal(err)
+	}
+	files, _ := Files(dir, "bench")
+	// Baseline: parquet-go's generic row reader over the same files.
+	b.Run("generic-reader", func(b *testing.B) {
+		buf := make([]Row, 8192)
+		for b.Loop() {
+			got := 0
+			for _, path := range files {
+				f, _ := os.Open(path)
+				r := parquet.NewGenericReader[Row](f)
+				for {
+					k, err := r.Read(buf)
+					got += k
+					if err != nil {
+						break
+					}
+				}
+				r.Close()
+				f.Close()
+			}
+			if got != n {
+				b.Fatalf("read %d rows", got)
+			}
+		}
+		b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e6, "Mrows/s")
+	})
+	b.Run("columns", func(b *testing.B) {
+		for b.Loop() {
+			got := 0
+			if err := Scan(files, func(r []Row) error { got += len(r); return nil }); err != nil {
+				b.Fatal(err)
+			}
+			if got != n {
+				b.Fatalf("read %d rows", got)
+			}
+		}
+		b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e6, "Mrows/s")
+	})
+}
