@@ -218,3 +218,56 @@ func countSteps(rows []archive.Row) int {
 	}
 	return max(len(seen), 1)
 }
+
+func auditCommand() *cobra.Command {
+	var (
+		root, run, out string
+		opt            offline.AuditOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "audit --archive DIR --out REPORT",
+		Short: "Measure the world model's bias over an archive: HTML page with plots, and summary.json",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
+			rows, _, run, err := loadRun(root, run, stderr)
+			if err != nil {
+				return err
+			}
+			start := time.Now()
+			a, err := offline.RunAudit(rows, opt)
+			if err != nil {
+				return err
+			}
+			if err := offline.WriteReport(a, out); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "audited run %s: %d rows, %d anchor pairs, %d tasks in %s\n", run, a.Rows, a.Pairs, len(a.Tasks), time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(stdout, "overall: %s (max |residual| by level %.3f before, %.3f after calibration; within-group Kendall %.3f)\n",
+				a.Overall.Verdict, a.Overall.MaxBefore, a.Overall.MaxAfter, float64(a.Overall.Ranks.WithinKendall))
+			verdicts := map[string]int{}
+			for _, t := range a.Tasks {
+				verdicts[t.Verdict]++
+			}
+			for _, v := range []string{offline.VerdictCalibrated, offline.VerdictCorrected, offline.VerdictNonMonotone, offline.VerdictTooFewAnchor} {
+				if verdicts[v] > 0 {
+					fmt.Fprintf(stdout, "  %3d tasks: %s\n", verdicts[v], v)
+				}
+			}
+			abs, _ := filepath.Abs(filepath.Join(out, "index.html"))
+			fmt.Fprintf(stdout, "report: %s (summary.json beside it)\n", abs)
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&root, "archive", "", "archive root (the directory holding run=<name>/)")
+	fs.StringVar(&run, "run", "", "run to audit (default: the only one)")
+	fs.StringVar(&out, "out", "", "report directory (index.html, PNG plots, summary.json)")
+	fs.IntVar(&opt.Bins, "bins", 10, "score bins")
+	fs.Float64Var(&opt.Tolerance, "tolerance", 0.05, "a level's mean residual within this counts as unbiased")
+	fs.IntVar(&opt.MinBinPairs, "min-bin-pairs", 10, "levels with fewer anchor pairs are not judged")
+	fs.IntVar(&opt.MinTaskPairs, "min-task-pairs", 30, "tasks with fewer anchor pairs get no verdict")
+	_ = cmd.MarkFlagRequired("archive")
+	_ = cmd.MarkFlagRequired("out")
+	return cmd
+}

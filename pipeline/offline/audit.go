@@ -1,0 +1,368 @@
+package offline
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/wmrl/wmrl/stages/archive"
+	"github.com/wmrl/wmrl/stages/calibrate"
+)
+
+// Verdicts of a task's world-model bias.
+const (
+	VerdictCalibrated   = "calibrated well"
+	VerdictCorrected    = "monotone bias corrected"
+	VerdictNonMonotone  = "non-monotone bias that isotonic cannot fix"
+	VerdictTooFewAnchor = "too few anchor pairs to tell"
+)
+
+// AuditOptions configure an audit.
+type AuditOptions struct {
+	// Bins of the world model's score (default 10, equal width over the
+	// predicted range).
+	Bins int
+	// Tolerance: a score level's mean residual within it counts as
+	// unbiased (default 0.05, on the score's scale).
+	Tolerance float64
+	// MinBinPairs: levels with fewer anchor pairs are not judged (default
+	// 10); MinTaskPairs: tasks with fewer get no verdict (default 30).
+	MinBinPairs, MinTaskPairs int
+}
+
+func (o *AuditOptions) setDefaults() {
+	if o.Bins <= 0 {
+		o.Bins = 10
+	}
+	if o.Tolerance <= 0 {
+		o.Tolerance = 0.05
+	}
+	if o.MinBinPairs <= 0 {
+		o.MinBinPairs = 10
+	}
+	if o.MinTaskPairs <= 0 {
+		o.MinTaskPairs = 30
+	}
+}
+
+// Level is one score bin.
+type Level struct {
+	Lo, Hi float64 `json:"-"`
+	// Range is [lo, hi) of the predicted score.
+	Range [2]float64 `json:"range"`
+	// Pairs: anchor pairs; Predictions: every graded prediction.
+	Pairs       int `json:"pairs"`
+	Predictions int `json:"predictions"`
+	// Coverage: Pairs / Predictions.
+	Coverage float64 `json:"coverage"`
+	// MeanPredicted, MeanTrue over the pairs; ResidualBefore = mean(predicted
+	// - true), ResidualAfter = mean(calibrated - true) (NaN: no pairs).
+	MeanPredicted  Num `json:"mean_predicted"`
+	MeanTrue       Num `json:"mean_true"`
+	ResidualBefore Num `json:"residual_before"`
+	ResidualAfter  Num `json:"residual_after"`
+}
+
+// Ranks are rank agreements between the world model and the truth.
+type Ranks struct {
+	Spearman Num `json:"spearman"`
+	Kendall  Num `json:"kendall"`
+	// WithinGroup: mean over anchor groups of the within-group rank
+	// correlation, what GRPO's advantages depend on; Groups counts the
+	// groups where it is defined (neither side constant).
+	WithinSpearman Num `json:"within_group_spearman"`
+	WithinKendall  Num `json:"within_group_kendall"`
+	Groups         int `json:"groups"`
+}
+
+// TaskAudit is one task's summary.
+type TaskAudit struct {
+	Task   string  `json:"task"`
+	Pairs  int     `json:"pairs"`
+	Ranks  Ranks   `json:"ranks"`
+	Levels []Level `json:"levels"`
+	// MaxBefore and MaxAfter: the largest |mean residual| over levels with
+	// enough pairs, before and after calibration.
+	MaxBefore float64 `json:"max_abs_residual_before"`
+	MaxAfter  float64 `json:"max_abs_residual_after"`
+	Verdict   string  `json:"verdict"`
+}
+
+// StepPoint is one step's drift figures.
+type StepPoint struct {
+	Step           int64   `json:"step"`
+	Pairs          int     `json:"pairs"`
+	ResidualBefore Num     `json:"residual_before"`
+	ResidualAfter  Num     `json:"residual_after"`
+	D              float64 `json:"d"`
+	Rho            float64 `json:"rho"`
+}
+
+// Audit is the whole report's data (its JSON summary).
+type Audit struct {
+	Run       string       `json:"run"`
+	Rows      int          `json:"rows"`
+	Steps     int          `json:"steps"`
+	Pairs     int          `json:"anchor_pairs"`
+	LatePairs int          `json:"late_anchor_pairs"`
+	Ungraded  int          `json:"ungraded_predictions"`
+	Options   AuditOptions `json:"options"`
+	Overall   TaskAudit    `json:"overall"`
+	Tasks     []TaskAudit  `json:"tasks"`
+	Drift     []StepPoint  `json:"drift"`
+	// Map is an isotonic map fitted on every anchor pair, the reference
+	// the reliability diagram draws.
+	MapX []float64 `json:"map_x"`
+	MapY []float64 `json:"map_y"`
+
+	pairs []pairRow // for the plots
+}
+
+type pairRow struct {
+	pred, truth, cal float64
+	hasCal           bool
+}
+
+// RunAudit measures the world model's bias over a run's rows.
+func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
+	opt.setDefaults()
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("audit: no rows")
+	}
+	a := &Audit{Run: rows[0].Run, Rows: len(rows), Options: opt}
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, r := range rows {
+		if r.Predicted != nil {
+			lo, hi = min(lo, *r.Predicted), max(hi, *r.Predicted)
+		}
+	}
+	if lo > hi {
+		return nil, fmt.Errorf("audit: no graded prediction in %d rows", len(rows))
+	}
+	if hi == lo {
+		hi = lo + 1
+	}
+	bin := func(x float64) int { return min(int(float64(opt.Bins)*(x-lo)/(hi-lo)), opt.Bins-1) }
+
+	type acc struct {
+		pairs       []pairRow
+		predictions []int
+		groups      map[string]*groupAcc
+	}
+	newAcc := func() *acc { return &acc{predictions: make([]int, opt.Bins), groups: map[string]*groupAcc{}} }
+	all := newAcc()
+	tasks := map[string]*acc{}
+	type stepAcc struct {
+		n                     int
+		before, after, d, rho float64
+		seen                  bool
+	}
+	steps := map[int64]*stepAcc{}
+	for _, r := range rows {
+		t := tasks[r.TaskID]
+		if t == nil {
+			t = newAcc()
+			tasks[r.TaskID] = t
+		}
+		s := steps[r.Step]
+		if s == nil {
+			s = &stepAcc{}
+			steps[r.Step] = s
+		}
+		if r.Source != archive.SourceLateAnchor && !s.seen {
+			s.d, s.rho, s.seen = r.D, r.Rho, true
+		}
+		if r.Predicted == nil {
+			a.Ungraded++
+			continue
+		}
+		if r.Source != archive.SourceLateAnchor {
+			b := bin(*r.Predicted)
+			all.predictions[b]++
+			t.predictions[b]++
+		}
+		if r.TrueScore == nil || !r.IsAnchor || r.Source == archive.SourceWorldModel {
+			continue
+		}
+		p := pairRow{pred: *r.Predicted, truth: *r.TrueScore}
+		if r.Calibrated != nil {
+			p.cal, p.hasCal = *r.Calibrated, true
+		}
+		a.Pairs++
+		if r.Source == archive.SourceLateAnchor {
+			a.LatePairs++
+		}
+		all.pairs = append(all.pairs, p)
+		t.pairs = append(t.pairs, p)
+		key := fmt.Sprintf("%d/%s", r.Step, r.GroupID)
+		for _, m := range []map[string]*groupAcc{all.groups, t.groups} {
+			g := m[key]
+			if g == nil {
+				g = &groupAcc{}
+				m[key] = g
+			}
+			g.pred, g.truth = append(g.pred, p.pred), append(g.truth, p.truth)
+		}
+		s.n++
+		s.before += p.pred - p.truth
+		if p.hasCal {
+			s.after += p.cal - p.truth
+		}
+	}
+	a.Steps = len(steps)
+	summarize := func(name string, c *acc) TaskAudit {
+		ta := TaskAudit{Task: name, Pairs: len(c.pairs), Levels: make([]Level, opt.Bins)}
+		sums := make([]struct {
+			n, ncal                int
+			p, t, rb, ra, rb2, ra2 float64
+		}, opt.Bins)
+		x, y := make([]float64, len(c.pairs)), make([]float64, len(c.pairs))
+		var biasedBefore, biasedAfter bool
+		for i, p := range c.pairs {
+			x[i], y[i] = p.pred, p.truth
+			b := &sums[bin(p.pred)]
+			b.n++
+			b.p += p.pred
+			b.t += p.truth
+			b.rb += p.pred - p.truth
+			b.rb2 += (p.pred - p.truth) * (p.pred - p.truth)
+			if p.hasCal {
+				b.ncal++
+				b.ra += p.cal - p.truth
+				b.ra2 += (p.cal - p.truth) * (p.cal - p.truth)
+			}
+		}
+		for i := range ta.Levels {
+			l := &ta.Levels[i]
+			l.Lo, l.Hi = lo+(hi-lo)*float64(i)/float64(opt.Bins), lo+(hi-lo)*float64(i+1)/float64(opt.Bins)
+			l.Range = [2]float64{l.Lo, l.Hi}
+			s := sums[i]
+			l.Pairs, l.Predictions = s.n, c.predictions[i]
+			if l.Predictions > 0 {
+				l.Coverage = float64(l.Pairs) / float64(l.Predictions)
+			}
+			nan := Num(math.NaN())
+			l.MeanPredicted, l.MeanTrue, l.ResidualBefore, l.ResidualAfter = nan, nan, nan, nan
+			if s.n > 0 {
+				n := float64(s.n)
+				l.MeanPredicted, l.MeanTrue, l.ResidualBefore = Num(s.p/n), Num(s.t/n), Num(s.rb/n)
+			}
+			if s.ncal > 0 {
+				l.ResidualAfter = Num(s.ra / float64(s.ncal))
+			}
+			if s.n >= opt.MinBinPairs {
+				ta.MaxBefore = max(ta.MaxBefore, math.Abs(float64(l.ResidualBefore)))
+				biasedBefore = biasedBefore || clearly(s.rb, s.rb2, s.n, opt.Tolerance)
+				if s.ncal >= opt.MinBinPairs {
+					ta.MaxAfter = max(ta.MaxAfter, math.Abs(float64(l.ResidualAfter)))
+					biasedAfter = biasedAfter || clearly(s.ra, s.ra2, s.ncal, opt.Tolerance)
+				}
+			}
+		}
+		ta.Ranks = Ranks{Spearman: Num(Spearman(x, y)), Kendall: Num(Kendall(x, y))}
+		var ws, wk float64
+		for _, g := range c.groups {
+			s, k := Spearman(g.pred, g.truth), Kendall(g.pred, g.truth)
+			if math.IsNaN(s) || math.IsNaN(k) {
+				continue
+			}
+			ws += s
+			wk += k
+			ta.Ranks.Groups++
+		}
+		ta.Ranks.WithinSpearman, ta.Ranks.WithinKendall = Num(math.NaN()), Num(math.NaN())
+		if ta.Ranks.Groups > 0 {
+			ta.Ranks.WithinSpearman, ta.Ranks.WithinKendall = Num(ws/float64(ta.Ranks.Groups)), Num(wk/float64(ta.Ranks.Groups))
+		}
+		switch {
+		case ta.Pairs < opt.MinTaskPairs:
+			ta.Verdict = VerdictTooFewAnchor
+		case !biasedBefore:
+			ta.Verdict = VerdictCalibrated
+		case !biasedAfter:
+			ta.Verdict = VerdictCorrected
+		default:
+			ta.Verdict = VerdictNonMonotone
+		}
+		return ta
+	}
+	a.Overall = summarize("(all tasks)", all)
+	for name, c := range tasks {
+		a.Tasks = append(a.Tasks, summarize(name, c))
+	}
+	slices.SortFunc(a.Tasks, func(x, y TaskAudit) int { return naturalCompare(x.Task, y.Task) })
+	for n, s := range steps {
+		p := StepPoint{Step: n, Pairs: s.n, D: s.d, Rho: s.rho, ResidualBefore: Num(math.NaN()), ResidualAfter: Num(math.NaN())}
+		if s.n > 0 {
+			p.ResidualBefore, p.ResidualAfter = Num(s.before/float64(s.n)), Num(s.after/float64(s.n))
+		}
+		a.Drift = append(a.Drift, p)
+	}
+	slices.SortFunc(a.Drift, func(x, y StepPoint) int { return cmp.Compare(x.Step, y.Step) })
+	a.pairs = all.pairs
+	if len(all.pairs) >= 2 {
+		x, y := make([]float64, len(all.pairs)), make([]float64, len(all.pairs))
+		for i, p := range all.pairs {
+			x[i], y[i] = p.pred, p.truth
+		}
+		if m, err := calibrate.FitIsotonic(x, y, nil); err == nil {
+			a.MapX, a.MapY = m.Thresholds()
+		}
+	}
+	return a, nil
+}
+
+type groupAcc struct{ pred, truth []float64 }
+
+// clearly reports whether a level's mean residual (from its sum, sum of
+// squares and count) is beyond tol by more than twice its standard error,
+// so that a few noisy pairs do not condemn a level.
+func clearly(sum, sum2 float64, n int, tol float64) bool {
+	mean := sum / float64(n)
+	variance := max(sum2/float64(n)-mean*mean, 0) * float64(n) / float64(max(n-1, 1))
+	return math.Abs(mean)-2*math.Sqrt(variance/float64(n)) > tol
+}
+
+// naturalCompare orders "task-2" before "task-10".
+func naturalCompare(a, b string) int {
+	for a != "" && b != "" {
+		da, db := digits(a), digits(b)
+		if da > 0 && db > 0 {
+			na, nb := strings.TrimLeft(a[:da], "0"), strings.TrimLeft(b[:db], "0")
+			if c := cmp.Or(cmp.Compare(len(na), len(nb)), cmp.Compare(na, nb)); c != 0 {
+				return c
+			}
+			a, b = a[da:], b[db:]
+			continue
+		}
+		if a[0] != b[0] {
+			return cmp.Compare(a[0], b[0])
+		}
+		a, b = a[1:], b[1:]
+	}
+	return cmp.Compare(len(a), len(b))
+}
+
+func digits(s string) int {
+	i := 0
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		i++
+	}
+	return i
+}
+
+// Num is a float that is null in JSON when it is not a number (a bin with
+// no pairs, a correlation with a constant side).
+type Num float64
+
+// MarshalJSON writes NaN and infinities as null.
+func (n Num) MarshalJSON() ([]byte, error) {
+	f := float64(n)
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return []byte("null"), nil
+	}
+	return json.Marshal(f)
+}

@@ -1,0 +1,163 @@
+package offline
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/stages/archive"
+	"github.com/wmrl/wmrl/stages/calibrate"
+)
+
+// biasedRows makes anchor groups of 8 for three tasks whose world model is
+// unbiased (fair), monotone-biased (squash: true = pred^2) and
+// non-monotone (hump: true peaks mid-range), with calibrated scores from
+// an isotonic map fitted on each task's pairs, plus world-model groups.
+func biasedRows(t testing.TB, groupsPerTask int, noise float64) []archive.Row {
+	rng := rand.New(rand.NewPCG(5, 6))
+	truth := map[string]func(float64) float64{
+		"fair":   func(p float64) float64 { return p },
+		"squash": func(p float64) float64 { return p * p },
+		"hump":   func(p float64) float64 { return 1 - 3*math.Abs(p-0.5) },
+	}
+	var rows []archive.Row
+	step := int64(0)
+	for _, task := range []string{"fair", "squash", "hump"} {
+		start := len(rows)
+		for g := range groupsPerTask {
+			anchor := g%4 == 0
+			for i := range 8 {
+				p := rng.Float64()
+				y := min(max(truth[task](p)+noise*rng.NormFloat64(), 0), 1)
+				r := archive.Row{Run: "audit", Step: step, GroupID: fmt.Sprintf("%s-%d", task, g), TrajID: fmt.Sprintf("%s-%d-%d", task, g, i),
+					TaskID: task, Predicted: &p, IsAnchor: anchor, Source: archive.SourceWorldModel, Rho: 2, D: 0.1}
+				if anchor {
+					r.Source, r.TrueScore = archive.SourceAnchor, &y
+				}
+				rows = append(rows, r)
+			}
+			if g%8 == 7 {
+				step++
+			}
+		}
+		var x, y []float64
+		for _, r := range rows[start:] {
+			if r.TrueScore != nil {
+				x, y = append(x, *r.Predicted), append(y, *r.TrueScore)
+			}
+		}
+		m, err := calibrate.FitIsotonic(x, y, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := start; i < len(rows); i++ {
+			c := m.Predict(*rows[i].Predicted)
+			rows[i].Calibrated = &c
+		}
+	}
+	return rows
+}
+
+func TestAuditVerdicts(t *testing.T) {
+	a, err := RunAudit(biasedRows(t, 800, 0.05), AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"fair": VerdictCalibrated, "squash": VerdictCorrected, "hump": VerdictNonMonotone}
+	for _, task := range a.Tasks {
+		if task.Verdict != want[task.Task] {
+			t.Errorf("task %s: verdict %q (max residual %.3f before, %.3f after), want %q", task.Task, task.Verdict, task.MaxBefore, task.MaxAfter, want[task.Task])
+		}
+	}
+	for _, task := range a.Tasks {
+		switch task.Task {
+		case "fair", "squash": // monotone: ranks agree, as well within groups
+			if task.Ranks.Spearman < 0.9 || task.Ranks.WithinKendall < 0.6 {
+				t.Errorf("task %s: ranks %+v", task.Task, task.Ranks)
+			}
+		case "hump":
+			if math.Abs(float64(task.Ranks.Spearman)) > 0.15 {
+				t.Errorf("hump: Spearman %v, want near 0", task.Ranks.Spearman)
+			}
+		}
+	}
+	if a.Pairs != 3*200*8 || len(a.Drift) == 0 || len(a.MapX) == 0 {
+		t.Fatalf("pairs %d drift %d map %d", a.Pairs, len(a.Drift), len(a.MapX))
+	}
+
+	// Too few pairs: no verdict rather than a noisy one.
+	small, err := RunAudit(biasedRows(t, 8, 0.05), AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range small.Tasks {
+		if task.Verdict != VerdictTooFewAnchor {
+			t.Errorf("task %s with %d pairs got verdict %q", task.Task, task.Pairs, task.Verdict)
+		}
+	}
+}
+
+func TestWriteReport(t *testing.T) {
+	a, err := RunAudit(biasedRows(t, 200, 0.05), AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := WriteReport(a, dir); err != nil {
+		t.Fatal(err)
+	}
+	html, err := os.ReadFile(filepath.Join(dir, "index.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"data:image/png;base64,", VerdictNonMonotone, "<td class=\"l\">squash</td>"} {
+		if !strings.Contains(string(html), want) {
+			t.Errorf("index.html lacks %q", want)
+		}
+	}
+	for _, png := range []string{"reliability.png", "bias.png", "coverage.png", "drift.png", "rho.png"} {
+		b, err := os.ReadFile(filepath.Join(dir, png))
+		if err != nil || len(b) < 1000 || string(b[1:4]) != "PNG" {
+			t.Errorf("%s: %d bytes, %v", png, len(b), err)
+		}
+	}
+	var sum struct {
+		Tasks []struct {
+			Task, Verdict string
+			Levels        []struct {
+				ResidualAfter *float64 `json:"residual_after"`
+			}
+		}
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "summary.json"))
+	if err := json.Unmarshal(b, &sum); err != nil || len(sum.Tasks) != 3 || sum.Tasks[0].Task != "fair" {
+		t.Fatalf("summary.json: %v %+v", err, sum)
+	}
+}
+
+// BenchmarkAudit audits a million rows (the issue's target: under 10 s).
+func BenchmarkAudit(b *testing.B) {
+	rows := biasedRows(b, 1_000_000/8/3, 0.1)
+	for i := range rows {
+		rows[i].TaskID = fmt.Sprintf("%s-%d", rows[i].TaskID, i%32)
+	}
+	dir := b.TempDir()
+	b.ResetTimer()
+	for b.Loop() {
+		start := time.Now()
+		a, err := RunAudit(rows, AuditOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := WriteReport(a, dir); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(time.Since(start).Seconds(), "s/Mrows")
+	}
+}

@@ -1,0 +1,332 @@
+package offline
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"image/color"
+	"math"
+	"os"
+	"path/filepath"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+)
+
+var (
+	blue   = color.RGBA{R: 31, G: 119, B: 180, A: 255}
+	orange = color.RGBA{R: 255, G: 127, B: 14, A: 255}
+	grey   = color.RGBA{R: 120, G: 120, B: 120, A: 255}
+	faint  = color.NRGBA{R: 31, G: 119, B: 180, A: 60}
+)
+
+// WriteReport writes the audit to dir: index.html (self-contained, the
+// plots inline), the plots as PNG files, and summary.json.
+func WriteReport(a *Audit, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	plots := []struct {
+		name, title string
+		make        func(*Audit) (*plot.Plot, error)
+	}{
+		{"reliability.png", "Reliability: predicted vs true on anchors", plotReliability},
+		{"bias.png", "Bias by score level", plotBias},
+		{"coverage.png", "Anchor coverage by score level", plotCoverage},
+		{"drift.png", "Residual over steps", plotDrift},
+		{"rho.png", "rho and D over steps", plotRho},
+	}
+	type img struct{ Name, Title, Data string }
+	var imgs []img
+	for _, pl := range plots {
+		p, err := pl.make(a)
+		if err != nil {
+			return fmt.Errorf("audit: %s: %w", pl.name, err)
+		}
+		path := filepath.Join(dir, pl.name)
+		if err := p.Save(7*vg.Inch, 4.2*vg.Inch, path); err != nil {
+			return fmt.Errorf("audit: %s: %w", pl.name, err)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		imgs = append(imgs, img{pl.name, pl.title, base64.StdEncoding.EncodeToString(data)})
+	}
+	js, err := json.MarshalIndent(a, "", "  ")
+	if err != nil {
+		return fmt.Errorf("audit: summary: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "summary.json"), append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "index.html"))
+	if err != nil {
+		return err
+	}
+	err = page.Execute(f, struct {
+		A    *Audit
+		Imgs []img
+	}{a, imgs})
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func newPlot(title, x, y string) *plot.Plot {
+	p := plot.New()
+	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = title, x, y
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Add(plotter.NewGrid())
+	return p
+}
+
+func line(p *plot.Plot, name string, xy plotter.XYs, c color.Color, dashed, points bool) error {
+	l, err := plotter.NewLine(xy)
+	if err != nil {
+		return err
+	}
+	l.Color, l.Width = c, vg.Points(1.5)
+	if dashed {
+		l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+	}
+	p.Add(l)
+	if name != "" {
+		p.Legend.Add(name, l)
+	}
+	if points {
+		s, err := plotter.NewScatter(xy)
+		if err != nil {
+			return err
+		}
+		s.GlyphStyle.Color, s.GlyphStyle.Shape, s.GlyphStyle.Radius = c, draw.CircleGlyph{}, vg.Points(2.5)
+		p.Add(s)
+	}
+	return nil
+}
+
+// finite drops points with a NaN coordinate.
+func finite(xy plotter.XYs) plotter.XYs {
+	out := xy[:0:0]
+	for _, p := range xy {
+		if !math.IsNaN(p.X) && !math.IsNaN(p.Y) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func plotReliability(a *Audit) (*plot.Plot, error) {
+	p := newPlot("Reliability (anchors)", "world model's predicted score", "true score")
+	step := max(1, len(a.pairs)/4000)
+	var pts plotter.XYs
+	for i := 0; i < len(a.pairs); i += step {
+		pts = append(pts, plotter.XY{X: a.pairs[i].pred, Y: a.pairs[i].truth})
+	}
+	if len(pts) > 0 {
+		s, err := plotter.NewScatter(pts)
+		if err != nil {
+			return nil, err
+		}
+		s.GlyphStyle.Color, s.GlyphStyle.Shape, s.GlyphStyle.Radius = faint, draw.CircleGlyph{}, vg.Points(1.5)
+		p.Add(s)
+		p.Legend.Add(fmt.Sprintf("anchor pairs (%d shown)", len(pts)), s)
+	}
+	lo, hi := a.Overall.Levels[0].Lo, a.Overall.Levels[len(a.Overall.Levels)-1].Hi
+	if err := line(p, "ideal (y = x)", plotter.XYs{{X: lo, Y: lo}, {X: hi, Y: hi}}, grey, true, false); err != nil {
+		return nil, err
+	}
+	var means plotter.XYs
+	for _, l := range a.Overall.Levels {
+		means = append(means, plotter.XY{X: float64(l.MeanPredicted), Y: float64(l.MeanTrue)})
+	}
+	if m := finite(means); len(m) > 0 {
+		if err := line(p, "mean true per score bin", m, orange, false, true); err != nil {
+			return nil, err
+		}
+	}
+	if len(a.MapX) > 0 {
+		xy := make(plotter.XYs, len(a.MapX))
+		for i := range a.MapX {
+			xy[i] = plotter.XY{X: a.MapX[i], Y: a.MapY[i]}
+		}
+		if err := line(p, "isotonic map fitted on all pairs", xy, blue, false, false); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func plotBias(a *Audit) (*plot.Plot, error) {
+	p := newPlot("Mean residual (score - true) by score level", "world model's predicted score (bin centre)", "mean residual")
+	var before, after plotter.XYs
+	for _, l := range a.Overall.Levels {
+		c := (l.Lo + l.Hi) / 2
+		before = append(before, plotter.XY{X: c, Y: float64(l.ResidualBefore)})
+		after = append(after, plotter.XY{X: c, Y: float64(l.ResidualAfter)})
+	}
+	lo, hi := a.Overall.Levels[0].Lo, a.Overall.Levels[len(a.Overall.Levels)-1].Hi
+	tol := a.Options.Tolerance
+	for _, y := range []float64{tol, -tol} {
+		if err := line(p, "", plotter.XYs{{X: lo, Y: y}, {X: hi, Y: y}}, grey, true, false); err != nil {
+			return nil, err
+		}
+	}
+	if err := line(p, "", plotter.XYs{{X: lo, Y: 0}, {X: hi, Y: 0}}, grey, false, false); err != nil {
+		return nil, err
+	}
+	if b := finite(before); len(b) > 0 {
+		if err := line(p, "raw world model", b, orange, false, true); err != nil {
+			return nil, err
+		}
+	}
+	if af := finite(after); len(af) > 0 {
+		if err := line(p, "after isotonic calibration", af, blue, false, true); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func plotCoverage(a *Audit) (*plot.Plot, error) {
+	p := newPlot("Anchor coverage: executed share of predictions per score bin", "bin", "anchor pairs / predictions")
+	v := make(plotter.Values, len(a.Overall.Levels))
+	names := make([]string, len(a.Overall.Levels))
+	for i, l := range a.Overall.Levels {
+		v[i] = l.Coverage
+		names[i] = fmt.Sprintf("%.2f", (l.Lo+l.Hi)/2)
+	}
+	b, err := plotter.NewBarChart(v, vg.Points(20))
+	if err != nil {
+		return nil, err
+	}
+	b.Color = blue
+	p.Add(b)
+	p.NominalX(names...)
+	return p, nil
+}
+
+// smooth is a trailing moving average over w points, skipping NaNs.
+func smooth(xy plotter.XYs, w int) plotter.XYs {
+	out := make(plotter.XYs, 0, len(xy))
+	for i := range xy {
+		var s float64
+		n := 0
+		for j := max(0, i-w+1); j <= i; j++ {
+			if !math.IsNaN(xy[j].Y) {
+				s += xy[j].Y
+				n++
+			}
+		}
+		if n > 0 {
+			out = append(out, plotter.XY{X: xy[i].X, Y: s / float64(n)})
+		}
+	}
+	return out
+}
+
+func plotDrift(a *Audit) (*plot.Plot, error) {
+	w := max(1, len(a.Drift)/50)
+	p := newPlot(fmt.Sprintf("Mean anchor residual per step (moving average of %d)", w), "step", "mean residual")
+	var before, after plotter.XYs
+	for _, s := range a.Drift {
+		before = append(before, plotter.XY{X: float64(s.Step), Y: float64(s.ResidualBefore)})
+		after = append(after, plotter.XY{X: float64(s.Step), Y: float64(s.ResidualAfter)})
+	}
+	if b := smooth(before, w); len(b) > 1 {
+		if err := line(p, "raw world model", b, orange, false, false); err != nil {
+			return nil, err
+		}
+	}
+	if af := smooth(after, w); len(af) > 1 {
+		if err := line(p, "after calibration (out of sample)", af, blue, false, false); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func plotRho(a *Audit) (*plot.Plot, error) {
+	p := newPlot("Anchor weight rho and world-model disagreement D", "step", "")
+	var rho, d plotter.XYs
+	for _, s := range a.Drift {
+		rho = append(rho, plotter.XY{X: float64(s.Step), Y: s.Rho})
+		d = append(d, plotter.XY{X: float64(s.Step), Y: s.D})
+	}
+	if len(rho) > 1 {
+		if err := line(p, "rho", rho, blue, false, false); err != nil {
+			return nil, err
+		}
+		if err := line(p, "D", d, orange, false, false); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func fmtNum(n Num) string {
+	if math.IsNaN(float64(n)) {
+		return "–"
+	}
+	return fmt.Sprintf("%.3f", float64(n))
+}
+
+var page = template.Must(template.New("audit").Funcs(template.FuncMap{
+	"num": fmtNum,
+	"f3":  func(f float64) string { return fmt.Sprintf("%.3f", f) },
+	"pct": func(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) },
+	"cls": func(v string) string {
+		switch v {
+		case VerdictCalibrated:
+			return "good"
+		case VerdictCorrected:
+			return "fixed"
+		case VerdictNonMonotone:
+			return "bad"
+		}
+		return "none"
+	},
+}).Parse(`<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>wmrl audit: run {{.A.Run}}</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
+h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.6em 0;font-size:.92em}
+td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f3f3f3}
+td.l,th.l{text-align:left}
+.good{background:#e3f4e1}.fixed{background:#fff4d6}.bad{background:#fbe0e0}.none{background:#eee}
+.grid{display:grid;grid-template-columns:1fr 1fr;gap:1em}
+figure{margin:0}figure img{width:100%;border:1px solid #ddd}figcaption{font-size:.85em;color:#555}
+.note{color:#555;font-size:.9em}
+</style></head><body>
+<h1>World-model bias audit: run <code>{{.A.Run}}</code></h1>
+<p>{{.A.Rows}} rows over {{.A.Steps}} steps; {{.A.Pairs}} anchor pairs (predicted and true){{if .A.LatePairs}}, of which {{.A.LatePairs}} from anchors late for their step{{end}}; {{.A.Ungraded}} ungraded predictions.
+Overall rank agreement: Spearman {{num .A.Overall.Ranks.Spearman}}, Kendall {{num .A.Overall.Ranks.Kendall}};
+within groups (what GRPO's advantages depend on): Spearman {{num .A.Overall.Ranks.WithinSpearman}}, Kendall {{num .A.Overall.Ranks.WithinKendall}} over {{.A.Overall.Ranks.Groups}} groups.
+Overall verdict: <span class="{{cls .A.Overall.Verdict}}"><b>{{.A.Overall.Verdict}}</b></span>.</p>
+
+<h2>Verdict per task</h2>
+<p class="note">A score level counts when it holds at least {{.A.Options.MinBinPairs}} anchor pairs; a residual within ±{{.A.Options.Tolerance}} counts as unbiased.
+<i>calibrated well</i>: every level unbiased before calibration. <i>monotone bias corrected</i>: biased before, unbiased after the isotonic map.
+<i>non-monotone bias</i>: levels stay biased after calibration, which a monotone map cannot fix (for example one style over-scored whatever its quality).</p>
+<table><tr><th class="l">task</th><th>pairs</th><th>max |residual| before</th><th>after</th><th>Spearman</th><th>Kendall</th><th>within-group Kendall</th><th class="l">verdict</th></tr>
+{{range .A.Tasks}}<tr><td class="l">{{.Task}}</td><td>{{.Pairs}}</td><td>{{f3 .MaxBefore}}</td><td>{{f3 .MaxAfter}}</td><td>{{num .Ranks.Spearman}}</td><td>{{num .Ranks.Kendall}}</td><td>{{num .Ranks.WithinKendall}}</td><td class="l {{cls .Verdict}}">{{.Verdict}}</td></tr>
+{{end}}</table>
+
+<h2>Plots</h2>
+<div class="grid">{{range .Imgs}}<figure><img alt="{{.Title}}" src="data:image/png;base64,{{.Data}}"><figcaption>{{.Title}} ({{.Name}})</figcaption></figure>
+{{end}}</div>
+
+<h2>Bias by score level (all tasks)</h2>
+<table><tr><th>predicted in</th><th>anchor pairs</th><th>predictions</th><th>coverage</th><th>mean predicted</th><th>mean true</th><th>residual before</th><th>residual after</th></tr>
+{{range .A.Overall.Levels}}<tr><td>[{{f3 (index .Range 0)}}, {{f3 (index .Range 1)}})</td><td>{{.Pairs}}</td><td>{{.Predictions}}</td><td>{{pct .Coverage}}</td><td>{{num .MeanPredicted}}</td><td>{{num .MeanTrue}}</td><td>{{num .ResidualBefore}}</td><td>{{num .ResidualAfter}}</td></tr>
+{{end}}</table>
+<p class="note">Residual = score − true, on anchors. "After" uses each anchor's out-of-sample calibrated score (the map before its own pairs were absorbed).
+The machine-readable summary is summary.json beside this page.</p>
+</body></html>
+`))
