@@ -148,7 +148,14 @@ func TestTrainerOverHTTPAndNATS(t *testing.T) {
 		Step    int64
 		Map     *schemas.Thresholds
 	}
-	json.Unmarshal(h.want(http.StatusOK, "GET", "/calibration", nil, token, ""), &cal)
+	// The gateway follows the updates on its own; it may see step 5's a
+	// moment after this test did.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		json.Unmarshal(h.want(http.StatusOK, "GET", "/calibration", nil, token, ""), &cal)
+		if cal.Step == 5 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if cal.Version == 0 || cal.Map == nil || cal.Step != 5 {
 		t.Fatalf("calibration %+v: want a fitted map and the rho of step 5", cal)
 	}

@@ -124,7 +124,7 @@ func TestDuckDBReadsTheArchive(t *testing.T) {
 	slices.Sort(taskList)
 	itoa := func(n int) string { return strconv.Itoa(n) }
 	checks := []struct {
-		name      string
+		name       string
 		duck, ours string
 	}{
 		{"rows", got.Rows, itoa(len(rows))},
