@@ -26,25 +26,35 @@ func Runs(root string) ([]string, error) {
 	return runs, nil
 }
 
+// openParquet opens a file and reads its footer; close the *os.File
+// when done with the *parquet.File.
+func openParquet(path string, opts ...parquet.FileOption) (*os.File, *parquet.File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("archive: %w", err)
+	}
+	st, err := f.Stat()
+	var pf *parquet.File
+	if err == nil {
+		pf, err = parquet.OpenFile(f, st.Size(), append([]parquet.FileOption{parquet.SkipBloomFilters(true)}, opts...)...)
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("archive: %s: %w", filepath.Base(path), err)
+	}
+	return f, pf, nil
+}
+
 // Count is the number of rows in files, from their footers.
 func Count(files []string) (int64, error) {
 	var n int64
 	for _, path := range files {
-		f, err := os.Open(path)
+		f, pf, err := openParquet(path, parquet.SkipPageIndex(true))
 		if err != nil {
-			return 0, fmt.Errorf("archive: %w", err)
+			return 0, err
 		}
-		st, err := f.Stat()
-		if err == nil {
-			var pf *parquet.File
-			if pf, err = parquet.OpenFile(f, st.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true)); err == nil {
-				n += pf.NumRows()
-			}
-		}
+		n += pf.NumRows()
 		f.Close()
-		if err != nil {
-			return 0, fmt.Errorf("archive: %s: %w", path, err)
-		}
 	}
 	return n, nil
 }
@@ -62,19 +72,11 @@ func Scan(files []string, fn func([]Row) error) error {
 }
 
 func scanFile(path string, vals []parquet.Value, fn func([]Row) error) error {
-	f, err := os.Open(path)
+	f, pf, err := openParquet(path)
 	if err != nil {
-		return fmt.Errorf("archive: %w", err)
+		return err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("archive: %w", err)
-	}
-	pf, err := parquet.OpenFile(f, st.Size(), parquet.SkipBloomFilters(true))
-	if err != nil {
-		return fmt.Errorf("archive: %s: %w", filepath.Base(path), err)
-	}
 	for _, rg := range pf.RowGroups() {
 		rows, err := readRowGroup(pf, rg, vals)
 		if err != nil {

@@ -3,7 +3,6 @@ package archive
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 
 	"github.com/parquet-go/parquet-go"
 
@@ -28,19 +27,11 @@ type Settings struct {
 // ReadSettings returns the settings recorded in a file.
 func ReadSettings(path string) (Settings, error) {
 	var s Settings
-	f, err := os.Open(path)
+	f, pf, err := openParquet(path, parquet.SkipPageIndex(true))
 	if err != nil {
-		return s, fmt.Errorf("archive: %w", err)
+		return s, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return s, fmt.Errorf("archive: %w", err)
-	}
-	pf, err := parquet.OpenFile(f, st.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
-	if err != nil {
-		return s, fmt.Errorf("archive: %s: %w", path, err)
-	}
 	v, ok := pf.Lookup(metaSettings)
 	if !ok {
 		return s, fmt.Errorf("archive: %s records no settings", path)

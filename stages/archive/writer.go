@@ -156,19 +156,11 @@ func partNumber(name string) (int64, bool) {
 }
 
 func readMeta(path string) (keys []string, late []LateGroup, err error) {
-	f, err := os.Open(path)
+	f, pf, err := openParquet(path, parquet.SkipPageIndex(true))
 	if err != nil {
-		return nil, nil, fmt.Errorf("archive: %w", err)
+		return nil, nil, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, nil, fmt.Errorf("archive: %w", err)
-	}
-	pf, err := parquet.OpenFile(f, st.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
-	if err != nil {
-		return nil, nil, fmt.Errorf("archive: %s: %w", path, err)
-	}
 	if v, ok := pf.Lookup(metaKeys); ok {
 		if err := json.Unmarshal([]byte(v), &keys); err != nil {
 			return nil, nil, fmt.Errorf("archive: %s: keys: %w", path, err)
