@@ -45,7 +45,6 @@ func (c *colState) intern(v parquet.Value) string {
 }
 
 var columns = []column{
-	{"run", func(r []Row, i int, v parquet.Value, c *colState) { r[i].Run = c.intern(v) }},
 	{"step", func(r []Row, i int, v parquet.Value, _ *colState) { r[i].Step = v.Int64() }},
 	{"group_id", func(r []Row, i int, v parquet.Value, _ *colState) { r[i].GroupID = string(v.ByteArray()) }},
 	{"traj_id", func(r []Row, i int, v parquet.Value, _ *colState) { r[i].TrajID = string(v.ByteArray()) }},

@@ -60,7 +60,8 @@ func Count(files []string) (int64, error) {
 }
 
 // Scan reads files in order and calls fn with each row group's rows,
-// which fn may keep.
+// which fn may keep. A row's Run is its file's partition, the directory
+// run=<run> (empty for a file outside one).
 func Scan(files []string, fn func([]Row) error) error {
 	vals := make([]parquet.Value, 4096)
 	for _, path := range files {
@@ -77,10 +78,14 @@ func scanFile(path string, vals []parquet.Value, fn func([]Row) error) error {
 		return err
 	}
 	defer f.Close()
+	run, _ := strings.CutPrefix(filepath.Base(filepath.Dir(path)), "run=")
 	for _, rg := range pf.RowGroups() {
 		rows, err := readRowGroup(pf, rg, vals)
 		if err != nil {
 			return fmt.Errorf("archive: %s: %w", filepath.Base(path), err)
+		}
+		for i := range rows {
+			rows[i].Run = run
 		}
 		if err := fn(rows); err != nil {
 			return err

@@ -26,8 +26,14 @@ const ExecLate = "late"
 
 // Row is one archived record. The column names are public: DuckDB, pandas
 // and the audit read them.
+//
+// The run is the archive's hive partition, <archive>/run=<run>/, and not a
+// column of the files, as Spark and pyarrow's write_to_dataset lay out
+// partitions: pandas (pyarrow) and DuckDB read it from the path as the
+// column run, and pyarrow refuses a dataset whose files also hold it.
+// Our readers fill Run from the path.
 type Row struct {
-	Run           string `parquet:"run,dict"`
+	Run           string `parquet:"-"`
 	Step          int64  `parquet:"step"`
 	GroupID       string `parquet:"group_id"`
 	TrajID        string `parquet:"traj_id"`

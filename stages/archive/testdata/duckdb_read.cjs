@@ -18,7 +18,7 @@ const { DuckDBInstance } = require('@duckdb/node-api');
            round(sum(fused_advantage * step), 6)::DOUBLE AS fused_by_step,
            round(sum(coalesce(calibrated, 0)), 6)::DOUBLE AS calibrated,
            min(ts)::VARCHAR AS first_ts,
-           string_agg(DISTINCT run, ',') AS runs,
+           string_agg(DISTINCT run::VARCHAR, ',') AS runs,
            string_agg(DISTINCT task_id, ',' ORDER BY task_id) AS tasks
     FROM read_parquet('${glob}', hive_partitioning = true)`);
   console.log(JSON.stringify(r.getRowObjectsJson()[0]));

@@ -1,0 +1,236 @@
+package archive
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// The archive is for other tools: these tests have two independent Parquet
+// readers, DuckDB and pandas, read the files as they are and compare their
+// aggregates with ours. Each reader is a script in testdata that prints one
+// JSON object with the keys of ourAggregates. .ci/run installs both readers
+// and sets WMRL_REQUIRE_DUCKDB / WMRL_REQUIRE_PANDAS so that CI fails rather
+// than skips when one it set up is missing.
+
+// TestDuckDBReadsTheArchive uses DuckDB through its Node package. Locally:
+//
+//	npm install --prefix /tmp/duck @duckdb/node-api
+//	WMRL_NODE_PATH=/tmp/duck/node_modules go test -run DuckDB ./stages/archive
+func TestDuckDBReadsTheArchive(t *testing.T) {
+	nodePath := os.Getenv("WMRL_NODE_PATH")
+	_, nodeErr := exec.LookPath("node")
+	if nodePath == "" || nodeErr != nil {
+		skipOrFail(t, "WMRL_REQUIRE_DUCKDB", fmt.Sprintf("node (%v) or WMRL_NODE_PATH (%q) is missing; set WMRL_NODE_PATH to a node_modules holding @duckdb/node-api", nodeErr, nodePath))
+	}
+	dir, rows := writeReaderFixture(t)
+	cmd := exec.Command("node", filepath.Join("testdata", "duckdb_read.cjs"), filepath.Join(dir, "*", "*.parquet"))
+	cmd.Env = append(os.Environ(), "NODE_PATH="+nodePath)
+	got := runReader(t, cmd)
+	got["first_ts"] = strings.TrimSuffix(got["first_ts"], "+00")
+	compareAggregates(t, "duckdb", got, ourAggregates(rows))
+}
+
+// TestPandasReadsTheArchive uses pandas.read_parquet (pyarrow engine) on the
+// archive directory, with the run partition, and on every file alone.
+// WMRL_PYTHON names a Python with pandas and pyarrow; .ci/run builds one
+// from Debian's packages (see .ci/pandas-python). Locally, with pandas
+// installed: WMRL_PYTHON=python3 go test -run Pandas ./stages/archive
+func TestPandasReadsTheArchive(t *testing.T) {
+	python := os.Getenv("WMRL_PYTHON")
+	if python == "" {
+		skipOrFail(t, "WMRL_REQUIRE_PANDAS", "WMRL_PYTHON is not set; set it to a Python with pandas and pyarrow")
+	}
+	dir, rows := writeReaderFixture(t)
+	got := runReader(t, exec.Command(python, filepath.Join("testdata", "pandas_read.py"), dir))
+
+	// What pandas makes of the columns' types is part of "reads them as
+	// they are": numbers stay numbers, optional ones become NaN-able
+	// floats, timestamps keep their UTC zone.
+	wantTypes := map[string]string{
+		"step": "int64", "policy_version": "int64", "is_anchor": "bool",
+		"predicted": "float64", "true_score": "float64", "calibrated": "float64",
+		"fused_advantage": "float64", "exec_seconds": "float64", "calibration_version": "int64",
+		"ts": "datetime64[us, UTC]",
+	}
+	var types map[string]string
+	if err := json.Unmarshal([]byte(got["dtypes"]), &types); err != nil {
+		t.Fatalf("pandas dtypes %q: %v", got["dtypes"], err)
+	}
+	for col, want := range wantTypes {
+		if types[col] != want {
+			t.Errorf("pandas reads %s as %q, want %q", col, types[col], want)
+		}
+	}
+	files, _ := Files(dir, "r")
+	if got["files_alone"] != strconv.Itoa(len(files)) || got["rows_alone"] != strconv.Itoa(len(rows)) {
+		t.Errorf("pandas read %s files alone holding %s rows; the archive has %d files, %d rows",
+			got["files_alone"], got["rows_alone"], len(files), len(rows))
+	}
+	delete(got, "dtypes")
+	delete(got, "files_alone")
+	delete(got, "rows_alone")
+	compareAggregates(t, "pandas", got, ourAggregates(rows))
+}
+
+func skipOrFail(t *testing.T, require, why string) {
+	t.Helper()
+	if os.Getenv(require) != "" {
+		t.Fatalf("%s is set but %s", require, why)
+	}
+	t.Skip(why)
+}
+
+// writeReaderFixture writes six steps, each with a late anchor row, into
+// several files, and returns the directory and the rows as we read them.
+func writeReaderFixture(t *testing.T) (string, []Row) {
+	t.Helper()
+	dir := t.TempDir()
+	w, err := OpenWriter(WriterConfig{Dir: dir, Run: "r", MaxRows: 20, MaxAge: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for step := range int64(6) {
+		rows, late := FromUpdate(testUpdate(step, "b"))
+		if _, err := w.Add(UpdateKey(step), rows, late); err != nil {
+			t.Fatal(err)
+		}
+		c := schemas.Calibration{Run: "r", Seq: step + 1, Version: 1, Step: step, GroupID: "b",
+			Pairs: []schemas.CalibratedPair{{TrajID: "b0", Predicted: 0.1, True: 0.4, Before: 0.2}}}
+		g, _, _ := w.Late(step, "b")
+		if _, err := w.Add(LateKey(step, "b"), FromLate(c, g, time.Date(2026, 12, 2, 11, 0, 0, 0, time.UTC)), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := ReadAll(dir, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files, _ := Files(dir, "r"); len(files) < 2 {
+		t.Fatalf("want several files, have %d", len(files))
+	}
+	late := 0
+	for _, r := range rows {
+		if r.Source == SourceLateAnchor {
+			late++
+		}
+	}
+	if late != 6 || len(rows) != 6*6+6 {
+		t.Fatalf("fixture: %d rows, %d late", len(rows), late)
+	}
+	return dir, rows
+}
+
+// runReader runs an outside reader and returns its JSON object, every
+// value as a string (numbers in their JSON spelling).
+func runReader(t *testing.T, cmd *exec.Cmd) map[string]string {
+	t.Helper()
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("%s: %v\n%s", cmd.Args[0], err, stderr)
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(out, &raw); err != nil {
+		t.Fatalf("%s printed %q: %v", cmd.Args[0], out, err)
+	}
+	got := make(map[string]string, len(raw))
+	for k, v := range raw {
+		var s string
+		if json.Unmarshal(v, &s) != nil {
+			s = string(v)
+		}
+		got[k] = s
+	}
+	return got
+}
+
+// ourAggregates computes, from our own reader's rows, what each outside
+// reader prints. Sums are compared as numbers, the rest as strings.
+func ourAggregates(rows []Row) map[string]string {
+	steps := map[int64]bool{}
+	tasks := map[string]bool{}
+	var predicted, truth, status, anchors, late int
+	var fusedByStep, calibrated float64
+	first := rows[0].TS
+	for _, r := range rows {
+		steps[r.Step] = true
+		if r.Predicted != nil {
+			predicted++
+		}
+		if r.TrueScore != nil {
+			truth++
+		}
+		if r.ExecStatus != nil {
+			status++
+		}
+		if r.IsAnchor {
+			anchors++
+		}
+		if r.Source == SourceLateAnchor {
+			late++
+		}
+		fusedByStep += r.FusedAdvantage * float64(r.Step)
+		if r.Calibrated != nil {
+			calibrated += *r.Calibrated
+		}
+		if r.TS.Before(first) {
+			first = r.TS
+		}
+		tasks[r.TaskID] = true
+	}
+	taskList := make([]string, 0, len(tasks))
+	for k := range tasks {
+		taskList = append(taskList, k)
+	}
+	slices.Sort(taskList)
+	itoa := strconv.Itoa
+	return map[string]string{
+		"rows": itoa(len(rows)), "steps": itoa(len(steps)), "predicted": itoa(predicted),
+		"true_scores": itoa(truth), "exec_statuses": itoa(status), "anchors": itoa(anchors),
+		"late": itoa(late), "runs": "r", "tasks": strings.Join(taskList, ","),
+		"first_ts":      first.UTC().Format("2006-01-02 15:04:05"),
+		"fused_by_step": strconv.FormatFloat(fusedByStep, 'g', -1, 64),
+		"calibrated":    strconv.FormatFloat(calibrated, 'g', -1, 64),
+	}
+}
+
+func compareAggregates(t *testing.T, reader string, got, want map[string]string) {
+	t.Helper()
+	for k, w := range want {
+		g, ok := got[k]
+		switch {
+		case !ok:
+			t.Errorf("%s printed no %s", reader, k)
+		case k == "fused_by_step" || k == "calibrated":
+			gf, err1 := strconv.ParseFloat(g, 64)
+			wf, _ := strconv.ParseFloat(w, 64)
+			if err1 != nil || math.Abs(gf-wf) > 1e-6 {
+				t.Errorf("%s: %s %s, ours %s", reader, k, g, w)
+			}
+		case g != w:
+			t.Errorf("%s: %s %q, ours %q", reader, k, g, w)
+		}
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			t.Errorf("%s printed %s, which nothing compares", reader, k)
+		}
+	}
+}

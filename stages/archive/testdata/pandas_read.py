@@ -1,0 +1,35 @@
+"""Reads an archive with pandas (pyarrow engine), an independent Parquet
+reader, and prints aggregates the Go test compares with its own reader.
+Usage: python3 pandas_read.py <archive dir>
+"""
+import glob
+import json
+import os
+import sys
+
+import pandas as pd
+
+root = sys.argv[1]
+# The directory as a dataset: pyarrow turns run=<run>/ into a run column.
+df = pd.read_parquet(root)
+# And every file alone, as a user inspecting one part would.
+parts = sorted(glob.glob(os.path.join(root, "run=*", "*.parquet")))
+rows_alone = sum(len(pd.read_parquet(p)) for p in parts)
+
+print(json.dumps({
+    "rows": str(len(df)),
+    "steps": str(df["step"].nunique()),
+    "predicted": str(int(df["predicted"].notna().sum())),
+    "true_scores": str(int(df["true_score"].notna().sum())),
+    "exec_statuses": str(int(df["exec_status"].notna().sum())),
+    "anchors": str(int(df["is_anchor"].sum())),
+    "late": str(int((df["source"] == "late_anchor").sum())),
+    "fused_by_step": round(float((df["fused_advantage"] * df["step"]).sum()), 6),
+    "calibrated": round(float(df["calibrated"].fillna(0).sum()), 6),
+    "first_ts": df["ts"].min().strftime("%Y-%m-%d %H:%M:%S"),
+    "runs": ",".join(sorted(df["run"].astype(str).unique())),
+    "tasks": ",".join(sorted(df["task_id"].unique())),
+    "dtypes": json.dumps({c: str(t) for c, t in df.dtypes.items()}),
+    "files_alone": str(len(parts)),
+    "rows_alone": str(rows_alone),
+}))
