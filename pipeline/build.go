@@ -51,7 +51,10 @@ func (p *Pipeline) build(ctx context.Context) error {
 			}
 		case StageExecute:
 			var exe execute.Executor = &sim.Executor{Latency: cfg.ExecLatency, Noise: 0.02}
-			if cfg.executor() != "sim" {
+			switch {
+			case cfg.ExecutorImpl != nil:
+				exe = cfg.ExecutorImpl
+			case cfg.executor() != "sim":
 				var task *sandbox.Task
 				if task, err = sandbox.LoadTask(cfg.TaskDir); err != nil {
 					return err
@@ -228,6 +231,10 @@ func (p *Pipeline) buildArchive(ctx context.Context) error {
 // worldModel builds the configured world model once per process.
 func (p *Pipeline) worldModel() (predict.WorldModel, error) {
 	if p.wm != nil {
+		return p.wm, nil
+	}
+	if p.cfg.WorldModelImpl != nil {
+		p.wm = p.cfg.WorldModelImpl
 		return p.wm, nil
 	}
 	switch p.cfg.WorldModel {

@@ -11,7 +11,9 @@ import (
 
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/execute"
 	"github.com/wmrl/wmrl/stages/fuse"
+	"github.com/wmrl/wmrl/stages/predict"
 	"github.com/wmrl/wmrl/stages/route"
 )
 
@@ -99,6 +101,11 @@ type Config struct {
 	MaxAttempts int
 	// MaxAckPending per consumer (default 65536: joins hold whole steps).
 	MaxAckPending int
+
+	// WorldModelImpl and ExecutorImpl, when set, replace the world model
+	// and executor chosen above (for embedding: a simulator, a test double).
+	WorldModelImpl predict.WorldModel
+	ExecutorImpl   execute.Executor
 
 	// OnUpdate, if set, sees every update this process stores, with the
 	// time from the step's last input to it (for embedding and benchmarks).

@@ -5,19 +5,21 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/wmrl/wmrl/connectors/sim/rl"
+	"github.com/wmrl/wmrl/pipeline/simrl"
 )
 
 func simCommand() *cobra.Command {
 	cfg := rl.DefaultConfig()
-	var scenarios, out string
+	var scenarios, methods, out string
 	var seeds int
-	var asJSON, noSweep bool
+	var asJSON, noSweep, viaPipeline bool
 	cmd := &cobra.Command{
 		Use:   "sim",
 		Short: "Benchmark the corrections on a synthetic RL problem: every method on the same seeds, tables, plots, a sweep",
@@ -35,27 +37,38 @@ func simCommand() *cobra.Command {
 					scs = append(scs, sc)
 				}
 			}
+			ms, err := pickMethods(methods)
+			if err != nil {
+				return err
+			}
 			if seeds < 2 {
 				return fmt.Errorf("sim: --seeds %d: intervals need at least 2", seeds)
 			}
 			if err := os.MkdirAll(out, 0o755); err != nil {
 				return err
 			}
+			opts := rl.Options{Config: cfg, Seeds: seeds, Scenarios: scs, Methods: ms}
+			if viaPipeline {
+				// A pipeline per training run, each with its own embedded
+				// NATS server and stages: one run per core at most.
+				opts.NewRewarder, opts.Parallel = simrl.NewRewarder(""), 1
+			}
 			bar := newProgressBar(cmd.ErrOrStderr())
-			res, err := rl.Run(rl.Options{Config: cfg, Seeds: seeds, Scenarios: scs, Methods: rl.Methods, Progress: bar.set("training")})
+			opts.Progress = bar.set("training")
+			res, err := rl.Run(opts)
 			if err != nil {
 				return err
 			}
 			var cells []rl.SweepCell
 			if !noSweep {
-				if cells, err = rl.Sweep(cfg, seeds, bar.set("sweep")); err != nil {
+				if cells, err = rl.Sweep(cfg, seeds, opts.NewRewarder, bar.set("sweep")); err != nil {
 					return err
 				}
 			}
 			bar.done()
 			var pngs []string
 			for _, r := range res {
-				p, err := rl.PlotCurves(out, r, rl.Methods[:6])
+				p, err := rl.PlotCurves(out, r, curveMethods(ms))
 				if err != nil {
 					return err
 				}
@@ -76,8 +89,11 @@ func simCommand() *cobra.Command {
 				cfg.Costs.Generate, cfg.Costs.WorldModel, cfg.Costs.Execute)
 			fmt.Fprintf(w, "%d seeds, %d steps, %d groups of %d, anchor fraction %.2f, %s policy; intervals are 95%% (Student t)\n",
 				seeds, cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.AnchorFraction, map[bool]string{false: "tabular softmax", true: "linear"}[cfg.Linear])
+			if viaPipeline {
+				fmt.Fprintln(w, "scored through the streaming pipeline in this process (route, predict, execute, pair, calibrate, fuse over embedded NATS)")
+			}
 			for _, r := range res {
-				rl.WriteTable(w, r, rl.Methods)
+				rl.WriteTable(w, r, ms)
 			}
 			if cells != nil {
 				rl.WriteSweep(w, cells)
@@ -88,6 +104,8 @@ func simCommand() *cobra.Command {
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&scenarios, "scenario", "all", "scenarios, comma-separated, or all")
+	fs.StringVar(&methods, "methods", "all", "methods, comma-separated, or all (grpo and wmrl always run: differences are paired with grpo, equal cost is wmrl's)")
+	fs.BoolVar(&viaPipeline, "pipeline", false, "score every step through the streaming pipeline in this process (embedded NATS, all stages); same seeds, same numbers, slower")
 	fs.IntVar(&seeds, "seeds", 8, "seeds per method (paired across methods)")
 	fs.IntVar(&cfg.Steps, "steps", cfg.Steps, "training steps")
 	fs.IntVar(&cfg.Groups, "groups", cfg.Groups, "groups per step")
@@ -99,6 +117,47 @@ func simCommand() *cobra.Command {
 	fs.BoolVar(&asJSON, "json", false, "print JSON instead of tables")
 	fs.BoolVar(&noSweep, "no-sweep", false, "skip the noise x anchor-fraction sweep")
 	return cmd
+}
+
+// pickMethods resolves --methods, in the order of rl.Methods. grpo and
+// wmrl always run: the tables give every method's paired difference to
+// grpo and its reward at wmrl's total cost.
+func pickMethods(list string) ([]rl.Method, error) {
+	if list == "all" {
+		return rl.Methods, nil
+	}
+	want := map[string]bool{"grpo": true, "wmrl": true}
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		i := slices.IndexFunc(rl.Methods, func(m rl.Method) bool { return m.Name == name })
+		if i < 0 {
+			names := make([]string, len(rl.Methods))
+			for k, m := range rl.Methods {
+				names[k] = m.Name
+			}
+			return nil, fmt.Errorf("sim: unknown method %q (have %s)", name, strings.Join(names, ", "))
+		}
+		want[name] = true
+	}
+	var ms []rl.Method
+	for _, m := range rl.Methods {
+		if want[m.Name] {
+			ms = append(ms, m)
+		}
+	}
+	return ms, nil
+}
+
+// curveMethods are the methods drawn in the learning curves: the six
+// headline ones of those run (the rho variants would crowd the picture).
+func curveMethods(ms []rl.Method) []rl.Method {
+	var out []rl.Method
+	for _, m := range ms {
+		if slices.ContainsFunc(rl.Methods[:6], func(h rl.Method) bool { return h.Name == m.Name }) {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 func writeSimJSON(w io.Writer, cfg rl.Config, seeds int, res []rl.ScenarioResult, cells []rl.SweepCell) error {

@@ -54,6 +54,10 @@ type Options struct {
 	Methods   []Method
 	// Progress, if set, is called after each training run.
 	Progress func(done, total int)
+	// NewRewarder scores the steps (default NewCoreRewarder); Parallel
+	// caps the training runs at once (default GOMAXPROCS).
+	NewRewarder NewRewarder
+	Parallel    int
 }
 
 type job struct {
@@ -77,14 +81,20 @@ func Run(o Options) ([]ScenarioResult, error) {
 	var mu sync.Mutex
 	var firstErr error
 	done, total := 0, len(o.Scenarios)*len(o.Methods)*o.Seeds
-	for range runtime.GOMAXPROCS(0) {
+	if o.NewRewarder == nil {
+		o.NewRewarder = NewCoreRewarder
+	}
+	if o.Parallel <= 0 {
+		o.Parallel = runtime.GOMAXPROCS(0)
+	}
+	for range o.Parallel {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
 				cfg := o.Config
 				cfg.Seed = uint64(1000 + j.seed)
-				c, err := Train(cfg, o.Scenarios[j.sc], o.Methods[j.m])
+				c, err := TrainWith(cfg, o.Scenarios[j.sc], o.Methods[j.m], o.NewRewarder)
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err

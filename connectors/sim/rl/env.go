@@ -57,6 +57,7 @@ func ScenarioByName(name string) (Scenario, error) {
 // Env is one drawn problem: true qualities, persistent errors and style
 // features, fixed by the seed.
 type Env struct {
+	Seed                    uint64
 	Tasks, Styles, Features int
 	ExecNoise               float64
 	Scenario                Scenario
@@ -69,7 +70,7 @@ type Env struct {
 func NewEnv(seed uint64, tasks, styles int, sc Scenario) *Env {
 	r := rand.New(rand.NewPCG(seed, 0xe57))
 	const d = 4
-	e := &Env{Tasks: tasks, Styles: styles, Features: d, ExecNoise: 0.05, Scenario: sc}
+	e := &Env{Seed: seed, Tasks: tasks, Styles: styles, Features: d, ExecNoise: 0.05, Scenario: sc}
 	u := make([]float64, d)
 	for k := range u {
 		u[k] = r.NormFloat64()
@@ -110,6 +111,35 @@ func (e *Env) Quality(t, s int) float64 { return e.q[t][s] }
 // Execute returns a real, noisy score.
 func (e *Env) Execute(r *rand.Rand, t, s int) float64 {
 	return clip01(e.q[t][s] + e.ExecNoise*r.NormFloat64())
+}
+
+// Streams of the keyed draws of PredictAt and ExecuteAt.
+const (
+	streamPredict = 2
+	streamExecute = 3
+)
+
+// drawAt is a random source keyed by the seed, a stream and a
+// trajectory's place, so that a draw does not depend on the order in which
+// trajectories are scored (the pipeline scores groups concurrently).
+func (e *Env) drawAt(stream uint64, step, g, i int) *rand.Rand {
+	h := e.Seed
+	for _, v := range []uint64{uint64(step), uint64(g), uint64(i)} {
+		h = (h ^ v) * 0x9e3779b97f4a7c15 // golden-ratio multiply: cheap mixing, distinct seeds for distinct places
+		h ^= h >> 31
+	}
+	return rand.New(rand.NewPCG(h, stream))
+}
+
+// PredictAt is the world model's score of trajectory i of group g of a
+// step.
+func (e *Env) PredictAt(step, g, i int, tr Traj) float64 {
+	return e.Predict(e.drawAt(streamPredict, step, g, i), tr.Task, tr.Style)
+}
+
+// ExecuteAt is the executed score of trajectory i of group g of a step.
+func (e *Env) ExecuteAt(step, g, i int, tr Traj) float64 {
+	return e.Execute(e.drawAt(streamExecute, step, g, i), tr.Task, tr.Style)
 }
 
 // Predict returns the world model's score.

@@ -80,8 +80,11 @@ func spearman(a, b []float64) float64 {
 
 // Sweep measures the gap between wmrl and grpo at equal steps over world-model
 // noise (reported as within-group rank correlation) and anchor fraction, in
-// the monotone scenario.
-func Sweep(cfg Config, seeds int, progress func(done, total int)) ([]SweepCell, error) {
+// the monotone scenario, with newRewarder (nil: the core packages).
+func Sweep(cfg Config, seeds int, newRewarder NewRewarder, progress func(done, total int)) ([]SweepCell, error) {
+	if newRewarder == nil {
+		newRewarder = NewCoreRewarder
+	}
 	base, _ := ScenarioByName("monotone")
 	grpo := make([]float64, seeds)
 	total := seeds * (1 + len(SweepNoise)*len(SweepFractions))
@@ -95,7 +98,7 @@ func Sweep(cfg Config, seeds int, progress func(done, total int)) ([]SweepCell, 
 	for s := range grpo {
 		c := cfg
 		c.Seed = uint64(1000 + s)
-		curve, err := Train(c, base, Methods[0])
+		curve, err := TrainWith(c, base, Methods[0], newRewarder)
 		if err != nil {
 			return nil, err
 		}
@@ -115,7 +118,7 @@ func Sweep(cfg Config, seeds int, progress func(done, total int)) ([]SweepCell, 
 			var cost float64
 			for s := range gaps {
 				c.Seed = uint64(1000 + s)
-				curve, err := Train(c, sc, wmrl)
+				curve, err := TrainWith(c, sc, wmrl, newRewarder)
 				if err != nil {
 					return nil, err
 				}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/fuse"
@@ -131,105 +132,203 @@ func sample(r *rand.Rand, pr []float64) int {
 	return len(pr) - 1
 }
 
-// Train runs one method and returns its learning curve (one Point per
-// step, after the update). The environment and sampling streams depend only
-// on cfg.Seed, so methods on one seed are paired.
+// Traj is one sampled trajectory: the task its group answers and its style.
+type Traj struct{ Task, Style int }
+
+// StepRewards is what a rewarder makes of one step's groups.
+type StepRewards struct {
+	// Fused[g][i] is trajectory i of group g's fused advantage.
+	Fused [][]float64
+	// Anchor[g]: group g was executed (every group under grpo).
+	Anchor []bool
+	Rho    float64
+}
+
+// A Rewarder scores a step's groups for the policy gradient: the core
+// packages in this process (CoreRewarder), or the streaming pipeline.
+type Rewarder interface {
+	Reward(step int, groups [][]Traj) (StepRewards, error)
+	Close() error
+}
+
+// NewRewarder builds the rewarder of one training run.
+type NewRewarder func(cfg Config, env *Env, m Method) (Rewarder, error)
+
+// RunName is the run name every rewarder gives the anchor scheduler, so
+// that both draw the same anchors.
+const RunName = "sim"
+
+// GroupID names group g of a step; the IDs sort in group order, which is
+// the order a step's anchor groups are absorbed in.
+func GroupID(step, g int) string { return fmt.Sprintf("s%d-g%03d", step, g) }
+
+// SchedulerConfig is the anchor choice of a method: every group for grpo,
+// none for wm, else cfg.AnchorFraction with at least one per step.
+func SchedulerConfig(cfg Config, m Method) route.SchedulerConfig {
+	sc := route.SchedulerConfig{Fraction: cfg.AnchorFraction, MinPerStep: 1, Seed: cfg.Seed}
+	switch {
+	case m.ExecuteAll:
+		sc.Fraction = 1
+	case m.NoAnchors:
+		sc.Fraction, sc.MinPerStep = 0, 0
+	}
+	return sc
+}
+
+// CorrectorConfig is a method's corrections.
+func CorrectorConfig(cfg Config, m Method) fuse.CorrectorConfig {
+	est := m.Estimator
+	if est == "" {
+		est = fuse.EstimatorOff
+	}
+	return fuse.CorrectorConfig{Debias: m.Debias, Debiaser: cfg.Debiaser, Denoiser: fuse.DenoiserConfig{Estimator: est}}
+}
+
+// CoreRewarder runs the project's correction packages directly, in the
+// order the streaming pipeline applies them: the step's anchor groups are
+// absorbed first, in group order (each scored out-of-sample by the map
+// before its own pairs), then every world-model group is calibrated with
+// the resulting map, and the step is fused at the resulting rho.
+type CoreRewarder struct {
+	cfg   Config
+	env   *Env
+	m     Method
+	sched *route.Scheduler
+	corr  *fuse.Corrector
+}
+
+// NewCoreRewarder is the default NewRewarder.
+func NewCoreRewarder(cfg Config, env *Env, m Method) (Rewarder, error) {
+	sched, err := route.NewScheduler(SchedulerConfig(cfg, m))
+	if err != nil {
+		return nil, err
+	}
+	corr, err := fuse.NewCorrector(CorrectorConfig(cfg, m))
+	if err != nil {
+		return nil, err
+	}
+	return &CoreRewarder{cfg: cfg, env: env, m: m, sched: sched, corr: corr}, nil
+}
+
+// Close releases nothing.
+func (c *CoreRewarder) Close() error { return nil }
+
+// Reward scores one step.
+func (c *CoreRewarder) Reward(step int, groups [][]Traj) (StepRewards, error) {
+	ids := make([]string, len(groups))
+	for g := range ids {
+		ids[g] = GroupID(step, g)
+	}
+	out := StepRewards{Anchor: make([]bool, len(groups)), Fused: make([][]float64, len(groups))}
+	for _, d := range c.sched.Select(RunName, int64(step), ids, 0).Decisions {
+		out.Anchor[slices.Index(ids, d.GroupID)] = d.Anchor
+	}
+	pred, truth := make([][]float64, len(groups)), make([][]float64, len(groups))
+	for g, trajs := range groups {
+		pred[g], truth[g] = make([]float64, len(trajs)), make([]float64, len(trajs))
+		for i, tr := range trajs {
+			pred[g][i] = c.env.PredictAt(step, g, i, tr)
+			if out.Anchor[g] {
+				truth[g][i] = c.env.ExecuteAt(step, g, i, tr)
+			}
+		}
+	}
+	for g := range groups {
+		if out.Anchor[g] {
+			if _, err := c.corr.ObserveAnchorGroup(pred[g], truth[g]); err != nil {
+				return out, err
+			}
+		}
+	}
+	fg := make([]fuse.Group, len(groups))
+	for g, trajs := range groups {
+		items := make([]fuse.Item, len(trajs))
+		for i := range trajs {
+			r := truth[g][i]
+			if !out.Anchor[g] {
+				r = c.corr.Calibrate(pred[g][i])
+			}
+			items[i] = fuse.Item{Reward: r, Graded: true}
+		}
+		fg[g] = fuse.Group{ID: ids[g], Anchor: out.Anchor[g], Items: items}
+	}
+	out.Rho = c.corr.Rho()
+	res := fuse.Fuse(fg, out.Rho, fuse.Standardize)
+	k := 0
+	for g, trajs := range groups {
+		out.Fused[g] = make([]float64, len(trajs))
+		for i := range trajs {
+			out.Fused[g][i] = res.Items[k].FusedAdvantage
+			k++
+		}
+	}
+	return out, nil
+}
+
+// Train runs one method with the core packages and returns its learning
+// curve (one Point per step, after the update).
 func Train(cfg Config, sc Scenario, m Method) ([]Point, error) {
+	return TrainWith(cfg, sc, m, NewCoreRewarder)
+}
+
+// TrainWith runs one method with the given rewarder. The environment, the
+// sampling stream and every world-model and execution draw depend only on
+// cfg.Seed and the trajectory's place (step, group, index), so methods on
+// one seed are paired and the rewarders agree whatever order they score in.
+func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curve []Point, err error) {
 	env := NewEnv(cfg.Seed, cfg.Tasks, cfg.Styles, sc)
 	pol := &policy{env: env, linear: cfg.Linear, w: make([]float64, env.Features)}
 	pol.theta = make([][]float64, cfg.Tasks)
 	for t := range pol.theta {
 		pol.theta[t] = make([]float64, cfg.Styles)
 	}
+	rw, err := newRewarder(cfg, env, m)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := rw.Close(); err == nil && cerr != nil {
+			curve, err = nil, cerr
+		}
+	}()
 	sampler := rand.New(rand.NewPCG(cfg.Seed, 1))
-	wmRand := rand.New(rand.NewPCG(cfg.Seed, 2))
-	execRand := rand.New(rand.NewPCG(cfg.Seed, 3))
-	sched, err := route.NewScheduler(route.SchedulerConfig{Fraction: cfg.AnchorFraction, MinPerStep: 1, Seed: cfg.Seed})
-	if err != nil {
-		return nil, err
-	}
-	est := m.Estimator
-	if est == "" {
-		est = fuse.EstimatorOff
-	}
-	corr, err := fuse.NewCorrector(fuse.CorrectorConfig{Debias: m.Debias, Debiaser: cfg.Debiaser, Denoiser: fuse.DenoiserConfig{Estimator: est}})
-	if err != nil {
-		return nil, err
-	}
 	G := cfg.GroupSize
-	curve := make([]Point, 0, cfg.Steps)
+	curve = make([]Point, 0, cfg.Steps)
 	cost, execs := 0.0, 0
 	pr := make([]float64, cfg.Styles)
-	ids := make([]string, cfg.Groups)
-	for g := range ids {
-		ids[g] = fmt.Sprintf("g%03d", g)
-	}
-	type traj struct{ task, style int }
 	for step := 0; step < cfg.Steps; step++ {
-		trajs := make([][]traj, cfg.Groups)
-		for g := range trajs {
+		groups := make([][]Traj, cfg.Groups)
+		for g := range groups {
 			t := sampler.IntN(cfg.Tasks)
 			pr = pol.probs(t, pr)
-			trajs[g] = make([]traj, G)
-			for i := range trajs[g] {
-				trajs[g][i] = traj{t, sample(sampler, pr)}
+			groups[g] = make([]Traj, G)
+			for i := range groups[g] {
+				groups[g][i] = Traj{t, sample(sampler, pr)}
 			}
+		}
+		res, err := rw.Reward(step, groups)
+		if err != nil {
+			return nil, fmt.Errorf("rl: step %d: %w", step, err)
 		}
 		cost += float64(cfg.Groups*G) * cfg.Costs.Generate
-		anchor := make([]bool, cfg.Groups)
-		switch {
-		case m.ExecuteAll:
-			for g := range anchor {
-				anchor[g] = true
-			}
-		case !m.NoAnchors:
-			for _, d := range sched.Select("sim", int64(step), ids, 0).Decisions {
-				var g int
-				fmt.Sscanf(d.GroupID, "g%d", &g)
-				anchor[g] = d.Anchor
-			}
+		if !m.ExecuteAll {
+			cost += float64(cfg.Groups*G) * cfg.Costs.WorldModel
 		}
-		groups := make([]fuse.Group, cfg.Groups)
-		for g := range trajs {
-			items := make([]fuse.Item, G)
-			pred := make([]float64, G)
-			if !m.ExecuteAll {
-				for i, tr := range trajs[g] {
-					pred[i] = env.Predict(wmRand, tr.task, tr.style)
-				}
-				cost += float64(G) * cfg.Costs.WorldModel
-			}
-			if anchor[g] {
-				truth := make([]float64, G)
-				for i, tr := range trajs[g] {
-					truth[i] = env.Execute(execRand, tr.task, tr.style)
-					items[i] = fuse.Item{Reward: truth[i], Graded: true}
-				}
+		for _, a := range res.Anchor {
+			if a {
 				cost += float64(G) * cfg.Costs.Execute
 				execs += G
-				if !m.ExecuteAll {
-					if _, err := corr.ObserveAnchorGroup(pred, truth); err != nil {
-						return nil, err
-					}
-				}
-			} else {
-				for i := range trajs[g] {
-					items[i] = fuse.Item{Reward: corr.Calibrate(pred[i]), Graded: true}
-				}
 			}
-			groups[g] = fuse.Group{ID: ids[g], Anchor: anchor[g] && !m.ExecuteAll, Items: items}
 		}
-		rho := corr.Rho()
-		res := fuse.Fuse(groups, rho, fuse.Standardize)
 		// Policy gradient: the step mean of fused_i * grad log pi(style_i | task_i).
 		n := float64(cfg.Groups * G)
 		gw := make([]float64, env.Features)
 		gt := map[int][]float64{}
-		for g := range trajs {
-			t := trajs[g][0].task
+		for g := range groups {
+			t := groups[g][0].Task
 			pr = pol.probs(t, pr)
-			for i, tr := range trajs[g] {
-				a := res.Items[g*G+i].FusedAdvantage / n
+			for i, tr := range groups[g] {
+				a := res.Fused[g][i] / n
 				if a == 0 {
 					continue
 				}
@@ -239,7 +338,7 @@ func Train(cfg Config, sc Scenario, m Method) ([]Point, error) {
 						for s, p := range pr {
 							mean += p * env.phi[s][k]
 						}
-						gw[k] += a * (env.phi[tr.style][k] - mean)
+						gw[k] += a * (env.phi[tr.Style][k] - mean)
 					}
 					continue
 				}
@@ -248,7 +347,7 @@ func Train(cfg Config, sc Scenario, m Method) ([]Point, error) {
 				}
 				for s, p := range pr {
 					ind := 0.0
-					if s == tr.style {
+					if s == tr.Style {
 						ind = 1
 					}
 					gt[t][s] += a * (ind - p)
@@ -263,7 +362,7 @@ func Train(cfg Config, sc Scenario, m Method) ([]Point, error) {
 		for k := range gw {
 			pol.w[k] += cfg.LR * gw[k]
 		}
-		curve = append(curve, Point{Step: step + 1, Cost: cost, Reward: pol.expected(), Executions: execs, Rho: rho})
+		curve = append(curve, Point{Step: step + 1, Cost: cost, Reward: pol.expected(), Executions: execs, Rho: res.Rho})
 	}
 	return curve, nil
 }

@@ -1,0 +1,70 @@
+package simrl
+
+import (
+	"math"
+	"testing"
+
+	"github.com/wmrl/wmrl/connectors/sim/rl"
+)
+
+// TestPipelineGivesTheCoreNumbers trains the same seeds through the core
+// packages and through the streaming pipeline, and wants the same learning
+// curves: reward, rho, cost and executions after every step. The methods
+// cover every path of the pipeline: every group executed (grpo), none
+// (wm), anchors without corrections, the out-of-sample default and the
+// in-sample reference estimator.
+func TestPipelineGivesTheCoreNumbers(t *testing.T) {
+	cfg := rl.DefaultConfig()
+	cfg.Steps = 30
+	if testing.Short() {
+		cfg.Steps = 10
+	}
+	sc, err := rl.ScenarioByName("monotone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"grpo", "wm", "anchor", "wmrl", "wmrl-reference"} {
+		m := rl.Methods[methodIndex(t, name)]
+		t.Run(name, func(t *testing.T) {
+			cfg.Seed = 1000
+			core, err := rl.Train(cfg, sc, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			streamed, err := rl.TrainWith(cfg, sc, m, NewRewarder(t.TempDir()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(streamed) != len(core) {
+				t.Fatalf("%d steps through the pipeline, %d in the core", len(streamed), len(core))
+			}
+			moved := false
+			for i, c := range core {
+				s := streamed[i]
+				if math.Abs(s.Reward-c.Reward) > 1e-9 || math.Abs(s.Rho-c.Rho) > 1e-9 || s.Cost != c.Cost || s.Executions != c.Executions {
+					t.Fatalf("step %d: pipeline reward %.12f rho %.12f cost %v execs %d; core %.12f %.12f %v %d",
+						c.Step, s.Reward, s.Rho, s.Cost, s.Executions, c.Reward, c.Rho, c.Cost, c.Executions)
+				}
+				moved = moved || c.Rho != core[0].Rho
+			}
+			last := core[len(core)-1]
+			t.Logf("%d steps equal: final reward %.6f, rho %.4f, %d executions", len(core), last.Reward, last.Rho, last.Executions)
+			if last.Reward <= core[0].Reward {
+				t.Errorf("the policy did not learn (%.4f to %.4f): the comparison is vacuous", core[0].Reward, last.Reward)
+			}
+			if (name == "wmrl" || name == "wmrl-reference") && !moved {
+				t.Errorf("rho never moved from %v: the denoiser was not exercised", core[0].Rho)
+			}
+		})
+	}
+}
+
+func methodIndex(t *testing.T, name string) int {
+	for i, m := range rl.Methods {
+		if m.Name == name {
+			return i
+		}
+	}
+	t.Fatalf("no method %q", name)
+	return -1
+}
