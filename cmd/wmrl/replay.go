@@ -42,19 +42,9 @@ func loadRun(root, run string, stderr io.Writer) ([]archive.Row, archive.Setting
 	if settings, err = archive.ReadSettings(files[len(files)-1]); err != nil {
 		return nil, settings, "", err
 	}
-	total, err := archive.Count(files)
-	if err != nil {
-		return nil, settings, "", err
-	}
 	bar := newProgressBar(stderr)
-	show := bar.set("reading")
-	rows := make([]archive.Row, 0, total)
 	start := time.Now()
-	err = archive.Scan(files, func(b []archive.Row) error {
-		rows = append(rows, b...)
-		show(len(rows), int(max(total, 1)))
-		return nil
-	})
+	rows, err := archive.Read(files, bar.set("reading"))
 	bar.done()
 	if err != nil {
 		return nil, settings, "", err

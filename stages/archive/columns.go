@@ -77,15 +77,18 @@ var columns = []column{
 	{"d", func(r []Row, i int, v parquet.Value, _ *colState) { r[i].D = v.Double() }},
 }
 
-// readRowGroup decodes a row group into fresh rows (they may be kept).
-func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value) ([]Row, error) {
+// readRowGroup decodes a row group into rows, which must hold exactly its
+// rows (they may be kept).
+func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, rows []Row) error {
 	n := int(rg.NumRows())
-	rows := make([]Row, n)
+	if len(rows) != n {
+		return fmt.Errorf("row group of %d rows decoded into %d", n, len(rows))
+	}
 	chunks := rg.ColumnChunks()
 	for _, col := range columns {
 		leaf, ok := pf.Schema().Lookup(col.name)
 		if !ok {
-			return nil, fmt.Errorf("no column %q", col.name)
+			return fmt.Errorf("no column %q", col.name)
 		}
 		st := &colState{}
 		switch col.name {
@@ -106,7 +109,7 @@ func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value) (
 			}
 			if err != nil {
 				pages.Close()
-				return nil, fmt.Errorf("column %s: %w", col.name, err)
+				return fmt.Errorf("column %s: %w", col.name, err)
 			}
 			r := p.Values()
 			for {
@@ -114,7 +117,7 @@ func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value) (
 				for _, v := range vals[:k] {
 					if i >= n {
 						pages.Close()
-						return nil, fmt.Errorf("column %s has more values than the row group's %d rows", col.name, n)
+						return fmt.Errorf("column %s has more values than the row group's %d rows", col.name, n)
 					}
 					col.set(rows, i, v, st)
 					i++
@@ -124,15 +127,15 @@ func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value) (
 				}
 				if err != nil {
 					pages.Close()
-					return nil, fmt.Errorf("column %s: %w", col.name, err)
+					return fmt.Errorf("column %s: %w", col.name, err)
 				}
 			}
 			parquet.Release(p)
 		}
 		pages.Close()
 		if i != n {
-			return nil, fmt.Errorf("column %s has %d values for %d rows", col.name, i, n)
+			return fmt.Errorf("column %s has %d values for %d rows", col.name, i, n)
 		}
 	}
-	return rows, nil
+	return nil
 }

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/parquet-go/parquet-go"
 )
@@ -60,49 +62,122 @@ func Count(files []string) (int64, error) {
 }
 
 // Scan reads files in order and calls fn with each row group's rows,
-// which fn may keep. A row's Run is its file's partition, the directory
-// run=<run> (empty for a file outside one).
+// which fn may keep: a stream, in the memory of one row group. A row's Run
+// is its file's partition, the directory run=<run> (empty for a file
+// outside one).
 func Scan(files []string, fn func([]Row) error) error {
 	vals := make([]parquet.Value, 4096)
 	for _, path := range files {
-		if err := scanFile(path, vals, fn); err != nil {
+		f, pf, err := openParquet(path)
+		if err != nil {
 			return err
 		}
+		for _, rg := range pf.RowGroups() {
+			rows := make([]Row, rg.NumRows())
+			if err := decodeRowGroup(path, pf, rg, vals, rows); err != nil {
+				f.Close()
+				return err
+			}
+			if err := fn(rows); err != nil {
+				f.Close()
+				return err
+			}
+		}
+		f.Close()
 	}
 	return nil
 }
 
-func scanFile(path string, vals []parquet.Value, fn func([]Row) error) error {
+func decodeRowGroup(path string, pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, rows []Row) error {
+	if err := readRowGroup(pf, rg, vals, rows); err != nil {
+		return fmt.Errorf("archive: %s: %w", filepath.Base(path), err)
+	}
+	run, _ := strings.CutPrefix(filepath.Base(filepath.Dir(path)), "run=")
+	for i := range rows {
+		rows[i].Run = run
+	}
+	return nil
+}
+
+// Read reads files whole into one slice, in order, sized from their
+// footers: every file is decoded on its own core straight into its place,
+// with no copy (a million rows are about 250 MB; first-touching that
+// memory twice, as appending row groups would, halves the read rate).
+// progress, if set, is called with the rows read so far and the total.
+func Read(files []string, progress func(done, total int)) ([]Row, error) {
+	offsets := make([]int, len(files)+1)
+	for i, path := range files {
+		f, pf, err := openParquet(path, parquet.SkipPageIndex(true))
+		if err != nil {
+			return nil, err
+		}
+		offsets[i+1] = offsets[i] + int(pf.NumRows())
+		f.Close()
+	}
+	rows := make([]Row, offsets[len(files)])
+	var mu sync.Mutex
+	var firstErr error
+	done := 0
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(files)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			vals := make([]parquet.Value, 4096)
+			for i := range next {
+				err := readFileInto(files[i], vals, rows[offsets[i]:offsets[i+1]])
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				done += offsets[i+1] - offsets[i]
+				if progress != nil && firstErr == nil {
+					progress(done, len(rows))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := range files {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	return rows, nil
+}
+
+// readFileInto decodes a file into dst, which holds exactly its rows.
+func readFileInto(path string, vals []parquet.Value, dst []Row) error {
 	f, pf, err := openParquet(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	run, _ := strings.CutPrefix(filepath.Base(filepath.Dir(path)), "run=")
+	if int(pf.NumRows()) != len(dst) {
+		return fmt.Errorf("archive: %s: %d rows, its footer said %d when first read", filepath.Base(path), pf.NumRows(), len(dst))
+	}
+	at := 0
 	for _, rg := range pf.RowGroups() {
-		rows, err := readRowGroup(pf, rg, vals)
-		if err != nil {
-			return fmt.Errorf("archive: %s: %w", filepath.Base(path), err)
-		}
-		for i := range rows {
-			rows[i].Run = run
-		}
-		if err := fn(rows); err != nil {
+		n := int(rg.NumRows())
+		if err := decodeRowGroup(path, pf, rg, vals, dst[at:at+n]); err != nil {
 			return err
 		}
+		at += n
 	}
 	return nil
 }
 
-// ReadAll reads a run's rows.
+// ReadAll reads a run's rows (Read over its files).
 func ReadAll(root, run string) ([]Row, error) {
 	files, err := Files(root, run)
 	if err != nil {
 		return nil, err
 	}
-	var out []Row
-	err = Scan(files, func(b []Row) error { out = append(out, b...); return nil })
-	return out, err
+	return Read(files, nil)
 }
 
 // RowWriter writes rows to one zstd Parquet file (replays, tests), made
