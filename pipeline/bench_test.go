@@ -35,8 +35,11 @@ func rawBaseline(b *testing.B) float64 {
 // trajectories (128 groups of 8). It returns the steady-state rate (the
 // steps after the first, from the first update to the last, so start-up is
 // not counted) and each step's latency from its last input to its update.
-func runSteps(b *testing.B, inFlight int) (trajPerSec float64, lat []time.Duration) {
+func runSteps(b *testing.B, inFlight int, stages ...string) (trajPerSec float64, lat []time.Duration) {
 	cfg := DefaultConfig()
+	if stages != nil {
+		cfg.Stages = stages
+	}
 	cfg.DataDir, cfg.Listen, cfg.Quiet = b.TempDir(), "127.0.0.1:0", true
 	steps := max(b.N, 20)
 	cfg.Groups, cfg.GroupSize, cfg.Steps, cfg.InFlightSteps = 128, 8, int64(steps), inFlight
@@ -67,6 +70,16 @@ func runSteps(b *testing.B, inFlight int) (trajPerSec float64, lat []time.Durati
 func BenchmarkEndToEnd(b *testing.B) {
 	raw := rawBaseline(b)
 	rate, _ := runSteps(b, 4)
+	b.ReportMetric(rate, "traj/s")
+	b.ReportMetric(raw, "raw_msgs/s")
+	b.ReportMetric(rate/raw, "x_raw")
+}
+
+// BenchmarkEndToEndNoArchive: the same without the archive stage, to show
+// what archiving every record costs.
+func BenchmarkEndToEndNoArchive(b *testing.B) {
+	raw := rawBaseline(b)
+	rate, _ := runSteps(b, 4, slices.DeleteFunc(slices.Clone(AllStages), func(s string) bool { return s == StageArchive })...)
 	b.ReportMetric(rate, "traj/s")
 	b.ReportMetric(raw, "raw_msgs/s")
 	b.ReportMetric(rate/raw, "x_raw")
