@@ -90,10 +90,14 @@ func start(dir string, cfg rl.Config, env *rl.Env, m rl.Method) (*rewarder, erro
 	pc.ExecSlots = cfg.Groups * cfg.GroupSize
 	pc.WorldModelImpl = worldModel{env}
 	pc.ExecutorImpl = executor{env, r.gate}
-	pc.OnUpdate = func(u schemas.Update, _ time.Duration) { r.updates <- u }
-
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
+	pc.OnUpdate = func(u schemas.Update, _ time.Duration) {
+		select {
+		case r.updates <- u:
+		case <-ctx.Done(): // closing: nobody reads any more
+		}
+	}
 	fail := func(err error) (*rewarder, error) {
 		r.Close()
 		return nil, fmt.Errorf("simrl: %w", err)
@@ -223,10 +227,10 @@ func (r *rewarder) Close() error {
 	if r.nc != nil {
 		r.nc.Close()
 	}
+	r.cancel() // first: it also releases an OnUpdate nobody reads
 	if r.p != nil {
 		err = r.p.Stop()
 	}
-	r.cancel()
 	return errors.Join(err, os.RemoveAll(r.dataDir))
 }
 
