@@ -87,6 +87,8 @@ func start(dir string, cfg rl.Config, env *rl.Env, m rl.Method) (*rewarder, erro
 	// The core packages never drop an anchor for lateness: neither may the
 	// pipeline here (a late anchor is a timing outcome, not the method).
 	pc.AnchorDeadline, pc.StepTimeout = time.Hour, time.Hour
+	// A slot per trajectory of a step: a gated execution holds its slot
+	// while it waits, and must not starve the group it waits for.
 	pc.ExecSlots = cfg.Groups * cfg.GroupSize
 	pc.WorldModelImpl = worldModel{env}
 	pc.ExecutorImpl = executor{env, r.gate}
