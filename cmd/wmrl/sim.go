@@ -83,7 +83,7 @@ func simCommand() *cobra.Command {
 			}
 			w := cmd.OutOrStdout()
 			if asJSON {
-				return writeSimJSON(w, cfg, seeds, res, cells)
+				return writeSimJSON(w, cfg, seeds, viaPipeline, res, cells)
 			}
 			fmt.Fprintf(w, "cost model (units of one generation): generation %g, world-model call %g, execution %g\n",
 				cfg.Costs.Generate, cfg.Costs.WorldModel, cfg.Costs.Execute)
@@ -160,10 +160,10 @@ func curveMethods(ms []rl.Method) []rl.Method {
 	return out
 }
 
-func writeSimJSON(w io.Writer, cfg rl.Config, seeds int, res []rl.ScenarioResult, cells []rl.SweepCell) error {
+func writeSimJSON(w io.Writer, cfg rl.Config, seeds int, viaPipeline bool, res []rl.ScenarioResult, cells []rl.SweepCell) error {
 	doc := map[string]any{
 		"cost_model": cfg.Costs, "seeds": seeds, "steps": cfg.Steps, "groups": cfg.Groups, "group_size": cfg.GroupSize,
-		"anchor_fraction": cfg.AnchorFraction, "linear_policy": cfg.Linear, "sweep": cells,
+		"anchor_fraction": cfg.AnchorFraction, "linear_policy": cfg.Linear, "sweep": cells, "via_pipeline": viaPipeline,
 	}
 	scs := map[string]any{}
 	for _, r := range res {
