@@ -58,7 +58,6 @@ func NewRewarder(dir string) rl.NewRewarder {
 }
 
 type rewarder struct {
-	cfg     rl.Config
 	dataDir string
 	p       *pipeline.Pipeline
 	nc      *nats.Conn
@@ -75,7 +74,7 @@ func start(dir string, cfg rl.Config, env *rl.Env, m rl.Method) (*rewarder, erro
 	if err != nil {
 		return nil, fmt.Errorf("simrl: %w", err)
 	}
-	r := &rewarder{cfg: cfg, dataDir: dataDir, updates: make(chan schemas.Update, 16), gate: newGate()}
+	r := &rewarder{dataDir: dataDir, updates: make(chan schemas.Update, 16), gate: newGate()}
 	pc := pipeline.DefaultConfig()
 	pc.Run, pc.DataDir, pc.Listen, pc.Quiet = rl.RunName, dataDir, "127.0.0.1:0", true
 	pc.Source = pipeline.SourceExternal
@@ -116,8 +115,8 @@ func start(dir string, cfg rl.Config, env *rl.Env, m rl.Method) (*rewarder, erro
 	if r.js, err = jetstream.New(r.nc); err != nil {
 		return fail(err)
 	}
-	// The gate follows plans and calibrations as any outside process
-	// could: on their public subjects.
+	// The gate follows plans and calibrations on their subjects, as an
+	// extra stage in any language could.
 	for kind, fn := range map[schemas.Kind]func([]byte) error{
 		schemas.KindPlan: r.gate.plan, schemas.KindCalibration: r.gate.calibration,
 	} {
