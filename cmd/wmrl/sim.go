@@ -50,8 +50,8 @@ func simCommand() *cobra.Command {
 			opts := rl.Options{Config: cfg, Seeds: seeds, Scenarios: scs, Methods: ms}
 			if viaPipeline {
 				// A pipeline per training run, each with its own embedded
-				// NATS server and stages: one run per core at most.
-				opts.NewRewarder, opts.Parallel = simrl.NewRewarder(""), 1
+				// NATS server and stages, one per core (the default).
+				opts.NewRewarder = simrl.NewRewarder("")
 			}
 			bar := newProgressBar(cmd.ErrOrStderr())
 			opts.Progress = bar.set("training")
