@@ -50,9 +50,10 @@ func checkArchive(t *testing.T, rows []archive.Row, ups map[int64]schemas.Update
 	}
 }
 
-func TestArchiveHoldsEveryItemOnce(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.Steps = 10
+// runAndReadArchive runs cfg to its end and returns the stored updates and
+// the archived rows.
+func runAndReadArchive(t *testing.T, cfg Config) (map[int64]schemas.Update, []archive.Row) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := Run(ctx, cfg); err != nil {
@@ -63,6 +64,13 @@ func TestArchiveHoldsEveryItemOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ups, rows
+}
+
+func TestArchiveHoldsEveryItemOnce(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 10
+	ups, rows := runAndReadArchive(t, cfg)
 	if len(rows) != 10*cfg.Groups*cfg.GroupSize {
 		t.Fatalf("%d rows archived, want %d", len(rows), 10*cfg.Groups*cfg.GroupSize)
 	}
@@ -77,17 +85,8 @@ func TestArchiveKeepsLateAnchorPairs(t *testing.T) {
 	cfg.AnchorDeadline = 50 * time.Millisecond
 	cfg.ArchiveMaxAge = 50 * time.Millisecond
 	cfg.Steps = 4
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	// A run of fixed length ends once the late pairs are archived too.
-	if err := Run(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
-	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ups, rows := runAndReadArchive(t, cfg)
 	late := 0
 	for _, u := range ups {
 		late += len(u.LateAnchors)

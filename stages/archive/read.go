@@ -49,16 +49,25 @@ func openParquet(path string, opts ...parquet.FileOption) (*os.File, *parquet.Fi
 
 // Count is the number of rows in files, from their footers.
 func Count(files []string) (int64, error) {
-	var n int64
-	for _, path := range files {
+	offsets, err := rowOffsets(files)
+	if err != nil {
+		return 0, err
+	}
+	return int64(offsets[len(files)]), nil
+}
+
+// rowOffsets reads the footers: file i's rows are [offsets[i], offsets[i+1]).
+func rowOffsets(files []string) ([]int, error) {
+	offsets := make([]int, len(files)+1)
+	for i, path := range files {
 		f, pf, err := openParquet(path, parquet.SkipPageIndex(true))
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
-		n += pf.NumRows()
+		offsets[i+1] = offsets[i] + int(pf.NumRows())
 		f.Close()
 	}
-	return n, nil
+	return offsets, nil
 }
 
 // Scan reads files in order and calls fn with each row group's rows,
@@ -105,14 +114,9 @@ func decodeRowGroup(path string, pf *parquet.File, rg parquet.RowGroup, vals []p
 // memory twice, as appending row groups would, halves the read rate).
 // progress, if set, is called with the rows read so far and the total.
 func Read(files []string, progress func(done, total int)) ([]Row, error) {
-	offsets := make([]int, len(files)+1)
-	for i, path := range files {
-		f, pf, err := openParquet(path, parquet.SkipPageIndex(true))
-		if err != nil {
-			return nil, err
-		}
-		offsets[i+1] = offsets[i] + int(pf.NumRows())
-		f.Close()
+	offsets, err := rowOffsets(files)
+	if err != nil {
+		return nil, err
 	}
 	rows := make([]Row, offsets[len(files)])
 	var mu sync.Mutex
@@ -204,19 +208,9 @@ func (w *RowWriter) Write(rows []Row) error {
 	return err
 }
 
-// Close finishes the file, syncs it and renames it into place.
+// Close finishes the file and moves it into place (see commitFile).
 func (w *RowWriter) Close() error {
-	err := w.w.Close()
-	if err == nil {
-		err = w.f.Sync()
-	}
-	if cerr := w.f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(w.f.Name(), w.path)
-	}
-	if err != nil {
+	if err := commitFile(w.w, w.f, w.path); err != nil {
 		_ = os.Remove(w.f.Name())
 		return fmt.Errorf("archive: %s: %w", w.path, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -319,23 +320,31 @@ func (f *file) close() error {
 		late, _ := json.Marshal(f.late)
 		f.w.SetKeyValueMetadata(metaLate, string(late))
 	}
-	err := f.w.Close()
-	if err == nil {
-		err = f.f.Sync()
-	}
-	if cerr := f.f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.tmp, f.final)
-	}
-	if err == nil {
-		err = syncDir(filepath.Dir(f.final))
-	}
-	if err != nil {
+	if err := commitFile(f.w, f.f, f.final); err != nil {
 		return fmt.Errorf("archive: close %s: %w", f.final, err)
 	}
 	return nil
+}
+
+// commitFile makes a file written under a temporary name visible, complete,
+// under its final name: the Parquet writer's footer, fsync, close, rename
+// and fsync of the directory, so that a crash leaves either no file or the
+// whole one. The caller removes the temporary file on error.
+func commitFile(pw io.Closer, f *os.File, final string) error {
+	err := pw.Close()
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), final)
+	}
+	if err == nil {
+		err = syncDir(filepath.Dir(final))
+	}
+	return err
 }
 
 func (w *Writer) abort(err error) {
