@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -81,14 +80,19 @@ func simCommand() *cobra.Command {
 				}
 				pngs = append(pngs, p)
 			}
+			anchors, err := cfg.AnchorGroups()
+			if err != nil {
+				return err
+			}
 			w := cmd.OutOrStdout()
 			if asJSON {
-				return writeSimJSON(w, cfg, seeds, viaPipeline, res, cells)
+				return writeSimJSON(w, cfg, seeds, anchors, viaPipeline, res, cells)
 			}
 			fmt.Fprintf(w, "cost model (units of one generation): generation %g, world-model call %g, execution %g\n",
 				cfg.Costs.Generate, cfg.Costs.WorldModel, cfg.Costs.Execute)
-			fmt.Fprintf(w, "%d seeds, %d steps, %d groups of %d, anchor fraction %.2f, %s policy; intervals are 95%% (Student t)\n",
-				seeds, cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.AnchorFraction, map[bool]string{false: "tabular softmax", true: "linear"}[cfg.Linear])
+			fmt.Fprintf(w, "%d seeds, %d steps, %d groups of %d, anchor fraction %.2f (%d of %d groups a step: %.1f%%), %s policy; intervals are 95%% (Student t)\n",
+				seeds, cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.AnchorFraction, anchors, cfg.Groups, 100*float64(anchors)/float64(cfg.Groups),
+				map[bool]string{false: "tabular softmax", true: "linear"}[cfg.Linear])
 			if viaPipeline {
 				fmt.Fprintln(w, "scored through the streaming pipeline in this process (route, predict, execute, pair, calibrate, fuse over embedded NATS)")
 			}
@@ -160,10 +164,10 @@ func curveMethods(ms []rl.Method) []rl.Method {
 	return out
 }
 
-func writeSimJSON(w io.Writer, cfg rl.Config, seeds int, viaPipeline bool, res []rl.ScenarioResult, cells []rl.SweepCell) error {
+func writeSimJSON(w io.Writer, cfg rl.Config, seeds, anchors int, viaPipeline bool, res []rl.ScenarioResult, cells []rl.SweepCell) error {
 	doc := map[string]any{
 		"cost_model": cfg.Costs, "seeds": seeds, "steps": cfg.Steps, "groups": cfg.Groups, "group_size": cfg.GroupSize,
-		"anchor_fraction": cfg.AnchorFraction, "linear_policy": cfg.Linear, "sweep": cells, "via_pipeline": viaPipeline,
+		"anchor_fraction": cfg.AnchorFraction, "anchor_groups_per_step": anchors, "linear_policy": cfg.Linear, "sweep": cells, "via_pipeline": viaPipeline,
 	}
 	scs := map[string]any{}
 	for _, r := range res {
@@ -174,27 +178,3 @@ func writeSimJSON(w io.Writer, cfg rl.Config, seeds int, viaPipeline bool, res [
 	enc.SetIndent("", "  ")
 	return enc.Encode(doc)
 }
-
-// progressBar draws one line on a terminal (stderr), redrawn as work is done.
-type progressBar struct {
-	w     io.Writer
-	start time.Time
-	last  time.Time
-}
-
-func newProgressBar(w io.Writer) *progressBar { return &progressBar{w: w, start: time.Now()} }
-
-func (b *progressBar) set(label string) func(done, total int) {
-	return func(done, total int) {
-		if time.Since(b.last) < 100*time.Millisecond && done < total {
-			return
-		}
-		b.last = time.Now()
-		const width = 30
-		n := width * done / total
-		fmt.Fprintf(b.w, "\r%-8s [%s%s] %3d%% %5d/%d  %s ", label, strings.Repeat("#", n), strings.Repeat(".", width-n),
-			100*done/total, done, total, time.Since(b.start).Round(time.Second))
-	}
-}
-
-func (b *progressBar) done() { fmt.Fprintln(b.w) }

@@ -104,3 +104,24 @@ func TestSpearmanHandlesTies(t *testing.T) {
 		t.Fatalf("constant side: %v", got)
 	}
 }
+
+func TestAnchorGroupsRoundsHalfToEven(t *testing.T) {
+	for _, tc := range []struct {
+		groups   int
+		fraction float64
+		want     int
+	}{
+		{16, 0.10, 2}, // 1.6
+		{20, 0.10, 2}, // 2.0: the fraction realised exactly
+		{25, 0.10, 2}, // 2.5 rounds to even
+		{35, 0.10, 4}, // 3.5 rounds to even
+		{4, 0.10, 1},  // 0.4, raised to the minimum of one
+	} {
+		cfg := DefaultConfig()
+		cfg.Groups, cfg.AnchorFraction = tc.groups, tc.fraction
+		got, err := cfg.AnchorGroups()
+		if err != nil || got != tc.want {
+			t.Errorf("%d groups at %v: %d anchor groups (err %v), want %d", tc.groups, tc.fraction, got, err, tc.want)
+		}
+	}
+}

@@ -175,6 +175,18 @@ func SchedulerConfig(cfg Config, m Method) route.SchedulerConfig {
 	return sc
 }
 
+// AnchorGroups is how many of a step's groups the anchored methods
+// execute: round_half_even(AnchorFraction * Groups), at least one, so the
+// realised share can differ from AnchorFraction (2 of 16 for 0.10).
+func (cfg Config) AnchorGroups() (int, error) {
+	sched, err := route.NewScheduler(SchedulerConfig(cfg, Method{}))
+	if err != nil {
+		return 0, err
+	}
+	_, n := sched.Count(cfg.Groups, 0)
+	return n, nil
+}
+
 // CorrectorConfig is a method's corrections.
 func CorrectorConfig(cfg Config, m Method) fuse.CorrectorConfig {
 	est := m.Estimator
