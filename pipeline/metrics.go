@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
@@ -26,9 +27,12 @@ type Metrics struct {
 	Archived                      prometheus.Counter
 }
 
-// NewMetrics registers the collectors.
+// NewMetrics registers the collectors, with the Go runtime's (go_*) and
+// the process's (process_*: resident memory, CPU, open files), which a run
+// of days is watched by.
 func NewMetrics() *Metrics {
 	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cv := func(name, help string) *prometheus.CounterVec {
 		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: name, Help: help}, []string{"stage"})
 		r.MustRegister(c)

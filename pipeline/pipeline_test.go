@@ -293,10 +293,21 @@ func TestMetricsEndpoint(t *testing.T) {
 		`wmrl_messages_in_total{stage="route"}`, `wmrl_messages_out_total{stage="fuse"}`,
 		`wmrl_handler_seconds_bucket{stage="predict"`, "wmrl_rho ", "wmrl_disagreement ",
 		"wmrl_calibration_pairs ", "wmrl_calibration_version ", "wmrl_steps_published ",
+		"go_goroutines ", "go_memstats_heap_inuse_bytes ", "process_resident_memory_bytes ",
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+	// A heap profile, in pprof's gzipped protobuf.
+	resp, err := http.Get("http://" + addr + "/debug/pprof/heap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || len(prof) < 2 || prof[0] != 0x1f || prof[1] != 0x8b {
+		t.Errorf("/debug/pprof/heap: %s, %d bytes not gzip", resp.Status, len(prof))
 	}
 	if n := testutil.ToFloat64(p.Metrics().In.WithLabelValues(StageRoute)); n < 5*float64(cfg.Groups*cfg.GroupSize) {
 		t.Errorf("route handled %v messages after 5 steps", n)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -155,6 +156,20 @@ func (p *Pipeline) subscribe(stage string, kind schemas.Kind, h message.NoPublis
 	return nil
 }
 
+// metricsHandler serves Prometheus metrics at /metrics (and any path but
+// the profiles, as before) and Go's profiles at /debug/pprof/, so a leak in
+// a run of days can be looked at where it happens.
+func (p *Pipeline) metricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", promhttp.HandlerFor(p.metrics.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
 func (p *Pipeline) start(ctx context.Context) {
 	if p.gateway != nil {
 		srv := &http.Server{Addr: p.cfg.HTTPAddr, Handler: p.gateway.Handler(), ReadHeaderTimeout: 10 * time.Second}
@@ -168,7 +183,7 @@ func (p *Pipeline) start(ctx context.Context) {
 		})
 	}
 	if p.cfg.MetricsAddr != "" {
-		srv := &http.Server{Addr: p.cfg.MetricsAddr, Handler: promhttp.HandlerFor(p.metrics.Registry, promhttp.HandlerOpts{})}
+		srv := &http.Server{Addr: p.cfg.MetricsAddr, Handler: p.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
 		p.go_(func() error {
 			go func() { <-ctx.Done(); _ = srv.Close() }()
 			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
