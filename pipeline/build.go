@@ -2,12 +2,14 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/connectors/gateway"
 	"github.com/wmrl/wmrl/connectors/natsjs"
@@ -111,6 +113,7 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 			Exec:  p.topo.Out(StageRoute, schemas.KindExec),
 			Plan:  p.topo.Out(StageRoute, schemas.KindPlan),
 		},
+		InFlight: p.execInFlight,
 	}, p.stagePublisher(StageRoute))
 	if err != nil {
 		return err
@@ -120,6 +123,13 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 		return err
 	}
 	h.MarkClosed(planned...)
+	if cfg.Anchors.MaxInFlight > 0 {
+		sent, err := p.tr.groupsByMsgID(ctx, p.topo.Out(StageRoute, schemas.KindExec))
+		if err != nil {
+			return err
+		}
+		h.Resume(sent) // keeps those of steps planned already out
+	}
 	if err := p.subscribe(StageRoute, schemas.KindTraj, h.HandleTraj); err != nil {
 		return err
 	}
@@ -128,6 +138,30 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 	}
 	p.go_(func() error { h.Run(ctx); return nil })
 	return nil
+}
+
+// execInFlight counts anchor groups sent for execution and not executed:
+// what the execute stage's durable consumer has not acknowledged, queued or
+// running (execute acknowledges a group once its execution is stored, or
+// dead-lettered). That holds across restarts and wherever execute runs.
+// With no consumer yet (execute not started), nothing is in flight.
+func (p *Pipeline) execInFlight(ctx context.Context) (int, error) {
+	name := p.cfg.ExecConsumer
+	if name == "" {
+		name = consumerName(StageExecute, p.cfg.Run, schemas.KindExec)
+	}
+	cons, err := p.tr.js.Consumer(ctx, p.tr.stream, name)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("consumer %s: %w", name, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("consumer %s: %w", name, err)
+	}
+	return int(info.NumPending) + info.NumAckPending, nil
 }
 
 func (p *Pipeline) buildCalibrate(ctx context.Context) error {

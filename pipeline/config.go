@@ -77,10 +77,15 @@ type Config struct {
 	// SandboxURL is the Sandbox Fusion server of Executor "sandbox-fusion".
 	SandboxURL string
 
-	Anchors  route.SchedulerConfig
-	Debias   bool
-	Debiaser calibrate.DebiaserConfig
-	Denoiser fuse.DenoiserConfig
+	// Anchors is the anchor choice. Its MaxInFlight caps anchor groups
+	// sent for execution and not yet executed, counted on ExecConsumer
+	// (default: the execute stage's durable consumer; name another when an
+	// outside executor reads the exec subject through its own).
+	Anchors      route.SchedulerConfig
+	ExecConsumer string
+	Debias       bool
+	Debiaser     calibrate.DebiaserConfig
+	Denoiser     fuse.DenoiserConfig
 	// AnchorDeadline: anchors later than this fall back to world-model
 	// rewards for their step (default 30s).
 	AnchorDeadline time.Duration

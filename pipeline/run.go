@@ -145,7 +145,7 @@ func (p *Pipeline) subscribe(stage string, kind schemas.Kind, h message.NoPublis
 	sub, err := natsjs.NewSubscriber(natsjs.SubscriberConfig{
 		Conn:          p.tr.nc,
 		Stream:        func(string) jetstream.StreamConfig { return StreamConfig(&p.cfg) },
-		ConsumerGroup: fmt.Sprintf("%s_%s_%s", stage, p.cfg.Run, kind),
+		ConsumerGroup: consumerName(stage, p.cfg.Run, kind),
 		MaxAckPending: p.cfg.MaxAckPending,
 		Prefetch:      1024,
 	})
@@ -154,6 +154,12 @@ func (p *Pipeline) subscribe(stage string, kind schemas.Kind, h message.NoPublis
 	}
 	p.router.AddNoPublisherHandler(stage+"/"+string(kind), p.topo.In(stage, kind), sub, h)
 	return nil
+}
+
+// consumerName is the durable JetStream consumer through which stage reads
+// kind.
+func consumerName(stage, run string, kind schemas.Kind) string {
+	return natsjs.SafeName(fmt.Sprintf("%s_%s_%s", stage, run, kind))
 }
 
 // metricsHandler serves Prometheus metrics at /metrics (and any path but

@@ -101,6 +101,23 @@ func (t *transport) stepsByMsgID(ctx context.Context, subject string) ([]int64, 
 	return steps, err
 }
 
+// groupsByMsgID lists the group IDs of the messages stored on subject by
+// step, from de-duplication IDs of the form run/kind/step/group.
+func (t *transport) groupsByMsgID(ctx context.Context, subject string) (map[int64][]string, error) {
+	out := map[int64][]string{}
+	err := natsjs.Scan(ctx, t.js, t.stream, subject, true, func(r natsjs.Record) error {
+		parts := strings.SplitN(r.MsgID, "/", 4)
+		if len(parts) != 4 {
+			return nil
+		}
+		if n, err := strconv.ParseInt(parts[2], 10, 64); err == nil {
+			out[n] = append(out[n], parts[3])
+		}
+		return nil
+	})
+	return out, err
+}
+
 // last decodes the newest message on subject into v; ok is false when
 // there is none.
 func (t *transport) last(ctx context.Context, subject string, v any) (ok bool, err error) {

@@ -51,6 +51,8 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.Float64Var(&cfg.Anchors.Fraction, "anchor-fraction", cfg.Anchors.Fraction, "share of groups executed for real")
 	fs.IntVar(&cfg.Anchors.MinPerStep, "anchor-min", cfg.Anchors.MinPerStep, "minimum anchor groups per step")
 	fs.Uint64Var(&cfg.Anchors.Seed, "anchor-seed", 0, "seed of the anchor draw")
+	fs.IntVar(&cfg.Anchors.MaxInFlight, "anchor-max-in-flight", 0, "cap on anchor groups sent for execution and not executed yet; a step planned at the cap gets fewer anchors (0: no cap)")
+	fs.StringVar(&cfg.ExecConsumer, "exec-consumer", "", "JetStream consumer whose backlog counts executions in flight (default: the execute stage's)")
 	fs.BoolVar(&cfg.Debias, "debias", cfg.Debias, "apply the isotonic calibration to world-model scores")
 	fs.IntVar(&cfg.Debiaser.Bins, "bins", cfg.Debiaser.Bins, "equal-width bins before the isotonic fit (0: raw pairs)")
 	fs.IntVar(&cfg.Debiaser.BufferSize, "buffer", cfg.Debiaser.BufferSize, "anchor pairs kept for the fit")

@@ -120,15 +120,19 @@ func (a *Assembly) Ready(now time.Time) []int64 {
 	return out
 }
 
-// Plan builds step n's groups and plan with sched's anchor choice; the step
+// Plan builds step n's groups and plan with sched's anchor choice, or with
+// exactly the anchors sent when sent is not nil (Selection.Keep); the step
 // stays open until Close (so a failed publish can be retried).
-func (a *Assembly) Plan(run string, n int64, sched *Scheduler, inFlight int, now time.Time) (schemas.Plan, []schemas.Group) {
+func (a *Assembly) Plan(run string, n int64, sched *Scheduler, inFlight int, sent []string, now time.Time) (schemas.Plan, []schemas.Group) {
 	s := a.steps[n]
 	ids := make([]string, 0, len(s.groups))
 	for id := range s.groups {
 		ids = append(ids, id)
 	}
 	sel := sched.Select(run, n, ids, inFlight)
+	if sent != nil {
+		sel = sel.Keep(sent)
+	}
 	plan := schemas.Plan{Schema: schemas.Version, Run: run, Step: n, ClosedAt: now, Anchors: sel.Chosen}
 	groups := make([]schemas.Group, 0, len(ids))
 	for _, d := range sel.Decisions { // sorted by group ID

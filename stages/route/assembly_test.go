@@ -41,7 +41,7 @@ func TestAssemblyClosesCompleteSteps(t *testing.T) {
 		t.Fatalf("ready %v, want [7]", r)
 	}
 	sched, _ := NewScheduler(SchedulerConfig{Fraction: 0.5})
-	plan, groups := a.Plan("r", 7, sched, 0, t0)
+	plan, groups := a.Plan("r", 7, sched, 0, nil, t0)
 	if len(groups) != 4 || plan.Anchors != 2 || len(plan.Groups[0].TrajIDs) != 4 {
 		t.Fatalf("plan %+v", plan)
 	}
@@ -64,7 +64,7 @@ func TestAssemblyTimesOutIncompleteGroups(t *testing.T) {
 		t.Fatal("not closed at the timeout")
 	}
 	sched, _ := NewScheduler(SchedulerConfig{})
-	plan, _ := a.Plan("r", 1, sched, 0, t0)
+	plan, _ := a.Plan("r", 1, sched, 0, nil, t0)
 	if g := plan.Groups[0]; len(g.TrajIDs) != 2 || g.Want != 4 {
 		t.Fatalf("incomplete group not recorded: %+v", g)
 	}

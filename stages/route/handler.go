@@ -3,6 +3,7 @@ package route
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,10 +32,12 @@ type Handler struct {
 	now   func() time.Time
 
 	redelivered func(*message.Message) bool
+	inFlight    func(context.Context) (int, error)
 
 	mu   sync.Mutex
 	asm  *Assembly
 	done map[int64]chan struct{} // closed when the step's outputs are stored
+	sent map[int64][]string      // anchors sent before a restart, of steps not planned
 }
 
 // Config configures a Handler.
@@ -47,6 +50,11 @@ type Config struct {
 	// Redelivered tells a message delivered before (to a process that may
 	// have planned its step) from a first delivery. Default: never.
 	Redelivered func(*message.Message) bool
+	// InFlight counts anchor groups sent for execution and not executed
+	// yet. With Scheduler.MaxInFlight > 0 it is asked before each step is
+	// planned, and the cap lowers that step's anchors; a failed count
+	// leaves the step open until the next try. Nil: nothing in flight.
+	InFlight func(context.Context) (int, error)
 }
 
 // NewHandler builds the stage.
@@ -65,9 +73,23 @@ func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
 		cfg.Redelivered = func(*message.Message) bool { return false }
 	}
 	return &Handler{
-		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered,
-		asm: NewAssembly(cfg.StepTimeout), done: map[int64]chan struct{}{},
+		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, inFlight: cfg.InFlight,
+		asm: NewAssembly(cfg.StepTimeout), done: map[int64]chan struct{}{}, sent: map[int64][]string{},
 	}, nil
+}
+
+// Resume records the anchor groups of steps not planned yet that were sent
+// for execution before a restart (route stores a step's anchors first and
+// its plan last). Their re-plan keeps exactly those anchors, whatever the
+// in-flight count is now, so the plan agrees with what execute has.
+func (h *Handler) Resume(sent map[int64][]string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for step, ids := range sent {
+		if !h.asm.IsClosed(step) {
+			h.sent[step] = slices.Clone(ids)
+		}
+	}
 }
 
 // MarkClosed records steps planned before a restart.
@@ -157,15 +179,30 @@ func (h *Handler) Flush() error {
 	defer h.mu.Unlock()
 	now := h.now()
 	for _, step := range h.asm.Ready(now) {
-		plan, groups := h.asm.Plan(h.run, step, h.sched, 0, now)
+		sent, resumed := h.sent[step]
+		inFlight := 0
+		if !resumed && h.inFlight != nil && h.sched.cfg.MaxInFlight > 0 {
+			var err error
+			if inFlight, err = h.countInFlight(); err != nil {
+				return fmt.Errorf("route: step %d: count executions in flight: %w", step, err) // retried like a failed publish
+			}
+		}
+		plan, groups := h.asm.Plan(h.run, step, h.sched, inFlight, sent, now)
 		if err := h.publish(plan, groups); err != nil {
 			return err // the step stays open; the next input or tick retries
 		}
 		h.asm.Close(step)
 		close(h.doneFor(step))
 		delete(h.done, step)
+		delete(h.sent, step)
 	}
 	return nil
+}
+
+func (h *Handler) countInFlight() (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return h.inFlight(ctx)
 }
 
 func (h *Handler) publish(plan schemas.Plan, groups []schemas.Group) error {

@@ -1,8 +1,12 @@
 package route
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,17 +16,26 @@ import (
 	"github.com/wmrl/wmrl/schemas"
 )
 
-// recorder is a fake publisher that keeps the topics in publish order.
+// recorder is a fake publisher that keeps the topics in publish order, and
+// the plans.
 type recorder struct {
 	mu     sync.Mutex
 	topics []string
+	plans  []schemas.Plan
 }
 
 func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for range msgs {
+	for _, m := range msgs {
 		r.topics = append(r.topics, topic)
+		if topic == "plan" {
+			var p schemas.Plan
+			if err := json.Unmarshal(m.Payload, &p); err != nil {
+				return err
+			}
+			r.plans = append(r.plans, p)
+		}
 	}
 	return nil
 }
@@ -94,5 +107,118 @@ func TestHandlerStoresPlanLastAndTellsDuplicatesFromLateInput(t *testing.T) {
 	}
 	if err := h.HandleTraj(msgOf(t, again, false)); !errors.Is(err, schemas.ErrInvalid) {
 		t.Fatalf("a first delivery for a planned step: %v, want it dead-lettered as late", err)
+	}
+}
+
+// assemble hands route a whole step of four groups of two, without the
+// handlers' holding.
+func assemble(t *testing.T, h *Handler, step int64) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, g := range []string{"a", "b", "c", "d"} {
+		for i := range 2 {
+			if err := h.asm.AddTraj(traj(step, g, i, 2)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := h.asm.AddWatermark(schemas.StepClose{Schema: 1, Run: "r", Step: step, Groups: 4}, h.now()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func anchorsOf(p schemas.Plan) (ids []string, capped int) {
+	for _, d := range p.Decisions {
+		if d.Anchor {
+			ids = append(ids, d.GroupID)
+		}
+		if d.Reason == ReasonCapped {
+			capped++
+		}
+	}
+	return ids, capped
+}
+
+func TestInFlightCapLowersAnchors(t *testing.T) {
+	pub := &recorder{}
+	counts := []any{0, 2, errors.New("server gone"), 1, 3}
+	calls := 0
+	h, err := NewHandler(Config{
+		Run: "r", Out: Topics{Group: "group", Exec: "exec", Plan: "plan"},
+		Scheduler: SchedulerConfig{Fraction: 0.5, MaxInFlight: 3}, // 2 of 4 groups wanted
+		InFlight: func(context.Context) (int, error) {
+			c := counts[calls]
+			calls++
+			if err, ok := c.(error); ok {
+				return 0, err
+			}
+			return c.(int), nil
+		},
+	}, pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for step := range int64(4) {
+		assemble(t, h, step)
+		err := h.Flush()
+		if step == 2 {
+			if err == nil || !strings.Contains(err.Error(), "server gone") {
+				t.Fatalf("step 2: a failed count gave %v", err)
+			}
+			if err := h.Flush(); err != nil { // the next try plans it
+				t.Fatal(err)
+			}
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// In flight before each plan: 0, 2, (failed) 1, 3; the cap is 3.
+	want := []struct{ anchors, capped int }{{2, 0}, {1, 1}, {2, 0}, {0, 2}}
+	if len(pub.plans) != len(want) {
+		t.Fatalf("%d plans, want %d", len(pub.plans), len(want))
+	}
+	for i, w := range want {
+		p := pub.plans[i]
+		ids, capped := anchorsOf(p)
+		if p.Step != int64(i) || p.Anchors != w.anchors || len(ids) != w.anchors || capped != w.capped {
+			t.Errorf("step %d: %d anchors %v, %d capped; want %d and %d", p.Step, p.Anchors, ids, capped, w.anchors, w.capped)
+		}
+	}
+	if execs := slices.Index(pub.topics, "group"); execs != 2 {
+		t.Errorf("step 0 sent %d groups to execution first, want 2 (%v)", execs, pub.topics[:6])
+	}
+}
+
+func TestResumedStepKeepsTheAnchorsSentBeforeARestart(t *testing.T) {
+	pub := &recorder{}
+	asked := 0
+	h, err := NewHandler(Config{
+		Run: "r", Out: Topics{Group: "group", Exec: "exec", Plan: "plan"},
+		Scheduler: SchedulerConfig{Fraction: 0.5, MaxInFlight: 3},
+		InFlight:  func(context.Context) (int, error) { asked++; return 3, nil }, // the cap is reached
+	}, pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Before the restart, step 5 sent one group to execution (the cap
+	// bound then, or the crash came mid-batch), and no plan.
+	first := h.sched.Select("r", 5, []string{"a", "b", "c", "d"}, 0).Anchors()[0]
+	h.Resume(map[int64][]string{5: {first}})
+	assemble(t, h, 5)
+	if err := h.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ids, capped := anchorsOf(pub.plans[0])
+	if fmt.Sprint(ids) != fmt.Sprint([]string{first}) || pub.plans[0].Anchors != 1 || capped != 1 || asked != 0 {
+		t.Fatalf("re-plan anchors %v (%d capped), count asked %d times; want exactly [%s], 1 capped, not asked", ids, capped, asked, first)
+	}
+	// The next step is planned on the count again.
+	assemble(t, h, 6)
+	if err := h.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := anchorsOf(pub.plans[1]); len(ids) != 0 || asked != 1 {
+		t.Fatalf("step 6: anchors %v with the cap reached, count asked %d times", ids, asked)
 	}
 }

@@ -50,6 +50,7 @@ const (
 	ReasonDrawn    = "drawn"
 	ReasonNotDrawn = "not drawn"
 	ReasonCapped   = "drawn, but the in-flight cap was reached"
+	ReasonResent   = "sent for execution before a restart"
 )
 
 // Decision says what became of one group and why.
@@ -129,4 +130,27 @@ func (s *Scheduler) Select(run string, step int64, groupIDs []string, inFlight i
 		sel.Decisions[i] = d
 	}
 	return sel
+}
+
+// Keep makes exactly the groups sent (to execution, before a restart) the
+// anchors, so a re-planned step agrees with what execute already has.
+// Drawn groups not among them read as capped, as they were when the cap
+// first bound.
+func (s Selection) Keep(sent []string) Selection {
+	out := Selection{Want: s.Want, Decisions: slices.Clone(s.Decisions)}
+	for i, d := range out.Decisions {
+		was := d.Anchor
+		d.Anchor = slices.Contains(sent, d.GroupID)
+		switch {
+		case d.Anchor && !was:
+			d.Reason = ReasonResent
+		case !d.Anchor && was:
+			d.Reason = ReasonCapped
+		}
+		if d.Anchor {
+			out.Chosen++
+		}
+		out.Decisions[i] = d
+	}
+	return out
 }

@@ -102,3 +102,35 @@ func TestSchedulerConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestKeepMakesExactlyTheSentGroupsAnchors(t *testing.T) {
+	s, err := NewScheduler(SchedulerConfig{Fraction: 0.5, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"a", "b", "c", "d", "e", "f"}
+	sel := s.Select("r", 9, ids, 0)
+	drawn := sel.Anchors()
+	notDrawn := slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return slices.Contains(drawn, id) })
+	kept := sel.Keep([]string{drawn[0], notDrawn[0]})
+	if kept.Chosen != 2 || kept.Want != sel.Want || fmt.Sprint(kept.Anchors()) != fmt.Sprint(sortedOf(drawn[0], notDrawn[0])) {
+		t.Fatalf("kept %v (chosen %d want %d), want exactly %s and %s", kept.Anchors(), kept.Chosen, kept.Want, drawn[0], notDrawn[0])
+	}
+	for _, d := range kept.Decisions {
+		want := map[string]string{drawn[0]: ReasonDrawn, notDrawn[0]: ReasonResent}[d.GroupID]
+		if want == "" {
+			want = ReasonNotDrawn
+			if slices.Contains(drawn, d.GroupID) {
+				want = ReasonCapped
+			}
+		}
+		if d.Reason != want {
+			t.Errorf("%s: reason %q, want %q", d.GroupID, d.Reason, want)
+		}
+	}
+	if fmt.Sprint(sel.Anchors()) != fmt.Sprint(drawn) {
+		t.Error("Keep changed the selection it was called on")
+	}
+}
+
+func sortedOf(ids ...string) []string { slices.Sort(ids); return ids }
