@@ -313,3 +313,38 @@ func TestMetricsEndpoint(t *testing.T) {
 		t.Errorf("route handled %v messages after 5 steps", n)
 	}
 }
+
+// Retention and the de-duplication window reach the stream, also when a
+// restart changes them.
+func TestStreamTakesRetentionAndDedupWindow(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Stages, cfg.Source = []string{}, SourceExternal
+	info := func(c Config) jetstream.StreamConfig {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		p, err := Start(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Stop()
+		nc, err := nats.Connect(p.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		s, err := js.Stream(ctx, StreamName("wmrl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().Config
+	}
+	if got := info(cfg); got.MaxAge != 7*24*time.Hour || got.Duplicates != 10*time.Minute {
+		t.Fatalf("defaults: retention %v, window %v", got.MaxAge, got.Duplicates)
+	}
+	cfg.MaxAge, cfg.Duplicates = 36*time.Hour, 90*time.Second
+	if got := info(cfg); got.MaxAge != 36*time.Hour || got.Duplicates != 90*time.Second {
+		t.Fatalf("after a restart with new settings: retention %v, window %v", got.MaxAge, got.Duplicates)
+	}
+}

@@ -36,6 +36,8 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.DataDir, "data", cfg.DataDir, "data directory of the embedded server")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client address of the embedded server (port 0: any free one)")
 	fs.StringVar(&cfg.TopologyFile, "topology", "", "YAML file re-pointing stage subjects")
+	fs.DurationVar(&cfg.MaxAge, "retention", 7*24*time.Hour, "how long the stream keeps every message (trajectories, stage messages, updates)")
+	fs.DurationVar(&cfg.Duplicates, "dedup-window", 10*time.Minute, "the stream's de-duplication window; the server holds this long's message IDs in memory")
 	fs.StringVar(&cfg.MetricsAddr, "metrics", "", "serve Prometheus /metrics on this address")
 	fs.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "serve the trainer HTTP gateway on this address")
 	fs.StringVar(&cfg.WorldModel, "world-model", "sim", "world model: sim, or openai (an OpenAI-compatible /v1/chat/completions server; key from WMRL_WM_API_KEY)")
