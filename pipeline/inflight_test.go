@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/connectors/sim"
@@ -40,31 +39,8 @@ func TestInFlightCapHoldsBackAnchors(t *testing.T) {
 	cfg.ExecutorImpl = exe
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	p, err := Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
-	nc, err := nats.Connect(p.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	p, nc, js := startClient(t, ctx, cfg)
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 4, GroupSize: 2}
-	publishStep := func(n int64) {
-		trajs, wm := pol.Step(n)
-		for _, tr := range trajs {
-			b, _ := json.Marshal(tr)
-			if _, err := js.Publish(ctx, "wmrl.default.traj", b); err != nil {
-				t.Fatal(err)
-			}
-		}
-		b, _ := json.Marshal(wm)
-		if _, err := js.Publish(ctx, "wmrl.default.step", b); err != nil {
-			t.Fatal(err)
-		}
-	}
 	plan := func(n int) schemas.Plan {
 		var plans [][]byte
 		waitFor(t, 30*time.Second, func() bool { plans = scanAll(t, nc, "wmrl.default.plan"); return len(plans) > n })
@@ -83,18 +59,18 @@ func TestInFlightCapHoldsBackAnchors(t *testing.T) {
 		return n
 	}
 
-	publishStep(0)
+	publishStep(t, ctx, js, pol, 0)
 	if pl := plan(0); pl.Anchors != 2 || capped(pl) != 0 {
 		t.Fatalf("step 0: %d anchors, %d capped; want 2 and none (nothing in flight)", pl.Anchors, capped(pl))
 	}
 	waitFor(t, 30*time.Second, func() bool { n, err := p.execInFlight(ctx); return err == nil && n == 2 })
-	publishStep(1)
+	publishStep(t, ctx, js, pol, 1)
 	if pl := plan(1); pl.Anchors != 0 || capped(pl) != 2 {
 		t.Fatalf("step 1, two groups executing under a cap of 2: %d anchors, %d capped; want 0 and 2", pl.Anchors, capped(pl))
 	}
 	close(exe.release)
 	waitFor(t, 30*time.Second, func() bool { n, err := p.execInFlight(ctx); return err == nil && n == 0 })
-	publishStep(2)
+	publishStep(t, ctx, js, pol, 2)
 	if pl := plan(2); pl.Anchors != 2 || capped(pl) != 0 {
 		t.Fatalf("step 2, executions done: %d anchors, %d capped; want 2 and none", pl.Anchors, capped(pl))
 	}
@@ -129,7 +105,7 @@ func TestRestartedRouteKeepsTheAnchorsItSent(t *testing.T) {
 	cfg.AnchorDeadline = 100 * time.Millisecond
 	cfg.ExecutorImpl = heldExecutor{release: make(chan struct{})}
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 4, GroupSize: 2}
-	trajs, wm := pol.Step(0)
+	trajs, _ := pol.Step(0)
 	sched, err := route.NewScheduler(cfg.Anchors)
 	if err != nil {
 		t.Fatal(err)
@@ -152,15 +128,7 @@ func TestRestartedRouteKeepsTheAnchorsItSent(t *testing.T) {
 	none.Stages = []string{}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	p0, err := Start(ctx, none)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(p0.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, _ := jetstream.New(nc)
+	p0, nc, js := startClient(t, ctx, none)
 	g := schemas.Group{Schema: 1, Run: "default", Step: 0, GroupID: sent, TaskID: byGroup[sent][0].TaskID, Anchor: true, Trajectories: byGroup[sent]}
 	b, _ := json.Marshal(g)
 	if _, err := js.Publish(ctx, "wmrl.default.exec", b, jetstream.WithMsgID("default/exec/0/"+sent)); err != nil {
@@ -169,26 +137,8 @@ func TestRestartedRouteKeepsTheAnchorsItSent(t *testing.T) {
 	nc.Close()
 	p0.Stop()
 
-	p, err := Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
-	if nc, err = nats.Connect(p.URL()); err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ = jetstream.New(nc)
-	for _, tr := range trajs {
-		b, _ := json.Marshal(tr)
-		if _, err := js.Publish(ctx, "wmrl.default.traj", b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b, _ = json.Marshal(wm)
-	if _, err := js.Publish(ctx, "wmrl.default.step", b); err != nil {
-		t.Fatal(err)
-	}
+	_, nc, js = startClient(t, ctx, cfg)
+	publishStep(t, ctx, js, pol, 0)
 	var plans [][]byte
 	waitFor(t, 30*time.Second, func() bool { plans = scanAll(t, nc, "wmrl.default.plan"); return len(plans) == 1 })
 	var pl schemas.Plan

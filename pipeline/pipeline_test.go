@@ -44,6 +44,44 @@ func readStored(t *testing.T, dataDir, subject string) [][]byte {
 	return out
 }
 
+// startClient starts a pipeline and a client of its server; both stop when
+// the test ends.
+func startClient(t *testing.T, ctx context.Context, cfg Config) (*Pipeline, *nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Stop() })
+	nc, err := nats.Connect(p.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, nc, js
+}
+
+// publishStep publishes step n of pol as a trainer does: its trajectories,
+// then its watermark.
+func publishStep(t *testing.T, ctx context.Context, js jetstream.JetStream, pol sim.Policy, n int64) {
+	t.Helper()
+	trajs, wm := pol.Step(n)
+	for _, tr := range trajs {
+		b, _ := json.Marshal(tr)
+		if _, err := js.Publish(ctx, "wmrl."+pol.Run+".traj", b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := json.Marshal(wm)
+	if _, err := js.Publish(ctx, "wmrl."+pol.Run+".step", b); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func scanAll(t *testing.T, nc *nats.Conn, subject string) [][]byte {
 	t.Helper()
 	js, _ := jetstream.New(nc)
@@ -140,17 +178,7 @@ func TestMalformedInputIsDeadLettered(t *testing.T) {
 	cfg.Source = SourceExternal
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	p, err := Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
-	nc, err := nats.Connect(p.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	p, nc, js := startClient(t, ctx, cfg)
 	good, _ := json.Marshal(schemas.Trajectory{Schema: 1, Run: "default", Step: 0, GroupID: "g", TrajID: "t", GroupSize: 2, TaskID: "x", Prompt: "p", Response: "r"})
 	wrongSchema := strings.Replace(string(good), `"schema":1`, `"schema":2`, 1)
 	otherRun := strings.Replace(string(good), `"run":"default"`, `"run":"elsewhere"`, 1)
@@ -166,16 +194,7 @@ func TestMalformedInputIsDeadLettered(t *testing.T) {
 		}
 	}
 	// The pipeline keeps going: a valid step after the bad input is fused.
-	pol := sim.Policy{Run: "default", Tasks: 4, Groups: 3, GroupSize: 4}
-	trajs, wm := pol.Step(0)
-	for _, tr := range trajs {
-		b, _ := json.Marshal(tr)
-		if _, err := js.Publish(ctx, "wmrl.default.traj", b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b, _ := json.Marshal(wm)
-	js.Publish(ctx, "wmrl.default.step", b)
+	publishStep(t, ctx, js, sim.Policy{Run: "default", Tasks: 4, Groups: 3, GroupSize: 4}, 0)
 	waitFor(t, 60*time.Second, func() bool { return len(scanAll(t, nc, "wmrl.default.update")) == 1 })
 	var dls []schemas.DeadLetter
 	waitFor(t, 10*time.Second, func() bool {
@@ -323,17 +342,8 @@ func TestStreamTakesRetentionAndDedupWindow(t *testing.T) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		p, err := Start(ctx, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer p.Stop()
-		nc, err := nats.Connect(p.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer nc.Close()
-		js, _ := jetstream.New(nc)
+		p, _, js := startClient(t, ctx, c)
+		defer p.Stop() // before the next start on the same directory
 		s, err := js.Stream(ctx, StreamName("wmrl"))
 		if err != nil {
 			t.Fatal(err)

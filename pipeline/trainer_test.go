@@ -117,15 +117,8 @@ func TestTrainerOverHTTPAndNATS(t *testing.T) {
 	}
 	defer updates.Close()
 	for step := int64(4); step < 6; step++ {
-		trajs, wm := pol.Step(step)
-		for _, tr := range trajs {
-			b, _ := json.Marshal(tr)
-			if _, err := js.Publish(ctx, "wmrl.default.traj", b); err != nil {
-				t.Fatal(err)
-			}
-		}
-		b, _ := json.Marshal(wm)
-		js.Publish(ctx, "wmrl.default.step", b)
+		publishStep(t, ctx, js, pol, step)
+		trajs, _ := pol.Step(step)
 		for {
 			rec, err := updates.Next(ctx)
 			if err != nil {
