@@ -157,7 +157,7 @@ func pickMethods(list string) ([]rl.Method, error) {
 func curveMethods(ms []rl.Method) []rl.Method {
 	var out []rl.Method
 	for _, m := range ms {
-		if slices.ContainsFunc(rl.Methods[:6], func(h rl.Method) bool { return h.Name == m.Name }) {
+		if slices.ContainsFunc(rl.Methods[:7], func(h rl.Method) bool { return h.Name == m.Name }) {
 			out = append(out, m)
 		}
 	}

@@ -10,9 +10,10 @@ import (
 // TestPipelineGivesTheCoreNumbers trains the same seeds through the core
 // packages and through the streaming pipeline, and wants the same learning
 // curves: reward, rho, cost and executions after every step. The methods
-// cover every path of the pipeline: every group executed (grpo), none
-// (wm), anchors without corrections, the out-of-sample default and the
-// in-sample reference estimator.
+// cover every path of the pipeline: every group executed (grpo, and
+// grpo-anchors on a step of two groups), none (wm), anchors without
+// corrections, the out-of-sample default and the in-sample reference
+// estimator.
 func TestPipelineGivesTheCoreNumbers(t *testing.T) {
 	cfg := rl.DefaultConfig()
 	cfg.Steps = 30 // past the warm-ups of the map (200 pairs: 13 steps) and of rho (32 anchor groups: 16 steps)
@@ -20,7 +21,7 @@ func TestPipelineGivesTheCoreNumbers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"grpo", "wm", "anchor", "wmrl", "wmrl-reference"} {
+	for _, name := range []string{"grpo", "grpo-anchors", "wm", "anchor", "wmrl", "wmrl-reference"} {
 		m := rl.Methods[methodIndex(t, name)]
 		t.Run(name, func(t *testing.T) {
 			cfg.Seed = 1000

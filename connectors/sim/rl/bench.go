@@ -87,6 +87,10 @@ func Run(o Options) ([]ScenarioResult, error) {
 	if o.Parallel <= 0 {
 		o.Parallel = runtime.GOMAXPROCS(0)
 	}
+	steps, err := horizons(o.Config, o.Methods)
+	if err != nil {
+		return nil, err
+	}
 	for range o.Parallel {
 		wg.Add(1)
 		go func() {
@@ -94,6 +98,7 @@ func Run(o Options) ([]ScenarioResult, error) {
 			for j := range jobs {
 				cfg := o.Config
 				cfg.Seed = uint64(1000 + j.seed)
+				cfg.Steps = steps[j.m]
 				c, err := TrainWith(cfg, o.Scenarios[j.sc], o.Methods[j.m], o.NewRewarder)
 				mu.Lock()
 				if err != nil && firstErr == nil {
@@ -122,7 +127,31 @@ func Run(o Options) ([]ScenarioResult, error) {
 	}
 	out := make([]ScenarioResult, len(o.Scenarios))
 	for s, sc := range o.Scenarios {
-		out[s] = summarise(sc, o.Methods, curves[s])
+		out[s] = summarise(sc, o.Methods, curves[s], o.Config.Steps)
+	}
+	return out, nil
+}
+
+// horizons are the steps each method trains: cfg.Steps, and for a method
+// whose steps cost less than wmrl's, as many more as reach wmrl's total
+// cost, so that the reward it reaches at that cost is measured rather than
+// read off the end of a shorter run. Its numbers at equal steps are still
+// read at cfg.Steps.
+func horizons(cfg Config, ms []Method) ([]int, error) {
+	budget, err := StepCost(cfg, Methods[index(Methods, "wmrl")])
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int, len(ms))
+	for i, m := range ms {
+		c, err := StepCost(cfg, m)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = cfg.Steps
+		if c > 0 && c < budget {
+			out[i] = int(math.Ceil(float64(cfg.Steps) * budget / c))
+		}
 	}
 	return out, nil
 }
@@ -136,7 +165,9 @@ func index(ms []Method, name string) int {
 	return -1
 }
 
-func summarise(sc Scenario, ms []Method, curves [][][]Point) ScenarioResult {
+// summarise reads every method at equal steps (the curves' step `steps`)
+// and at wmrl's total cost.
+func summarise(sc Scenario, ms []Method, curves [][][]Point, steps int) ScenarioResult {
 	res := ScenarioResult{Scenario: sc.Name, Doc: sc.Doc, Methods: map[string]*MethodResult{}}
 	g, w := index(ms, "grpo"), index(ms, "wmrl")
 	seeds := len(curves[0])
@@ -144,18 +175,16 @@ func summarise(sc Scenario, ms []Method, curves [][][]Point) ScenarioResult {
 		final, cost, execs, rho, diff, eq, eqDiff := []float64{}, 0.0, 0.0, 0.0, []float64{}, []float64{}, []float64{}
 		for s := 0; s < seeds; s++ {
 			c := curves[mi][s]
-			last := c[len(c)-1]
+			last := c[steps-1]
 			final = append(final, last.Reward)
 			cost += last.Cost / float64(seeds)
 			execs += float64(last.Executions) / float64(seeds)
 			rho += last.Rho / float64(seeds)
 			if g >= 0 {
-				gl := curves[g][s]
-				diff = append(diff, last.Reward-gl[len(gl)-1].Reward)
+				diff = append(diff, last.Reward-curves[g][s][steps-1].Reward)
 			}
 			if w >= 0 {
-				wl := curves[w][s]
-				budget := wl[len(wl)-1].Cost
+				budget := curves[w][s][steps-1].Cost
 				r := RewardAtCost(c, budget)
 				eq = append(eq, r)
 				if g >= 0 {

@@ -125,3 +125,78 @@ func TestAnchorGroupsRoundsHalfToEven(t *testing.T) {
 		}
 	}
 }
+
+// Every method's curve costs what StepCost says a step costs, and
+// grpo-anchors draws and executes as many groups a step as wmrl executes.
+func TestStepCostIsWhatTrainingSpends(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Steps, cfg.Seed = 5, 1000
+	sc, _ := ScenarioByName("monotone")
+	for _, m := range Methods {
+		per, err := StepCost(cfg, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		curve, err := Train(cfg, sc, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, executed, _ := StepShape(cfg, m)
+		for i, p := range curve {
+			if p.Cost != per*float64(i+1) || p.Executions != executed*cfg.GroupSize*(i+1) {
+				t.Fatalf("%s step %d: cost %v and %d executions; StepCost gives %v, StepShape %d", m.Name, p.Step, p.Cost, p.Executions, per*float64(i+1), executed*cfg.GroupSize*(i+1))
+			}
+		}
+	}
+	ga, _ := StepCost(cfg, Methods[index(Methods, "grpo-anchors")])
+	if want := float64(2*8) * (cfg.Costs.Generate + cfg.Costs.Execute); ga != want {
+		t.Errorf("grpo-anchors: %v a step, want two groups of 8 generated and executed (%v)", ga, want)
+	}
+}
+
+// Methods cheaper per step than wmrl train until they have spent what
+// wmrl spends, so the reward they reach at wmrl's cost is measured inside
+// their curve; at equal steps they are still read at cfg.Steps.
+func TestCheaperMethodsTrainToWmrlsCost(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Steps = 40
+	sc, _ := ScenarioByName("monotone")
+	ms := []Method{Methods[index(Methods, "grpo")], Methods[index(Methods, "grpo-anchors")], Methods[index(Methods, "wm")], Methods[index(Methods, "wmrl")]}
+	res, err := Run(Options{Config: cfg, Seeds: 2, Scenarios: []Scenario{sc}, Methods: ms})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := res[0]
+	budget := r.Methods["wmrl"].Cost
+	for _, name := range []string{"grpo-anchors", "wm"} {
+		m := r.Methods[name]
+		per, _ := StepCost(cfg, Methods[index(Methods, name)])
+		if m.Cost != per*float64(cfg.Steps) {
+			t.Errorf("%s: cost at equal steps %v, want %v", name, m.Cost, per*float64(cfg.Steps))
+		}
+		end := m.Curve[len(m.Curve)-1]
+		if end.Cost < budget || end.Cost-per >= budget {
+			t.Errorf("%s trained to cost %v; want the first step at or past wmrl's %v", name, end.Cost, budget)
+		}
+		if m.EqualCostReward.Mean == m.FinalReward {
+			t.Errorf("%s: reward at wmrl's cost %v is its reward at equal steps", name, m.EqualCostReward.Mean)
+		}
+	}
+	if n := len(r.Methods["grpo"].Curve); n != cfg.Steps {
+		t.Errorf("grpo, dearer than wmrl, trained %d steps, want %d", n, cfg.Steps)
+	}
+}
+
+// The tabular policy learns per step as fast from two groups as from
+// sixteen (its mean gradient gives each task the same expected move per
+// step whatever the batch), so GRPO on the anchor groups alone stays close
+// to GRPO at equal steps: the README explains what that means for WMRL here.
+func TestAnchorGroupsAloneKeepUpWithGRPOPerStep(t *testing.T) {
+	r := run(t, "monotone", "grpo", "grpo-anchors", "wmrl")
+	g, ga, w := r.Methods["grpo"], r.Methods["grpo-anchors"], r.Methods["wmrl"]
+	t.Logf("grpo %.4f; grpo-anchors %.4f (%+.4f ± %.4f) at %.2f of the cost; at wmrl's cost grpo-anchors %.4f, wmrl %.4f",
+		g.FinalReward, ga.FinalReward, ga.DiffGRPO.Mean, ga.DiffGRPO.CI95, ga.CostRatio, ga.EqualCostReward.Mean, w.EqualCostReward.Mean)
+	if math.Abs(ga.DiffGRPO.Mean) > 0.01 {
+		t.Errorf("grpo-anchors is %+.4f from grpo at equal steps", ga.DiffGRPO.Mean)
+	}
+}

@@ -17,6 +17,10 @@ type Method struct {
 	// ExecuteAll: every group is executed (GRPO). Otherwise anchors only,
 	// or none when NoAnchors.
 	ExecuteAll, NoAnchors bool
+	// AnchorGroupsOnly: each step has only as many groups as the anchored
+	// methods execute (Config.AnchorGroups), with no world model: GRPO on
+	// the anchors alone, what WMRL falls back to.
+	AnchorGroupsOnly bool
 	// Debias applies the isotonic map; Estimator "" or "off" keeps rho 1.
 	Debias    bool
 	Estimator fuse.Estimator
@@ -25,6 +29,7 @@ type Method struct {
 // Methods are the compared methods, named as in the report and --json.
 var Methods = []Method{
 	{Name: "grpo", ExecuteAll: true},
+	{Name: "grpo-anchors", ExecuteAll: true, AnchorGroupsOnly: true},
 	{Name: "wm", NoAnchors: true},
 	{Name: "anchor"},
 	{Name: "debias", Debias: true},
@@ -187,6 +192,40 @@ func (cfg Config) AnchorGroups() (int, error) {
 	return n, nil
 }
 
+// StepShape is what one step of method m draws: groups, and how many of
+// them are executed; its cost follows from them (StepCost).
+func StepShape(cfg Config, m Method) (groups, executed int, err error) {
+	anchors, err := cfg.AnchorGroups()
+	if err != nil {
+		return 0, 0, err
+	}
+	switch {
+	case m.AnchorGroupsOnly:
+		return anchors, anchors, nil
+	case m.ExecuteAll:
+		return cfg.Groups, cfg.Groups, nil
+	case m.NoAnchors:
+		return cfg.Groups, 0, nil
+	}
+	return cfg.Groups, anchors, nil
+}
+
+// StepCost is the cost of one step of method m: a generation for every
+// trajectory, a world-model call for every one unless every group is
+// executed, and an execution for every trajectory of an executed group.
+func StepCost(cfg Config, m Method) (float64, error) {
+	groups, executed, err := StepShape(cfg, m)
+	if err != nil {
+		return 0, err
+	}
+	n := float64(groups * cfg.GroupSize)
+	c := n * cfg.Costs.Generate
+	if !m.ExecuteAll {
+		c += n * cfg.Costs.WorldModel
+	}
+	return c + float64(executed*cfg.GroupSize)*cfg.Costs.Execute, nil
+}
+
 // CorrectorConfig is a method's corrections.
 func CorrectorConfig(cfg Config, m Method) fuse.CorrectorConfig {
 	est := m.Estimator
@@ -288,6 +327,11 @@ func Train(cfg Config, sc Scenario, m Method) ([]Point, error) {
 // cfg.Seed and the trajectory's place (step, group, index), so methods on
 // one seed are paired and the rewarders agree whatever order they score in.
 func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curve []Point, err error) {
+	if m.AnchorGroupsOnly {
+		if cfg.Groups, _, err = StepShape(cfg, m); err != nil {
+			return nil, err
+		}
+	}
 	env := NewEnv(cfg.Seed, cfg.Tasks, cfg.Styles, sc)
 	pol := &policy{env: env, linear: cfg.Linear, w: make([]float64, env.Features)}
 	pol.theta = make([][]float64, cfg.Tasks)
