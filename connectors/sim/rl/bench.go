@@ -36,7 +36,10 @@ type MethodResult struct {
 	DiffGRPO        Stat    `json:"diff_to_grpo"`
 	EqualCostReward Stat    `json:"equal_cost_reward"` // at wmrl's total cost
 	EqualCostDiff   Stat    `json:"equal_cost_diff_to_grpo"`
-	Curve           []Point `json:"-"` // mean over seeds
+	// TrainedSteps is how far the method trained: the benchmark's steps, or
+	// more for a method whose steps cost less than wmrl's (to reach its cost).
+	TrainedSteps int     `json:"trained_steps"`
+	Curve        []Point `json:"-"` // mean over seeds
 }
 
 // ScenarioResult holds every method of one scenario.
@@ -194,7 +197,8 @@ func summarise(sc Scenario, ms []Method, curves [][][]Point, steps int) Scenario
 		}
 		fs := statOf(final)
 		mr := &MethodResult{FinalReward: fs.Mean, CI95: fs.CI95, Cost: cost, Executions: execs, Rho: rho,
-			DiffGRPO: statOf(diff), EqualCostReward: statOf(eq), EqualCostDiff: statOf(eqDiff), Curve: meanCurve(curves[mi])}
+			DiffGRPO: statOf(diff), EqualCostReward: statOf(eq), EqualCostDiff: statOf(eqDiff),
+			TrainedSteps: len(curves[mi][0]), Curve: meanCurve(curves[mi])}
 		res.Methods[m.Name] = mr
 	}
 	if gr := res.Methods["grpo"]; gr != nil {

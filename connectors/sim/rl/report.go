@@ -5,6 +5,7 @@ import (
 	"image/color"
 	"io"
 	"path/filepath"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/palette/moreland"
@@ -23,6 +24,17 @@ func WriteTable(w io.Writer, r ScenarioResult, methods []Method) {
 		fmt.Fprintf(w, "%-15s %8.4f ± %6.4f %+9.4f ± %6.4f %9.0f %6.2f %7.0f %5.2f %8.4f ± %6.4f %+9.4f ± %6.4f\n",
 			m.Name, x.FinalReward, x.CI95, x.DiffGRPO.Mean, x.DiffGRPO.CI95, x.Cost, x.CostRatio, x.Executions, x.Rho,
 			x.EqualCostReward.Mean, x.EqualCostReward.CI95, x.EqualCostDiff.Mean, x.EqualCostDiff.CI95)
+	}
+	var longer []string
+	ref := r.Methods["wmrl"]
+	for _, m := range methods {
+		if x := r.Methods[m.Name]; ref != nil && x.TrainedSteps > ref.TrainedSteps {
+			longer = append(longer, fmt.Sprintf("%s to step %d", m.Name, x.TrainedSteps))
+		}
+	}
+	if len(longer) > 0 {
+		fmt.Fprintf(w, "(cheaper per step than wmrl, trained on to its cost: %s; their other columns are at step %d)\n",
+			strings.Join(longer, ", "), ref.TrainedSteps)
 	}
 }
 

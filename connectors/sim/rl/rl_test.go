@@ -1,7 +1,9 @@
 package rl
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -182,8 +184,14 @@ func TestCheaperMethodsTrainToWmrlsCost(t *testing.T) {
 			t.Errorf("%s: reward at wmrl's cost %v is its reward at equal steps", name, m.EqualCostReward.Mean)
 		}
 	}
-	if n := len(r.Methods["grpo"].Curve); n != cfg.Steps {
-		t.Errorf("grpo, dearer than wmrl, trained %d steps, want %d", n, cfg.Steps)
+	if n := len(r.Methods["grpo"].Curve); n != cfg.Steps || r.Methods["grpo"].TrainedSteps != n {
+		t.Errorf("grpo, dearer than wmrl, trained %d steps (says %d), want %d", n, r.Methods["grpo"].TrainedSteps, cfg.Steps)
+	}
+	var table strings.Builder
+	WriteTable(&table, r, ms)
+	ga, wm := r.Methods["grpo-anchors"].TrainedSteps, r.Methods["wm"].TrainedSteps
+	if want := fmt.Sprintf("grpo-anchors to step %d, wm to step %d; their other columns are at step %d", ga, wm, cfg.Steps); ga <= cfg.Steps || !strings.Contains(table.String(), want) {
+		t.Errorf("the table does not say which methods trained longer (%q):\n%s", want, table.String())
 	}
 }
 
