@@ -199,6 +199,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --executor %s needs --task DIR (its data and grader)", ErrConfig, c.executor())
 	case c.executor() == "sandbox-fusion" && c.SandboxURL == "":
 		return fmt.Errorf("%w: --executor sandbox-fusion needs --sandbox-url URL", ErrConfig)
+	case c.ExecSlots < 1:
+		return fmt.Errorf("%w: exec slots %d < 1", ErrConfig, c.ExecSlots)
+	case c.MaxAge < 0 || c.Duplicates < 0 || c.Duplicates > c.MaxAge:
+		return fmt.Errorf("%w: dedup window %v and retention %v: want 0 <= window <= retention", ErrConfig, c.Duplicates, c.MaxAge)
 	case c.Source == SourceSim && !c.runs(StageFuse):
 		return fmt.Errorf("%w: the simulated source paces itself on updates: run the fuse stage in the same process or use --source external", ErrConfig)
 	}

@@ -61,6 +61,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(estimator, "rho", string(fuse.DefaultEstimator), "rho estimator: reference, ratio, advantage or off")
 	fs.DurationVar(&cfg.AnchorDeadline, "anchor-deadline", cfg.AnchorDeadline, "anchors later than this fall back to world-model rewards for their step")
 	fs.DurationVar(&cfg.ExecLatency, "exec-latency", cfg.ExecLatency, "latency of the simulated executor")
+	fs.IntVar(&cfg.ExecSlots, "exec-slots", 16, "executions at once in this process's execute stage")
 	fs.StringVar(&cfg.ArchiveDir, "archive", "", "Parquet archive root of the archive stage (default: DATA/archive; off: no archive)")
 	fs.DurationVar(&cfg.ArchiveMaxAge, "archive-max-age", 10*time.Second, "close an archive file (and acknowledge its inputs) after this long")
 	fs.IntVar(&cfg.ArchiveMaxRows, "archive-max-rows", 1_000_000, "close an archive file after this many rows")

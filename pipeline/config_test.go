@@ -1,0 +1,41 @@
+package pipeline
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/stages/route"
+)
+
+func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(*Config)
+		want string // "" = valid
+	}{
+		{"defaults", func(*Config) {}, ""},
+		{"run name", func(c *Config) { c.Run = "a.b" }, `run "a.b"`},
+		{"negative exec slots", func(c *Config) { c.ExecSlots = -1 }, "exec slots -1"},
+		{"window above retention", func(c *Config) { c.MaxAge, c.Duplicates = time.Minute, time.Hour }, "dedup window 1h0m0s and retention 1m0s"},
+		{"negative retention", func(c *Config) { c.MaxAge = -time.Hour }, "retention -1h0m0s"},
+		{"in-flight cap", func(c *Config) { c.Anchors.MaxInFlight = -2 }, "max_in_flight -2"},
+		{"fraction", func(c *Config) { c.Anchors.Fraction = 1.5 }, "1.5"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tc.set(&c)
+			c.setDefaults()
+			err := c.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("valid config refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("got %v, want an error naming %q", err, tc.want)
+			case tc.want != "" && !errors.Is(err, ErrConfig) && !errors.Is(err, route.ErrConfig):
+				t.Fatalf("%v is neither pipeline's nor route's ErrConfig", err)
+			}
+		})
+	}
+}
