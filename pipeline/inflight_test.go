@@ -158,3 +158,36 @@ func TestRestartedRouteKeepsTheAnchorsItSent(t *testing.T) {
 		t.Fatalf("re-planned step 0 with anchors %v (%d); the exec subject holds [%s] (the draw: %v)", anchors, pl.Anchors, sent, drawn)
 	}
 }
+
+// Before any execute stage has made its consumer, nothing counts as in
+// flight: route plans full anchors rather than waiting on an executor that
+// does not exist yet (when one starts, it reads every exec message).
+func TestNoExecuteConsumerMeansNothingInFlight(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.Stages = SourceExternal, []string{StageRoute}
+	cfg.Anchors = route.SchedulerConfig{Fraction: 0.5, MinPerStep: 1, MaxInFlight: 2}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, nc, js := startClient(t, ctx, cfg)
+	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 4, GroupSize: 2}
+	for n := range int64(3) {
+		publishStep(t, ctx, js, pol, n)
+	}
+	var plans [][]byte
+	waitFor(t, 30*time.Second, func() bool { plans = scanAll(t, nc, "wmrl.default.plan"); return len(plans) == 3 })
+	for i, b := range plans {
+		var pl schemas.Plan
+		if err := json.Unmarshal(b, &pl); err != nil {
+			t.Fatal(err)
+		}
+		if pl.Anchors != 2 {
+			t.Errorf("plan %d: %d anchors, want 2 (no execute consumer, nothing in flight)", i, pl.Anchors)
+		}
+	}
+	if n, err := p.execInFlight(ctx); err != nil || n != 0 {
+		t.Errorf("in flight with no execute consumer: %d, %v", n, err)
+	}
+	if got := len(scanAll(t, nc, "wmrl.default.exec")); got != 6 {
+		t.Errorf("%d exec messages stored, want 6 for an executor to read when it starts", got)
+	}
+}
