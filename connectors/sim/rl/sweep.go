@@ -1,10 +1,10 @@
 package rl
 
 import (
+	"math"
 	"math/rand/v2"
-	"slices"
 
-	"gonum.org/v1/gonum/stat"
+	"github.com/wmrl/wmrl/pipeline/offline"
 )
 
 // SweepCell is the wmrl-grpo gap at equal steps for one world-model noise
@@ -42,40 +42,13 @@ func RankCorrelation(env *Env, g int, seed uint64) float64 {
 	return sum / groups
 }
 
-func ranks(x []float64) []float64 {
-	idx := make([]int, len(x))
-	for i := range idx {
-		idx[i] = i
-	}
-	slices.SortFunc(idx, func(a, b int) int {
-		switch {
-		case x[a] < x[b]:
-			return -1
-		case x[a] > x[b]:
-			return 1
-		}
-		return 0
-	})
-	r := make([]float64, len(x))
-	for i := 0; i < len(idx); {
-		j := i
-		for j+1 < len(idx) && x[idx[j+1]] == x[idx[i]] {
-			j++
-		}
-		for k := i; k <= j; k++ {
-			r[idx[k]] = float64(i+j) / 2 // ties share their mean rank
-		}
-		i = j + 1
-	}
-	return r
-}
-
+// spearman is the audit's within-group rank correlation (offline.Spearman,
+// average ranks for ties), with 0 where a side is constant.
 func spearman(a, b []float64) float64 {
-	c := stat.Correlation(ranks(a), ranks(b), nil)
-	if c != c { // NaN: a constant side
-		return 0
+	if c := offline.Spearman(a, b); !math.IsNaN(c) {
+		return c
 	}
-	return c
+	return 0
 }
 
 // Sweep measures the gap between wmrl and grpo at equal steps over world-model
