@@ -218,12 +218,17 @@ func StepCost(cfg Config, m Method) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
+	return cfg.stepCost(m, groups, executed), nil
+}
+
+// stepCost prices a step of groups groups, executed of them executed.
+func (cfg Config) stepCost(m Method, groups, executed int) float64 {
 	n := float64(groups * cfg.GroupSize)
 	c := n * cfg.Costs.Generate
 	if !m.ExecuteAll {
 		c += n * cfg.Costs.WorldModel
 	}
-	return c + float64(executed*cfg.GroupSize)*cfg.Costs.Execute, nil
+	return c + float64(executed*cfg.GroupSize)*cfg.Costs.Execute
 }
 
 // CorrectorConfig is a method's corrections.
@@ -366,16 +371,14 @@ func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curv
 		if err != nil {
 			return nil, fmt.Errorf("rl: step %d: %w", step, err)
 		}
-		cost += float64(cfg.Groups*G) * cfg.Costs.Generate
-		if !m.ExecuteAll {
-			cost += float64(cfg.Groups*G) * cfg.Costs.WorldModel
-		}
+		executed := 0
 		for _, a := range res.Anchor {
 			if a {
-				cost += float64(G) * cfg.Costs.Execute
-				execs += G
+				executed++
 			}
 		}
+		cost += cfg.stepCost(m, cfg.Groups, executed)
+		execs += executed * G
 		// Policy gradient: the step mean of fused_i * grad log pi(style_i | task_i).
 		n := float64(cfg.Groups * G)
 		gw := make([]float64, env.Features)
