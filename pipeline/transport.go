@@ -91,31 +91,41 @@ func StreamConfig(cfg *Config) jetstream.StreamConfig {
 // IDs of the form "<run>/<kind>/<step>".
 func (t *transport) stepsByMsgID(ctx context.Context, subject string) ([]int64, error) {
 	var steps []int64
-	err := natsjs.Scan(ctx, t.js, t.stream, subject, true, func(r natsjs.Record) error {
-		i := strings.LastIndexByte(r.MsgID, '/')
-		if n, err := strconv.ParseInt(r.MsgID[i+1:], 10, 64); i >= 0 && err == nil {
-			steps = append(steps, n)
-		}
-		return nil
-	})
+	err := t.scanMsgIDs(ctx, subject, func(step int64, _ string) { steps = append(steps, step) })
 	return steps, err
 }
 
 // groupsByMsgID lists the group IDs of the messages stored on subject by
-// step, from de-duplication IDs of the form run/kind/step/group.
+// step, from message IDs of the form "<run>/<kind>/<step>/<group>".
 func (t *transport) groupsByMsgID(ctx context.Context, subject string) (map[int64][]string, error) {
 	out := map[int64][]string{}
-	err := natsjs.Scan(ctx, t.js, t.stream, subject, true, func(r natsjs.Record) error {
-		parts := strings.SplitN(r.MsgID, "/", 4)
-		if len(parts) != 4 {
-			return nil
+	err := t.scanMsgIDs(ctx, subject, func(step int64, group string) {
+		if group != "" {
+			out[step] = append(out[step], group)
 		}
-		if n, err := strconv.ParseInt(parts[2], 10, 64); err == nil {
-			out[n] = append(out[n], parts[3])
-		}
-		return nil
 	})
 	return out, err
+}
+
+// scanMsgIDs reads subject's message IDs ("<run>/<kind>/<step>[/<rest>]",
+// headers only) and hands fn the step and the rest; other IDs are skipped.
+func (t *transport) scanMsgIDs(ctx context.Context, subject string, fn func(step int64, rest string)) error {
+	return natsjs.Scan(ctx, t.js, t.stream, subject, true, func(r natsjs.Record) error {
+		parts := strings.SplitN(r.MsgID, "/", 4)
+		if len(parts) < 3 {
+			return nil
+		}
+		n, err := strconv.ParseInt(parts[2], 10, 64)
+		if err != nil {
+			return nil
+		}
+		rest := ""
+		if len(parts) == 4 {
+			rest = parts[3]
+		}
+		fn(n, rest)
+		return nil
+	})
 }
 
 // last decodes the newest message on subject into v; ok is false when
