@@ -90,9 +90,9 @@ func simCommand() *cobra.Command {
 			}
 			fmt.Fprintf(w, "cost model (units of one generation): generation %g, world-model call %g, execution %g\n",
 				cfg.Costs.Generate, cfg.Costs.WorldModel, cfg.Costs.Execute)
-			fmt.Fprintf(w, "%d seeds, %d steps, %d groups of %d, anchor fraction %.2f (%d of %d groups a step: %.1f%%), %s policy; intervals are 95%% (Student t)\n",
+			fmt.Fprintf(w, "%d seeds, %d steps, %d groups of %d, anchor fraction %.2f (%d of %d groups a step: %.1f%%), %s policy, %s at learning rate %g; intervals are 95%% (Student t)\n",
 				seeds, cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.AnchorFraction, anchors, cfg.Groups, 100*float64(anchors)/float64(cfg.Groups),
-				map[bool]string{false: "tabular softmax", true: "linear"}[cfg.Linear])
+				map[bool]string{false: "tabular softmax", true: "linear"}[cfg.Linear], cfg.Optimizer, cfg.EffectiveLR())
 			if viaPipeline {
 				fmt.Fprintln(w, "scored through the streaming pipeline in this process (route, predict, execute, pair, calibrate, fuse over embedded NATS)")
 			}
@@ -114,6 +114,8 @@ func simCommand() *cobra.Command {
 	fs.IntVar(&cfg.Steps, "steps", cfg.Steps, "training steps")
 	fs.IntVar(&cfg.Groups, "groups", cfg.Groups, "groups per step")
 	fs.Float64Var(&cfg.AnchorFraction, "anchor-fraction", cfg.AnchorFraction, "share of groups executed")
+	fs.Var(optimizerFlag{&cfg.Optimizer}, "optimizer", fmt.Sprintf("how the policy follows the gradient: %v (adam: a normalised step per parameter, as LLM trainers take)", rl.Optimizers))
+	fs.Float64Var(&cfg.LR, "lr", 0, "learning rate; 0 is the optimizer's default (sgd 2, adam 0.3)")
 	fs.BoolVar(&cfg.Linear, "linear", false, "a linear policy over shared style features instead of a softmax per task")
 	fs.Float64Var(&cfg.Costs.WorldModel, "cost-wm", cfg.Costs.WorldModel, "cost of a world-model call, in generations")
 	fs.Float64Var(&cfg.Costs.Execute, "cost-exec", cfg.Costs.Execute, "cost of an execution, in generations")
@@ -167,7 +169,8 @@ func curveMethods(ms []rl.Method) []rl.Method {
 func writeSimJSON(w io.Writer, cfg rl.Config, seeds, anchors int, viaPipeline bool, res []rl.ScenarioResult, cells []rl.SweepCell) error {
 	doc := map[string]any{
 		"cost_model": cfg.Costs, "seeds": seeds, "steps": cfg.Steps, "groups": cfg.Groups, "group_size": cfg.GroupSize,
-		"anchor_fraction": cfg.AnchorFraction, "anchor_groups_per_step": anchors, "linear_policy": cfg.Linear, "sweep": cells, "via_pipeline": viaPipeline,
+		"anchor_fraction": cfg.AnchorFraction, "anchor_groups_per_step": anchors, "linear_policy": cfg.Linear,
+		"optimizer": cfg.Optimizer, "lr": cfg.EffectiveLR(), "sweep": cells, "via_pipeline": viaPipeline,
 	}
 	scs := map[string]any{}
 	for _, r := range res {
@@ -178,3 +181,24 @@ func writeSimJSON(w io.Writer, cfg rl.Config, seeds, anchors int, viaPipeline bo
 	enc.SetIndent("", "  ")
 	return enc.Encode(doc)
 }
+
+// optimizerFlag is --optimizer, refusing names rl does not know.
+type optimizerFlag struct{ o *rl.Optimizer }
+
+func (f optimizerFlag) String() string {
+	if f.o == nil {
+		return ""
+	}
+	return string(*f.o)
+}
+
+func (f optimizerFlag) Set(s string) error {
+	o := rl.Optimizer(s)
+	if !slices.Contains(rl.Optimizers, o) {
+		return fmt.Errorf("unknown optimizer %q (have %v)", s, rl.Optimizers)
+	}
+	*f.o = o
+	return nil
+}
+
+func (optimizerFlag) Type() string { return "string" }

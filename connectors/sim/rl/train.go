@@ -57,7 +57,8 @@ type Config struct {
 	Tasks, Styles     int
 	Groups, GroupSize int // per step
 	Steps             int
-	LR                float64
+	LR                float64 // 0: the optimizer's default (DefaultLR)
+	Optimizer         Optimizer
 	AnchorFraction    float64
 	Linear            bool // the shared-feature linear policy instead of a softmax per task
 	Costs             Costs
@@ -66,7 +67,7 @@ type Config struct {
 
 // DefaultConfig is the default run's shape.
 func DefaultConfig() Config {
-	return Config{Tasks: 32, Styles: 8, Groups: 16, GroupSize: 8, Steps: 300, LR: 2, AnchorFraction: 0.1,
+	return Config{Tasks: 32, Styles: 8, Groups: 16, GroupSize: 8, Steps: 300, Optimizer: SGD, AnchorFraction: 0.1,
 		Costs: DefaultCosts, Debiaser: calibrate.DefaultDebiaserConfig()}
 }
 
@@ -80,12 +81,21 @@ type Point struct {
 }
 
 // policy is a softmax over styles, per task (tabular) or from shared
-// features (linear).
+// features (linear). Its parameters are one vector, so an optimizer sees
+// the whole model as a trainer does: tabular logits task-major
+// (theta[t*Styles+s]), or the linear policy's feature weights.
 type policy struct {
 	env    *Env
 	linear bool
-	theta  [][]float64 // tabular logits
-	w      []float64   // linear weights
+	theta  []float64
+}
+
+func newPolicy(env *Env, linear bool) *policy {
+	n := env.Tasks * env.Styles
+	if linear {
+		n = env.Features
+	}
+	return &policy{env: env, linear: linear, theta: make([]float64, n)}
 }
 
 func (p *policy) probs(t int, dst []float64) []float64 {
@@ -109,9 +119,9 @@ func (p *policy) probs(t int, dst []float64) []float64 {
 
 func (p *policy) logit(t, s int) float64 {
 	if p.linear {
-		return dot(p.w, p.env.phi[s])
+		return dot(p.theta, p.env.phi[s])
 	}
-	return p.theta[t][s]
+	return p.theta[t*p.env.Styles+s]
 }
 
 // expected is the true expected reward over tasks.
@@ -338,10 +348,10 @@ func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curv
 		}
 	}
 	env := NewEnv(cfg.Seed, cfg.Tasks, cfg.Styles, sc)
-	pol := &policy{env: env, linear: cfg.Linear, w: make([]float64, env.Features)}
-	pol.theta = make([][]float64, cfg.Tasks)
-	for t := range pol.theta {
-		pol.theta[t] = make([]float64, cfg.Styles)
+	pol := newPolicy(env, cfg.Linear)
+	opt, err := cfg.newOptimizer(len(pol.theta))
+	if err != nil {
+		return nil, err
 	}
 	rw, err := newRewarder(cfg, env, m)
 	if err != nil {
@@ -357,6 +367,7 @@ func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curv
 	curve = make([]Point, 0, cfg.Steps)
 	cost, execs := 0.0, 0
 	pr := make([]float64, cfg.Styles)
+	grad := make([]float64, len(pol.theta))
 	for step := 0; step < cfg.Steps; step++ {
 		groups := make([][]Traj, cfg.Groups)
 		for g := range groups {
@@ -381,8 +392,7 @@ func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curv
 		execs += executed * G
 		// Policy gradient: the step mean of fused_i * grad log pi(style_i | task_i).
 		n := float64(cfg.Groups * G)
-		gw := make([]float64, env.Features)
-		gt := map[int][]float64{}
+		clear(grad)
 		for g := range groups {
 			t := groups[g][0].Task
 			pr = pol.probs(t, pr)
@@ -392,35 +402,26 @@ func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curv
 					continue
 				}
 				if cfg.Linear {
-					for k := range gw {
+					for k := range grad {
 						mean := 0.0
 						for s, p := range pr {
 							mean += p * env.phi[s][k]
 						}
-						gw[k] += a * (env.phi[tr.Style][k] - mean)
+						grad[k] += a * (env.phi[tr.Style][k] - mean)
 					}
 					continue
 				}
-				if gt[t] == nil {
-					gt[t] = make([]float64, cfg.Styles)
-				}
+				row := grad[t*cfg.Styles : (t+1)*cfg.Styles]
 				for s, p := range pr {
 					ind := 0.0
 					if s == tr.Style {
 						ind = 1
 					}
-					gt[t][s] += a * (ind - p)
+					row[s] += a * (ind - p)
 				}
 			}
 		}
-		for t, g := range gt {
-			for s := range g {
-				pol.theta[t][s] += cfg.LR * g[s]
-			}
-		}
-		for k := range gw {
-			pol.w[k] += cfg.LR * gw[k]
-		}
+		opt.ascend(pol.theta, grad)
 		curve = append(curve, Point{Step: step + 1, Cost: cost, Reward: pol.expected(), Executions: execs, Rho: res.Rho})
 	}
 	return curve, nil
