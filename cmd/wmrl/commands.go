@@ -56,6 +56,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.IntVar(&cfg.Anchors.MaxInFlight, "anchor-max-in-flight", 0, "cap on anchor groups sent for execution and not executed yet; a step planned at the cap gets fewer anchors (0: no cap)")
 	fs.StringVar(&cfg.ExecConsumer, "exec-consumer", "", "JetStream consumer whose backlog counts executions in flight (default: the execute stage's)")
 	fs.BoolVar(&cfg.Debias, "debias", cfg.Debias, "apply the isotonic calibration to world-model scores")
+	fs.StringVar(&cfg.Debiaser.BeforeFit, "before-fit", cfg.Debiaser.BeforeFit, "the calibration map before its first fit: mean (flat at the anchors' mean score: no within-group signal from a world model not yet checked) or identity (raw world-model scores, the reference)")
 	fs.IntVar(&cfg.Debiaser.Bins, "bins", cfg.Debiaser.Bins, "equal-width bins before the isotonic fit (0: raw pairs)")
 	fs.IntVar(&cfg.Debiaser.BufferSize, "buffer", cfg.Debiaser.BufferSize, "anchor pairs kept for the fit")
 	fs.StringVar(estimator, "rho", string(fuse.DefaultEstimator), "rho estimator: reference, ratio, advantage or off")

@@ -66,10 +66,10 @@ func onOff(flag, v string) (bool, error) {
 
 func replayCommand() *cobra.Command {
 	var (
-		root, run, out, debias, denoise, rho string
-		bins, buffer                         int
-		fraction                             float64
-		steps                                bool
+		root, run, out, debias, denoise, rho, beforeFit string
+		bins, buffer                                    int
+		fraction                                        float64
+		steps                                           bool
 	)
 	cmd := &cobra.Command{
 		Use:   "replay --archive DIR",
@@ -103,6 +103,10 @@ func replayCommand() *cobra.Command {
 			if fs.Changed("rho") {
 				opt.Settings.Denoiser.Estimator = fuse.Estimator(rho)
 				changed = append(changed, "rho "+rho)
+			}
+			if fs.Changed("before-fit") {
+				opt.Settings.Debiaser.BeforeFit = beforeFit
+				changed = append(changed, "before-fit "+beforeFit)
 			}
 			if fs.Changed("bins") {
 				opt.Settings.Debiaser.Bins = bins
@@ -193,6 +197,7 @@ func replayCommand() *cobra.Command {
 	fs.StringVar(&debias, "debias", "on", "on or off: apply the isotonic map")
 	fs.StringVar(&denoise, "denoise", "on", "on or off: inverse-variance anchor weight (off: rho 1)")
 	fs.StringVar(&rho, "rho", string(fuse.DefaultEstimator), "rho estimator: reference, ratio, advantage or off")
+	fs.StringVar(&beforeFit, "before-fit", "", "the calibration map before its first fit: mean or identity (default: as recorded)")
 	fs.IntVar(&bins, "bins", 0, "equal-width bins before the isotonic fit (0: raw pairs)")
 	fs.IntVar(&buffer, "buffer", 0, "anchor pairs kept for the fit")
 	fs.Float64Var(&fraction, "anchor-fraction", 0, "keep this share of groups as anchors (below the recorded one: a fixed subsample)")

@@ -116,6 +116,7 @@ func simCommand() *cobra.Command {
 	fs.Float64Var(&cfg.AnchorFraction, "anchor-fraction", cfg.AnchorFraction, "share of groups executed")
 	fs.Var(optimizerFlag{&cfg.Optimizer}, "optimizer", fmt.Sprintf("how the policy follows the gradient: %v (adam: a normalised step per parameter, as LLM trainers take)", rl.Optimizers))
 	fs.Float64Var(&cfg.LR, "lr", 0, "learning rate; 0 is the optimizer's default (sgd 2, adam 0.3)")
+	fs.StringVar(&cfg.Debiaser.BeforeFit, "before-fit", cfg.Debiaser.BeforeFit, "what the isotonic map is before its first fit: identity (raw world-model scores, the reference) or mean (flat: no within-group signal until the anchors have checked the world model)")
 	fs.BoolVar(&cfg.Linear, "linear", false, "a linear policy over shared style features instead of a softmax per task")
 	fs.Float64Var(&cfg.Costs.WorldModel, "cost-wm", cfg.Costs.WorldModel, "cost of a world-model call, in generations")
 	fs.Float64Var(&cfg.Costs.Execute, "cost-exec", cfg.Costs.Execute, "cost of an execution, in generations")

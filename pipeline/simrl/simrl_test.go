@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/wmrl/wmrl/connectors/sim/rl"
+	"github.com/wmrl/wmrl/stages/calibrate"
 )
 
 // TestPipelineGivesTheCoreNumbers trains the same seeds through the core
@@ -13,7 +14,8 @@ import (
 // cover every path of the pipeline: every group executed (grpo, and
 // grpo-anchors on a step of two groups), none (wm), anchors without
 // corrections, the out-of-sample default and the in-sample reference
-// estimator.
+// estimator, and both maps before the first fit (the default flat one,
+// which travels as a one-threshold map, and the reference's identity).
 func TestPipelineGivesTheCoreNumbers(t *testing.T) {
 	cfg := rl.DefaultConfig()
 	cfg.Steps = 30 // past the warm-ups of the map (200 pairs: 13 steps) and of rho (32 anchor groups: 16 steps)
@@ -21,10 +23,20 @@ func TestPipelineGivesTheCoreNumbers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"grpo", "grpo-anchors", "wm", "anchor", "wmrl", "wmrl-reference"} {
-		m := rl.Methods[methodIndex(t, name)]
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct{ name, beforeFit string }{
+		{"grpo", ""}, {"grpo-anchors", ""}, {"wm", ""}, {"anchor", ""}, {"wmrl", ""}, {"wmrl-reference", ""},
+		{"wmrl", calibrate.BeforeFitIdentity},
+	} {
+		name, m, label := tc.name, rl.Methods[methodIndex(t, tc.name)], tc.name
+		if tc.beforeFit != "" {
+			label += "/before-fit=" + tc.beforeFit
+		}
+		t.Run(label, func(t *testing.T) {
+			cfg := cfg
 			cfg.Seed = 1000
+			if tc.beforeFit != "" {
+				cfg.Debiaser.BeforeFit = tc.beforeFit
+			}
 			core, err := rl.Train(cfg, sc, m)
 			if err != nil {
 				t.Fatal(err)

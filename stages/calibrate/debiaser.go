@@ -20,8 +20,14 @@ type Pair struct {
 // count means its reference default; DefaultDebiaserConfig returns the
 // reference configuration whole.
 type DebiaserConfig struct {
-	// MinPairs: the map is the identity until this many pairs are buffered.
+	// MinPairs: no map is fitted until this many pairs are buffered;
+	// BeforeFit says what scores map to until then.
 	MinPairs int `json:"min_pairs"`
+	// BeforeFit is the map before the first fit: BeforeFitIdentity (the
+	// reference: raw world-model scores) or BeforeFitMean (every score maps
+	// to the mean true score buffered so far, so an unchecked world model
+	// gives no within-group signal). "" is BeforeFitIdentity.
+	BeforeFit string `json:"before_fit,omitempty"`
 	// RefitEvery: refit after this many pairs since the last successful fit.
 	RefitEvery int `json:"refit_every"`
 	// BufferSize caps the pairs kept (FIFO); every fit uses the whole buffer.
@@ -40,6 +46,12 @@ type DebiaserConfig struct {
 	Hi *float64 `json:"hi,omitempty"`
 }
 
+// BeforeFit values.
+const (
+	BeforeFitIdentity = "identity"
+	BeforeFitMean     = "mean"
+)
+
 // Reference defaults of the released WMRL code.
 const (
 	DefaultMinPairs   = 200
@@ -48,14 +60,20 @@ const (
 	DefaultBins       = 10
 )
 
-// DefaultDebiaserConfig is the reference configuration: identity until 200
-// pairs, refit every 64, FIFO buffer of 5000, 10 bins, no decay, no bounds.
+// DefaultDebiaserConfig is the reference configuration (no fit before 200
+// pairs, refit every 64, FIFO buffer of 5000, 10 bins, no decay, no bounds)
+// but for BeforeFit: BeforeFitMean instead of the identity. With the
+// identity, an anti-correlated world model trains the policy the wrong way
+// for the steps before the first fit; under Adam, in wmrl sim, that left
+// WMRL at 0.47 where the flat map reaches 0.76 (the README has the whole
+// measurement). Set BeforeFit to BeforeFitIdentity for the reference whole.
 func DefaultDebiaserConfig() DebiaserConfig {
 	return DebiaserConfig{
 		MinPairs:   DefaultMinPairs,
 		RefitEvery: DefaultRefitEvery,
 		BufferSize: DefaultBufferSize,
 		Bins:       DefaultBins,
+		BeforeFit:  BeforeFitMean,
 	}
 }
 
@@ -82,6 +100,8 @@ func (c DebiaserConfig) Validate() error {
 		return fmt.Errorf("%w: buffer_size %d < 2", ErrConfig, c.BufferSize)
 	case c.BufferSize < c.MinPairs:
 		return fmt.Errorf("%w: buffer_size %d < min_pairs %d: the map would never be fitted", ErrConfig, c.BufferSize, c.MinPairs)
+	case c.BeforeFit != "" && c.BeforeFit != BeforeFitIdentity && c.BeforeFit != BeforeFitMean:
+		return fmt.Errorf("%w: before_fit %q: want %q or %q", ErrConfig, c.BeforeFit, BeforeFitIdentity, BeforeFitMean)
 	case c.Bins < 0 || c.Bins == 1:
 		return fmt.Errorf("%w: bins %d: want 0 (no binning) or at least 2", ErrConfig, c.Bins)
 	case c.HalfLife < 0 || math.IsNaN(c.HalfLife) || math.IsInf(c.HalfLife, 0):
@@ -106,8 +126,9 @@ func (c DebiaserConfig) bounds() (lo, hi float64) {
 }
 
 // Debiaser learns a monotone map from world-model score to true score from
-// anchor pairs as they stream in. It keeps a FIFO buffer of pairs, is the
-// identity until MinPairs are buffered, and refits every RefitEvery pairs;
+// anchor pairs as they stream in. It keeps a FIFO buffer of pairs, fits no
+// map until MinPairs are buffered (mapping scores as BeforeFit says until
+// then), and refits every RefitEvery pairs;
 // each successful refit bumps Version. A failed fit (fewer than two distinct
 // world-model scores or populated bins) changes nothing and is retried on the
 // next push, as in the reference.
@@ -121,7 +142,8 @@ type Debiaser struct {
 	pushed   int64
 	sinceFit int
 	version  int64
-	m        *Isotonic // nil: identity
+	m        *Isotonic // nil: not fitted yet
+	prior    *Isotonic // before the first fit with BeforeFitMean: flat at the buffered mean
 
 	// scratch for fits, reused
 	xs, ys, ws []float64
@@ -139,25 +161,36 @@ func NewDebiaser(cfg DebiaserConfig) (*Debiaser, error) {
 // Config returns the configuration in force (defaults filled in).
 func (d *Debiaser) Config() DebiaserConfig { return d.cfg }
 
-// Version counts successful refits; 0 is the identity.
+// Version counts successful refits; 0 is before the first fit.
 func (d *Debiaser) Version() int64 { return d.version }
 
 // Pairs is how many pairs are buffered now; Pushed how many were ever pushed.
-func (d *Debiaser) Pairs() int     { return d.size }
-func (d *Debiaser) Pushed() int64  { return d.pushed }
-func (d *Debiaser) Map() *Isotonic { return d.m }
+func (d *Debiaser) Pairs() int    { return d.size }
+func (d *Debiaser) Pushed() int64 { return d.pushed }
 
-// Predict maps a world-model score through the current map (the identity
-// before the first fit).
-func (d *Debiaser) Predict(x float64) float64 {
+// Map is the map in force: the last fit, or before it the flat map of
+// BeforeFitMean once a pair is buffered; nil means the identity.
+func (d *Debiaser) Map() *Isotonic {
 	if d.m == nil {
-		return x
+		return d.prior
 	}
-	return d.m.Predict(x)
+	return d.m
+}
+
+// Fitted reports whether a map was fitted from the pairs (Version > 0).
+func (d *Debiaser) Fitted() bool { return d.m != nil }
+
+// Predict maps a world-model score through the map in force.
+func (d *Debiaser) Predict(x float64) float64 {
+	if m := d.Map(); m != nil {
+		return m.Predict(x)
+	}
+	return x
 }
 
 // Push adds one pair and refits when the cadence says so. It reports whether
-// the map changed. A non-finite pair is rejected with ErrNonFinite and changes
+// a new map was fitted (BeforeFitMean's flat map moves with every push before
+// the first fit, and does not count). A non-finite pair is rejected with ErrNonFinite and changes
 // nothing.
 func (d *Debiaser) Push(p Pair) (refit bool, err error) {
 	if !finite(p.Predicted) || !finite(p.True) {
@@ -174,14 +207,34 @@ func (d *Debiaser) Push(p Pair) (refit bool, err error) {
 	d.pushed++
 	d.sinceFit++
 	if d.size < d.cfg.MinPairs || d.sinceFit < d.cfg.RefitEvery {
+		d.setPrior()
 		return false, nil
 	}
 	m := d.fit()
 	if m == nil {
+		d.setPrior()
 		return false, nil
 	}
-	d.m, d.version, d.sinceFit = m, d.version+1, 0
+	d.m, d.prior, d.version, d.sinceFit = m, nil, d.version+1, 0
 	return true, nil
+}
+
+// setPrior recomputes the flat map in force before the first fit, under
+// BeforeFitMean.
+func (d *Debiaser) setPrior() {
+	if d.m != nil || d.cfg.BeforeFit != BeforeFitMean || d.size == 0 {
+		return
+	}
+	sx, sy, sw := 0.0, 0.0, 0.0
+	for i := 0; i < d.size; i++ {
+		p, w := d.at(i), d.weight(i)
+		sx, sy, sw = sx+w*p.Predicted, sy+w*p.True, sw+w
+	}
+	lo, hi := d.cfg.bounds()
+	m, err := NewIsotonic([]float64{sx / sw}, []float64{min(hi, max(lo, sy/sw))})
+	if err == nil { // pairs are finite, so their means are
+		d.prior = m
+	}
 }
 
 // at returns the i-th buffered pair, oldest first.

@@ -66,7 +66,7 @@ func TestDebiaserReferenceCadence(t *testing.T) {
 
 func TestDebiaserFailedFitRetriedNextPush(t *testing.T) {
 	cfg := DefaultDebiaserConfig()
-	cfg.MinPairs, cfg.RefitEvery = 5, 5
+	cfg.MinPairs, cfg.RefitEvery, cfg.BeforeFit = 5, 5, BeforeFitIdentity // the reference
 	d := mustDebiaser(t, cfg)
 	// All in one bin: no fit possible, the identity stays.
 	for i := 0; i < 8; i++ {
@@ -269,7 +269,7 @@ func TestDebiaserSnapshotRestoreExact(t *testing.T) {
 func TestDebiaserRejectsBadInput(t *testing.T) {
 	for _, cfg := range []DebiaserConfig{
 		{MinPairs: -1}, {RefitEvery: -2}, {BufferSize: 1}, {MinPairs: 300, BufferSize: 100}, {Bins: 1}, {HalfLife: -1},
-		{Lo: ptr(1), Hi: ptr(0)}, {Lo: ptr(math.Inf(-1))},
+		{Lo: ptr(1), Hi: ptr(0)}, {Lo: ptr(math.Inf(-1))}, {BeforeFit: "median"},
 	} {
 		if _, err := NewDebiaser(cfg); !errors.Is(err, ErrConfig) {
 			t.Errorf("config %+v: got %v, want ErrConfig", cfg, err)
@@ -288,3 +288,52 @@ func TestDebiaserRejectsBadInput(t *testing.T) {
 }
 
 func ptr(v float64) *float64 { return &v }
+
+// Before its first fit the debiaser maps every score to the mean true
+// score buffered so far under BeforeFitMean, and passes scores through
+// under the reference's identity; from the first fit both use the fit.
+func TestDebiaserBeforeFit(t *testing.T) {
+	pairs := []Pair{{0.9, 0.1}, {0.2, 0.8}, {0.5, 0.3}, {0.1, 0.6}}
+	for _, mode := range []string{"", BeforeFitIdentity, BeforeFitMean} {
+		cfg := DebiaserConfig{MinPairs: 4, RefitEvery: 1, BufferSize: 8, BeforeFit: mode}
+		d := mustDebiaser(t, cfg)
+		if got := d.Predict(0.7); got != 0.7 || d.Map() != nil {
+			t.Errorf("%q: with no pairs 0.7 maps to %v (map %v), want itself", mode, got, d.Map())
+		}
+		sum := 0.0
+		for i, p := range pairs[:3] {
+			if refit, err := d.Push(p); err != nil || refit {
+				t.Fatalf("%q: push %d reports a refit (%v, %v) before min_pairs", mode, i, refit, err)
+			}
+			sum += p.True
+			want := 0.7
+			if mode == BeforeFitMean {
+				want = sum / float64(i+1)
+			}
+			if got := d.Predict(0.7); math.Abs(got-want) > 1e-15 || d.Fitted() || d.Version() != 0 {
+				t.Errorf("%q after %d pairs: 0.7 maps to %v, want %v (fitted %v, version %d)", mode, i+1, got, want, d.Fitted(), d.Version())
+			}
+			if mode == BeforeFitMean && d.Predict(0.05) != d.Predict(0.95) {
+				t.Errorf("%q: the map before the fit is not flat", mode)
+			}
+		}
+		if mode == BeforeFitMean {
+			// The flat map survives a restart, and travels as the map in force.
+			s, err := RestoreDebiaser(d.Snapshot())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := s.Predict(0.3), d.Predict(0.3); got != want || s.Map() == nil {
+				t.Errorf("restored: 0.3 maps to %v, want %v (map %v)", got, want, s.Map())
+			}
+		}
+		if refit, err := d.Push(pairs[3]); err != nil || !refit || !d.Fitted() {
+			t.Fatalf("%q: the 4th pair did not fit a map (%v, %v)", mode, refit, err)
+		}
+		// Anti-correlated pairs pool into one level: the fitted map is flat
+		// at their mean whatever the mode.
+		if got := d.Predict(0.7); math.Abs(got-0.45) > 1e-12 {
+			t.Errorf("%q fitted: 0.7 maps to %v, want the pooled mean 0.45", mode, got)
+		}
+	}
+}

@@ -11,7 +11,7 @@ type DebiaserState struct {
 	Pushed   int64          `json:"pushed"`
 	SinceFit int            `json:"since_fit"`
 	Version  int64          `json:"version"`
-	Map      *Isotonic      `json:"map"` // nil: identity
+	Map      *Isotonic      `json:"map"` // the fitted map; nil before the first fit
 }
 
 // Snapshot copies the debiaser's state.
@@ -51,5 +51,6 @@ func RestoreDebiaser(s DebiaserState) (*Debiaser, error) {
 	copy(d.ring, s.Pairs)
 	d.size = len(s.Pairs)
 	d.pushed, d.sinceFit, d.version, d.m = s.Pushed, s.SinceFit, s.Version, s.Map
+	d.setPrior()
 	return d, nil
 }

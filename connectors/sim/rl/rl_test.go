@@ -5,10 +5,17 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/wmrl/wmrl/stages/calibrate"
 )
 
 // run trains the named methods on 8 fixed seeds of one scenario.
 func run(t *testing.T, scenario string, methods ...string) ScenarioResult {
+	t.Helper()
+	return runWith(t, DefaultConfig(), scenario, methods...)
+}
+
+func runWith(t *testing.T, cfg Config, scenario string, methods ...string) ScenarioResult {
 	t.Helper()
 	sc, err := ScenarioByName(scenario)
 	if err != nil {
@@ -18,7 +25,7 @@ func run(t *testing.T, scenario string, methods ...string) ScenarioResult {
 	for _, n := range methods {
 		ms = append(ms, Methods[index(Methods, n)])
 	}
-	res, err := Run(Options{Config: DefaultConfig(), Seeds: 8, Scenarios: []Scenario{sc}, Methods: ms})
+	res, err := Run(Options{Config: cfg, Seeds: 8, Scenarios: []Scenario{sc}, Methods: ms})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,5 +214,27 @@ func TestAnchorGroupsAloneKeepUpWithGRPOPerStep(t *testing.T) {
 		g.FinalReward, ga.FinalReward, ga.DiffGRPO.Mean, ga.DiffGRPO.CI95, ga.CostRatio, ga.EqualCostReward.Mean, w.EqualCostReward.Mean)
 	if math.Abs(ga.DiffGRPO.Mean) > 0.01 {
 		t.Errorf("grpo-anchors is %+.4f from grpo at equal steps", ga.DiffGRPO.Mean)
+	}
+}
+
+// Before the map's first fit (200 pairs: 13 steps here) the reference uses
+// raw world-model scores. Under Adam, which moves every parameter by about
+// the learning rate whatever the gradient's size, 13 steps of an
+// anti-correlated world model push the policy onto bad styles it does not
+// climb back from; the flat map before the fit (the default) gives those
+// groups no signal, and WMRL falls back on its anchors completely.
+func TestFlatMapBeforeTheFitSavesAdversarialRunsUnderAdam(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Optimizer = Adam
+	flat := runWith(t, cfg, "adversarial", "grpo-anchors", "wmrl")
+	cfg.Debiaser.BeforeFit = calibrate.BeforeFitIdentity
+	ident := runWith(t, cfg, "adversarial", "wmrl")
+	ga, wf, wi := flat.Methods["grpo-anchors"], flat.Methods["wmrl"], ident.Methods["wmrl"]
+	t.Logf("adam, adversarial: grpo-anchors %.4f; wmrl %.4f with the flat map before the fit, %.4f with the identity", ga.FinalReward, wf.FinalReward, wi.FinalReward)
+	if ga.FinalReward-wi.FinalReward < 0.1 {
+		t.Errorf("with the identity before the fit wmrl %.4f is not far below grpo-anchors %.4f: nothing to fix", wi.FinalReward, ga.FinalReward)
+	}
+	if math.Abs(wf.FinalReward-ga.FinalReward) > 0.02 {
+		t.Errorf("with the flat map before the fit wmrl %.4f is not level with grpo-anchors %.4f", wf.FinalReward, ga.FinalReward)
 	}
 }
