@@ -173,11 +173,12 @@ func writeSimJSON(w io.Writer, cfg rl.Config, seeds, anchors int, viaPipeline bo
 		"anchor_fraction": cfg.AnchorFraction, "anchor_groups_per_step": anchors, "linear_policy": cfg.Linear,
 		"optimizer": cfg.Optimizer, "lr": cfg.EffectiveLR(), "sweep": cells, "via_pipeline": viaPipeline,
 	}
-	scs := map[string]any{}
+	scs, targets := map[string]any{}, map[string]any{}
 	for _, r := range res {
 		scs[r.Scenario] = r.Methods
+		targets[r.Scenario] = map[string]float64{"start_reward": r.Start, "target_reward": r.Target}
 	}
-	doc["scenarios"] = scs
+	doc["scenarios"], doc["targets"] = scs, targets
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(doc)

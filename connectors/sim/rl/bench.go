@@ -38,8 +38,14 @@ type MethodResult struct {
 	EqualCostDiff   Stat    `json:"equal_cost_diff_to_grpo"`
 	// TrainedSteps is how far the method trained: the benchmark's steps, or
 	// more for a method whose steps cost less than wmrl's (to reach its cost).
-	TrainedSteps int     `json:"trained_steps"`
-	Curve        []Point `json:"-"` // mean over seeds
+	TrainedSteps int `json:"trained_steps"`
+	// CostToTarget is the total cost at which the method's mean curve first
+	// reaches Target, interpolated; nil if it does not within TrainedSteps.
+	// CostToTargetRatio is that over grpo's: the share of GRPO's spend
+	// needed for the same reward.
+	CostToTarget      *float64 `json:"cost_to_target"`
+	CostToTargetRatio *float64 `json:"cost_to_target_ratio_to_grpo"`
+	Curve             []Point  `json:"-"` // mean over seeds
 }
 
 // ScenarioResult holds every method of one scenario.
@@ -47,7 +53,16 @@ type ScenarioResult struct {
 	Scenario string                   `json:"scenario"`
 	Doc      string                   `json:"doc"`
 	Methods  map[string]*MethodResult `json:"methods"`
+	// Start is the untrained policy's expected reward (mean over seeds);
+	// Target is Start plus TargetShare of grpo's gain at equal steps, the
+	// reward every method's CostToTarget is measured at.
+	Start  float64 `json:"start_reward"`
+	Target float64 `json:"target_reward"`
 }
+
+// TargetShare of GRPO's gain over the untrained policy defines the target
+// reward of CostToTarget: "what does it cost to get 90% of what GRPO gets".
+const TargetShare = 0.9
 
 // Options sets a benchmark run.
 type Options struct {
@@ -130,7 +145,12 @@ func Run(o Options) ([]ScenarioResult, error) {
 	}
 	out := make([]ScenarioResult, len(o.Scenarios))
 	for s, sc := range o.Scenarios {
-		out[s] = summarise(sc, o.Methods, curves[s], o.Config.Steps)
+		start := make([]float64, o.Seeds)
+		for seed := range start {
+			env := NewEnv(uint64(1000+seed), o.Config.Tasks, o.Config.Styles, sc)
+			start[seed] = newPolicy(env, o.Config.Linear).expected()
+		}
+		out[s] = summarise(sc, o.Methods, curves[s], o.Config.Steps, start)
 	}
 	return out, nil
 }
@@ -168,10 +188,11 @@ func index(ms []Method, name string) int {
 	return -1
 }
 
-// summarise reads every method at equal steps (the curves' step `steps`)
-// and at wmrl's total cost.
-func summarise(sc Scenario, ms []Method, curves [][][]Point, steps int) ScenarioResult {
-	res := ScenarioResult{Scenario: sc.Name, Doc: sc.Doc, Methods: map[string]*MethodResult{}}
+// summarise reads every method at equal steps (the curves' step `steps`),
+// at wmrl's total cost, and where it reaches the target reward; start is
+// each seed's untrained reward.
+func summarise(sc Scenario, ms []Method, curves [][][]Point, steps int, start []float64) ScenarioResult {
+	res := ScenarioResult{Scenario: sc.Name, Doc: sc.Doc, Methods: map[string]*MethodResult{}, Start: stat.Mean(start, nil)}
 	g, w := index(ms, "grpo"), index(ms, "wmrl")
 	seeds := len(curves[0])
 	for mi, m := range ms {
@@ -202,11 +223,37 @@ func summarise(sc Scenario, ms []Method, curves [][][]Point, steps int) Scenario
 		res.Methods[m.Name] = mr
 	}
 	if gr := res.Methods["grpo"]; gr != nil {
+		res.Target = res.Start + TargetShare*(gr.FinalReward-res.Start)
 		for _, mr := range res.Methods {
 			mr.CostRatio = mr.Cost / gr.Cost
+			mr.CostToTarget = CostToReach(mr.Curve, res.Start, res.Target)
+		}
+		for _, mr := range res.Methods {
+			if mr.CostToTarget != nil && gr.CostToTarget != nil {
+				r := *mr.CostToTarget / *gr.CostToTarget
+				mr.CostToTargetRatio = &r
+			}
 		}
 	}
 	return res
+}
+
+// CostToReach is the cost at which a learning curve starting from reward
+// start at cost 0 first reaches target, interpolated linearly between
+// points; nil if it never does.
+func CostToReach(curve []Point, start, target float64) *float64 {
+	prevC, prevR := 0.0, start
+	if start >= target {
+		return &prevC
+	}
+	for _, p := range curve {
+		if p.Reward >= target {
+			c := prevC + (p.Cost-prevC)*(target-prevR)/(p.Reward-prevR)
+			return &c
+		}
+		prevC, prevR = p.Cost, p.Reward
+	}
+	return nil
 }
 
 func meanCurve(bySeed [][]Point) []Point {

@@ -17,14 +17,20 @@ import (
 // WriteTable prints a scenario's table.
 func WriteTable(w io.Writer, r ScenarioResult, methods []Method) {
 	fmt.Fprintf(w, "\n%s: %s\n", r.Scenario, r.Doc)
-	fmt.Fprintf(w, "%-15s %17s %19s %9s %6s %7s %5s %17s %19s\n",
-		"method", "final reward", "vs grpo (paired)", "cost", "ratio", "execs", "rho", "at wmrl's cost", "vs grpo there")
+	fmt.Fprintf(w, "%-15s %17s %19s %9s %6s %7s %5s %17s %19s %8s\n",
+		"method", "final reward", "vs grpo (paired)", "cost", "ratio", "execs", "rho", "at wmrl's cost", "vs grpo there", "to target")
 	for _, m := range methods {
 		x := r.Methods[m.Name]
-		fmt.Fprintf(w, "%-15s %8.4f ± %6.4f %+9.4f ± %6.4f %9.0f %6.2f %7.0f %5.2f %8.4f ± %6.4f %+9.4f ± %6.4f\n",
+		toTarget := "never"
+		if x.CostToTargetRatio != nil {
+			toTarget = fmt.Sprintf("%.2f", *x.CostToTargetRatio)
+		}
+		fmt.Fprintf(w, "%-15s %8.4f ± %6.4f %+9.4f ± %6.4f %9.0f %6.2f %7.0f %5.2f %8.4f ± %6.4f %+9.4f ± %6.4f %8s\n",
 			m.Name, x.FinalReward, x.CI95, x.DiffGRPO.Mean, x.DiffGRPO.CI95, x.Cost, x.CostRatio, x.Executions, x.Rho,
-			x.EqualCostReward.Mean, x.EqualCostReward.CI95, x.EqualCostDiff.Mean, x.EqualCostDiff.CI95)
+			x.EqualCostReward.Mean, x.EqualCostReward.CI95, x.EqualCostDiff.Mean, x.EqualCostDiff.CI95, toTarget)
 	}
+	fmt.Fprintf(w, "(to target: the cost to reach %.4f, %.0f%% of grpo's gain over the untrained policy's %.4f, as a share of grpo's cost to reach it; mean curves)\n",
+		r.Target, 100*TargetShare, r.Start)
 	var longer []string
 	ref := r.Methods["wmrl"]
 	for _, m := range methods {

@@ -102,6 +102,29 @@ func TestRewardAtCost(t *testing.T) {
 	}
 }
 
+func TestCostToReach(t *testing.T) {
+	c := []Point{{Cost: 10, Reward: 0.5}, {Cost: 20, Reward: 0.7}, {Cost: 30, Reward: 0.6}, {Cost: 40, Reward: 0.9}}
+	for _, tc := range []struct {
+		start, target float64
+		want          float64 // -1: never
+	}{
+		{0.4, 0.45, 5},                          // between the start (cost 0) and the first point
+		{0.4, 0.6, 15},                          // between points
+		{0.4, 0.7, 20},                          // on a point
+		{0.4, 0.8, 30 + 10*(0.8-0.6)/(0.9-0.6)}, // after a dip: the first crossing
+		{0.4, 0.95, -1},                         // never
+		{0.6, 0.55, 0},                          // the start is already there
+	} {
+		got, gotS := CostToReach(c, tc.start, tc.target), "never"
+		if got != nil {
+			gotS = fmt.Sprint(*got)
+		}
+		if (tc.want < 0) != (got == nil) || (got != nil && math.Abs(*got-tc.want) > 1e-12) {
+			t.Errorf("target %v from %v: reached at %s, want %v (-1: never)", tc.target, tc.start, gotS, tc.want)
+		}
+	}
+}
+
 func TestSpearmanHandlesTies(t *testing.T) {
 	if got := spearman([]float64{1, 2, 3, 4}, []float64{10, 20, 30, 40}); math.Abs(got-1) > 1e-12 {
 		t.Fatalf("perfect order: %v", got)
