@@ -241,8 +241,10 @@ type Calibration struct {
 	// Step and GroupID name the group just absorbed.
 	Step    int64  `json:"step"`
 	GroupID string `json:"group_id"`
-	// Map is the isotonic map now in force; null is the identity (before
-	// the first fit).
+	// Map is the isotonic map now in force. Before the first fit (Version
+	// 0) it is the flat map at the buffered pairs' mean true score (one
+	// threshold: every score maps to it), or null, the identity, when the
+	// debiaser runs with before_fit "identity" as the reference does.
 	Map *Thresholds `json:"map"`
 	// Pairs are the group's pairs with their calibrated predictions under
 	// the map before (out-of-sample) and after (in-sample) they were added,
