@@ -16,6 +16,7 @@ import (
 
 func simCommand() *cobra.Command {
 	cfg := rl.DefaultConfig()
+	var linear bool
 	var scenarios, methods, out string
 	var seeds int
 	var asJSON, noSweep, viaPipeline bool
@@ -24,6 +25,12 @@ func simCommand() *cobra.Command {
 		Short: "Benchmark the corrections on a synthetic RL problem: every method on the same seeds, tables, plots, a sweep",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if linear {
+				cfg.Policy = rl.Linear
+			}
+			if cfg.Policy == rl.Shared && !cmd.Flags().Changed("tasks") {
+				cfg.Tasks = rl.DefaultSharedTasks
+			}
 			var scs []rl.Scenario
 			if scenarios == "all" {
 				scs = rl.Scenarios
@@ -92,7 +99,7 @@ func simCommand() *cobra.Command {
 				cfg.Costs.Generate, cfg.Costs.WorldModel, cfg.Costs.Execute)
 			fmt.Fprintf(w, "%d seeds, %d steps, %d groups of %d, anchor fraction %.2f (%d of %d groups a step: %.1f%%), %s policy, %s at learning rate %g; intervals are 95%% (Student t)\n",
 				seeds, cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.AnchorFraction, anchors, cfg.Groups, 100*float64(anchors)/float64(cfg.Groups),
-				map[bool]string{false: "tabular softmax", true: "linear"}[cfg.Linear], cfg.Optimizer, cfg.EffectiveLR())
+				policyName(cfg), cfg.Optimizer, cfg.EffectiveLR())
 			if viaPipeline {
 				fmt.Fprintln(w, "scored through the streaming pipeline in this process (route, predict, execute, pair, calibrate, fuse over embedded NATS)")
 			}
@@ -114,10 +121,13 @@ func simCommand() *cobra.Command {
 	fs.IntVar(&cfg.Steps, "steps", cfg.Steps, "training steps")
 	fs.IntVar(&cfg.Groups, "groups", cfg.Groups, "groups per step")
 	fs.Float64Var(&cfg.AnchorFraction, "anchor-fraction", cfg.AnchorFraction, "share of groups executed")
-	fs.Var(optimizerFlag{&cfg.Optimizer}, "optimizer", fmt.Sprintf("how the policy follows the gradient: %v (adam: a normalised step per parameter, as LLM trainers take)", rl.Optimizers))
-	fs.Float64Var(&cfg.LR, "lr", 0, "learning rate; 0 is the optimizer's default (sgd 2, adam 0.3)")
+	fs.Var(choiceFlag[rl.Optimizer]{&cfg.Optimizer, rl.Optimizers}, "optimizer", fmt.Sprintf("how the policy follows the gradient: %v (adam: a normalised step per parameter, as LLM trainers take)", rl.Optimizers))
+	fs.Float64Var(&cfg.LR, "lr", 0, "learning rate; 0 is the default (sgd 2, or 16 for the shared policy; adam 0.3)")
 	fs.StringVar(&cfg.Debiaser.BeforeFit, "before-fit", cfg.Debiaser.BeforeFit, "what the isotonic map is before its first fit: identity (raw world-model scores, the reference) or mean (flat: no within-group signal until the anchors have checked the world model)")
-	fs.BoolVar(&cfg.Linear, "linear", false, "a linear policy over shared style features instead of a softmax per task")
+	fs.Var(choiceFlag[rl.Policy]{&cfg.Policy, rl.Policies}, "policy", fmt.Sprintf("the learner: %v (tabular: logits per task; linear: 4 shared style weights; shared: style logits plus a map from %d task features, on %d tasks unless --tasks)", rl.Policies, rl.DefaultTaskFeatures, rl.DefaultSharedTasks))
+	fs.IntVar(&cfg.Tasks, "tasks", cfg.Tasks, "tasks in the problem")
+	fs.BoolVar(&linear, "linear", false, "the same as --policy linear")
+	_ = fs.MarkDeprecated("linear", "use --policy linear")
 	fs.Float64Var(&cfg.Costs.WorldModel, "cost-wm", cfg.Costs.WorldModel, "cost of a world-model call, in generations")
 	fs.Float64Var(&cfg.Costs.Execute, "cost-exec", cfg.Costs.Execute, "cost of an execution, in generations")
 	fs.StringVar(&out, "out", "sim-out", "folder for the PNG plots")
@@ -170,7 +180,7 @@ func curveMethods(ms []rl.Method) []rl.Method {
 func writeSimJSON(w io.Writer, cfg rl.Config, seeds, anchors int, viaPipeline bool, res []rl.ScenarioResult, cells []rl.SweepCell) error {
 	doc := map[string]any{
 		"cost_model": cfg.Costs, "seeds": seeds, "steps": cfg.Steps, "groups": cfg.Groups, "group_size": cfg.GroupSize,
-		"anchor_fraction": cfg.AnchorFraction, "anchor_groups_per_step": anchors, "linear_policy": cfg.Linear,
+		"anchor_fraction": cfg.AnchorFraction, "anchor_groups_per_step": anchors, "policy": cfg.Policy, "tasks": cfg.Tasks,
 		"optimizer": cfg.Optimizer, "lr": cfg.EffectiveLR(), "sweep": cells, "via_pipeline": viaPipeline,
 	}
 	scs, targets := map[string]any{}, map[string]any{}
@@ -184,23 +194,35 @@ func writeSimJSON(w io.Writer, cfg rl.Config, seeds, anchors int, viaPipeline bo
 	return enc.Encode(doc)
 }
 
-// optimizerFlag is --optimizer, refusing names rl does not know.
-type optimizerFlag struct{ o *rl.Optimizer }
-
-func (f optimizerFlag) String() string {
-	if f.o == nil {
-		return ""
-	}
-	return string(*f.o)
+// choiceFlag is a flag taking one of a fixed set of names.
+type choiceFlag[T ~string] struct {
+	v       *T
+	allowed []T
 }
 
-func (f optimizerFlag) Set(s string) error {
-	o := rl.Optimizer(s)
-	if !slices.Contains(rl.Optimizers, o) {
-		return fmt.Errorf("unknown optimizer %q (have %v)", s, rl.Optimizers)
+func (f choiceFlag[T]) String() string {
+	if f.v == nil {
+		return ""
 	}
-	*f.o = o
+	return string(*f.v)
+}
+
+func (f choiceFlag[T]) Set(s string) error {
+	if !slices.Contains(f.allowed, T(s)) {
+		return fmt.Errorf("unknown value %q (have %v)", s, f.allowed)
+	}
+	*f.v = T(s)
 	return nil
 }
 
-func (optimizerFlag) Type() string { return "string" }
+func (choiceFlag[T]) Type() string { return "string" }
+
+func policyName(cfg rl.Config) string {
+	switch cfg.Policy {
+	case rl.Linear:
+		return "linear"
+	case rl.Shared:
+		return fmt.Sprintf("shared (%d tasks, %d task features)", cfg.Tasks, rl.DefaultTaskFeatures)
+	}
+	return "tabular softmax"
+}

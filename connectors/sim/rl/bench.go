@@ -147,8 +147,8 @@ func Run(o Options) ([]ScenarioResult, error) {
 	for s, sc := range o.Scenarios {
 		start := make([]float64, o.Seeds)
 		for seed := range start {
-			env := NewEnv(uint64(1000+seed), o.Config.Tasks, o.Config.Styles, sc)
-			start[seed] = newPolicy(env, o.Config.Linear).expected()
+			env := o.Config.newEnv(uint64(1000+seed), sc)
+			start[seed] = newPolicy(env, o.Config.Policy).expected()
 		}
 		out[s] = summarise(sc, o.Methods, curves[s], o.Config.Steps, start)
 	}

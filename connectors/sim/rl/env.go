@@ -63,14 +63,59 @@ type Env struct {
 	Scenario                Scenario
 	q, persist              [][]float64
 	phi                     [][]float64 // style features, shared across tasks
+	// TaskFeatures and x: each task's observable features, for the shared
+	// policy (none otherwise).
+	TaskFeatures int
+	x            [][]float64
+}
+
+// newEnv draws the problem cfg trains on: with the shared policy, tasks
+// have features that shape their qualities.
+func (cfg Config) newEnv(seed uint64, sc Scenario) *Env {
+	k := 0
+	if cfg.Policy == Shared {
+		k = cfg.TaskFeatures
+		if k == 0 {
+			k = DefaultTaskFeatures
+		}
+	}
+	return NewEnvWith(seed, cfg.Tasks, cfg.Styles, k, sc)
 }
 
 // NewEnv draws a problem. Quality = sigmoid(task offset + u . phi(style) +
 // idiosyncrasy), so part of what makes a style good transfers across tasks.
 func NewEnv(seed uint64, tasks, styles int, sc Scenario) *Env {
+	return NewEnvWith(seed, tasks, styles, 0, sc)
+}
+
+// NewEnvWith draws a problem whose tasks have taskFeatures observable
+// features x_t (each N(0, 1/taskFeatures)). They add 1.5 x_t' B phi(style)
+// to the quality's logit, B a fixed N(0, 1) matrix, so which style is best
+// depends on the task in a way a policy over x_t can learn, beside the
+// idiosyncrasy it cannot. The features come from their own stream: with 0
+// the problem is NewEnv's, draw for draw.
+func NewEnvWith(seed uint64, tasks, styles, taskFeatures int, sc Scenario) *Env {
 	r := rand.New(rand.NewPCG(seed, 0xe57))
 	const d = 4
-	e := &Env{Seed: seed, Tasks: tasks, Styles: styles, Features: d, ExecNoise: 0.05, Scenario: sc}
+	e := &Env{Seed: seed, Tasks: tasks, Styles: styles, Features: d, ExecNoise: 0.05, Scenario: sc, TaskFeatures: taskFeatures}
+	var b [][]float64
+	if taskFeatures > 0 {
+		fr := rand.New(rand.NewPCG(seed, 0x7a5c))
+		b = make([][]float64, taskFeatures)
+		for k := range b {
+			b[k] = make([]float64, d)
+			for j := range b[k] {
+				b[k][j] = fr.NormFloat64()
+			}
+		}
+		e.x = make([][]float64, tasks)
+		for t := range e.x {
+			e.x[t] = make([]float64, taskFeatures)
+			for k := range e.x[t] {
+				e.x[t][k] = fr.NormFloat64() / math.Sqrt(float64(taskFeatures))
+			}
+		}
+	}
 	u := make([]float64, d)
 	for k := range u {
 		u[k] = r.NormFloat64()
@@ -88,6 +133,9 @@ func NewEnv(seed uint64, tasks, styles int, sc Scenario) *Env {
 		e.q[t], e.persist[t] = make([]float64, styles), make([]float64, styles)
 		for s := range e.q[t] {
 			z := offset + dot(u, e.phi[s]) + 0.7*r.NormFloat64()
+			for k, row := range b {
+				z += 1.5 * e.x[t][k] * dot(row, e.phi[s])
+			}
 			e.q[t][s] = 1 / (1 + math.Exp(-z))
 			e.persist[t][s] = sc.Persistent * r.NormFloat64()
 		}

@@ -35,15 +35,26 @@ var Optimizers = []Optimizer{SGD, Adam}
 // trainers above keep for RL fine-tuning.
 const adamBeta1, adamBeta2, adamEps = 0.9, 0.999, 1e-8
 
-// DefaultLR is the learning rate Config.LR 0 means. SGD's 2 is the
-// benchmark's original step. Adam's was chosen by GRPO alone, before any
-// other method ran under Adam: the best final reward at 300 steps in
-// monotone over {0.01, 0.03, 0.1, 0.3} on seeds 2000-2007, which the
-// benchmark never reports (it reports 1000-1007). GRPO ended at 0.564,
-// 0.651, 0.659 and 0.659 (0.6585 and 0.6592): 0.3, on a plateau from 0.1.
-func DefaultLR(o Optimizer) float64 {
-	if o == Adam {
+// DefaultLR is the learning rate Config.LR 0 means for an optimizer and a
+// policy. SGD's 2 is the benchmark's original step. The others were chosen
+// by GRPO alone, before any other method ran with them: the best final
+// reward at 300 steps in monotone on seeds 2000-2007, which the benchmark
+// never reports (it reports 1000-1007), the grid widened until the reward
+// turned down.
+//   - Adam, tabular: over {0.01, 0.03, 0.1, 0.3}, GRPO ended at 0.564,
+//     0.651, 0.659 and 0.659 (0.6585 and 0.6592): 0.3, on a plateau from 0.1.
+//   - SGD, shared: over {0.5, 1, ..., 128}, 0.694, 0.708, 0.718, 0.720,
+//     0.724, 0.732 (16), 0.722, 0.717, 0.685: 16.
+//   - Adam, shared: over {0.003, 0.01, ..., 3}, 0.550, 0.683, 0.724, 0.741,
+//     0.749 (0.3), 0.742, 0.730: 0.3.
+//
+// The linear policy takes the tabular rates.
+func DefaultLR(o Optimizer, p Policy) float64 {
+	switch {
+	case o == Adam:
 		return 0.3
+	case p == Shared:
+		return 16
 	}
 	return 2
 }
@@ -57,7 +68,7 @@ type optimizer interface {
 // optimizer's default when that is 0.
 func (cfg Config) EffectiveLR() float64 {
 	if cfg.LR == 0 {
-		return DefaultLR(cfg.Optimizer)
+		return DefaultLR(cfg.Optimizer, cfg.Policy)
 	}
 	return cfg.LR
 }

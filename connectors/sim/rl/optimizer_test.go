@@ -64,7 +64,45 @@ func TestOptimizerConfigErrors(t *testing.T) {
 			t.Errorf("%+v: error %v, want one naming %s", tc.cfg, err, tc.want)
 		}
 	}
-	if lr := (Config{Optimizer: Adam}).EffectiveLR(); lr != DefaultLR(Adam) {
-		t.Errorf("Adam with LR 0 trains at %v, want its default %v", lr, DefaultLR(Adam))
+	if lr := (Config{Optimizer: Adam}).EffectiveLR(); lr != DefaultLR(Adam, Tabular) {
+		t.Errorf("Adam with LR 0 trains at %v, want its default %v", lr, DefaultLR(Adam, Tabular))
+	}
+}
+
+// Every policy's gradient is the gradient of log pi, checked by finite
+// differences at random parameters.
+func TestPolicyGradientsMatchFiniteDifferences(t *testing.T) {
+	sc, _ := ScenarioByName("monotone")
+	for _, kind := range Policies {
+		cfg := DefaultConfig()
+		cfg.Policy, cfg.Tasks = kind, 5
+		pol := newPolicy(cfg.newEnv(7, sc), kind)
+		r := rand.New(rand.NewPCG(3, 4))
+		for i := range pol.theta {
+			pol.theta[i] = r.NormFloat64()
+		}
+		task, style := 3, 2
+		logPi := func() float64 { return math.Log(pol.probs(task, nil)[style]) }
+		grad := make([]float64, len(pol.theta))
+		pol.addGrad(grad, task, style, pol.probs(task, nil), 1)
+		moved := 0
+		for i := range pol.theta {
+			const h = 1e-6
+			old := pol.theta[i]
+			pol.theta[i] = old + h
+			up := logPi()
+			pol.theta[i] = old - h
+			down := logPi()
+			pol.theta[i] = old
+			if num := (up - down) / (2 * h); math.Abs(num-grad[i]) > 1e-6 {
+				t.Fatalf("%s: d log pi / d theta[%d] = %v, finite differences give %v", kind, i, grad[i], num)
+			}
+			if grad[i] != 0 {
+				moved++
+			}
+		}
+		if moved == 0 {
+			t.Errorf("%s: the gradient is zero everywhere", kind)
+		}
 	}
 }

@@ -83,7 +83,7 @@ func Sweep(cfg Config, seeds int, newRewarder NewRewarder, progress func(done, t
 	for _, fresh := range SweepNoise {
 		sc := base
 		sc.Fresh = fresh
-		corr := RankCorrelation(NewEnv(1000, cfg.Tasks, cfg.Styles, sc), cfg.GroupSize, 1)
+		corr := RankCorrelation(cfg.newEnv(1000, sc), cfg.GroupSize, 1)
 		for _, f := range SweepFractions {
 			c := cfg
 			c.AnchorFraction = f

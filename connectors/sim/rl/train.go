@@ -60,14 +60,17 @@ type Config struct {
 	LR                float64 // 0: the optimizer's default (DefaultLR)
 	Optimizer         Optimizer
 	AnchorFraction    float64
-	Linear            bool // the shared-feature linear policy instead of a softmax per task
-	Costs             Costs
-	Debiaser          calibrate.DebiaserConfig
+	Policy            Policy
+	// TaskFeatures is how many observable features a task has under the
+	// shared policy (they also shape the true qualities); 0: DefaultTaskFeatures.
+	TaskFeatures int
+	Costs        Costs
+	Debiaser     calibrate.DebiaserConfig
 }
 
 // DefaultConfig is the default run's shape.
 func DefaultConfig() Config {
-	return Config{Tasks: 32, Styles: 8, Groups: 16, GroupSize: 8, Steps: 300, Optimizer: SGD, AnchorFraction: 0.1,
+	return Config{Tasks: 32, Styles: 8, Groups: 16, GroupSize: 8, Steps: 300, Policy: Tabular, Optimizer: SGD, AnchorFraction: 0.1,
 		Costs: DefaultCosts, Debiaser: calibrate.DefaultDebiaserConfig()}
 }
 
@@ -80,22 +83,53 @@ type Point struct {
 	Rho        float64
 }
 
-// policy is a softmax over styles, per task (tabular) or from shared
-// features (linear). Its parameters are one vector, so an optimizer sees
-// the whole model as a trainer does: tabular logits task-major
-// (theta[t*Styles+s]), or the linear policy's feature weights.
+// Policy is the learner's parameterisation.
+type Policy string
+
+const (
+	// Tabular: a softmax over styles with its own logits per task.
+	Tabular Policy = "tabular"
+	// Linear: one weight per shared style feature (4), the same for every
+	// task.
+	Linear Policy = "linear"
+	// Shared: a logit per style plus a linear map from the task's
+	// observable features to every style's logit, so that what is learnt on
+	// one task moves every other (as an LLM's shared weights do), with
+	// more tasks than a run sees often (DefaultSharedTasks).
+	Shared Policy = "shared"
+)
+
+// Policies are the accepted --policy values.
+var Policies = []Policy{Tabular, Linear, Shared}
+
+// DefaultTaskFeatures and DefaultSharedTasks shape the shared policy's
+// problem: 256 tasks with 8 features each, so a 300-step run of 16 groups
+// sees a task about 19 times and must learn through the shared map.
+const (
+	DefaultTaskFeatures = 8
+	DefaultSharedTasks  = 256
+)
+
+// policy is a softmax over styles. Its parameters are one vector, so an
+// optimizer sees the whole model as a trainer does: tabular logits
+// task-major (theta[t*Styles+s]); the linear policy's feature weights; or
+// the shared policy's style logits theta[s] followed by its feature map
+// theta[Styles + k*Styles + s].
 type policy struct {
-	env    *Env
-	linear bool
-	theta  []float64
+	env   *Env
+	kind  Policy
+	theta []float64
 }
 
-func newPolicy(env *Env, linear bool) *policy {
+func newPolicy(env *Env, kind Policy) *policy {
 	n := env.Tasks * env.Styles
-	if linear {
+	switch kind {
+	case Linear:
 		n = env.Features
+	case Shared:
+		n = env.Styles * (1 + env.TaskFeatures)
 	}
-	return &policy{env: env, linear: linear, theta: make([]float64, n)}
+	return &policy{env: env, kind: kind, theta: make([]float64, n)}
 }
 
 func (p *policy) probs(t int, dst []float64) []float64 {
@@ -118,10 +152,53 @@ func (p *policy) probs(t int, dst []float64) []float64 {
 }
 
 func (p *policy) logit(t, s int) float64 {
-	if p.linear {
+	switch p.kind {
+	case Linear:
 		return dot(p.theta, p.env.phi[s])
+	case Shared:
+		S, l := p.env.Styles, p.theta[s]
+		for k, x := range p.env.x[t] {
+			l += x * p.theta[S+k*S+s]
+		}
+		return l
 	}
 	return p.theta[t*p.env.Styles+s]
+}
+
+// addGrad adds a * grad log pi(style | t) to grad; pr is pi(. | t).
+func (p *policy) addGrad(grad []float64, t, style int, pr []float64, a float64) {
+	switch p.kind {
+	case Linear:
+		for k := range grad {
+			mean := 0.0
+			for s, q := range pr {
+				mean += q * p.env.phi[s][k]
+			}
+			grad[k] += a * (p.env.phi[style][k] - mean)
+		}
+		return
+	case Shared:
+		S := p.env.Styles
+		for s, q := range pr {
+			d := -q
+			if s == style {
+				d = 1 - q
+			}
+			grad[s] += a * d
+			for k, x := range p.env.x[t] {
+				grad[S+k*S+s] += a * x * d
+			}
+		}
+		return
+	}
+	row := grad[t*p.env.Styles : (t+1)*p.env.Styles]
+	for s, q := range pr {
+		ind := 0.0
+		if s == style {
+			ind = 1
+		}
+		row[s] += a * (ind - q)
+	}
 }
 
 // expected is the true expected reward over tasks.
@@ -347,8 +424,11 @@ func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curv
 			return nil, err
 		}
 	}
-	env := NewEnv(cfg.Seed, cfg.Tasks, cfg.Styles, sc)
-	pol := newPolicy(env, cfg.Linear)
+	if cfg.Policy != "" && !slices.Contains(Policies, cfg.Policy) {
+		return nil, fmt.Errorf("rl: unknown policy %q (have %v)", cfg.Policy, Policies)
+	}
+	env := cfg.newEnv(cfg.Seed, sc)
+	pol := newPolicy(env, cfg.Policy)
 	opt, err := cfg.newOptimizer(len(pol.theta))
 	if err != nil {
 		return nil, err
@@ -401,24 +481,7 @@ func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curv
 				if a == 0 {
 					continue
 				}
-				if cfg.Linear {
-					for k := range grad {
-						mean := 0.0
-						for s, p := range pr {
-							mean += p * env.phi[s][k]
-						}
-						grad[k] += a * (env.phi[tr.Style][k] - mean)
-					}
-					continue
-				}
-				row := grad[t*cfg.Styles : (t+1)*cfg.Styles]
-				for s, p := range pr {
-					ind := 0.0
-					if s == tr.Style {
-						ind = 1
-					}
-					row[s] += a * (ind - p)
-				}
+				pol.addGrad(grad, t, tr.Style, pr, a)
 			}
 		}
 		opt.ascend(pol.theta, grad)
