@@ -18,7 +18,7 @@ type Pair struct {
 
 // DebiaserConfig sets how the online debiaser learns. The zero value of each
 // count means its reference default; DefaultDebiaserConfig returns the
-// reference configuration whole.
+// project's defaults (the reference's but for BeforeFit).
 type DebiaserConfig struct {
 	// MinPairs: no map is fitted until this many pairs are buffered;
 	// BeforeFit says what scores map to until then.
@@ -189,9 +189,9 @@ func (d *Debiaser) Predict(x float64) float64 {
 }
 
 // Push adds one pair and refits when the cadence says so. It reports whether
-// a new map was fitted (BeforeFitMean's flat map moves with every push before
-// the first fit, and does not count). A non-finite pair is rejected with ErrNonFinite and changes
-// nothing.
+// a new map was fitted (BeforeFitMean's flat map moves with every push
+// before the first fit, and does not count). A non-finite pair is rejected
+// with ErrNonFinite and changes nothing.
 func (d *Debiaser) Push(p Pair) (refit bool, err error) {
 	if !finite(p.Predicted) || !finite(p.True) {
 		return false, fmt.Errorf("%w: pair (%v, %v)", ErrNonFinite, p.Predicted, p.True)
