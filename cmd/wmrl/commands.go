@@ -57,6 +57,8 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.ExecConsumer, "exec-consumer", "", "JetStream consumer whose backlog counts executions in flight (default: the execute stage's)")
 	fs.BoolVar(&cfg.Debias, "debias", cfg.Debias, "apply the isotonic calibration to world-model scores")
 	fs.StringVar(&cfg.Debiaser.BeforeFit, "before-fit", cfg.Debiaser.BeforeFit, "the calibration map before its first fit: mean (flat at the anchors' mean score: no within-group signal from a world model not yet checked) or identity (raw world-model scores, the reference)")
+	fs.IntVar(&cfg.Debiaser.MinPairs, "min-pairs", cfg.Debiaser.MinPairs, "anchor pairs buffered before the first isotonic fit (0: the reference's 200)")
+	fs.IntVar(&cfg.Debiaser.RefitEvery, "refit-every", cfg.Debiaser.RefitEvery, "refit the isotonic map after this many new pairs (0: the reference's 64)")
 	fs.IntVar(&cfg.Debiaser.Bins, "bins", cfg.Debiaser.Bins, "equal-width bins before the isotonic fit (0: raw pairs)")
 	fs.IntVar(&cfg.Debiaser.BufferSize, "buffer", cfg.Debiaser.BufferSize, "anchor pairs kept for the fit")
 	fs.StringVar(estimator, "rho", string(fuse.DefaultEstimator), "rho estimator: reference, ratio, advantage or off")

@@ -67,7 +67,7 @@ func onOff(flag, v string) (bool, error) {
 func replayCommand() *cobra.Command {
 	var (
 		root, run, out, debias, denoise, rho, beforeFit string
-		bins, buffer                                    int
+		bins, buffer, minPairs, refitEvery              int
 		fraction                                        float64
 		steps                                           bool
 	)
@@ -107,6 +107,14 @@ func replayCommand() *cobra.Command {
 			if fs.Changed("before-fit") {
 				opt.Settings.Debiaser.BeforeFit = beforeFit
 				changed = append(changed, "before-fit "+beforeFit)
+			}
+			if fs.Changed("min-pairs") {
+				opt.Settings.Debiaser.MinPairs = minPairs
+				changed = append(changed, fmt.Sprintf("min-pairs %d", minPairs))
+			}
+			if fs.Changed("refit-every") {
+				opt.Settings.Debiaser.RefitEvery = refitEvery
+				changed = append(changed, fmt.Sprintf("refit-every %d", refitEvery))
 			}
 			if fs.Changed("bins") {
 				opt.Settings.Debiaser.Bins = bins
@@ -198,6 +206,8 @@ func replayCommand() *cobra.Command {
 	fs.StringVar(&denoise, "denoise", "on", "on or off: inverse-variance anchor weight (off: rho 1)")
 	fs.StringVar(&rho, "rho", string(fuse.DefaultEstimator), "rho estimator: reference, ratio, advantage or off")
 	fs.StringVar(&beforeFit, "before-fit", "", "the calibration map before its first fit: mean or identity (default: as recorded)")
+	fs.IntVar(&minPairs, "min-pairs", 0, "anchor pairs buffered before the first isotonic fit (0: the reference's 200)")
+	fs.IntVar(&refitEvery, "refit-every", 0, "refit the isotonic map after this many new pairs (0: the reference's 64)")
 	fs.IntVar(&bins, "bins", 0, "equal-width bins before the isotonic fit (0: raw pairs)")
 	fs.IntVar(&buffer, "buffer", 0, "anchor pairs kept for the fit")
 	fs.Float64Var(&fraction, "anchor-fraction", 0, "keep this share of groups as anchors (below the recorded one: a fixed subsample)")

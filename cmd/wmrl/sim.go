@@ -123,6 +123,8 @@ func simCommand() *cobra.Command {
 	fs.Float64Var(&cfg.AnchorFraction, "anchor-fraction", cfg.AnchorFraction, "share of groups executed")
 	fs.Var(choiceFlag[rl.Optimizer]{&cfg.Optimizer, rl.Optimizers}, "optimizer", fmt.Sprintf("how the policy follows the gradient: %v (adam: a normalised step per parameter, as LLM trainers take)", rl.Optimizers))
 	fs.Float64Var(&cfg.LR, "lr", 0, "learning rate; 0 is the default (sgd 2, or 16 for the shared policy; adam 0.3)")
+	fs.IntVar(&cfg.Debiaser.MinPairs, "min-pairs", cfg.Debiaser.MinPairs, "anchor pairs buffered before the first isotonic fit (0: the reference's 200)")
+	fs.IntVar(&cfg.Debiaser.RefitEvery, "refit-every", cfg.Debiaser.RefitEvery, "refit the isotonic map after this many new pairs (0: the reference's 64)")
 	fs.StringVar(&cfg.Debiaser.BeforeFit, "before-fit", cfg.Debiaser.BeforeFit, "what the isotonic map is before its first fit: identity (raw world-model scores, the reference) or mean (flat: no within-group signal until the anchors have checked the world model)")
 	fs.Var(choiceFlag[rl.Policy]{&cfg.Policy, rl.Policies}, "policy", fmt.Sprintf("the learner: %v (tabular: logits per task; linear: 4 shared style weights; shared: style logits plus a map from %d task features, on %d tasks unless --tasks)", rl.Policies, rl.DefaultTaskFeatures, rl.DefaultSharedTasks))
 	fs.IntVar(&cfg.Tasks, "tasks", cfg.Tasks, "tasks in the problem")
