@@ -1,0 +1,34 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/spf13/pflag"
+
+	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/stages/calibrate"
+)
+
+// The calibration flags of run and stage land in the debiaser's config, and
+// left alone they keep the project's defaults.
+func TestCalibrationFlagsReachTheDebiaser(t *testing.T) {
+	parse := func(args ...string) pipeline.Config {
+		cfg := pipeline.DefaultConfig()
+		var estimator string
+		fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+		pipelineFlags(fs, &cfg, &estimator)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	def := parse().Debiaser
+	if def != calibrate.DefaultDebiaserConfig() {
+		t.Errorf("no flags: debiaser %+v, want the defaults %+v", def, calibrate.DefaultDebiaserConfig())
+	}
+	got := parse("--before-fit", "identity", "--min-pairs", "32", "--refit-every", "16", "--bins", "0", "--buffer", "900").Debiaser
+	want := calibrate.DebiaserConfig{BeforeFit: calibrate.BeforeFitIdentity, MinPairs: 32, RefitEvery: 16, Bins: 0, BufferSize: 900}
+	if got != want {
+		t.Errorf("debiaser %+v, want %+v", got, want)
+	}
+}
