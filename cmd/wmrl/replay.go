@@ -108,21 +108,20 @@ func replayCommand() *cobra.Command {
 				opt.Settings.Debiaser.BeforeFit = beforeFit
 				changed = append(changed, "before-fit "+beforeFit)
 			}
-			if fs.Changed("min-pairs") {
-				opt.Settings.Debiaser.MinPairs = minPairs
-				changed = append(changed, fmt.Sprintf("min-pairs %d", minPairs))
-			}
-			if fs.Changed("refit-every") {
-				opt.Settings.Debiaser.RefitEvery = refitEvery
-				changed = append(changed, fmt.Sprintf("refit-every %d", refitEvery))
-			}
-			if fs.Changed("bins") {
-				opt.Settings.Debiaser.Bins = bins
-				changed = append(changed, fmt.Sprintf("bins %d", bins))
-			}
-			if fs.Changed("buffer") {
-				opt.Settings.Debiaser.BufferSize = buffer
-				changed = append(changed, fmt.Sprintf("buffer %d", buffer))
+			for _, o := range []struct {
+				flag string
+				dst  *int
+				v    int
+			}{
+				{"min-pairs", &opt.Settings.Debiaser.MinPairs, minPairs},
+				{"refit-every", &opt.Settings.Debiaser.RefitEvery, refitEvery},
+				{"bins", &opt.Settings.Debiaser.Bins, bins},
+				{"buffer", &opt.Settings.Debiaser.BufferSize, buffer},
+			} {
+				if fs.Changed(o.flag) {
+					*o.dst = o.v
+					changed = append(changed, fmt.Sprintf("%s %d", o.flag, o.v))
+				}
 			}
 			if fs.Changed("anchor-fraction") {
 				if fraction <= 0 || fraction > recorded.AnchorFraction {
