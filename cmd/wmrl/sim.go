@@ -224,7 +224,7 @@ func policyName(cfg rl.Config) string {
 	case rl.Linear:
 		return "linear"
 	case rl.Shared:
-		return fmt.Sprintf("shared (%d tasks, %d task features)", cfg.Tasks, rl.DefaultTaskFeatures)
+		return fmt.Sprintf("shared (%d tasks, %d task features)", cfg.Tasks, cfg.EffectiveTaskFeatures())
 	}
 	return "tabular softmax"
 }

@@ -72,14 +72,19 @@ type Env struct {
 // newEnv draws the problem cfg trains on: with the shared policy, tasks
 // have features that shape their qualities.
 func (cfg Config) newEnv(seed uint64, sc Scenario) *Env {
-	k := 0
-	if cfg.Policy == Shared {
-		k = cfg.TaskFeatures
-		if k == 0 {
-			k = DefaultTaskFeatures
-		}
+	return NewEnvWith(seed, cfg.Tasks, cfg.Styles, cfg.EffectiveTaskFeatures(), sc)
+}
+
+// EffectiveTaskFeatures is how many features a task has: TaskFeatures (or
+// DefaultTaskFeatures for 0) under the shared policy, none otherwise.
+func (cfg Config) EffectiveTaskFeatures() int {
+	switch {
+	case cfg.Policy != Shared:
+		return 0
+	case cfg.TaskFeatures == 0:
+		return DefaultTaskFeatures
 	}
-	return NewEnvWith(seed, cfg.Tasks, cfg.Styles, k, sc)
+	return cfg.TaskFeatures
 }
 
 // NewEnv draws a problem. Quality = sigmoid(task offset + u . phi(style) +

@@ -64,6 +64,12 @@ func TestOptimizerConfigErrors(t *testing.T) {
 			t.Errorf("%+v: error %v, want one naming %s", tc.cfg, err, tc.want)
 		}
 	}
+	cfg := DefaultConfig()
+	cfg.Policy = "mlp"
+	sc, _ := ScenarioByName("monotone")
+	if _, err := Train(cfg, sc, Methods[0]); err == nil || !strings.Contains(err.Error(), `unknown policy "mlp"`) {
+		t.Errorf("policy mlp: error %v, want one naming it", err)
+	}
 	if lr := (Config{Optimizer: Adam}).EffectiveLR(); lr != DefaultLR(Adam, Tabular) {
 		t.Errorf("Adam with LR 0 trains at %v, want its default %v", lr, DefaultLR(Adam, Tabular))
 	}
