@@ -177,9 +177,6 @@ func (d *Debiaser) Map() *Isotonic {
 	return d.m
 }
 
-// Fitted reports whether a map was fitted from the pairs (Version > 0).
-func (d *Debiaser) Fitted() bool { return d.m != nil }
-
 // Predict maps a world-model score through the map in force.
 func (d *Debiaser) Predict(x float64) float64 {
 	if m := d.Map(); m != nil {
