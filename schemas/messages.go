@@ -36,7 +36,9 @@ type Update struct {
 	Rho float64 `json:"rho"`
 	D   float64 `json:"d"`
 	// CalibrationVersion is the isotonic map version used for world-model
-	// groups (0: the identity).
+	// groups: 0 before the first fit (the map before_fit says: flat at the
+	// anchors' mean true score by default, or the identity), and 0 when
+	// the run does not debias.
 	CalibrationVersion int64 `json:"calibration_version"`
 	// Groups and Anchors count the groups that contribute to the gradient.
 	Groups  int `json:"groups"`

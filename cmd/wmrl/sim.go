@@ -12,6 +12,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/sim/rl"
 	"github.com/wmrl/wmrl/pipeline/simrl"
+	"github.com/wmrl/wmrl/stages/calibrate"
 )
 
 func simCommand() *cobra.Command {
@@ -100,6 +101,7 @@ func simCommand() *cobra.Command {
 			fmt.Fprintf(w, "%d seeds, %d steps, %d groups of %d, anchor fraction %.2f (%d of %d groups a step: %.1f%%), %s policy, %s at learning rate %g; intervals are 95%% (Student t)\n",
 				seeds, cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.AnchorFraction, anchors, cfg.Groups, 100*float64(anchors)/float64(cfg.Groups),
 				policyName(cfg), cfg.Optimizer, cfg.EffectiveLR())
+			fmt.Fprintf(w, "calibration: %s\n", calibrationLine(cfg))
 			if viaPipeline {
 				fmt.Fprintln(w, "scored through the streaming pipeline in this process (route, predict, execute, pair, calibrate, fuse over embedded NATS)")
 			}
@@ -179,11 +181,23 @@ func curveMethods(ms []rl.Method) []rl.Method {
 	return out
 }
 
+// calibrationLine says when the isotonic map is first fitted and what it
+// is until then.
+func calibrationLine(cfg rl.Config) string {
+	d := cfg.Debiaser.Effective()
+	before := "the identity (raw world-model scores)"
+	if d.BeforeFit == calibrate.BeforeFitMean {
+		before = "flat at the anchors' mean true score"
+	}
+	return fmt.Sprintf("first isotonic fit at %d anchor pairs, then every %d; until then the map is %s", d.FirstFit(), d.RefitEvery, before)
+}
+
 func writeSimJSON(w io.Writer, cfg rl.Config, seeds, anchors int, viaPipeline bool, res []rl.ScenarioResult, cells []rl.SweepCell) error {
 	doc := map[string]any{
 		"cost_model": cfg.Costs, "seeds": seeds, "steps": cfg.Steps, "groups": cfg.Groups, "group_size": cfg.GroupSize,
 		"anchor_fraction": cfg.AnchorFraction, "anchor_groups_per_step": anchors, "policy": cfg.Policy, "tasks": cfg.Tasks,
 		"optimizer": cfg.Optimizer, "lr": cfg.EffectiveLR(), "sweep": cells, "via_pipeline": viaPipeline,
+		"debiaser": cfg.Debiaser.Effective(),
 	}
 	scs, targets := map[string]any{}, map[string]any{}
 	for _, r := range res {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/wmrl/wmrl/connectors/sim/rl"
+	"github.com/wmrl/wmrl/stages/calibrate"
 )
 
 func TestPickMethods(t *testing.T) {
@@ -28,5 +29,18 @@ func TestPickMethods(t *testing.T) {
 	}
 	if _, err := pickMethods("wmrl,grop"); err == nil || !strings.Contains(err.Error(), `"grop"`) || !strings.Contains(err.Error(), "grpo") {
 		t.Errorf("a misspelt method gives %v; want the name and the list", err)
+	}
+}
+
+// The header names the calibration cadence in force, defaults filled in,
+// and the first fit where the cadence puts it (not at --min-pairs alone).
+func TestCalibrationLine(t *testing.T) {
+	cfg := rl.DefaultConfig()
+	if got, want := calibrationLine(cfg), "first isotonic fit at 200 anchor pairs, then every 64; until then the map is flat at the anchors' mean true score"; got != want {
+		t.Errorf("default: %q, want %q", got, want)
+	}
+	cfg.Debiaser.MinPairs, cfg.Debiaser.RefitEvery, cfg.Debiaser.BeforeFit = 32, 0, calibrate.BeforeFitIdentity
+	if got, want := calibrationLine(cfg), "first isotonic fit at 64 anchor pairs, then every 64; until then the map is the identity (raw world-model scores)"; got != want {
+		t.Errorf("--min-pairs 32 --refit-every 0 --before-fit identity: %q, want %q", got, want)
 	}
 }

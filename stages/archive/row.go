@@ -45,7 +45,8 @@ type Row struct {
 	Predicted  *float64 `parquet:"predicted,optional"`
 	TrueScore  *float64 `parquet:"true_score,optional"`
 	Calibrated *float64 `parquet:"calibrated,optional"`
-	// CalibrationVersion: the map version the step used (0: identity).
+	// CalibrationVersion: the map version the step used (0: before the
+	// first fit, or not debiased; see schemas.Update).
 	CalibrationVersion int64 `parquet:"calibration_version"`
 	// Reward is null when ungraded (and on late_anchor rows, which did not
 	// enter any gradient).

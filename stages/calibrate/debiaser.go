@@ -89,6 +89,21 @@ func (c *DebiaserConfig) setDefaults() {
 	}
 }
 
+// FirstFit is the number of pairs at which the first fit is tried: the
+// later of MinPairs and RefitEvery, as the cadence counts pushes from
+// construction.
+func (c DebiaserConfig) FirstFit() int {
+	c = c.Effective()
+	return max(c.MinPairs, c.RefitEvery)
+}
+
+// Effective is the configuration in force: zero counts that have a
+// default (MinPairs, RefitEvery, BufferSize) take it.
+func (c DebiaserConfig) Effective() DebiaserConfig {
+	c.setDefaults()
+	return c
+}
+
 // Validate reports the first invalid field.
 func (c DebiaserConfig) Validate() error {
 	switch {

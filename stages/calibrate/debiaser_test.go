@@ -44,10 +44,14 @@ func TestDebiaserReferenceCadence(t *testing.T) {
 		{200, 64, []int{200, 264, 328, 392}},
 		{10, 64, []int{64, 128, 192, 256, 320, 384}},
 		{100, 100, []int{100, 200, 300, 400}},
+		{0, 0, []int{200, 264, 328, 392}}, // zero: the defaults
 	}
 	for _, tt := range tests {
 		cfg := DefaultDebiaserConfig()
 		cfg.MinPairs, cfg.RefitEvery = tt.minPairs, tt.every
+		if cfg.FirstFit() != tt.want[0] {
+			t.Errorf("min %d every %d: FirstFit says %d, the first refit is at push %d", tt.minPairs, tt.every, cfg.FirstFit(), tt.want[0])
+		}
 		d := mustDebiaser(t, cfg)
 		got := refitPushes(t, d, 400)
 		if len(got) != len(tt.want) {
