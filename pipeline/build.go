@@ -180,11 +180,14 @@ func (p *Pipeline) buildCalibrate(ctx context.Context) error {
 			_ = p.dl.send(StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs), reason.Error(), payload)
 		},
 	}
+	if err := p.wireCalibrateCheckpoints(ctx, st); err != nil {
+		return err
+	}
 	r, err := natsjs.NewReader(ctx, p.tr.js, p.tr.stream, p.topo.In(StageCalibrate, schemas.KindPairs), false)
 	if err != nil {
 		return err
 	}
-	p.go_(func() error { defer r.Close(); return st.Run(ctx, readerSource{r}) })
+	p.go_(func() error { defer r.Close(); return st.Run(ctx, calibrateSource{r}) })
 	return nil
 }
 
@@ -202,6 +205,9 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 		return err
 	}
 	st.MarkPublished(published...)
+	if err := p.wireFuseCheckpoints(ctx, st); err != nil {
+		return err
+	}
 	st.OnUpdate = p.onUpdate
 	p.fuse = st
 	for _, k := range []schemas.Kind{schemas.KindPlan, schemas.KindPred, schemas.KindExecution} {

@@ -101,6 +101,10 @@ type Config struct {
 	// window (default 10 minutes).
 	MaxAge     time.Duration
 	Duplicates time.Duration
+	// CheckpointEvery: calibrate and fuse save a checkpoint of their state
+	// every this many anchor groups (default 256) and when they stop, so
+	// that a restart does not need messages --retention has aged out.
+	CheckpointEvery int
 	// MaxAttempts: a message whose handler fails on its MaxAttempts-th
 	// delivery is dead-lettered with the error (default 10).
 	MaxAttempts int
@@ -203,6 +207,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: exec slots %d < 1", ErrConfig, c.ExecSlots)
 	case c.MaxAge < 0 || c.Duplicates < 0 || c.Duplicates > c.MaxAge:
 		return fmt.Errorf("%w: dedup window %v and retention %v: want 0 <= window <= retention", ErrConfig, c.Duplicates, c.MaxAge)
+	case c.CheckpointEvery < 0:
+		return fmt.Errorf("%w: checkpoint every %d groups: want >= 1, or 0 for the default", ErrConfig, c.CheckpointEvery)
 	case c.Source == SourceSim && !c.runs(StageFuse):
 		return fmt.Errorf("%w: the simulated source paces itself on updates: run the fuse stage in the same process or use --source external", ErrConfig)
 	}

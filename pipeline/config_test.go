@@ -20,6 +20,7 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		{"negative exec slots", func(c *Config) { c.ExecSlots = -1 }, "exec slots -1"},
 		{"window above retention", func(c *Config) { c.MaxAge, c.Duplicates = time.Minute, time.Hour }, "dedup window 1h0m0s and retention 1m0s"},
 		{"negative retention", func(c *Config) { c.MaxAge = -time.Hour }, "retention -1h0m0s"},
+		{"negative checkpoint cadence", func(c *Config) { c.CheckpointEvery = -1 }, "checkpoint every -1 groups"},
 		{"in-flight cap", func(c *Config) { c.Anchors.MaxInFlight = -2 }, "max_in_flight -2"},
 		{"fraction", func(c *Config) { c.Anchors.Fraction = 1.5 }, "1.5"},
 	} {

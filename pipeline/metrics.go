@@ -20,6 +20,7 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	In, Out, Errors, Redeliveries, DeadLetters *prometheus.CounterVec
+	Checkpoints, CheckpointErrors              *prometheus.CounterVec
 	Latency                                    *prometheus.HistogramVec
 
 	Rho, D, Pairs, Version, Steps prometheus.Gauge
@@ -50,6 +51,9 @@ func NewMetrics() *Metrics {
 		Errors:       cv("handler_errors_total", "Handler errors (nacked for redelivery or dead-lettered)."),
 		Redeliveries: cv("redeliveries_total", "Messages received more than once."),
 		DeadLetters:  cv("dead_letters_total", "Messages sent to the dead-letter subject."),
+		Checkpoints:  cv("checkpoints_total", "Checkpoints saved, per stage (calibrate, fuse)."),
+		CheckpointErrors: cv("checkpoint_errors_total",
+			"Checkpoints not saved; a restart then rebuilds from the retained messages, which --retention ages out."),
 		Latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "wmrl", Name: "handler_seconds", Help: "Handler latency (joins include the time inputs are held).",
 			Buckets: prometheus.ExponentialBuckets(1e-4, 4, 10),

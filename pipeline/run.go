@@ -42,6 +42,7 @@ type Pipeline struct {
 	// HTTPURL is known as soon as Start returns.
 	httpListener net.Listener
 	dl           *deadLetters
+	state        *natsjs.StateStore // checkpoints; opened by the first stage that keeps one
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup

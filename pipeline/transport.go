@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/stages/calibrate"
 )
 
 // transport is the NATS connection a pipeline process uses: to an embedded
@@ -148,8 +149,15 @@ func (t *transport) last(ctx context.Context, subject string, v any) (ok bool, e
 	return true, nil
 }
 
-// readerSource adapts a natsjs.Reader to the stages' Source interfaces.
+// readerSource adapts a natsjs.Reader to fuse's Source, calibrateSource
+// to calibrate's (which also wants the stream sequence).
 type readerSource struct{ r *natsjs.Reader }
+type calibrateSource struct{ r *natsjs.Reader }
+
+func (s calibrateSource) Next(ctx context.Context) (calibrate.Input, error) {
+	rec, err := s.r.Next(ctx)
+	return calibrate.Input{Data: rec.Data, Seq: rec.Seq}, err
+}
 
 func (s readerSource) Next(ctx context.Context) ([]byte, error) {
 	rec, err := s.r.Next(ctx)

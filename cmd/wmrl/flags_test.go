@@ -31,4 +31,7 @@ func TestCalibrationFlagsReachTheDebiaser(t *testing.T) {
 	if got != want {
 		t.Errorf("debiaser %+v, want %+v", got, want)
 	}
+	if n := parse("--checkpoint-every", "8").CheckpointEvery; n != 8 {
+		t.Errorf("--checkpoint-every 8 gives %d", n)
+	}
 }

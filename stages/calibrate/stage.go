@@ -14,12 +14,33 @@ import (
 // Source yields the run's pair groups in stream order, from the first
 // retained one, then follows new ones.
 type Source interface {
-	Next(ctx context.Context) ([]byte, error)
+	Next(ctx context.Context) (Input, error)
 }
 
-// Stage is the calibrate stage. It owns the run's Debiaser and keeps no
-// state of its own: on start it replays every retained pair group in order,
-// which rebuilds exactly the map and version it had, and publishes a
+// Input is one pair-group message and its stream sequence.
+type Input struct {
+	Data []byte
+	Seq  uint64
+}
+
+// Checkpoint is the stage's state once the pair groups up to stream
+// sequence StreamSeq are absorbed and their calibrations stored. Restored,
+// it stands for all of them, so a restart needs only the messages after
+// it: those before may have aged out of the stream.
+type Checkpoint struct {
+	StreamSeq uint64        `json:"stream_seq"`
+	Seq       int64         `json:"seq"`
+	Debiaser  DebiaserState `json:"debiaser"`
+}
+
+// DefaultCheckpointEvery is how many anchor groups pass between
+// checkpoints unless configured.
+const DefaultCheckpointEvery = 256
+
+// Stage is the calibrate stage. It owns the run's Debiaser. On start it
+// restores its checkpoint, if any, and replays the retained pair groups
+// after it in order, which rebuilds exactly the map and version it had;
+// with no checkpoint it replays every retained pair group. It publishes a
 // Calibration for each group after the last one already published.
 // One calibrate stage per run.
 type Stage struct {
@@ -33,9 +54,22 @@ type Stage struct {
 	DeadLetter func(payload []byte, reason error)
 	// OnCalibration, if set, sees every Calibration (metrics, progress).
 	OnCalibration func(schemas.Calibration)
+	// Resume, if set, is the checkpoint to start from: it replaces Deb, and
+	// pair groups at or before its StreamSeq are only remembered (so that a
+	// copy arriving later is known), not absorbed again.
+	Resume *Checkpoint
+	// Save, if set, stores a checkpoint every CheckpointEvery groups
+	// (default DefaultCheckpointEvery) and when Run ends; its error goes
+	// to OnSaveError and the stage carries on (the stream still holds what
+	// a restart needs, for its retention).
+	Save            func(ctx context.Context, c Checkpoint) error
+	CheckpointEvery int
+	OnSaveError     func(error)
 
-	seq  int64
-	seen map[string]bool
+	seq    int64
+	seen   map[string]bool
+	stored uint64 // stream sequence of the last group whose calibration is stored
+	saved  uint64 // ... as of the last checkpoint
 }
 
 // Seq is the number of anchor groups absorbed.
@@ -46,32 +80,86 @@ func (s *Stage) Run(ctx context.Context, src Source) error {
 	if s.seen == nil {
 		s.seen = map[string]bool{}
 	}
-	for {
-		data, err := src.Next(ctx)
+	if s.Resume != nil {
+		d, err := RestoreDebiaser(s.Resume.Debiaser)
 		if err != nil {
+			return fmt.Errorf("calibrate: checkpoint: %w", err)
+		}
+		s.Deb, s.seq, s.stored, s.saved = d, s.Resume.Seq, s.Resume.StreamSeq, s.Resume.StreamSeq
+	}
+	every := s.CheckpointEvery
+	if every <= 0 {
+		every = DefaultCheckpointEvery
+	}
+	for {
+		in, err := src.Next(ctx)
+		if err != nil {
+			// Every group absorbed so far has its calibration stored.
+			s.checkpoint(context.WithoutCancel(ctx))
 			if ctx.Err() != nil {
 				return nil
 			}
 			return fmt.Errorf("calibrate: read pairs: %w", err)
 		}
-		c, err := s.Absorb(data)
+		if s.Resume != nil && in.Seq <= s.Resume.StreamSeq {
+			s.remember(in.Data)
+			continue
+		}
+		c, err := s.Absorb(in.Data)
 		if errors.Is(err, schemas.ErrInvalid) {
 			if s.DeadLetter != nil {
-				s.DeadLetter(data, err)
+				s.DeadLetter(in.Data, err)
 			}
+			s.stored = in.Seq
 			continue
 		}
 		if err != nil || c == nil {
+			s.stored = in.Seq
 			continue
 		}
-		if c.Seq <= s.Published {
-			continue // stored before a restart
+		if c.Seq > s.Published {
+			if err := s.publish(ctx, *c); err != nil {
+				if ctx.Err() != nil {
+					return nil // stopped before it was stored: a restart absorbs it again, so no checkpoint
+				}
+				return err
+			}
+			s.Published = c.Seq
 		}
-		if err := s.publish(ctx, *c); err != nil {
-			return err
+		s.stored = in.Seq
+		if c.Seq%int64(every) == 0 {
+			s.checkpoint(ctx)
 		}
-		s.Published = c.Seq
 	}
+}
+
+// remember marks a pair group as seen without absorbing it.
+func (s *Stage) remember(data []byte) {
+	var pg schemas.PairGroup
+	if schemas.Decode(data, s.RunID, &pg) == nil {
+		s.seen[groupKey(pg)] = true
+	}
+}
+
+// groupKey names an anchor group within the run.
+func groupKey(pg schemas.PairGroup) string { return fmt.Sprintf("%d/%s", pg.Step, pg.GroupID) }
+
+// checkpoint saves the state as of the last stored calibration, if it
+// moved since the last checkpoint.
+func (s *Stage) checkpoint(ctx context.Context) {
+	if s.Save == nil || s.stored == s.saved {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err := s.Save(ctx, Checkpoint{StreamSeq: s.stored, Seq: s.seq, Debiaser: s.Deb.Snapshot()})
+	if err != nil {
+		if s.OnSaveError != nil {
+			s.OnSaveError(err)
+		}
+		return
+	}
+	s.saved = s.stored
 }
 
 // Absorb feeds one encoded PairGroup to the debiaser and returns the
@@ -81,7 +169,7 @@ func (s *Stage) Absorb(data []byte) (*schemas.Calibration, error) {
 	if err := schemas.Decode(data, s.RunID, &pg); err != nil {
 		return nil, fmt.Errorf("calibrate: %w", err)
 	}
-	key := fmt.Sprintf("%d/%s", pg.Step, pg.GroupID)
+	key := groupKey(pg)
 	if s.seen == nil {
 		s.seen = map[string]bool{}
 	}
@@ -112,14 +200,14 @@ func (s *Stage) Absorb(data []byte) (*schemas.Calibration, error) {
 	return &c, nil
 }
 
+// publish stores c, retrying until it is stored or ctx is done.
 func (s *Stage) publish(ctx context.Context, c schemas.Calibration) error {
 	m, err := schemas.NewMessage(fmt.Sprintf("%s/calibration/%d", s.RunID, c.Seq), c)
 	if err != nil {
 		return err
 	}
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		err := s.Pub.Publish(s.Out, m)
-		if err == nil {
+		if err := s.Pub.Publish(s.Out, m); err == nil {
 			if s.OnCalibration != nil {
 				s.OnCalibration(c)
 			}
@@ -127,7 +215,7 @@ func (s *Stage) publish(ctx context.Context, c schemas.Calibration) error {
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return ctx.Err()
 		case <-time.After(wait):
 		}
 	}

@@ -32,6 +32,13 @@ type Stage struct {
 	OnUpdate func(schemas.Update)
 	// OnLate, if set, sees executions that came after their step.
 	OnLate func(schemas.Execution)
+	// Save, if set, stores a checkpoint every CheckpointEvery calibrations
+	// (default DefaultCheckpointEvery) and when Run ends; its error goes
+	// to OnSaveError and the stage carries on (the stream still holds what
+	// a restart needs, for its retention).
+	Save            func(ctx context.Context, c Checkpoint) error
+	CheckpointEvery int
+	OnSaveError     func(error)
 
 	mu       sync.Mutex
 	steps    *Steps
@@ -46,6 +53,17 @@ func NewStage(cfg StepsConfig, out string, pub message.Publisher) (*Stage, error
 		return nil, err
 	}
 	return &Stage{RunID: cfg.Run, Out: out, Pub: pub, Now: time.Now, steps: steps, done: map[int64]chan struct{}{}}, nil
+}
+
+// DefaultCheckpointEvery is how many calibrations pass between checkpoints
+// unless configured.
+const DefaultCheckpointEvery = 256
+
+// Restore starts from a checkpoint (before Run).
+func (s *Stage) Restore(c Checkpoint) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.steps.Restore(c)
 }
 
 // MarkPublished records steps whose updates are stored already.
@@ -158,14 +176,24 @@ func (s *Stage) Flush(ctx context.Context) error {
 }
 
 // Run follows the calibration stream (first replaying backlog messages to
-// rebuild rho and the map) and closes steps on their deadlines, until ctx
-// is done.
+// rebuild rho and the map, after the restored checkpoint if any) and
+// closes steps on their deadlines, until ctx is done.
 func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
 	if backlog == 0 {
 		s.setCaughtUp()
 	}
-	errc := make(chan error, 1)
+	every := int64(s.CheckpointEvery)
+	if every <= 0 {
+		every = DefaultCheckpointEvery
+	}
+	saved := s.checkpointSeq()
+	errc, done := make(chan error, 1), make(chan struct{})
+	defer func() {
+		<-done // the reader has stopped: saved is ours
+		s.checkpoint(context.WithoutCancel(ctx), &saved)
+	}()
 	go func() {
+		defer close(done)
 		for read := uint64(0); ; read++ {
 			data, err := cal.Next(ctx)
 			if err != nil {
@@ -188,6 +216,9 @@ func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
 				s.setCaughtUp()
 			}
 			_ = s.Flush(ctx)
+			if c.Seq > 0 && c.Seq%every == 0 {
+				s.checkpoint(ctx, &saved)
+			}
 		}
 	}()
 	t := time.NewTicker(50 * time.Millisecond)
@@ -202,6 +233,34 @@ func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
 			_ = s.Flush(ctx)
 		}
 	}
+}
+
+func (s *Stage) checkpointSeq() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.steps.seq
+}
+
+// checkpoint saves the calibrations' state if it moved since *saved.
+func (s *Stage) checkpoint(ctx context.Context, saved *int64) {
+	if s.Save == nil {
+		return
+	}
+	s.mu.Lock()
+	c := s.steps.Checkpoint()
+	s.mu.Unlock()
+	if c.Seq == *saved {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := s.Save(ctx, c); err != nil {
+		if s.OnSaveError != nil {
+			s.OnSaveError(err)
+		}
+		return
+	}
+	*saved = c.Seq
 }
 
 func (s *Stage) setCaughtUp() {

@@ -1,7 +1,9 @@
 package fuse
 
 import (
+	"encoding/json"
 	"fmt"
+	"reflect"
 	"slices"
 	"time"
 
@@ -26,6 +28,20 @@ type Steps struct {
 	version   int64
 	pairs     int64
 	seq       int64
+	restored  int64 // calibrations up to this Seq are in the restored checkpoint
+}
+
+// Checkpoint is the state the calibration stream builds, once every
+// Calibration up to Seq is absorbed: the map in force and the denoiser.
+// Restored, it stands for those calibrations, so a restart needs only the
+// ones after it (those before may have aged out of the stream).
+type Checkpoint struct {
+	Debias     bool                `json:"debias"`
+	Seq        int64               `json:"seq"`
+	Version    int64               `json:"version"`
+	PairsTotal int64               `json:"pairs_total"`
+	Map        *schemas.Thresholds `json:"map"`
+	Denoiser   DenoiserState       `json:"denoiser"`
 }
 
 // absorbed is an anchor group's calibration: its seq and its pairs'
@@ -71,6 +87,41 @@ func NewSteps(cfg StepsConfig) (*Steps, error) {
 		run: cfg.Run, debias: cfg.Debias, norm: cfg.Norm, deadline: cfg.AnchorDeadline, den: den,
 		open: map[int64]*stepAsm{}, published: map[int64]bool{}, absorbed: map[string]absorbed{},
 	}, nil
+}
+
+// Checkpoint copies the state the calibrations built.
+func (s *Steps) Checkpoint() Checkpoint {
+	c := Checkpoint{Debias: s.debias, Seq: s.seq, Version: s.version, PairsTotal: s.pairs, Denoiser: s.den.Snapshot()}
+	if s.cal != nil {
+		x, y := s.cal.Thresholds()
+		c.Map = &schemas.Thresholds{X: x, Y: y}
+	}
+	return c
+}
+
+// Restore starts from a checkpoint: calibrations up to its Seq that arrive
+// afterwards only tell which anchor groups are calibrated. A checkpoint
+// made with other settings (debias, or the denoiser's) is refused and
+// changes nothing: its rho was built from other numbers.
+func (s *Steps) Restore(c Checkpoint) error {
+	if c.Debias != s.debias || !reflect.DeepEqual(c.Denoiser.Config, s.den.Config()) {
+		was, _ := json.Marshal(c.Denoiser.Config)
+		now, _ := json.Marshal(s.den.Config())
+		return fmt.Errorf("%w: checkpoint made with debias %v and denoiser %s, now debias %v and denoiser %s",
+			ErrConfig, c.Debias, was, s.debias, now)
+	}
+	den, err := RestoreDenoiser(c.Denoiser)
+	if err != nil {
+		return fmt.Errorf("fuse: checkpoint: %w", err)
+	}
+	var m *calibrate.Isotonic
+	if c.Map != nil {
+		if m, err = calibrate.NewIsotonic(c.Map.X, c.Map.Y); err != nil {
+			return fmt.Errorf("fuse: checkpoint map: %w", err)
+		}
+	}
+	s.den, s.cal, s.version, s.pairs, s.seq, s.restored = den, m, c.Version, c.PairsTotal, c.Seq, c.Seq
+	return nil
 }
 
 // Denoiser exposes the rho estimator's state.
@@ -122,6 +173,10 @@ func (s *Steps) AddExecution(e schemas.Execution) bool {
 // AddCalibration absorbs one Calibration, in stream order: the map in force
 // and the anchor group's contribution to rho.
 func (s *Steps) AddCalibration(c schemas.Calibration) error {
+	if c.Seq <= s.restored {
+		s.markAbsorbed(c)
+		return nil
+	}
 	if c.Map != nil {
 		m, err := calibrate.NewIsotonic(c.Map.X, c.Map.Y)
 		if err != nil {
@@ -133,10 +188,8 @@ func (s *Steps) AddCalibration(c schemas.Calibration) error {
 	}
 	s.version, s.pairs, s.seq = c.Version, c.PairsTotal, c.Seq
 	cal, truth := make([]float64, len(c.Pairs)), make([]float64, len(c.Pairs))
-	before := make(map[string]float64, len(c.Pairs))
 	for i, p := range c.Pairs {
 		truth[i] = p.True
-		before[p.TrajID] = p.Before
 		switch {
 		case !s.debias:
 			cal[i] = p.Predicted
@@ -147,10 +200,21 @@ func (s *Steps) AddCalibration(c schemas.Calibration) error {
 		}
 	}
 	s.den.Observe(cal, truth)
-	if !s.published[c.Step] {
-		s.absorbed[fmt.Sprintf("%d/%s", c.Step, c.GroupID)] = absorbed{seq: c.Seq, before: before}
-	}
+	s.markAbsorbed(c)
 	return nil
+}
+
+// markAbsorbed records an anchor group's calibration for its step, unless
+// the step is published already.
+func (s *Steps) markAbsorbed(c schemas.Calibration) {
+	if s.published[c.Step] {
+		return
+	}
+	before := make(map[string]float64, len(c.Pairs))
+	for _, p := range c.Pairs {
+		before[p.TrajID] = p.Before
+	}
+	s.absorbed[fmt.Sprintf("%d/%s", c.Step, c.GroupID)] = absorbed{seq: c.Seq, before: before}
 }
 
 // Ready lists the steps that can be fused now, in step order: plan in,

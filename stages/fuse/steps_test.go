@@ -1,6 +1,9 @@
 package fuse
 
 import (
+	"encoding/json"
+	"errors"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -79,5 +82,80 @@ func TestStepsUseExecutionOnceCalibrated(t *testing.T) {
 	want := 0.25 / (0.25 + AdvantageEps)
 	if math.Abs(u.Items[1].FusedAdvantage-want) > 1e-12 {
 		t.Fatalf("fused %v, want %v", u.Items[1].FusedAdvantage, want)
+	}
+}
+
+// calibrations makes n anchor-group calibrations of 4 pairs, each with the
+// map (halving scores) and counters a calibrate stage would send.
+func calibrations(n int) []schemas.Calibration {
+	out := make([]schemas.Calibration, n)
+	for i := range out {
+		c := schemas.Calibration{Seq: int64(i + 1), Version: int64(i / 3), PairsTotal: int64(4 * (i + 1)), Step: int64(i / 2), GroupID: fmt.Sprintf("g%d", i%2),
+			Map: &schemas.Thresholds{X: []float64{0, 1}, Y: []float64{0, 0.5 + 0.01*float64(i)}}}
+		for k := range 4 {
+			q := float64((7*i+3*k)%10) / 10
+			c.Pairs = append(c.Pairs, schemas.CalibratedPair{TrajID: fmt.Sprintf("t%d", k), Predicted: q, True: math.Mod(q*q+0.1*float64(i%3), 1), Before: q / 2})
+		}
+		out[i] = c
+	}
+	return out
+}
+
+// Restored from a checkpoint and fed only the calibrations after it (those
+// before aged out), Steps ends where Steps fed every calibration ends: the
+// same rho, map and counters. A calibration at or before the checkpoint
+// still tells which anchor group is calibrated, without counting twice. A
+// checkpoint made with other settings is refused.
+func TestStepsRestoreFromACheckpoint(t *testing.T) {
+	cfg := StepsConfig{Run: "r", Debias: true, AnchorDeadline: time.Hour, Denoiser: DenoiserConfig{Warmup: 4}}
+	cals := calibrations(30)
+	full, _ := NewSteps(cfg)
+	var cp Checkpoint
+	for i, c := range cals {
+		if err := full.AddCalibration(c); err != nil {
+			t.Fatal(err)
+		}
+		if i == 11 {
+			cp = full.Checkpoint()
+		}
+	}
+	b, _ := json.Marshal(cp) // the checkpoint travels as JSON
+	var back Checkpoint
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	resumed, _ := NewSteps(cfg)
+	if err := resumed.Restore(back); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cals[10:] { // 11 and 12 are in the checkpoint too
+		if err := resumed.AddCalibration(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, w := resumed.Checkpoint(), full.Checkpoint()
+	gb, _ := json.Marshal(g)
+	wb, _ := json.Marshal(w)
+	if string(gb) != string(wb) {
+		t.Fatalf("resumed:\n%s\nfed every calibration:\n%s", gb, wb)
+	}
+	if w.Denoiser.Count < 20 || w.Denoiser.Rho == 1 {
+		t.Fatalf("the denoiser counted %d groups, rho %v: the comparison is vacuous", w.Denoiser.Count, w.Denoiser.Rho)
+	}
+	if _, ok := resumed.absorbed["5/g1"]; !ok {
+		t.Fatal("calibration 12, inside the checkpoint, did not mark its anchor group calibrated")
+	}
+
+	for name, other := range map[string]StepsConfig{
+		"debias off":        {Run: "r", Debias: false, AnchorDeadline: time.Hour, Denoiser: cfg.Denoiser},
+		"another estimator": {Run: "r", Debias: true, AnchorDeadline: time.Hour, Denoiser: DenoiserConfig{Warmup: 4, Estimator: EstimatorRatio}},
+	} {
+		s, _ := NewSteps(other)
+		if err := s.Restore(back); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: restoring a checkpoint made otherwise gives %v, want ErrConfig", name, err)
+		}
+		if s.den.Snapshot().Count != 0 || s.seq != 0 {
+			t.Errorf("%s: a refused checkpoint changed the state", name)
+		}
 	}
 }

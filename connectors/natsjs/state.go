@@ -1,0 +1,60 @@
+package natsjs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StateStore keeps small JSON documents, the checkpoints of stages whose
+// state outlives the stream's retention, in a JetStream key-value bucket:
+// the bucket keeps the newest value of each key with no age limit, so a
+// checkpoint survives the messages it summarises.
+type StateStore struct {
+	kv jetstream.KeyValue
+}
+
+// OpenStateStore opens bucket, creating it (file-backed, one value per
+// key) if it does not exist.
+func OpenStateStore(ctx context.Context, js jetstream.JetStream, bucket string) (*StateStore, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      bucket,
+		Description: "wmrl stage checkpoints",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("natsjs: state bucket %s: %w", bucket, err)
+	}
+	return &StateStore{kv: kv}, nil
+}
+
+// Load decodes key's value into v; ok is false when the key has none.
+func (s *StateStore) Load(ctx context.Context, key string, v any) (ok bool, err error) {
+	e, err := s.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("natsjs: load %s: %w", key, err)
+	}
+	if err := json.Unmarshal(e.Value(), v); err != nil {
+		return false, fmt.Errorf("natsjs: load %s: %w", key, err)
+	}
+	return true, nil
+}
+
+// Save stores v as key's value; it returns once the server has stored it.
+func (s *StateStore) Save(ctx context.Context, key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("natsjs: save %s: %w", key, err)
+	}
+	if _, err := s.kv.Put(ctx, key, b); err != nil {
+		return fmt.Errorf("natsjs: save %s (%d bytes): %w", key, len(b), err)
+	}
+	return nil
+}

@@ -1,0 +1,110 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/fuse"
+)
+
+// Calibrate and fuse carry state built from every anchor group of the run
+// (the isotonic map's pairs and refit cadence, rho's running averages),
+// while the stream keeps messages for --retention only. Each saves a
+// checkpoint of that state in a key-value bucket, which nothing ages out,
+// and a restart resumes from it and the retained messages after it.
+
+// StateBucket is the key-value bucket of a prefix's checkpoints.
+func StateBucket(prefix string) string {
+	return "WMRL_STATE_" + strings.ToUpper(natsjs.SafeName(prefix))
+}
+
+// checkpointKey is a stage's checkpoint key for the run.
+func checkpointKey(run, stage string) string { return run + "." + stage }
+
+// stateStore opens the prefix's checkpoint bucket, once per process.
+func (p *Pipeline) stateStore(ctx context.Context) (*natsjs.StateStore, error) {
+	if p.state == nil {
+		st, err := natsjs.OpenStateStore(ctx, p.tr.js, StateBucket(p.cfg.Prefix))
+		if err != nil {
+			return nil, err
+		}
+		p.state = st
+	}
+	return p.state, nil
+}
+
+// notef prints a line about the process's own state, unless quiet.
+func (p *Pipeline) notef(format string, args ...any) {
+	if !p.cfg.Quiet {
+		fmt.Fprintf(p.cfg.Out, format+"\n", args...)
+	}
+}
+
+// saver stores a stage's checkpoints under its key and counts them.
+func saver[T any](p *Pipeline, st *natsjs.StateStore, stage string) (save func(context.Context, T) error, onErr func(error)) {
+	key := checkpointKey(p.cfg.Run, stage)
+	save = func(ctx context.Context, c T) error {
+		if err := st.Save(ctx, key, c); err != nil {
+			return err
+		}
+		p.metrics.Checkpoints.WithLabelValues(stage).Inc()
+		return nil
+	}
+	onErr = func(err error) {
+		p.metrics.CheckpointErrors.WithLabelValues(stage).Inc()
+		p.notef("%s: checkpoint not saved (a restart rebuilds from the retained messages instead): %v", stage, err)
+	}
+	return save, onErr
+}
+
+// wireCalibrateCheckpoints resumes st from its checkpoint, if one was made
+// with the configuration in force, and has it save new ones.
+func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.Stage) error {
+	store, err := p.stateStore(ctx)
+	if err != nil {
+		return err
+	}
+	var cp calibrate.Checkpoint
+	ok, err := store.Load(ctx, checkpointKey(p.cfg.Run, StageCalibrate), &cp)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !ok:
+	case !reflect.DeepEqual(cp.Debiaser.Config, st.Deb.Config()):
+		was, _ := json.Marshal(cp.Debiaser.Config)
+		now, _ := json.Marshal(st.Deb.Config())
+		p.notef("calibrate: the checkpoint was made with other calibration settings (%s, now %s); rebuilding from the retained pairs", was, now)
+	default:
+		st.Resume = &cp
+	}
+	st.Save, st.OnSaveError = saver[calibrate.Checkpoint](p, store, StageCalibrate)
+	st.CheckpointEvery = p.cfg.CheckpointEvery
+	return nil
+}
+
+// wireFuseCheckpoints does the same for fuse.
+func (p *Pipeline) wireFuseCheckpoints(ctx context.Context, st *fuse.Stage) error {
+	store, err := p.stateStore(ctx)
+	if err != nil {
+		return err
+	}
+	var cp fuse.Checkpoint
+	ok, err := store.Load(ctx, checkpointKey(p.cfg.Run, StageFuse), &cp)
+	if err != nil {
+		return err
+	}
+	if ok {
+		if err := st.Restore(cp); err != nil {
+			p.notef("fuse: %v; rebuilding rho from the retained calibrations", err)
+		}
+	}
+	st.Save, st.OnSaveError = saver[fuse.Checkpoint](p, store, StageFuse)
+	st.CheckpointEvery = p.cfg.CheckpointEvery
+	return nil
+}

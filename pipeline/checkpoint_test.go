@@ -1,0 +1,216 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/fuse"
+)
+
+// ageOut removes every message of a stopped pipeline's stream stored before
+// the first one on subject whose record keep says to keep, as --retention
+// does to a run older than it; it returns how many messages it removed.
+func ageOut(t *testing.T, dataDir, subject string, keep func(natsjs.Record) bool) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(dataDir, "nats")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := srv.Connect("age-out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var from uint64
+	if err := natsjs.Scan(ctx, js, StreamName("wmrl"), subject, false, func(r natsjs.Record) error {
+		if from == 0 && keep(r) {
+			from = r.Seq
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if from == 0 {
+		t.Fatalf("nothing on %s to keep", subject)
+	}
+	s, err := js.Stream(ctx, StreamName("wmrl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := s.Info(ctx)
+	if err := s.Purge(ctx, jetstream.WithPurgeSequence(from)); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := s.Info(ctx)
+	return before.State.Msgs - after.State.Msgs
+}
+
+// A run outlives the stream's retention: its oldest messages, among them
+// the first anchor groups' pairs and calibrations, are gone when it
+// restarts. The restarted calibrate stage must still publish a calibration
+// for every new anchor group, numbered after the last one stored, with the
+// version and map that absorbing every group of the run gives; the
+// restarted fuse stage's rho must still count every group. Without the
+// checkpoints, calibrate rebuilds from the retained pairs alone and
+// numbers the new groups as already stored (it publishes nothing), and
+// fuse's rho forgets the aged-out groups.
+func TestRestartAfterRetentionAgedOutTheFirstGroups(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.CheckpointEvery = 4
+	cfg.Steps = 12
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	firstPairs := readStored(t, cfg.DataDir, "wmrl.default.pairs")
+	if len(firstPairs) != 24 {
+		t.Fatalf("%d pair groups in 12 steps, want 24", len(firstPairs))
+	}
+	// Age out everything before the calibration of the 14th anchor group,
+	// so that the checkpoints (every 4 groups, and at the stop) stand for
+	// groups that are no longer in the stream.
+	removed := ageOut(t, cfg.DataDir, "wmrl.default.calibration", func(r natsjs.Record) bool {
+		var c schemas.Calibration
+		return json.Unmarshal(r.Data, &c) == nil && c.Seq == 14
+	})
+	if left := readStored(t, cfg.DataDir, "wmrl.default.pairs"); len(left) >= len(firstPairs) || removed == 0 {
+		t.Fatalf("aging out removed %d messages and left %d of %d pair groups: nothing aged out", removed, len(left), len(firstPairs))
+	}
+
+	cfg.Steps = 24
+	done := make(chan struct{})
+	cfg.OnUpdate = func(u schemas.Update, _ time.Duration) {
+		if u.Step == 23 {
+			close(done)
+		}
+	}
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("no update for step 23 within a minute of the restart")
+	}
+	if err := p.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+
+	// What absorbing every pair group of the run, in order, gives.
+	all := slices.Clone(firstPairs)
+	seen := map[string]bool{}
+	key := func(b []byte) string {
+		var pg schemas.PairGroup
+		if err := json.Unmarshal(b, &pg); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("%d/%s", pg.Step, pg.GroupID)
+	}
+	for _, b := range firstPairs {
+		seen[key(b)] = true
+	}
+	for _, b := range readStored(t, cfg.DataDir, "wmrl.default.pairs") {
+		if !seen[key(b)] {
+			all = append(all, b)
+		}
+	}
+	if len(all) != 48 {
+		t.Fatalf("%d pair groups in 24 steps, want 48", len(all))
+	}
+	deb, err := calibrate.NewDebiaser(cfg.Debiaser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := &calibrate.Stage{RunID: "default", Deb: deb}
+	den, err := fuse.NewDenoiser(cfg.Denoiser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int64]*schemas.Calibration{}
+	rhoAfter := map[int64]float64{}
+	for _, b := range all {
+		c, err := ref.Absorb(b)
+		if err != nil || c == nil {
+			t.Fatalf("reference absorb: %v, %v", c, err)
+		}
+		want[c.Seq] = c
+		cal, truth := make([]float64, len(c.Pairs)), make([]float64, len(c.Pairs))
+		for i, p := range c.Pairs {
+			cal[i], truth[i] = p.Before, p.True
+		}
+		rhoAfter[c.Seq], _ = den.Observe(cal, truth)
+	}
+
+	got := map[int64]schemas.Calibration{}
+	for _, b := range readStored(t, cfg.DataDir, "wmrl.default.calibration") {
+		var c schemas.Calibration
+		if err := json.Unmarshal(b, &c); err != nil {
+			t.Fatal(err)
+		}
+		if _, dup := got[c.Seq]; dup {
+			t.Fatalf("calibration %d stored twice", c.Seq)
+		}
+		got[c.Seq] = c
+	}
+	for seq := int64(14); seq <= 48; seq++ {
+		g, ok := got[seq]
+		if !ok {
+			t.Fatalf("no calibration %d after the restart (have %d of 14..48)", seq, len(got))
+		}
+		w := want[seq]
+		if g.Step != w.Step || g.GroupID != w.GroupID || g.Version != w.Version || g.PairsTotal != w.PairsTotal {
+			t.Fatalf("calibration %d: step %d group %s version %d pairs %d; absorbing every group gives step %d group %s version %d pairs %d",
+				seq, g.Step, g.GroupID, g.Version, g.PairsTotal, w.Step, w.GroupID, w.Version, w.PairsTotal)
+		}
+		gb, _ := json.Marshal(g.Map)
+		wb, _ := json.Marshal(w.Map)
+		if string(gb) != string(wb) {
+			t.Fatalf("calibration %d: map %s; absorbing every group gives %s", seq, gb, wb)
+		}
+	}
+	for step := int64(12); step < 24; step++ {
+		u, ok := ups[step]
+		if !ok {
+			t.Fatalf("no update for step %d", step)
+		}
+		if len(u.LateAnchors) != 0 || u.Anchors != 2 {
+			t.Fatalf("step %d: %d anchors, late %v: the restart lost anchor groups", step, u.Anchors, u.LateAnchors)
+		}
+		w := want[u.CalibrationSeq]
+		if w == nil || u.PairsTotal != w.PairsTotal || u.CalibrationVersion != w.Version || math.Abs(u.Rho-rhoAfter[u.CalibrationSeq]) > 1e-12 {
+			t.Fatalf("step %d, fused after calibration %d: pairs %d version %d rho %.15f; counting every anchor group of the run gives %v",
+				step, u.CalibrationSeq, u.PairsTotal, u.CalibrationVersion, u.Rho, describe(w, rhoAfter[u.CalibrationSeq]))
+		}
+	}
+	if last := ups[23]; last.PairsTotal != int64(24*2*cfg.GroupSize) {
+		t.Errorf("step 23: %d pairs, want %d", last.PairsTotal, 24*2*cfg.GroupSize)
+	}
+}
+
+func describe(c *schemas.Calibration, rho float64) string {
+	if c == nil {
+		return "no such calibration"
+	}
+	return fmt.Sprintf("pairs %d version %d rho %.15f", c.PairsTotal, c.Version, rho)
+}

@@ -1,0 +1,194 @@
+package calibrate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// pairGroups makes n encoded pair groups of 8 pairs, stream sequences 10,
+// 20, ... (other subjects' messages sit between them in a real stream).
+func pairGroups(n int) []Input {
+	r := rand.New(rand.NewPCG(1, 2))
+	out := make([]Input, n)
+	for i := range out {
+		pg := schemas.PairGroup{Schema: schemas.Version, Run: "r", Step: int64(i / 2), GroupID: fmt.Sprintf("g%d", i%2)}
+		for k := range 8 {
+			q := r.Float64()
+			pg.Pairs = append(pg.Pairs, schemas.PairItem{TrajID: fmt.Sprintf("t%d", k), Predicted: 0.3 + 0.4*q*q + 0.05*r.NormFloat64(), True: q})
+		}
+		b, _ := json.Marshal(pg)
+		out[i] = Input{Data: b, Seq: uint64(10 * (i + 1))}
+	}
+	return out
+}
+
+// listSource yields its inputs, then blocks until ctx is done.
+type listSource struct{ in []Input }
+
+func (s *listSource) Next(ctx context.Context) (Input, error) {
+	if len(s.in) == 0 {
+		<-ctx.Done()
+		return Input{}, ctx.Err()
+	}
+	in := s.in[0]
+	s.in = s.in[1:]
+	return in, nil
+}
+
+// recorder is a publisher that keeps calibrations, and fails once failAt
+// calibrations are stored (0: never).
+type recorder struct {
+	mu     sync.Mutex
+	cals   []schemas.Calibration
+	failAt int
+}
+
+func (r *recorder) Publish(_ string, msgs ...*message.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failAt > 0 && len(r.cals) >= r.failAt {
+		return errors.New("store unavailable")
+	}
+	for _, m := range msgs {
+		var c schemas.Calibration
+		if err := json.Unmarshal(m.Payload, &c); err != nil {
+			return err
+		}
+		r.cals = append(r.cals, c)
+	}
+	return nil
+}
+
+func (r *recorder) Close() error { return nil }
+
+func (r *recorder) stored() []schemas.Calibration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]schemas.Calibration(nil), r.cals...)
+}
+
+// runStage runs st over in until it has published want calibrations (or,
+// with want < 0, until the source is drained and a moment has passed).
+func runStage(t *testing.T, st *Stage, in []Input, pub *recorder, want int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- st.Run(ctx, &listSource{in: in}) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for want >= 0 && len(pub.stored()) < want && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if want < 0 {
+		time.Sleep(300 * time.Millisecond)
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func testDebiaserConfig() DebiaserConfig {
+	cfg := DefaultDebiaserConfig()
+	cfg.MinPairs, cfg.RefitEvery = 32, 16
+	return cfg
+}
+
+// A stage resumed from a checkpoint, fed only the pair groups the stream
+// still holds (those before the checkpoint gone, some of those after it
+// already calibrated), publishes exactly what one stage fed every group
+// publishes from there on: same sequence numbers, versions, maps and
+// out-of-sample predictions.
+func TestStageResumesFromItsCheckpoint(t *testing.T) {
+	in := pairGroups(40)
+	var checkpoints []Checkpoint
+	full := &recorder{}
+	st := &Stage{RunID: "r", Pub: full, Deb: mustDebiaser(t, testDebiaserConfig()), CheckpointEvery: 8,
+		Save: func(_ context.Context, c Checkpoint) error { checkpoints = append(checkpoints, c); return nil }}
+	runStage(t, st, in, full, 40)
+	var seqs []int64
+	for _, c := range checkpoints {
+		seqs = append(seqs, c.Seq)
+	}
+	if fmt.Sprint(seqs) != "[8 16 24 32 40]" {
+		t.Fatalf("checkpoints after groups %v; want every 8 groups, and none more at the stop (nothing new)", seqs)
+	}
+	cp := checkpoints[1] // after group 16
+	if cp.Seq != 16 || cp.StreamSeq != in[15].Seq {
+		t.Fatalf("second checkpoint: seq %d at stream seq %d, want 16 at %d", cp.Seq, cp.StreamSeq, in[15].Seq)
+	}
+	want := full.stored()
+
+	// The restart: groups 1-10 aged out; 11-20 were calibrated before the
+	// stop (Published 20), 11-16 are in the checkpoint.
+	resumed := &recorder{}
+	st2 := &Stage{RunID: "r", Pub: resumed, Deb: mustDebiaser(t, testDebiaserConfig()), Resume: &cp, Published: 20}
+	runStage(t, st2, in[10:], resumed, 20)
+	got := resumed.stored()
+	if len(got) != 20 {
+		t.Fatalf("resumed stage published %d calibrations, want 20 (groups 21-40)", len(got))
+	}
+	for i, g := range got {
+		w := want[20+i]
+		gb, _ := json.Marshal(g)
+		wb, _ := json.Marshal(w)
+		if string(gb) != string(wb) {
+			t.Fatalf("calibration %d after the resume:\n got %s\nwant %s", w.Seq, gb, wb)
+		}
+	}
+
+	// A copy of a group inside the checkpoint, arriving after it, is known.
+	dup := &recorder{}
+	st3 := &Stage{RunID: "r", Pub: dup, Deb: mustDebiaser(t, testDebiaserConfig()), Resume: &cp, Published: 16}
+	again := in[12]
+	again.Seq = in[39].Seq + 10
+	runStage(t, st3, append(in[10:16:16], again), dup, -1)
+	if n := len(dup.stored()); n != 0 {
+		t.Fatalf("a copy of a checkpointed group was absorbed again (%d calibrations)", n)
+	}
+}
+
+// A calibration the store refused is not in any checkpoint: the stage
+// stops without saving one that would skip the group on restart.
+func TestStageDoesNotCheckpointWhatIsNotStored(t *testing.T) {
+	in := pairGroups(12)
+	var checkpoints []Checkpoint
+	pub := &recorder{failAt: 10}
+	st := &Stage{RunID: "r", Pub: pub, Deb: mustDebiaser(t, testDebiaserConfig()), CheckpointEvery: 4,
+		Save: func(_ context.Context, c Checkpoint) error { checkpoints = append(checkpoints, c); return nil }}
+	runStage(t, st, in, pub, -1)
+	if len(pub.stored()) != 10 {
+		t.Fatalf("%d calibrations stored, want 10", len(pub.stored()))
+	}
+	for _, c := range checkpoints {
+		if c.Seq > 10 || c.StreamSeq > in[9].Seq {
+			t.Fatalf("checkpoint at group %d (stream seq %d): group 11 was never stored", c.Seq, c.StreamSeq)
+		}
+	}
+	if last := checkpoints[len(checkpoints)-1]; last.Seq != 8 {
+		t.Fatalf("last checkpoint at group %d, want 8 (the one after it was never stored)", last.Seq)
+	}
+}
+
+// A checkpoint that fails to save is reported and the stage carries on.
+func TestStageCarriesOnWhenACheckpointFails(t *testing.T) {
+	in := pairGroups(8)
+	var reported []error
+	pub := &recorder{}
+	st := &Stage{RunID: "r", Pub: pub, Deb: mustDebiaser(t, testDebiaserConfig()), CheckpointEvery: 2,
+		Save:        func(context.Context, Checkpoint) error { return errors.New("bucket gone") },
+		OnSaveError: func(err error) { reported = append(reported, err) }}
+	runStage(t, st, in, pub, 8)
+	if len(pub.stored()) != 8 || len(reported) == 0 {
+		t.Fatalf("%d calibrations, %d save errors reported; want 8 and some", len(pub.stored()), len(reported))
+	}
+}
