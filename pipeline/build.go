@@ -180,11 +180,12 @@ func (p *Pipeline) buildCalibrate(ctx context.Context) error {
 			_ = p.dl.send(StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs), reason.Error(), payload)
 		},
 	}
-	if err := p.wireCalibrateCheckpoints(ctx, st); err != nil {
-		return err
-	}
 	r, err := natsjs.NewReader(ctx, p.tr.js, p.tr.stream, p.topo.In(StageCalibrate, schemas.KindPairs), false)
 	if err != nil {
+		return err
+	}
+	if err := p.wireCalibrateCheckpoints(ctx, st, r.Backlog); err != nil {
+		r.Close()
 		return err
 	}
 	p.go_(func() error { defer r.Close(); return st.Run(ctx, calibrateSource{r}) })

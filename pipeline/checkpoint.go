@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"reflect"
 	"strings"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
@@ -62,9 +61,11 @@ func saver[T any](p *Pipeline, st *natsjs.StateStore, stage string) (save func(c
 	return save, onErr
 }
 
-// wireCalibrateCheckpoints resumes st from its checkpoint, if one was made
-// with the configuration in force, and has it save new ones.
-func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.Stage) error {
+// wireCalibrateCheckpoints resumes st from its checkpoint and has it save
+// new ones. Without a checkpoint, st replays the retained pair groups,
+// which only works while they are all the run's: retained is how many the
+// stream holds.
+func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.Stage, retained uint64) error {
 	store, err := p.stateStore(ctx)
 	if err != nil {
 		return err
@@ -75,13 +76,16 @@ func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.S
 		return err
 	}
 	switch {
-	case !ok:
-	case !reflect.DeepEqual(cp.Debiaser.Config, st.Deb.Config()):
+	case ok && st.Resumes(cp):
+		st.Resume = &cp
+	case ok:
 		was, _ := json.Marshal(cp.Debiaser.Config)
 		now, _ := json.Marshal(st.Deb.Config())
-		p.notef("calibrate: the checkpoint was made with other calibration settings (%s, now %s); rebuilding from the retained pairs", was, now)
-	default:
+		p.notef("calibrate: the checkpoint was made with other calibration settings (%s, now %s); rebuilding the map from the retained pairs under the new ones", was, now)
 		st.Resume = &cp
+	case retained < uint64(st.Published):
+		return fmt.Errorf("calibrate: %d anchor groups of run %s were calibrated, the stream holds the pairs of %d (--retention aged out the rest) and there is no checkpoint to resume from: "+
+			"the calibration cannot be rebuilt; start a new run (--run NAME), or keep the stream longer", st.Published, p.cfg.Run, retained)
 	}
 	st.Save, st.OnSaveError = saver[calibrate.Checkpoint](p, store, StageCalibrate)
 	st.CheckpointEvery = p.cfg.CheckpointEvery
@@ -101,7 +105,7 @@ func (p *Pipeline) wireFuseCheckpoints(ctx context.Context, st *fuse.Stage) erro
 	}
 	if ok {
 		if err := st.Restore(cp); err != nil {
-			p.notef("fuse: %v; rebuilding rho from the retained calibrations", err)
+			p.notef("%v; rebuilding rho from the retained calibrations under the new settings", err)
 		}
 	}
 	st.Save, st.OnSaveError = saver[fuse.Checkpoint](p, store, StageFuse)

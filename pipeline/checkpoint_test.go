@@ -7,6 +7,7 @@ import (
 	"math"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,20 +26,8 @@ func ageOut(t *testing.T, dataDir, subject string, keep func(natsjs.Record) bool
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(dataDir, "nats")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := srv.Connect("age-out")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, closeIt := openStopped(t, ctx, dataDir)
+	defer closeIt()
 	var from uint64
 	if err := natsjs.Scan(ctx, js, StreamName("wmrl"), subject, false, func(r natsjs.Record) error {
 		if from == 0 && keep(r) {
@@ -61,6 +50,27 @@ func ageOut(t *testing.T, dataDir, subject string, keep func(natsjs.Record) bool
 	}
 	after, _ := s.Info(ctx)
 	return before.State.Msgs - after.State.Msgs
+}
+
+// openStopped serves a stopped pipeline's store until closed (before the
+// pipeline starts on it again).
+func openStopped(t *testing.T, ctx context.Context, dataDir string) (js jetstream.JetStream, closeIt func()) {
+	t.Helper()
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(dataDir, "nats")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := srv.Connect("stopped")
+	if err != nil {
+		srv.Shutdown()
+		t.Fatal(err)
+	}
+	closeIt = func() { nc.Close(); srv.Shutdown() }
+	if js, err = jetstream.New(nc); err != nil {
+		closeIt()
+		t.Fatal(err)
+	}
+	return js, closeIt
 }
 
 // A run outlives the stream's retention: its oldest messages, among them
@@ -213,4 +223,38 @@ func describe(c *schemas.Calibration, rho float64) string {
 		return "no such calibration"
 	}
 	return fmt.Sprintf("pairs %d version %d rho %.15f", c.PairsTotal, c.Version, rho)
+}
+
+// A run whose first anchor groups aged out and that has no checkpoint (it
+// was started before checkpoints existed, or they failed) cannot number
+// its new calibrations: it is refused at start, with the reason, instead
+// of stalling.
+func TestAgedOutRunWithoutACheckpointIsRefused(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 6
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	ageOut(t, cfg.DataDir, "wmrl.default.calibration", func(r natsjs.Record) bool {
+		var c schemas.Calibration
+		return json.Unmarshal(r.Data, &c) == nil && c.Seq == 5
+	})
+	func() {
+		js, closeIt := openStopped(t, ctx, cfg.DataDir)
+		defer closeIt()
+		kv, err := js.KeyValue(ctx, StateBucket("wmrl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kv.Purge(ctx, checkpointKey("default", StageCalibrate)); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	cfg.Steps = 8
+	_, err := Start(ctx, cfg)
+	if err == nil || !strings.Contains(err.Error(), "aged out") || !strings.Contains(err.Error(), "no checkpoint") {
+		t.Fatalf("restart without a checkpoint after the age-out: %v; want an error saying the pairs aged out and there is no checkpoint", err)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -54,9 +55,13 @@ type Stage struct {
 	DeadLetter func(payload []byte, reason error)
 	// OnCalibration, if set, sees every Calibration (metrics, progress).
 	OnCalibration func(schemas.Calibration)
-	// Resume, if set, is the checkpoint to start from: it replaces Deb, and
-	// pair groups at or before its StreamSeq are only remembered (so that a
-	// copy arriving later is known), not absorbed again.
+	// Resume, if set, is the checkpoint to start from; groups after its
+	// StreamSeq are numbered from its Seq. Made with Deb's configuration,
+	// it replaces Deb, and the pair groups at or before its StreamSeq are
+	// only remembered (so that a copy arriving later is known). Made with
+	// another, Deb is rebuilt from the retained pair groups under the
+	// configuration in force, those before the checkpoint absorbed without
+	// publishing (their calibrations were published before).
 	Resume *Checkpoint
 	// Save, if set, stores a checkpoint every CheckpointEvery groups
 	// (default DefaultCheckpointEvery) and when Run ends; its error goes
@@ -80,12 +85,16 @@ func (s *Stage) Run(ctx context.Context, src Source) error {
 	if s.seen == nil {
 		s.seen = map[string]bool{}
 	}
-	if s.Resume != nil {
-		d, err := RestoreDebiaser(s.Resume.Debiaser)
-		if err != nil {
-			return fmt.Errorf("calibrate: checkpoint: %w", err)
+	exact := false
+	if cp := s.Resume; cp != nil {
+		if exact = s.Resumes(*cp); exact {
+			d, err := RestoreDebiaser(cp.Debiaser)
+			if err != nil {
+				return fmt.Errorf("calibrate: checkpoint: %w", err)
+			}
+			s.Deb, s.seq = d, cp.Seq
 		}
-		s.Deb, s.seq, s.stored, s.saved = d, s.Resume.Seq, s.Resume.StreamSeq, s.Resume.StreamSeq
+		s.stored, s.saved = cp.StreamSeq, cp.StreamSeq
 	}
 	every := s.CheckpointEvery
 	if every <= 0 {
@@ -101,9 +110,16 @@ func (s *Stage) Run(ctx context.Context, src Source) error {
 			}
 			return fmt.Errorf("calibrate: read pairs: %w", err)
 		}
-		if s.Resume != nil && in.Seq <= s.Resume.StreamSeq {
-			s.remember(in.Data)
-			continue
+		if cp := s.Resume; cp != nil {
+			if in.Seq <= cp.StreamSeq {
+				if exact {
+					s.remember(in.Data)
+				} else {
+					_, _ = s.Absorb(in.Data) // rebuilding the map: published (or dead-lettered) before
+				}
+				continue
+			}
+			s.seq = max(s.seq, cp.Seq) // the groups after the checkpoint are numbered after it
 		}
 		c, err := s.Absorb(in.Data)
 		if errors.Is(err, schemas.ErrInvalid) {
@@ -131,6 +147,12 @@ func (s *Stage) Run(ctx context.Context, src Source) error {
 			s.checkpoint(ctx)
 		}
 	}
+}
+
+// Resumes reports whether a checkpoint was made with the configuration of
+// Deb, so that restoring it is exact.
+func (s *Stage) Resumes(cp Checkpoint) bool {
+	return reflect.DeepEqual(cp.Debiaser.Config, s.Deb.Config())
 }
 
 // remember marks a pair group as seen without absorbing it.

@@ -192,3 +192,48 @@ func TestStageCarriesOnWhenACheckpointFails(t *testing.T) {
 		t.Fatalf("%d calibrations, %d save errors reported; want 8 and some", len(pub.stored()), len(reported))
 	}
 }
+
+// Restarted with other calibration settings, a stage rebuilds the map from
+// the pair groups the stream still holds under the new settings, and keeps
+// numbering the groups after its checkpoint from the checkpoint's count.
+func TestStageRebuildsUnderNewSettingsAndKeepsTheNumbering(t *testing.T) {
+	in := pairGroups(40)
+	var checkpoints []Checkpoint
+	first := &recorder{}
+	st := &Stage{RunID: "r", Pub: first, Deb: mustDebiaser(t, testDebiaserConfig()), CheckpointEvery: 8,
+		Save: func(_ context.Context, c Checkpoint) error { checkpoints = append(checkpoints, c); return nil }}
+	runStage(t, st, in[:20], first, 20)
+	cp := checkpoints[1] // after group 16
+
+	other := testDebiaserConfig()
+	other.MinPairs, other.RefitEvery, other.Bins = 64, 8, 0
+	resumed := &recorder{}
+	st2 := &Stage{RunID: "r", Pub: resumed, Deb: mustDebiaser(t, other), Resume: &cp, Published: 20}
+	if st2.Resumes(cp) {
+		t.Fatal("a checkpoint made with other settings counts as exact")
+	}
+	runStage(t, st2, in[10:], resumed, 20) // groups 1-10 aged out
+	got := resumed.stored()
+
+	ref := &Stage{RunID: "r", Deb: mustDebiaser(t, other)} // the new settings on what the stream holds
+	var want []*schemas.Calibration
+	for _, x := range in[10:] {
+		c, err := ref.Absorb(x.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, c)
+	}
+	if len(got) != 20 {
+		t.Fatalf("%d calibrations after the restart, want 20 (groups 21-40)", len(got))
+	}
+	for i, g := range got {
+		w := *want[10+i]
+		w.Seq = int64(21 + i)
+		gb, _ := json.Marshal(g)
+		wb, _ := json.Marshal(w)
+		if string(gb) != string(wb) {
+			t.Fatalf("group %d:\n got %s\nwant %s", 21+i, gb, wb)
+		}
+	}
+}
