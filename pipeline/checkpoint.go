@@ -37,6 +37,16 @@ func (p *Pipeline) stateStore(ctx context.Context) (*natsjs.StateStore, error) {
 	return p.state, nil
 }
 
+// loadCheckpoint reads stage's checkpoint for the run into cp; ok is false
+// when there is none.
+func (p *Pipeline) loadCheckpoint(ctx context.Context, stage string, cp any) (store *natsjs.StateStore, ok bool, err error) {
+	if store, err = p.stateStore(ctx); err != nil {
+		return nil, false, err
+	}
+	ok, err = store.Load(ctx, checkpointKey(p.cfg.Run, stage), cp)
+	return store, ok, err
+}
+
 // notef prints a line about the process's own state, unless quiet.
 func (p *Pipeline) notef(format string, args ...any) {
 	if !p.cfg.Quiet {
@@ -66,12 +76,8 @@ func saver[T any](p *Pipeline, st *natsjs.StateStore, stage string) (save func(c
 // which only works while they are all the run's: retained is how many the
 // stream holds.
 func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.Stage, retained uint64) error {
-	store, err := p.stateStore(ctx)
-	if err != nil {
-		return err
-	}
 	var cp calibrate.Checkpoint
-	ok, err := store.Load(ctx, checkpointKey(p.cfg.Run, StageCalibrate), &cp)
+	store, ok, err := p.loadCheckpoint(ctx, StageCalibrate, &cp)
 	if err != nil {
 		return err
 	}
@@ -94,12 +100,8 @@ func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.S
 
 // wireFuseCheckpoints does the same for fuse.
 func (p *Pipeline) wireFuseCheckpoints(ctx context.Context, st *fuse.Stage) error {
-	store, err := p.stateStore(ctx)
-	if err != nil {
-		return err
-	}
 	var cp fuse.Checkpoint
-	ok, err := store.Load(ctx, checkpointKey(p.cfg.Run, StageFuse), &cp)
+	store, ok, err := p.loadCheckpoint(ctx, StageFuse, &cp)
 	if err != nil {
 		return err
 	}
