@@ -81,6 +81,17 @@ func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.S
 	if err != nil {
 		return err
 	}
+	if ok {
+		last, err := p.tr.lastSeq(ctx)
+		if err != nil {
+			return err
+		}
+		if cp.StreamSeq > last {
+			return fmt.Errorf("calibrate: the checkpoint of run %s stands for the stream's messages up to %d, but stream %s ends at %d: "+
+				"the stream was deleted and made anew, and the checkpoint belongs to the old one; start a new run (--run NAME), or delete key %s of bucket %s to start this one over",
+				p.cfg.Run, cp.StreamSeq, p.tr.stream, last, checkpointKey(p.cfg.Run, StageCalibrate), StateBucket(p.cfg.Prefix))
+		}
+	}
 	switch {
 	case ok && st.Resumes(cp):
 		st.Resume = &cp

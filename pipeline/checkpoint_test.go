@@ -258,3 +258,27 @@ func TestAgedOutRunWithoutACheckpointIsRefused(t *testing.T) {
 		t.Fatalf("restart without a checkpoint after the age-out: %v; want an error saying the pairs aged out and there is no checkpoint", err)
 	}
 }
+
+// A checkpoint outlives a stream deleted and made anew (the bucket is kept
+// apart); restoring it would give the new run the old one's map. The
+// restart is refused, naming the key to delete.
+func TestCheckpointOfADeletedStreamIsRefused(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 4
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		js, closeIt := openStopped(t, ctx, cfg.DataDir)
+		defer closeIt()
+		if err := js.DeleteStream(ctx, StreamName("wmrl")); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	_, err := Start(ctx, cfg)
+	if err == nil || !strings.Contains(err.Error(), "made anew") || !strings.Contains(err.Error(), "default.calibrate") {
+		t.Fatalf("restart on a new stream with the old checkpoint: %v; want an error saying the stream is new and naming the key", err)
+	}
+}

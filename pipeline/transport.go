@@ -129,6 +129,19 @@ func (t *transport) scanMsgIDs(ctx context.Context, subject string, fn func(step
 	})
 }
 
+// lastSeq is the stream's last sequence (0 when it never held a message).
+func (t *transport) lastSeq(ctx context.Context) (uint64, error) {
+	s, err := t.js.Stream(ctx, t.stream)
+	if err != nil {
+		return 0, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.State.LastSeq, nil
+}
+
 // last decodes the newest message on subject into v; ok is false when
 // there is none.
 func (t *transport) last(ctx context.Context, subject string, v any) (ok bool, err error) {
