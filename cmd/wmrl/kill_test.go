@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 // buildBinary compiles wmrl once for the test.
@@ -32,8 +34,9 @@ func buildBinary(t *testing.T) string {
 // TestSIGKILLLosesNothing kills a running `wmrl run` at random points
 // several times, restarts it on the same data directory, and checks the
 // stored stream: every step's update exactly once, every anchor group's
-// pairs once, and a calibration that resumed where it was (the stored map
-// versions are exactly those a fresh replay of the stored pairs gives).
+// pairs once, and a calibration that resumed where it was, from its
+// checkpoint and the pairs after it (the stored map versions are exactly
+// those a fresh replay of the stored pairs gives).
 func TestSIGKILLLosesNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
@@ -42,7 +45,7 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	data := t.TempDir()
 	const steps = 60
 	args := []string{"run", "--steps", fmt.Sprint(steps), "--data", data, "--listen", "127.0.0.1:0", "--exec-latency", "5ms",
-		"--archive-max-age", "150ms"}
+		"--archive-max-age", "150ms", "--checkpoint-every", "3"} // checkpoints mid-step too, so a kill lands between them and the restart resumes from one
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	for kill := 0; kill < 3; kill++ {
 		cmd := exec.Command(bin, args...)
@@ -100,9 +103,11 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 
 	updates := map[int64]int{}
 	fused := map[string]float64{}
+	var ups []schemas.Update
 	for _, b := range read("wmrl.default.update") {
 		var u schemas.Update
 		json.Unmarshal(b, &u)
+		ups = append(ups, u)
 		updates[u.Step]++
 		for _, it := range u.Items {
 			fused[fmt.Sprintf("%d/%s", u.Step, it.TrajID)] = it.FusedAdvantage
@@ -170,6 +175,25 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 		if c.Seq != int64(i+1) || c.Version != replayed[i].Version || c.PairsTotal != replayed[i].PairsTotal {
 			t.Fatalf("calibration %d: stored seq %d version %d pairs %d; replay gives seq %d version %d pairs %d",
 				i, c.Seq, c.Version, c.PairsTotal, replayed[i].Seq, replayed[i].Version, replayed[i].PairsTotal)
+		}
+	}
+	// Fuse resumed too: every update's rho is the one the calibrations up
+	// to those it was fused after give.
+	den, err := fuse.NewDenoiser(pipeline.DefaultConfig().Denoiser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rhoAfter := map[int64]float64{0: den.Rho()}
+	for _, c := range replayed {
+		cal, truth := make([]float64, len(c.Pairs)), make([]float64, len(c.Pairs))
+		for i, p := range c.Pairs {
+			cal[i], truth[i] = p.Before, p.True
+		}
+		rhoAfter[c.Seq], _ = den.Observe(cal, truth)
+	}
+	for _, u := range ups {
+		if want, ok := rhoAfter[u.CalibrationSeq]; !ok || math.Abs(u.Rho-want) > 1e-12 {
+			t.Fatalf("step %d, fused after calibration %d: rho %.15f; the stored calibrations give %.15f", u.Step, u.CalibrationSeq, u.Rho, want)
 		}
 	}
 	last := replayed[len(replayed)-1]
