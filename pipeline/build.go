@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -225,7 +226,21 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 	}
 	p.go_(func() error { defer r.Close(); return st.Run(ctx, readerSource{r}, r.Backlog) })
 	if p.cfg.Steps > 0 {
-		p.progress = newProgress(p.cfg.Steps, published)
+		done := slices.Clone(published)
+		if len(published) > 0 {
+			state, err := p.tr.state(ctx)
+			if err != nil {
+				return err
+			}
+			if state.FirstSeq > 1 {
+				// The stream aged out its oldest messages: the steps below the
+				// first update it holds were published before those it holds.
+				for s := int64(0); s < slices.Min(published); s++ {
+					done = append(done, s)
+				}
+			}
+		}
+		p.progress = newProgress(p.cfg.Steps, done)
 	}
 	return nil
 }

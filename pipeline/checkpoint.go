@@ -82,11 +82,11 @@ func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.S
 		return err
 	}
 	if ok {
-		last, err := p.tr.lastSeq(ctx)
+		state, err := p.tr.state(ctx)
 		if err != nil {
 			return err
 		}
-		if cp.StreamSeq > last {
+		if last := state.LastSeq; cp.StreamSeq > last {
 			return fmt.Errorf("calibrate: the checkpoint of run %s stands for the stream's messages up to %d, but stream %s ends at %d: "+
 				"the stream was deleted and made anew, and the checkpoint belongs to the old one; start a new run (--run NAME), or delete key %s of bucket %s to start this one over",
 				p.cfg.Run, cp.StreamSeq, p.tr.stream, last, checkpointKey(p.cfg.Run, StageCalibrate), StateBucket(p.cfg.Prefix))

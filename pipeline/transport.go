@@ -129,17 +129,18 @@ func (t *transport) scanMsgIDs(ctx context.Context, subject string, fn func(step
 	})
 }
 
-// lastSeq is the stream's last sequence (0 when it never held a message).
-func (t *transport) lastSeq(ctx context.Context) (uint64, error) {
+// state is the stream's state: its first and last sequences (the first
+// moves past 1 once --retention ages messages out) and counts.
+func (t *transport) state(ctx context.Context) (jetstream.StreamState, error) {
 	s, err := t.js.Stream(ctx, t.stream)
 	if err != nil {
-		return 0, err
+		return jetstream.StreamState{}, err
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		return 0, err
+		return jetstream.StreamState{}, err
 	}
-	return info.State.LastSeq, nil
+	return info.State, nil
 }
 
 // last decodes the newest message on subject into v; ok is false when
