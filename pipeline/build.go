@@ -228,11 +228,11 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 	if p.cfg.Steps > 0 {
 		done := slices.Clone(published)
 		if len(published) > 0 {
-			state, err := p.tr.state(ctx)
+			info, err := p.tr.info(ctx)
 			if err != nil {
 				return err
 			}
-			if state.FirstSeq > 1 {
+			if info.State.FirstSeq > 1 {
 				// The stream aged out its oldest messages: the steps below the
 				// first update it holds were published before those it holds.
 				for s := int64(0); s < slices.Min(published); s++ {

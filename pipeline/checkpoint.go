@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/stages/calibrate"
@@ -37,14 +38,34 @@ func (p *Pipeline) stateStore(ctx context.Context) (*natsjs.StateStore, error) {
 	return p.state, nil
 }
 
-// loadCheckpoint reads stage's checkpoint for the run into cp; ok is false
-// when there is none.
-func (p *Pipeline) loadCheckpoint(ctx context.Context, stage string, cp any) (store *natsjs.StateStore, ok bool, err error) {
+// storedCheckpoint is a checkpoint as the bucket keeps it: with the
+// creation time of the stream whose messages it stands for, so that one
+// outliving its stream (deleted and made anew) is known.
+type storedCheckpoint[T any] struct {
+	StreamCreated time.Time `json:"stream_created"`
+	Checkpoint    T         `json:"checkpoint"`
+}
+
+// loadCheckpoint reads stage's checkpoint for the run; ok is false when
+// there is none. One made from another stream is an error naming the key.
+func loadCheckpoint[T any](ctx context.Context, p *Pipeline, stage string) (store *natsjs.StateStore, cp T, ok bool, err error) {
 	if store, err = p.stateStore(ctx); err != nil {
-		return nil, false, err
+		return nil, cp, false, err
 	}
-	ok, err = store.Load(ctx, checkpointKey(p.cfg.Run, stage), cp)
-	return store, ok, err
+	var sc storedCheckpoint[T]
+	if ok, err = store.Load(ctx, checkpointKey(p.cfg.Run, stage), &sc); err != nil || !ok {
+		return store, cp, false, err
+	}
+	created, err := p.tr.created(ctx)
+	if err != nil {
+		return nil, cp, false, err
+	}
+	if !sc.StreamCreated.Equal(created) {
+		return nil, cp, false, fmt.Errorf("%s: the checkpoint of run %s was made from stream %s as created at %s, but the stream now was created at %s: "+
+			"it was deleted and made anew, and the checkpoint belongs to the old one; start a new run (--run NAME), or delete key %s of bucket %s to start this one over",
+			stage, p.cfg.Run, p.tr.stream, sc.StreamCreated.Format(time.RFC3339Nano), created.Format(time.RFC3339Nano), checkpointKey(p.cfg.Run, stage), StateBucket(p.cfg.Prefix))
+	}
+	return store, sc.Checkpoint, true, nil
 }
 
 // notef prints a line about the process's own state, unless quiet.
@@ -55,10 +76,14 @@ func (p *Pipeline) notef(format string, args ...any) {
 }
 
 // saver stores a stage's checkpoints under its key and counts them.
-func saver[T any](p *Pipeline, st *natsjs.StateStore, stage string) (save func(context.Context, T) error, onErr func(error)) {
+func saver[T any](ctx context.Context, p *Pipeline, st *natsjs.StateStore, stage string) (save func(context.Context, T) error, onErr func(error), err error) {
 	key := checkpointKey(p.cfg.Run, stage)
+	created, err := p.tr.created(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
 	save = func(ctx context.Context, c T) error {
-		if err := st.Save(ctx, key, c); err != nil {
+		if err := st.Save(ctx, key, storedCheckpoint[T]{StreamCreated: created, Checkpoint: c}); err != nil {
 			return err
 		}
 		p.metrics.Checkpoints.WithLabelValues(stage).Inc()
@@ -68,7 +93,7 @@ func saver[T any](p *Pipeline, st *natsjs.StateStore, stage string) (save func(c
 		p.metrics.CheckpointErrors.WithLabelValues(stage).Inc()
 		p.notef("%s: checkpoint not saved (a restart rebuilds from the retained messages instead): %v", stage, err)
 	}
-	return save, onErr
+	return save, onErr, nil
 }
 
 // wireCalibrateCheckpoints resumes st from its checkpoint and has it save
@@ -76,21 +101,9 @@ func saver[T any](p *Pipeline, st *natsjs.StateStore, stage string) (save func(c
 // which only works while they are all the run's: retained is how many the
 // stream holds.
 func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.Stage, retained uint64) error {
-	var cp calibrate.Checkpoint
-	store, ok, err := p.loadCheckpoint(ctx, StageCalibrate, &cp)
+	store, cp, ok, err := loadCheckpoint[calibrate.Checkpoint](ctx, p, StageCalibrate)
 	if err != nil {
 		return err
-	}
-	if ok {
-		state, err := p.tr.state(ctx)
-		if err != nil {
-			return err
-		}
-		if last := state.LastSeq; cp.StreamSeq > last {
-			return fmt.Errorf("calibrate: the checkpoint of run %s stands for the stream's messages up to %d, but stream %s ends at %d: "+
-				"the stream was deleted and made anew, and the checkpoint belongs to the old one; start a new run (--run NAME), or delete key %s of bucket %s to start this one over",
-				p.cfg.Run, cp.StreamSeq, p.tr.stream, last, checkpointKey(p.cfg.Run, StageCalibrate), StateBucket(p.cfg.Prefix))
-		}
 	}
 	switch {
 	case ok && st.Resumes(cp):
@@ -104,15 +117,14 @@ func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.S
 		return fmt.Errorf("calibrate: %d anchor groups of run %s were calibrated, the stream holds the pairs of %d (--retention aged out the rest) and there is no checkpoint to resume from: "+
 			"the calibration cannot be rebuilt; start a new run (--run NAME), or keep the stream longer", st.Published, p.cfg.Run, retained)
 	}
-	st.Save, st.OnSaveError = saver[calibrate.Checkpoint](p, store, StageCalibrate)
 	st.CheckpointEvery = p.cfg.CheckpointEvery
-	return nil
+	st.Save, st.OnSaveError, err = saver[calibrate.Checkpoint](ctx, p, store, StageCalibrate)
+	return err
 }
 
 // wireFuseCheckpoints does the same for fuse.
 func (p *Pipeline) wireFuseCheckpoints(ctx context.Context, st *fuse.Stage) error {
-	var cp fuse.Checkpoint
-	store, ok, err := p.loadCheckpoint(ctx, StageFuse, &cp)
+	store, cp, ok, err := loadCheckpoint[fuse.Checkpoint](ctx, p, StageFuse)
 	if err != nil {
 		return err
 	}
@@ -121,7 +133,7 @@ func (p *Pipeline) wireFuseCheckpoints(ctx context.Context, st *fuse.Stage) erro
 			p.notef("%v; rebuilding rho from the retained calibrations under the new settings", err)
 		}
 	}
-	st.Save, st.OnSaveError = saver[fuse.Checkpoint](p, store, StageFuse)
 	st.CheckpointEvery = p.cfg.CheckpointEvery
-	return nil
+	st.Save, st.OnSaveError, err = saver[fuse.Checkpoint](ctx, p, store, StageFuse)
+	return err
 }

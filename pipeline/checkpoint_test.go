@@ -252,8 +252,8 @@ func TestAgedOutRunWithoutACheckpointIsRefused(t *testing.T) {
 }
 
 // A checkpoint outlives a stream deleted and made anew (the bucket is kept
-// apart); restoring it would give the new run the old one's map. The
-// restart is refused, naming the key to delete.
+// apart); restoring it would give the new run the old one's map and rho.
+// Each stage refuses it, also running alone, naming the key to delete.
 func TestCheckpointOfADeletedStreamIsRefused(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Steps = 4
@@ -269,8 +269,12 @@ func TestCheckpointOfADeletedStreamIsRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}()
-	_, err := Start(ctx, cfg)
-	if err == nil || !strings.Contains(err.Error(), "made anew") || !strings.Contains(err.Error(), "default.calibrate") {
-		t.Fatalf("restart on a new stream with the old checkpoint: %v; want an error saying the stream is new and naming the key", err)
+	for _, stage := range []string{StageCalibrate, StageFuse} {
+		alone := cfg
+		alone.Stages, alone.Source = []string{stage}, SourceExternal
+		_, err := Start(ctx, alone)
+		if err == nil || !strings.Contains(err.Error(), "made anew") || !strings.Contains(err.Error(), "default."+stage) {
+			t.Errorf("%s alone on a new stream with the old checkpoint: %v; want an error saying the stream is new and naming the key", stage, err)
+		}
 	}
 }

@@ -129,18 +129,24 @@ func (t *transport) scanMsgIDs(ctx context.Context, subject string, fn func(step
 	})
 }
 
-// state is the stream's state: its first and last sequences (the first
-// moves past 1 once --retention ages messages out) and counts.
-func (t *transport) state(ctx context.Context) (jetstream.StreamState, error) {
+// info is the stream's information: its state (the first sequence moves
+// past 1 once --retention ages messages out) and when it was created.
+func (t *transport) info(ctx context.Context) (*jetstream.StreamInfo, error) {
 	s, err := t.js.Stream(ctx, t.stream)
 	if err != nil {
-		return jetstream.StreamState{}, err
+		return nil, err
 	}
-	info, err := s.Info(ctx)
+	return s.Info(ctx)
+}
+
+// created is when the stream was created: a stream deleted and made anew
+// has another time.
+func (t *transport) created(ctx context.Context) (time.Time, error) {
+	info, err := t.info(ctx)
 	if err != nil {
-		return jetstream.StreamState{}, err
+		return time.Time{}, err
 	}
-	return info.State, nil
+	return info.Created, nil
 }
 
 // last decodes the newest message on subject into v; ok is false when
