@@ -52,6 +52,20 @@ func ageOut(t *testing.T, dataDir, subject string, keep func(natsjs.Record) bool
 	return before.State.Msgs - after.State.Msgs
 }
 
+// runToEnd runs a test pipeline of the given steps to its end; ctx bounds
+// the rest of the test.
+func runToEnd(t *testing.T, steps int64) (Config, context.Context) {
+	t.Helper()
+	cfg := testConfig(t)
+	cfg.Steps = steps
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, ctx
+}
+
 // openStopped serves a stopped pipeline's store until closed (before the
 // pipeline starts on it again).
 func openStopped(t *testing.T, ctx context.Context, dataDir string) (js jetstream.JetStream, closeIt func()) {
@@ -222,13 +236,7 @@ func describe(c *schemas.Calibration, rho float64) string {
 // its new calibrations: it is refused at start, with the reason, instead
 // of stalling.
 func TestAgedOutRunWithoutACheckpointIsRefused(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.Steps = 6
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := Run(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg, ctx := runToEnd(t, 6)
 	ageOut(t, cfg.DataDir, "wmrl.default.calibration", func(r natsjs.Record) bool {
 		var c schemas.Calibration
 		return json.Unmarshal(r.Data, &c) == nil && c.Seq == 5
@@ -255,13 +263,7 @@ func TestAgedOutRunWithoutACheckpointIsRefused(t *testing.T) {
 // apart); restoring it would give the new run the old one's map and rho.
 // Each stage refuses it, also running alone, naming the key to delete.
 func TestCheckpointOfADeletedStreamIsRefused(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.Steps = 4
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := Run(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg, ctx := runToEnd(t, 4)
 	func() {
 		js, closeIt := openStopped(t, ctx, cfg.DataDir)
 		defer closeIt()
