@@ -56,11 +56,7 @@ func loadCheckpoint[T any](ctx context.Context, p *Pipeline, stage string) (stor
 	if ok, err = store.Load(ctx, checkpointKey(p.cfg.Run, stage), &sc); err != nil || !ok {
 		return store, cp, false, err
 	}
-	created, err := p.tr.created(ctx)
-	if err != nil {
-		return nil, cp, false, err
-	}
-	if !sc.StreamCreated.Equal(created) {
+	if created := p.tr.created; !sc.StreamCreated.Equal(created) {
 		return nil, cp, false, fmt.Errorf("%s: the checkpoint of run %s was made from stream %s as created at %s, but the stream now was created at %s: "+
 			"it was deleted and made anew, and the checkpoint belongs to the old one; start a new run (--run NAME), or delete key %s of bucket %s to start this one over",
 			stage, p.cfg.Run, p.tr.stream, sc.StreamCreated.Format(time.RFC3339Nano), created.Format(time.RFC3339Nano), checkpointKey(p.cfg.Run, stage), StateBucket(p.cfg.Prefix))
@@ -76,14 +72,10 @@ func (p *Pipeline) notef(format string, args ...any) {
 }
 
 // saver stores a stage's checkpoints under its key and counts them.
-func saver[T any](ctx context.Context, p *Pipeline, st *natsjs.StateStore, stage string) (save func(context.Context, T) error, onErr func(error), err error) {
+func saver[T any](p *Pipeline, st *natsjs.StateStore, stage string) (save func(context.Context, T) error, onErr func(error)) {
 	key := checkpointKey(p.cfg.Run, stage)
-	created, err := p.tr.created(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
 	save = func(ctx context.Context, c T) error {
-		if err := st.Save(ctx, key, storedCheckpoint[T]{StreamCreated: created, Checkpoint: c}); err != nil {
+		if err := st.Save(ctx, key, storedCheckpoint[T]{StreamCreated: p.tr.created, Checkpoint: c}); err != nil {
 			return err
 		}
 		p.metrics.Checkpoints.WithLabelValues(stage).Inc()
@@ -93,7 +85,7 @@ func saver[T any](ctx context.Context, p *Pipeline, st *natsjs.StateStore, stage
 		p.metrics.CheckpointErrors.WithLabelValues(stage).Inc()
 		p.notef("%s: checkpoint not saved (a restart rebuilds from the retained messages instead): %v", stage, err)
 	}
-	return save, onErr, nil
+	return save, onErr
 }
 
 // wireCalibrateCheckpoints resumes st from its checkpoint and has it save
@@ -117,9 +109,9 @@ func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.S
 		return fmt.Errorf("calibrate: %d anchor groups of run %s were calibrated, the stream holds the pairs of %d (--retention aged out the rest) and there is no checkpoint to resume from: "+
 			"the calibration cannot be rebuilt; start a new run (--run NAME), or keep the stream longer", st.Published, p.cfg.Run, retained)
 	}
+	st.Save, st.OnSaveError = saver[calibrate.Checkpoint](p, store, StageCalibrate)
 	st.CheckpointEvery = p.cfg.CheckpointEvery
-	st.Save, st.OnSaveError, err = saver[calibrate.Checkpoint](ctx, p, store, StageCalibrate)
-	return err
+	return nil
 }
 
 // wireFuseCheckpoints does the same for fuse.
@@ -133,7 +125,7 @@ func (p *Pipeline) wireFuseCheckpoints(ctx context.Context, st *fuse.Stage) erro
 			p.notef("%v; rebuilding rho from the retained calibrations under the new settings", err)
 		}
 	}
+	st.Save, st.OnSaveError = saver[fuse.Checkpoint](p, store, StageFuse)
 	st.CheckpointEvery = p.cfg.CheckpointEvery
-	st.Save, st.OnSaveError, err = saver[fuse.Checkpoint](ctx, p, store, StageFuse)
-	return err
+	return nil
 }

@@ -24,6 +24,9 @@ type transport struct {
 	srv    *natsjs.Server // nil when external
 	url    string
 	stream string
+	// created is when the stream was created: one deleted and made anew
+	// has another time, which tells checkpoints of the old one.
+	created time.Time
 }
 
 func connect(ctx context.Context, cfg *Config) (*transport, error) {
@@ -53,6 +56,12 @@ func connect(ctx context.Context, cfg *Config) (*transport, error) {
 		t.close()
 		return nil, fmt.Errorf("pipeline: %w", err)
 	}
+	info, err := t.info(ctx)
+	if err != nil {
+		t.close()
+		return nil, fmt.Errorf("pipeline: stream %s: %w", t.stream, err)
+	}
+	t.created = info.Created
 	return t, nil
 }
 
@@ -130,23 +139,13 @@ func (t *transport) scanMsgIDs(ctx context.Context, subject string, fn func(step
 }
 
 // info is the stream's information: its state (the first sequence moves
-// past 1 once --retention ages messages out) and when it was created.
+// past 1 once --retention ages messages out) and its creation time.
 func (t *transport) info(ctx context.Context) (*jetstream.StreamInfo, error) {
 	s, err := t.js.Stream(ctx, t.stream)
 	if err != nil {
 		return nil, err
 	}
 	return s.Info(ctx)
-}
-
-// created is when the stream was created: a stream deleted and made anew
-// has another time.
-func (t *transport) created(ctx context.Context) (time.Time, error) {
-	info, err := t.info(ctx)
-	if err != nil {
-		return time.Time{}, err
-	}
-	return info.Created, nil
 }
 
 // last decodes the newest message on subject into v; ok is false when
