@@ -97,6 +97,15 @@ func runStage(t *testing.T, st *Stage, in []Input, pub *recorder, want int) {
 	}
 }
 
+// checkpointing is a stage on the test settings that checkpoints every
+// `every` groups into the slice it returns (read it once Run is over).
+func checkpointing(t *testing.T, pub *recorder, every int) (*Stage, *[]Checkpoint) {
+	var cps []Checkpoint
+	st := &Stage{RunID: "r", Pub: pub, Deb: mustDebiaser(t, testDebiaserConfig()), CheckpointEvery: every,
+		Save: func(_ context.Context, c Checkpoint) error { cps = append(cps, c); return nil }}
+	return st, &cps
+}
+
 func testDebiaserConfig() DebiaserConfig {
 	cfg := DefaultDebiaserConfig()
 	cfg.MinPairs, cfg.RefitEvery = 32, 16
@@ -110,19 +119,17 @@ func testDebiaserConfig() DebiaserConfig {
 // out-of-sample predictions.
 func TestStageResumesFromItsCheckpoint(t *testing.T) {
 	in := pairGroups(40)
-	var checkpoints []Checkpoint
 	full := &recorder{}
-	st := &Stage{RunID: "r", Pub: full, Deb: mustDebiaser(t, testDebiaserConfig()), CheckpointEvery: 8,
-		Save: func(_ context.Context, c Checkpoint) error { checkpoints = append(checkpoints, c); return nil }}
+	st, checkpoints := checkpointing(t, full, 8)
 	runStage(t, st, in, full, 40)
 	var seqs []int64
-	for _, c := range checkpoints {
+	for _, c := range *checkpoints {
 		seqs = append(seqs, c.Seq)
 	}
 	if fmt.Sprint(seqs) != "[8 16 24 32 40]" {
 		t.Fatalf("checkpoints after groups %v; want every 8 groups, and none more at the stop (nothing new)", seqs)
 	}
-	cp := checkpoints[1] // after group 16
+	cp := (*checkpoints)[1] // after group 16
 	if cp.Seq != 16 || cp.StreamSeq != in[15].Seq {
 		t.Fatalf("second checkpoint: seq %d at stream seq %d, want 16 at %d", cp.Seq, cp.StreamSeq, in[15].Seq)
 	}
@@ -161,20 +168,18 @@ func TestStageResumesFromItsCheckpoint(t *testing.T) {
 // stops without saving one that would skip the group on restart.
 func TestStageDoesNotCheckpointWhatIsNotStored(t *testing.T) {
 	in := pairGroups(12)
-	var checkpoints []Checkpoint
 	pub := &recorder{failAt: 10}
-	st := &Stage{RunID: "r", Pub: pub, Deb: mustDebiaser(t, testDebiaserConfig()), CheckpointEvery: 4,
-		Save: func(_ context.Context, c Checkpoint) error { checkpoints = append(checkpoints, c); return nil }}
+	st, checkpoints := checkpointing(t, pub, 4)
 	runStage(t, st, in, pub, -1)
 	if len(pub.stored()) != 10 {
 		t.Fatalf("%d calibrations stored, want 10", len(pub.stored()))
 	}
-	for _, c := range checkpoints {
+	for _, c := range *checkpoints {
 		if c.Seq > 10 || c.StreamSeq > in[9].Seq {
 			t.Fatalf("checkpoint at group %d (stream seq %d): group 11 was never stored", c.Seq, c.StreamSeq)
 		}
 	}
-	if last := checkpoints[len(checkpoints)-1]; last.Seq != 8 {
+	if last := (*checkpoints)[len(*checkpoints)-1]; last.Seq != 8 {
 		t.Fatalf("last checkpoint at group %d, want 8 (the one after it was never stored)", last.Seq)
 	}
 }
@@ -198,12 +203,10 @@ func TestStageCarriesOnWhenACheckpointFails(t *testing.T) {
 // numbering the groups after its checkpoint from the checkpoint's count.
 func TestStageRebuildsUnderNewSettingsAndKeepsTheNumbering(t *testing.T) {
 	in := pairGroups(40)
-	var checkpoints []Checkpoint
 	first := &recorder{}
-	st := &Stage{RunID: "r", Pub: first, Deb: mustDebiaser(t, testDebiaserConfig()), CheckpointEvery: 8,
-		Save: func(_ context.Context, c Checkpoint) error { checkpoints = append(checkpoints, c); return nil }}
+	st, checkpoints := checkpointing(t, first, 8)
 	runStage(t, st, in[:20], first, 20)
-	cp := checkpoints[1] // after group 16
+	cp := (*checkpoints)[1] // after group 16
 
 	other := testDebiaserConfig()
 	other.MinPairs, other.RefitEvery, other.Bins = 64, 8, 0
