@@ -25,7 +25,12 @@ const (
 	// EstimatorAdvantage: rho = 1 + EWMA of mean((A_d - A_s)^2), the squared
 	// gap between the GRPO advantages of the world model's and the true scores
 	// in the same anchor group, out-of-sample. Scale-free, bounded per group,
-	// and 1 + 2(1 - r) for within-group correlation r.
+	// and 1 + 2(1 - r) for within-group correlation r. A group whose
+	// calibrated scores are all equal (a flat map: the world model cannot
+	// rank it) has no r; it counts as r = 0, a gap of 2, like a world model
+	// without information, not as the gap of its all-zero advantages (1),
+	// which would rate "no signal" better than noise and lower the anchors'
+	// weight exactly when the world-model groups have nothing to add.
 	EstimatorAdvantage Estimator = "advantage"
 	// EstimatorOff keeps rho at 1: no denoising (for ablations).
 	EstimatorOff Estimator = "off"
@@ -50,7 +55,8 @@ type DenoiserConfig struct {
 	RhoMin float64 `json:"rho_min"`
 	RhoMax float64 `json:"rho_max"`
 	// MinVar: anchor groups whose true scores have a population variance
-	// below it are skipped (1e-9).
+	// below it are skipped (1e-9); for the advantage estimator, calibrated
+	// scores with a variance below it are a flat group (r = 0).
 	MinVar float64 `json:"min_var"`
 }
 
@@ -206,6 +212,10 @@ func (d *Denoiser) Observe(cal, truth []float64) (rho float64, counted bool) {
 		st.EWMADen = blend(st.EWMADen, vs)
 		st.EWMA = blend(st.EWMA, num/vs)
 	case EstimatorAdvantage:
+		if _, vd := meanVar(cal); vd < d.cfg.MinVar {
+			st.EWMA = blend(st.EWMA, 2) // no ranking at all: r = 0
+			break
+		}
 		ad, _ := Advantages(nil, cal, nil, Standardize)
 		as, _ := Advantages(nil, truth, nil, Standardize)
 		gap := 0.0

@@ -57,6 +57,32 @@ func TestAdvantageEstimatorTracksCorrelation(t *testing.T) {
 	}
 }
 
+// A flat calibration map (the isotonic fit of an anti-correlated world
+// model, or the map before its first fit) gives every anchor group the same
+// calibrated score. The advantage estimator reads that as a world model
+// without information, as it reads an independent one: rho 1 + 2 = 3, not
+// the 1 + mean(A_s^2) = 2 of the all-zero advantages.
+func TestAdvantageEstimatorReadsAFlatMapAsNoInformation(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	flat := mustDenoiser(t, DenoiserConfig{Estimator: EstimatorAdvantage})
+	independent := mustDenoiser(t, DenoiserConfig{Estimator: EstimatorAdvantage})
+	for g := 0; g < 2000; g++ {
+		noise, s := correlatedGroup(rng, 8, 0)
+		cal := make([]float64, len(s))
+		for i := range cal {
+			cal[i] = 0.4 + 1e-6*noise[i] // within 1e-9 of variance: flat
+		}
+		flat.Observe(cal, s)
+		independent.Observe(noise, s)
+	}
+	if got := flat.Rho(); math.Abs(got-3) > 1e-9 {
+		t.Errorf("flat map: rho %v, want exactly 3 (gap 2 per group)", got)
+	}
+	if got, want := flat.Rho(), independent.Rho(); got < want-0.2 {
+		t.Errorf("flat map: rho %v is below an independent world model's %v", got, want)
+	}
+}
+
 func TestRatioEstimatorReadsVarianceRatio(t *testing.T) {
 	for _, nsr := range []float64{0.25, 1, 2} { // noise / signal variance
 		d := mustDenoiser(t, DenoiserConfig{Estimator: EstimatorRatio, RhoMax: 10})
