@@ -67,7 +67,8 @@ func (p *provisioner) ensure(ctx context.Context, topic string) (string, error) 
 }
 
 // EnsureStream creates the stream when it is missing and updates it only
-// when its subjects, retention age or de-duplication window differ. Needless
+// when its subjects, retention age, de-duplication window or replica count
+// differ; a Replicas of 0 keeps the stream's (and creates it with 1). Needless
 // updates are not free: each one rewrites the stream's configuration on the
 // server while other clients may be creating consumers on it.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
@@ -83,8 +84,12 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 	}
 	cur := s.CachedInfo().Config
 	if slices.Equal(cur.Subjects, cfg.Subjects) && cur.MaxAge == cfg.MaxAge &&
-		(cfg.Duplicates == 0 || cur.Duplicates == cfg.Duplicates) {
+		(cfg.Duplicates == 0 || cur.Duplicates == cfg.Duplicates) &&
+		(cfg.Replicas == 0 || cur.Replicas == cfg.Replicas) {
 		return nil
+	}
+	if cfg.Replicas == 0 {
+		cfg.Replicas = cur.Replicas
 	}
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		return fmt.Errorf("update stream %s: %w", cfg.Name, err)

@@ -37,8 +37,15 @@ type PublisherConfig struct {
 	// CloseConn closes Conn when the publisher is closed.
 	CloseConn bool
 	// AckTimeout bounds the wait for the server's PubAcks of one Publish call
-	// (default 30s).
+	// (default 30s), retries included.
 	AckTimeout time.Duration
+	// AttemptTimeout: a message without a PubAck this long after it was sent
+	// is sent again (default 5s, at most AckTimeout). A cluster that lost
+	// the stream's leader elects another within a few seconds; the messages
+	// the old leader never acknowledged go to the new one. The stream
+	// stores a message sent twice once if it carries HeaderMsgID (every
+	// wmrl message does); one without may be stored twice.
+	AttemptTimeout time.Duration
 	// MaxPending bounds async publishes in flight (default 4096).
 	MaxPending int
 	// Stream, when set, lets Publish create a missing stream and retry.
@@ -52,12 +59,18 @@ func (c *PublisherConfig) setDefaults() {
 	if c.MaxPending == 0 {
 		c.MaxPending = 4096
 	}
+	if c.AttemptTimeout == 0 {
+		c.AttemptTimeout = 5 * time.Second
+	}
+	c.AttemptTimeout = min(c.AttemptTimeout, c.AckTimeout)
 }
 
 // Publisher publishes watermill messages to JetStream. Publish sends all its
 // messages asynchronously and returns once the server has acknowledged
-// every one (or the first failure): a nil error means they are stored. Safe
-// for concurrent use.
+// every one: a nil error means they are stored. Messages that time out,
+// meet no stream (no leader yet) or are cut off by a reconnect are sent
+// again until AckTimeout; an error the stream gives (too large, a limit)
+// fails the call at once. Safe for concurrent use.
 type Publisher struct {
 	cfg    PublisherConfig
 	js     jetstream.JetStream
@@ -74,7 +87,10 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		return nil, errors.New("natsjs: publisher needs a connection")
 	}
 	cfg.setDefaults()
-	js, err := jetstream.New(cfg.Conn, jetstream.WithPublishAsyncMaxPending(cfg.MaxPending))
+	// The library's own per-message timeout resolves every future, so none
+	// stays pending (and holds a MaxPending slot) after its attempt.
+	js, err := jetstream.New(cfg.Conn, jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
+		jetstream.WithPublishAsyncTimeout(cfg.AttemptTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: jetstream: %w", err)
 	}
@@ -103,40 +119,98 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if p.closed {
 		return ErrClosed
 	}
-	err := p.publish(topic, msgs)
-	if p.prov != nil && errors.Is(err, jetstream.ErrNoStreamResponse) {
-		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.AckTimeout)
-		_, perr := p.prov.ensure(ctx, topic)
-		cancel()
-		if perr != nil {
-			return perr
+	deadline := time.Now().Add(p.cfg.AckTimeout)
+	wait := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		var err error
+		if msgs, err = p.attempt(topic, msgs, deadline); len(msgs) == 0 {
+			return nil
 		}
-		err = p.publish(topic, msgs)
+		if errors.Is(err, jetstream.ErrNoStreamResponse) {
+			// No stream answered: none takes the subject (create it, or
+			// fail), or its leader is being elected (wait for it).
+			if perr := p.noStream(topic, deadline); perr != nil {
+				return perr
+			}
+		}
+		if !retryable(err) || time.Until(deadline) < wait {
+			return fmt.Errorf("natsjs: publish to %s: %d message(s) not stored after %d attempt(s) in %v: %w",
+				topic, len(msgs), attempt, p.cfg.AckTimeout-time.Until(deadline).Truncate(time.Millisecond), err)
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, time.Second)
 	}
-	return err
 }
 
-func (p *Publisher) publish(topic string, msgs []*message.Message) error {
+// noStream handles a publish no stream answered: with a StreamFunc it
+// creates the stream if it is missing; without, a subject no stream takes
+// is an error at once.
+func (p *Publisher) noStream(topic string, deadline time.Time) error {
+	// At most an attempt's time: without a meta leader the lookup may get
+	// no answer at all, and the next attempt may already find the stream.
+	ctx, cancel := context.WithTimeout(context.Background(), min(p.cfg.AttemptTimeout, time.Until(deadline)))
+	defer cancel()
+	if p.prov != nil {
+		_, err := p.prov.ensure(ctx, topic)
+		return err
+	}
+	if _, err := p.js.StreamNameBySubject(ctx, topic); errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("natsjs: publish to %s: no stream takes the subject", topic)
+	}
+	return nil
+}
+
+// errMsgIDInProcess: the stream is still proposing an earlier send of the
+// same Msg-Id to its replicas (a slow or changing leader); asking again
+// later gets its PubAck.
+const errMsgIDInProcess jetstream.ErrorCode = 10158
+
+// retryable errors are those of a message that may not have reached a
+// stream leader: sending it again can store it.
+func retryable(err error) bool {
+	if apiErr, ok := errors.AsType[*jetstream.APIError](err); ok && apiErr.ErrorCode == errMsgIDInProcess {
+		return true
+	}
+	for _, e := range []error{jetstream.ErrAsyncPublishTimeout, jetstream.ErrNoStreamResponse, nats.ErrNoResponders,
+		nats.ErrDisconnected, nats.ErrTimeout, jetstream.ErrTooManyStalledMsgs, nats.ErrReconnectBufExceeded} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// attempt sends msgs once and waits for every PubAck (each resolves within
+// AttemptTimeout). It returns the messages not stored, in their order, and
+// the error of the first of them.
+func (p *Publisher) attempt(topic string, msgs []*message.Message, deadline time.Time) (failed []*message.Message, first error) {
 	futures := make([]jetstream.PubAckFuture, 0, len(msgs))
 	for _, m := range msgs {
 		f, err := p.js.PublishMsgAsync(toNats(topic, m))
 		if err != nil {
-			return fmt.Errorf("natsjs: publish to %s: %w", topic, err)
+			first = err
+			break
 		}
 		futures = append(futures, f)
 	}
-	timeout := time.NewTimer(p.cfg.AckTimeout)
-	defer timeout.Stop()
-	for _, f := range futures {
+	// A backstop: the library resolves every future within AttemptTimeout.
+	backstop := time.NewTimer(time.Until(deadline) + p.cfg.AttemptTimeout)
+	defer backstop.Stop()
+	for i, f := range futures {
 		select {
 		case <-f.Ok():
+			continue
 		case err := <-f.Err():
-			return fmt.Errorf("natsjs: publish to %s: %w", topic, err)
-		case <-timeout.C:
-			return fmt.Errorf("natsjs: publish to %s: no PubAck within %v", topic, p.cfg.AckTimeout)
+			if failed == nil {
+				first = err
+			}
+		case <-backstop.C:
+			return msgs[i:], jetstream.ErrAsyncPublishTimeout
 		}
+		failed = append(failed, msgs[i])
 	}
-	return nil
+	// Those never sent (PublishMsgAsync failed) come after the sent ones.
+	return append(failed, msgs[len(futures):]...), first
 }
 
 // Close waits for pending publishes (up to AckTimeout) and refuses new ones.

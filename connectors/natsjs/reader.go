@@ -2,8 +2,9 @@ package natsjs
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -19,54 +20,137 @@ type Record struct {
 
 // Reader reads one subject of a stream in order from its first retained
 // message, then follows new ones. It keeps no server-side state: each
-// Reader starts from the beginning (an ordered, ephemeral consumer).
+// Reader starts from the beginning (an ordered, ephemeral consumer). When
+// the consumer is lost and cannot be made again at once (the cluster node
+// that held it is gone), the Reader makes a new one that starts after the
+// last message it returned, trying again with a growing pause until it
+// succeeds or Next's context ends.
 type Reader struct {
-	it jetstream.MessagesContext
+	js          jetstream.JetStream
+	stream      string
+	subject     string
+	headersOnly bool
+	next        uint64 // stream sequence to resume at; 0: the beginning
+	mu          sync.Mutex
+	it          jetstream.MessagesContext // nil between a loss and the next open
+	closed      bool
 	// Backlog is how many messages were on the subject when the reader
 	// started: a caller rebuilding state is caught up after that many.
 	Backlog uint64
+	// OnRetry, if set, hears why the reader is about to try again (from a
+	// goroutine calling Next).
+	OnRetry func(err error)
 }
 
 // NewReader opens a reader on subject in stream. headersOnly skips payloads
 // (for scans that need only the message IDs).
 func NewReader(ctx context.Context, js jetstream.JetStream, stream, subject string, headersOnly bool) (*Reader, error) {
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subject},
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-		HeadersOnly:    headersOnly,
-	})
+	r := &Reader{js: js, stream: stream, subject: subject, headersOnly: headersOnly}
+	cons, err := r.open(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("natsjs: read %s: %w", subject, err)
+		return nil, err
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
+		r.Close()
 		return nil, fmt.Errorf("natsjs: read %s: %w", subject, err)
+	}
+	r.Backlog = info.NumPending
+	return r, nil
+}
+
+// open makes the ordered consumer, starting at r.next.
+func (r *Reader) open(ctx context.Context) (jetstream.Consumer, error) {
+	cfg := jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{r.subject},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		HeadersOnly:    r.headersOnly,
+		// The library's own recovery makes one attempt; after that Next
+		// retries here, where the context is honoured and OnRetry hears.
+		MaxResetAttempts: 1,
+	}
+	if r.next > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, r.next
+	}
+	cons, err := r.js.OrderedConsumer(ctx, r.stream, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("natsjs: read %s: %w", r.subject, err)
 	}
 	it, err := cons.Messages()
 	if err != nil {
-		return nil, fmt.Errorf("natsjs: read %s: %w", subject, err)
+		return nil, fmt.Errorf("natsjs: read %s: %w", r.subject, err)
 	}
-	return &Reader{it: it, Backlog: info.NumPending}, nil
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		it.Stop()
+		return nil, jetstream.ErrMsgIteratorClosed
+	}
+	r.it = it
+	return cons, nil
 }
 
-// Next blocks for the next message or until ctx is done.
+// Next blocks for the next message or until ctx is done. A context that
+// ends stops the reader: call Next with the context of the reader's use.
 func (r *Reader) Next(ctx context.Context) (Record, error) {
-	m, err := r.it.Next(jetstream.NextContext(ctx))
-	if err != nil {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	wait := 250 * time.Millisecond
+	for {
+		r.mu.Lock()
+		it, closed := r.it, r.closed
+		r.mu.Unlock()
+		if closed {
+			return Record{}, jetstream.ErrMsgIteratorClosed
+		}
+		var err error
+		if it == nil {
+			if _, err = r.open(ctx); err == nil {
+				continue
+			}
+		} else {
+			stop := context.AfterFunc(ctx, it.Stop) // ends the library's own retries too
+			var m jetstream.Msg
+			m, err = it.Next(jetstream.NextContext(ctx))
+			stop()
+			if err == nil {
+				rec := Record{Subject: m.Subject(), Data: m.Data(), MsgID: m.Headers().Get(HeaderMsgID)}
+				if md, err := m.Metadata(); err == nil {
+					rec.Seq, rec.Pending = md.Sequence.Stream, md.NumPending
+					r.next = rec.Seq + 1
+				}
+				return rec, nil
+			}
+			it.Stop()
+			r.mu.Lock()
+			r.it, closed = nil, r.closed
+			r.mu.Unlock()
+			if closed {
+				return Record{}, jetstream.ErrMsgIteratorClosed
+			}
+		}
+		if ctx.Err() != nil {
 			return Record{}, ctx.Err()
 		}
-		return Record{}, err
+		if r.OnRetry != nil {
+			r.OnRetry(err)
+		}
+		select {
+		case <-ctx.Done():
+			return Record{}, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 10*time.Second)
 	}
-	rec := Record{Subject: m.Subject(), Data: m.Data(), MsgID: m.Headers().Get(HeaderMsgID)}
-	if md, err := m.Metadata(); err == nil {
-		rec.Seq, rec.Pending = md.Sequence.Stream, md.NumPending
-	}
-	return rec, nil
 }
 
 // Close stops the reader.
-func (r *Reader) Close() { r.it.Stop() }
+func (r *Reader) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	if r.it != nil {
+		r.it.Stop()
+	}
+}
 
 // Scan reads every message on subject that exists now, then returns.
 func Scan(ctx context.Context, js jetstream.JetStream, stream, subject string, headersOnly bool, fn func(Record) error) error {

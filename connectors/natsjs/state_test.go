@@ -31,7 +31,7 @@ func TestStateStoreSurvivesARestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		st, err := OpenStateStore(ctx, js, "TEST_STATE")
+		st, err := OpenStateStore(ctx, js, "TEST_STATE", 0)
 		if err != nil {
 			t.Fatal(err)
 		}

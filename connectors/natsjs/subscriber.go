@@ -35,6 +35,12 @@ type SubscriberConfig struct {
 	MaxAckPending int
 	// Prefetch is how many messages the client buffers ahead (default 256).
 	Prefetch int
+	// PullExpiry: each pull request lasts this long (default 5s); the server
+	// sends heartbeats every half of it, and two missed ones make the client
+	// pull again. After the loss of a cluster node that led the consumer,
+	// consumption resumes on the new leader within about this long (the
+	// library's default, 30s, stalls a pipeline that long).
+	PullExpiry time.Duration
 	// NakDelay is the redelivery delay after a Nack, given how often the
 	// message was delivered (default: 250ms doubling to 30s).
 	NakDelay func(deliveries uint64) time.Duration
@@ -51,6 +57,9 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.Prefetch == 0 {
 		c.Prefetch = 256
+	}
+	if c.PullExpiry == 0 {
+		c.PullExpiry = 5 * time.Second
 	}
 	if c.Prefetch > c.MaxAckPending {
 		c.Prefetch = c.MaxAckPending
@@ -148,7 +157,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: consumer %s on %s: %w", s.Durable(topic), topic, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(s.cfg.Prefetch))
+	it, err := cons.Messages(jetstream.PullMaxMessages(s.cfg.Prefetch), jetstream.PullExpiry(s.cfg.PullExpiry))
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: consume %s: %w", topic, err)
 	}
