@@ -181,7 +181,7 @@ func (p *Pipeline) buildCalibrate(ctx context.Context) error {
 			_ = p.dl.send(StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs), reason.Error(), payload)
 		},
 	}
-	r, err := natsjs.NewReader(ctx, p.tr.js, p.tr.stream, p.topo.In(StageCalibrate, schemas.KindPairs), false)
+	r, err := p.reader(ctx, StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs))
 	if err != nil {
 		return err
 	}
@@ -220,7 +220,7 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 			return err
 		}
 	}
-	r, err := natsjs.NewReader(ctx, p.tr.js, p.tr.stream, p.topo.In(StageFuse, schemas.KindCalibration), false)
+	r, err := p.reader(ctx, StageFuse, p.topo.In(StageFuse, schemas.KindCalibration))
 	if err != nil {
 		return err
 	}

@@ -101,6 +101,12 @@ type Config struct {
 	// window (default 10 minutes).
 	MaxAge     time.Duration
 	Duplicates time.Duration
+	// Replicas of the stream and of the checkpoint bucket on a JetStream
+	// cluster (3 survives the loss of a node). 0 creates them with 1 and
+	// leaves existing ones as they are, so that a stage process started
+	// without the flag cannot scale a replicated stream down. The embedded
+	// server is one node: more than 1 needs NATSURL.
+	Replicas int
 	// CheckpointEvery: calibrate and fuse save a checkpoint of their state
 	// every this many anchor groups (default 256) and when they stop, so
 	// that a restart does not need messages --retention has aged out.
@@ -207,6 +213,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: exec slots %d < 1", ErrConfig, c.ExecSlots)
 	case c.MaxAge < 0 || c.Duplicates < 0 || c.Duplicates > c.MaxAge:
 		return fmt.Errorf("%w: dedup window %v and retention %v: want 0 <= window <= retention", ErrConfig, c.Duplicates, c.MaxAge)
+	case c.Replicas < 0 || c.Replicas > 5:
+		return fmt.Errorf("%w: replicas %d: want 1 to 5 (JetStream's limit), or 0 to keep the stream's", ErrConfig, c.Replicas)
+	case c.Replicas > 1 && c.NATSURL == "":
+		return fmt.Errorf("%w: --replicas %d needs a JetStream cluster (--nats URL,URL,...): the embedded server is a single node", ErrConfig, c.Replicas)
 	case c.CheckpointEvery < 0:
 		return fmt.Errorf("%w: checkpoint every %d groups: want >= 1, or 0 for the default", ErrConfig, c.CheckpointEvery)
 	case c.Source == SourceSim && !c.runs(StageFuse):

@@ -22,6 +22,9 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		{"negative retention", func(c *Config) { c.MaxAge = -time.Hour }, "retention -1h0m0s"},
 		{"negative checkpoint cadence", func(c *Config) { c.CheckpointEvery = -1 }, "checkpoint every -1 groups"},
 		{"in-flight cap", func(c *Config) { c.Anchors.MaxInFlight = -2 }, "max_in_flight -2"},
+		{"replicas on the embedded server", func(c *Config) { c.Replicas = 3 }, "--replicas 3 needs a JetStream cluster"},
+		{"replicas on a cluster", func(c *Config) { c.Replicas, c.NATSURL = 3, "nats://a:4222,nats://b:4222" }, ""},
+		{"too many replicas", func(c *Config) { c.Replicas, c.NATSURL = 7, "nats://a:4222" }, "replicas 7: want 1 to 5"},
 		{"fraction", func(c *Config) { c.Anchors.Fraction = 1.5 }, "1.5"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -21,6 +21,7 @@ type Metrics struct {
 
 	In, Out, Errors, Redeliveries, DeadLetters *prometheus.CounterVec
 	Checkpoints, CheckpointErrors              *prometheus.CounterVec
+	InputErrors                                *prometheus.CounterVec
 	Latency                                    *prometheus.HistogramVec
 
 	Rho, D, Pairs, Version, Steps prometheus.Gauge
@@ -54,6 +55,8 @@ func NewMetrics() *Metrics {
 		Checkpoints:  cv("checkpoints_total", "Checkpoints saved, per stage (calibrate, fuse)."),
 		CheckpointErrors: cv("checkpoint_errors_total",
 			"Checkpoints not saved; a restart then rebuilds from the retained messages, which --retention ages out."),
+		InputErrors: cv("input_errors_total",
+			"Errors reading a stage's input that the stage reads on after (a missed heartbeat, a consumer lost with a cluster node)."),
 		Latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "wmrl", Name: "handler_seconds", Help: "Handler latency (joins include the time inputs are held).",
 			Buckets: prometheus.ExponentialBuckets(1e-4, 4, 10),

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -149,12 +150,44 @@ func (p *Pipeline) subscribe(stage string, kind schemas.Kind, h message.NoPublis
 		ConsumerGroup: consumerName(stage, p.cfg.Run, kind),
 		MaxAckPending: p.cfg.MaxAckPending,
 		Prefetch:      1024,
+		Logger:        inputLogger{p: p, stage: stage},
 	})
 	if err != nil {
 		return err
 	}
 	p.router.AddNoPublisherHandler(stage+"/"+string(kind), p.topo.In(stage, kind), sub, h)
 	return nil
+}
+
+// inputLogger hears the errors a subscriber reads on after: it prints them
+// (they come in a handful when a cluster node is lost, not per message) and
+// counts them.
+type inputLogger struct {
+	watermill.NopLogger
+	p     *Pipeline
+	stage string
+}
+
+func (l inputLogger) Error(msg string, err error, fields watermill.LogFields) {
+	l.p.inputError(l.stage, fmt.Sprintf("%s %v", msg, fields["topic"]), err)
+}
+
+func (l inputLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
+
+func (p *Pipeline) inputError(stage, what string, err error) {
+	p.metrics.InputErrors.WithLabelValues(stage).Inc()
+	p.notef("%s: %s: %v (reading on)", stage, what, err)
+}
+
+// reader opens an in-order reader of subject for stage, whose retries are
+// printed and counted like the subscribers' errors.
+func (p *Pipeline) reader(ctx context.Context, stage, subject string) (*natsjs.Reader, error) {
+	r, err := natsjs.NewReader(ctx, p.tr.js, p.tr.stream, subject, false)
+	if err != nil {
+		return nil, err
+	}
+	r.OnRetry = func(err error) { p.inputError(stage, "read "+subject, err) }
+	return r, nil
 }
 
 // consumerName is the durable JetStream consumer through which stage reads

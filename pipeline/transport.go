@@ -94,6 +94,7 @@ func StreamConfig(cfg *Config) jetstream.StreamConfig {
 		MaxAge:      cfg.MaxAge,
 		Duplicates:  cfg.Duplicates,
 		Discard:     jetstream.DiscardOld,
+		Replicas:    cfg.Replicas,
 	}
 }
 

@@ -38,6 +38,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.TopologyFile, "topology", "", "YAML file re-pointing stage subjects")
 	fs.DurationVar(&cfg.MaxAge, "retention", 7*24*time.Hour, "how long the stream keeps every message (trajectories, stage messages, updates)")
 	fs.DurationVar(&cfg.Duplicates, "dedup-window", 10*time.Minute, "the stream's de-duplication window; the server holds this long's message IDs in memory")
+	fs.IntVar(&cfg.Replicas, "replicas", 0, "replicas of the stream and the checkpoint bucket on a JetStream cluster: 3 survives a node's loss (needs --nats); 0 creates them with 1 and leaves existing ones as they are")
 	fs.IntVar(&cfg.CheckpointEvery, "checkpoint-every", 0, "calibrate and fuse checkpoint their state every this many anchor groups (0: 256) and when they stop, so that a restart does not need what --retention aged out")
 	fs.StringVar(&cfg.MetricsAddr, "metrics", "", "serve Prometheus /metrics on this address")
 	fs.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "serve the trainer HTTP gateway on this address")
