@@ -87,6 +87,37 @@ func openStopped(t *testing.T, ctx context.Context, dataDir string) (js jetstrea
 	return js, closeIt
 }
 
+// absorbAll absorbs the pair groups in order through a fresh calibration
+// and denoiser with cfg's settings, as a pipeline that lost nothing and
+// counted nothing twice would have: it returns each calibration by its
+// number and rho after it. A group absorbed twice fails the test.
+func absorbAll(t *testing.T, cfg Config, groups [][]byte) (want map[int64]*schemas.Calibration, rhoAfter map[int64]float64) {
+	t.Helper()
+	deb, err := calibrate.NewDebiaser(cfg.Debiaser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := &calibrate.Stage{RunID: "default", Deb: deb}
+	den, err := fuse.NewDenoiser(cfg.Denoiser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, rhoAfter = map[int64]*schemas.Calibration{}, map[int64]float64{}
+	for _, b := range groups {
+		c, err := ref.Absorb(b)
+		if err != nil || c == nil {
+			t.Fatalf("reference absorb (nil: the group came twice): %v, %v: %s", c, err, b[:min(len(b), 120)])
+		}
+		want[c.Seq] = c
+		cal, truth := make([]float64, len(c.Pairs)), make([]float64, len(c.Pairs))
+		for i, p := range c.Pairs {
+			cal[i], truth[i] = p.Before, p.True
+		}
+		rhoAfter[c.Seq], _ = den.Observe(cal, truth)
+	}
+	return want, rhoAfter
+}
+
 // A run outlives the stream's retention: its oldest messages, among them
 // the first anchor groups' pairs and calibrations, are gone when it
 // restarts. The restarted calibrate stage must still publish a calibration
@@ -154,29 +185,7 @@ func TestRestartAfterRetentionAgedOutTheFirstGroups(t *testing.T) {
 	if len(all) != 48 {
 		t.Fatalf("%d pair groups in 24 steps, want 48", len(all))
 	}
-	deb, err := calibrate.NewDebiaser(cfg.Debiaser)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref := &calibrate.Stage{RunID: "default", Deb: deb}
-	den, err := fuse.NewDenoiser(cfg.Denoiser)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[int64]*schemas.Calibration{}
-	rhoAfter := map[int64]float64{}
-	for _, b := range all {
-		c, err := ref.Absorb(b)
-		if err != nil || c == nil {
-			t.Fatalf("reference absorb: %v, %v", c, err)
-		}
-		want[c.Seq] = c
-		cal, truth := make([]float64, len(c.Pairs)), make([]float64, len(c.Pairs))
-		for i, p := range c.Pairs {
-			cal[i], truth[i] = p.Before, p.True
-		}
-		rhoAfter[c.Seq], _ = den.Observe(cal, truth)
-	}
+	want, rhoAfter := absorbAll(t, cfg, all)
 
 	got := map[int64]schemas.Calibration{}
 	for _, b := range readStored(t, cfg.DataDir, "wmrl.default.calibration") {

@@ -21,8 +21,6 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
 	"github.com/wmrl/wmrl/schemas"
-	"github.com/wmrl/wmrl/stages/calibrate"
-	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 // startDeployCluster checks what wmrl needs of deploy/nats/n{1,2,3}.conf
@@ -158,32 +156,7 @@ func TestClusterSurvivesTheLossOfTheStreamLeader(t *testing.T) {
 	if len(ups) != int(cfg.Steps) {
 		t.Fatalf("%d updates, want %d", len(ups), cfg.Steps)
 	}
-	deb, err := calibrate.NewDebiaser(cfg.Debiaser)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref := &calibrate.Stage{RunID: "default", Deb: deb}
-	den, err := fuse.NewDenoiser(cfg.Denoiser)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[int64]*schemas.Calibration{}
-	rhoAfter := map[int64]float64{}
-	for _, b := range scanAll(t, nc, "wmrl.default.pairs") {
-		c, err := ref.Absorb(b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c == nil {
-			t.Fatalf("pairs stored twice: %s", b[:min(len(b), 120)])
-		}
-		want[c.Seq] = c
-		cal, truth := make([]float64, len(c.Pairs)), make([]float64, len(c.Pairs))
-		for k, p := range c.Pairs {
-			cal[k], truth[k] = p.Before, p.True
-		}
-		rhoAfter[c.Seq], _ = den.Observe(cal, truth)
-	}
+	want, rhoAfter := absorbAll(t, cfg, scanAll(t, nc, "wmrl.default.pairs"))
 	if len(want) != int(cfg.Steps)*2 {
 		t.Fatalf("%d anchor groups' pairs stored, want %d", len(want), cfg.Steps*2)
 	}

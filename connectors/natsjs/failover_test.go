@@ -15,26 +15,35 @@ import (
 	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
 )
 
+// replicatedStream starts a three-node cluster in this process and makes
+// a stream name on subjects on all three servers; everything stops when the
+// test ends.
+func replicatedStream(t *testing.T, name, subjects string) ([]*natstest.Node, string, jetstream.JetStream, context.Context) {
+	t.Helper()
+	nodes, urls := natstest.Start(t, natstest.Options(t, strings.ToLower(name), 3))
+	nc, err := nats.Connect(urls, nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subjects},
+		Storage: jetstream.FileStorage, Replicas: 3, Duplicates: 10 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	return nodes, urls, js, ctx
+}
+
 // A stream replicated on three servers loses its leader while a publisher
 // sends batch after batch. Every Publish must still return nil, and the
 // stream must hold every message exactly once: the messages the old leader
 // never acknowledged are sent again to the new one, and their Msg-Ids keep
 // the ones it did store from being stored twice. Without the retries, the
-// batch in flight fails with a timeout.
+// batch in flight fails ("server is disconnected").
 func TestPublishSurvivesTheLossOfTheStreamLeader(t *testing.T) {
-	nodes, urls := natstest.Start(t, natstest.Options(t, "pub", 3))
-	nc, err := nats.Connect(urls, nats.MaxReconnects(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "FAILOVER", Subjects: []string{"fo.>"},
-		Storage: jetstream.FileStorage, Replicas: 3, Duplicates: 10 * time.Minute}); err != nil {
-		t.Fatal(err)
-	}
+	nodes, urls, js, ctx := replicatedStream(t, "FAILOVER", "fo.>")
 	// The publisher is connected to the leader, so that its loss also
 	// cuts the publisher's connection: the PubAcks it awaits are lost.
 	leader := natstest.Named(t, nodes, natstest.StreamLeader(t, js, "FAILOVER"))
@@ -121,19 +130,12 @@ func TestPublishWithoutAStreamSaysSo(t *testing.T) {
 // the Reader goes on after the last message it returned: every message of
 // the subject comes out once, in stream order.
 func TestReaderFollowsAcrossTheLossOfItsServer(t *testing.T) {
-	nodes, urls := natstest.Start(t, natstest.Options(t, "read", 3))
+	nodes, urls, js, ctx := replicatedStream(t, "FOLLOW", "fl.>")
 	nc, err := nats.Connect(urls, nats.MaxReconnects(-1))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "FOLLOW", Subjects: []string{"fl.>"},
-		Storage: jetstream.FileStorage, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
 	const total = 3000
 	pub, err := NewPublisher(PublisherConfig{Conn: nc, AckTimeout: 2 * time.Minute, AttemptTimeout: 2 * time.Second})
 	if err != nil {
