@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -210,4 +211,53 @@ func TestClusterSurvivesTheLossOfTheStreamLeader(t *testing.T) {
 	if dl := scanAll(t, nc, "wmrl.default.dlq"); len(dl) != 0 {
 		t.Fatalf("dead letters: %s", dl[0])
 	}
+}
+
+// A pipeline started before its cluster (a machine's services coming up
+// together) waits for JetStream, saying so, and then runs.
+func TestPipelineWaitsForItsCluster(t *testing.T) {
+	opts := natstest.Options(t, "late", 3)
+	var urls []string
+	for _, o := range opts {
+		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", o.Port))
+	}
+	cfg := testConfig(t)
+	cfg.NATSURL, cfg.Replicas, cfg.Steps = strings.Join(urls, ","), 3, 4
+	var out syncBuffer
+	cfg.Out, cfg.Quiet = &out, false
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
+	time.Sleep(2 * time.Second) // the pipeline is waiting by now
+	for _, o := range opts {
+		n := &natstest.Node{Opts: o}
+		n.Start(t)
+		t.Cleanup(n.Stop)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "waiting for JetStream at") || !strings.Contains(out.String(), "step     3") {
+		t.Fatalf("no wait announced, or no step 3:\n%s", out.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer the pipeline's goroutines may write to
+// while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

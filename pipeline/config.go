@@ -97,10 +97,14 @@ type Config struct {
 	ExecLatency time.Duration
 	ExecSlots   int
 
-	// Retention of the stream (default 7 days) and its de-duplication
-	// window (default 10 minutes).
+	// Retention of the stream and its de-duplication window. 0 keeps the
+	// stream's, or makes a new one with DefaultRetention (7 days) and
+	// DefaultDedupWindow (10 minutes). After Start they hold the stream's.
 	MaxAge     time.Duration
 	Duplicates time.Duration
+	// StartupWait: how long a start waits for a cluster's JetStream to
+	// answer (one just started, or electing a leader; default 1 minute).
+	StartupWait time.Duration
 	// Replicas of the stream and of the checkpoint bucket on a JetStream
 	// cluster (3 survives the loss of a node). 0 creates them with 1 and
 	// leaves existing ones as they are, so that a stage process started
@@ -179,8 +183,7 @@ func (c *Config) setDefaults() {
 	defDur(&c.AnchorDeadline, 30*time.Second)
 	defDur(&c.StepTimeout, 30*time.Second)
 	defDur(&c.ExecLatency, 20*time.Millisecond)
-	defDur(&c.MaxAge, 7*24*time.Hour)
-	defDur(&c.Duplicates, 10*time.Minute)
+	defDur(&c.StartupWait, time.Minute)
 	if c.Out == nil {
 		c.Out = os.Stdout
 	}
@@ -211,7 +214,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --executor sandbox-fusion needs --sandbox-url URL", ErrConfig)
 	case c.ExecSlots < 1:
 		return fmt.Errorf("%w: exec slots %d < 1", ErrConfig, c.ExecSlots)
-	case c.MaxAge < 0 || c.Duplicates < 0 || c.Duplicates > c.MaxAge:
+	case c.MaxAge < 0 || c.Duplicates < 0 || (c.MaxAge > 0 && c.Duplicates > c.MaxAge):
 		return fmt.Errorf("%w: dedup window %v and retention %v: want 0 <= window <= retention", ErrConfig, c.Duplicates, c.MaxAge)
 	case c.Replicas < 0 || c.Replicas > 5:
 		return fmt.Errorf("%w: replicas %d: want 1 to 5 (JetStream's limit), or 0 to keep the stream's", ErrConfig, c.Replicas)

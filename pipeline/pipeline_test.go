@@ -357,4 +357,10 @@ func TestStreamTakesRetentionAndDedupWindow(t *testing.T) {
 	if got := info(cfg); got.MaxAge != 36*time.Hour || got.Duplicates != 90*time.Second {
 		t.Fatalf("after a restart with new settings: retention %v, window %v", got.MaxAge, got.Duplicates)
 	}
+	// A process given neither (a stage started without the flags) keeps
+	// the stream's instead of resetting them to the defaults.
+	cfg.MaxAge, cfg.Duplicates = 0, 0
+	if got := info(cfg); got.MaxAge != 36*time.Hour || got.Duplicates != 90*time.Second {
+		t.Fatalf("after a start without the settings: retention %v, window %v; want the stream's 36h and 1m30s", got.MaxAge, got.Duplicates)
+	}
 }

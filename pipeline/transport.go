@@ -41,7 +41,8 @@ func connect(ctx context.Context, cfg *Config) (*transport, error) {
 		t.nc, err = t.srv.Connect("wmrl")
 	} else {
 		t.url = cfg.NATSURL
-		t.nc, err = nats.Connect(cfg.NATSURL, nats.Name("wmrl"), nats.MaxReconnects(-1))
+		// A server that is not up yet is waited for (setUpStream says so).
+		t.nc, err = nats.Connect(cfg.NATSURL, nats.Name("wmrl"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))
 	}
 	if err != nil {
 		t.close()
@@ -52,17 +53,48 @@ func connect(ctx context.Context, cfg *Config) (*transport, error) {
 		return nil, err
 	}
 	t.stream = StreamName(cfg.Prefix)
-	if err := natsjs.EnsureStream(ctx, t.js, StreamConfig(cfg)); err != nil {
+	if err := t.setUpStream(ctx, cfg); err != nil {
 		t.close()
-		return nil, fmt.Errorf("pipeline: %w", err)
+		return nil, err
 	}
-	info, err := t.info(ctx)
-	if err != nil {
-		t.close()
-		return nil, fmt.Errorf("pipeline: stream %s: %w", t.stream, err)
-	}
-	t.created = info.Created
 	return t, nil
+}
+
+// setUpStream makes or updates the stream and reads its creation time. A
+// cluster that has no JetStream leader yet (just started, or electing one
+// after the loss of a server) gets no answer or a timeout: that is waited
+// out, with a line every attempt, for up to StartupWait.
+func (t *transport) setUpStream(ctx context.Context, cfg *Config) error {
+	deadline := time.Now().Add(cfg.StartupWait)
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := resolveStreamSettings(actx, t.js, t.stream, cfg)
+		if err == nil {
+			err = natsjs.EnsureStream(actx, t.js, StreamConfig(cfg))
+		}
+		var info *jetstream.StreamInfo
+		if err == nil {
+			info, err = t.info(actx)
+		}
+		cancel()
+		if err == nil {
+			t.created = info.Created
+			return nil
+		}
+		transient := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrNoResponders) ||
+			errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrJetStreamNotEnabled)
+		if !transient || ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("pipeline: stream %s at %s: %w", t.stream, t.url, err)
+		}
+		if !cfg.Quiet {
+			fmt.Fprintf(cfg.Out, "waiting for JetStream at %s (attempt %d): %v\n", t.url, attempt, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func (t *transport) close() {
@@ -81,6 +113,43 @@ func (t *transport) close() {
 
 // StreamName is the stream holding every subject under prefix.
 func StreamName(prefix string) string { return "WMRL_" + strings.ToUpper(natsjs.SafeName(prefix)) }
+
+// Defaults of a stream a pipeline makes.
+const (
+	DefaultRetention   = 7 * 24 * time.Hour
+	DefaultDedupWindow = 10 * time.Minute
+)
+
+// resolveStreamSettings fills the stream settings cfg leaves at 0 from the
+// stream as it is, or with the defaults when there is none yet. A process
+// started without --retention, --dedup-window or --replicas (a stage, a
+// gateway) then keeps what the run's stream has instead of resetting it;
+// one given them sets them.
+func resolveStreamSettings(ctx context.Context, js jetstream.JetStream, name string, cfg *Config) error {
+	var cur jetstream.StreamConfig
+	s, err := js.Stream(ctx, name)
+	switch {
+	case err == nil:
+		cur = s.CachedInfo().Config
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		cur = jetstream.StreamConfig{MaxAge: DefaultRetention, Duplicates: DefaultDedupWindow, Replicas: 1}
+	default:
+		return err
+	}
+	if cfg.MaxAge == 0 {
+		cfg.MaxAge = cur.MaxAge
+	}
+	if cfg.Duplicates == 0 {
+		cfg.Duplicates = cur.Duplicates
+	}
+	if cfg.Replicas == 0 {
+		cfg.Replicas = cur.Replicas
+	}
+	if cfg.Duplicates > cfg.MaxAge && cfg.MaxAge > 0 {
+		return fmt.Errorf("%w: dedup window %v longer than the retention %v", ErrConfig, cfg.Duplicates, cfg.MaxAge)
+	}
+	return nil
+}
 
 // StreamConfig is the one stream of a prefix: every subject under it,
 // file-backed, kept for MaxAge, with a de-duplication window.
