@@ -29,7 +29,7 @@ func checkpointKey(run, stage string) string { return run + "." + stage }
 // stateStore opens the prefix's checkpoint bucket, once per process.
 func (p *Pipeline) stateStore(ctx context.Context) (*natsjs.StateStore, error) {
 	if p.state == nil {
-		st, err := natsjs.OpenStateStore(ctx, p.tr.js, StateBucket(p.cfg.Prefix), p.cfg.Replicas)
+		st, err := natsjs.OpenStateStore(ctx, p.tr.js, StateBucket(p.cfg.Prefix), p.cfg.Replicas) // the stream's, resolved at connect
 		if err != nil {
 			return nil, err
 		}

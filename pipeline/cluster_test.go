@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,14 +89,17 @@ func TestClusterSurvivesTheLossOfTheStreamLeader(t *testing.T) {
 	cfg.NATSURL, cfg.Replicas = urls, 3
 	cfg.Steps = 30
 	cfg.CheckpointEvery = 8
-	var fused atomic.Int64
 	var mu sync.Mutex
-	var times []time.Time
+	var times []time.Time // of the updates
 	cfg.OnUpdate = func(schemas.Update, time.Duration) {
 		mu.Lock()
 		times = append(times, time.Now())
 		mu.Unlock()
-		fused.Add(1)
+	}
+	fused := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(times)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -124,14 +126,14 @@ func TestClusterSurvivesTheLossOfTheStreamLeader(t *testing.T) {
 		}
 	}
 
-	waitFor(t, time.Minute, func() bool { return fused.Load() >= 10 })
+	waitFor(t, time.Minute, func() bool { return fused() >= 10 })
 	leader := natstest.StreamLeader(t, js, StreamName("wmrl"))
 	for _, n := range nodes {
 		if n.Name() == leader {
 			n.Kill()
 		}
 	}
-	t.Logf("killed the stream leader %s after %d updates", leader, fused.Load())
+	t.Logf("killed the stream leader %s after %d updates", leader, fused())
 
 	stopped := time.Now()
 	if err := p.Wait(); err != nil {

@@ -106,10 +106,10 @@ type Config struct {
 	// answer (one just started, or electing a leader; default 1 minute).
 	StartupWait time.Duration
 	// Replicas of the stream and of the checkpoint bucket on a JetStream
-	// cluster (3 survives the loss of a node). 0 creates them with 1 and
-	// leaves existing ones as they are, so that a stage process started
-	// without the flag cannot scale a replicated stream down. The embedded
-	// server is one node: more than 1 needs NATSURL.
+	// cluster (3 survives the loss of a node). 0 takes the stream's (1 for
+	// a new one), so that a stage process started without the flag cannot
+	// scale a replicated stream down; the bucket follows the stream. The
+	// embedded server is one node: more than 1 needs NATSURL.
 	Replicas int
 	// CheckpointEvery: calibrate and fuse save a checkpoint of their state
 	// every this many anchor groups (default 256) and when they stop, so

@@ -3,11 +3,10 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
-	"net"
-	"net/http"
-
 	"math"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/calibrate"
@@ -282,12 +282,7 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 }
 
 func TestMetricsEndpoint(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 	cfg := testConfig(t)
 	cfg.MetricsAddr = addr
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

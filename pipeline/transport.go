@@ -66,9 +66,10 @@ func connect(ctx context.Context, cfg *Config) (*transport, error) {
 // out, with a line every attempt, for up to StartupWait.
 func (t *transport) setUpStream(ctx context.Context, cfg *Config) error {
 	deadline := time.Now().Add(cfg.StartupWait)
-	given := *cfg // the settings as given: each attempt resolves them anew
+	// Each attempt resolves the settings as given, not the last attempt's.
+	maxAge, dups, replicas := cfg.MaxAge, cfg.Duplicates, cfg.Replicas
 	for attempt := 1; ; attempt++ {
-		cfg.MaxAge, cfg.Duplicates, cfg.Replicas = given.MaxAge, given.Duplicates, given.Replicas
+		cfg.MaxAge, cfg.Duplicates, cfg.Replicas = maxAge, dups, replicas
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := resolveStreamSettings(actx, t.js, t.stream, cfg)
 		if err == nil {

@@ -17,31 +17,17 @@ type StateStore struct {
 	kv jetstream.KeyValue
 }
 
-// OpenStateStore opens bucket, creating it (file-backed, one value per key,
-// on replicas servers of a cluster) if it does not exist. A replicas of 0
-// opens an existing bucket as it is (and creates a missing one with 1);
-// another value also sets an existing bucket's replica count.
+// OpenStateStore opens bucket on replicas servers of a cluster (1 on a
+// single server), creating it (file-backed, one value per key) if it does
+// not exist and setting an existing one's replica count.
 func OpenStateStore(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (*StateStore, error) {
-	cfg := jetstream.KeyValueConfig{
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      bucket,
 		Description: "wmrl stage checkpoints",
 		History:     1,
 		Storage:     jetstream.FileStorage,
-		Replicas:    replicas,
-	}
-	var kv jetstream.KeyValue
-	var err error
-	if replicas == 0 {
-		kv, err = js.KeyValue(ctx, bucket)
-		if errors.Is(err, jetstream.ErrBucketNotFound) {
-			kv, err = js.CreateKeyValue(ctx, cfg)
-			if errors.Is(err, jetstream.ErrBucketExists) {
-				kv, err = js.KeyValue(ctx, bucket) // created meanwhile by another process
-			}
-		}
-	} else {
-		kv, err = js.CreateOrUpdateKeyValue(ctx, cfg)
-	}
+		Replicas:    max(replicas, 1),
+	})
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: state bucket %s: %w", bucket, err)
 	}

@@ -31,7 +31,7 @@ func TestStateStoreSurvivesARestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		st, err := OpenStateStore(ctx, js, "TEST_STATE", 0)
+		st, err := OpenStateStore(ctx, js, "TEST_STATE", 1)
 		if err != nil {
 			t.Fatal(err)
 		}
