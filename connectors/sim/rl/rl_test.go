@@ -40,6 +40,10 @@ func TestMonotoneScenario(t *testing.T) {
 	if w.EqualCostDiff.Mean-w.EqualCostDiff.CI95 <= 0 {
 		t.Errorf("at equal cost wmrl does not clearly beat grpo: %+.4f ± %.4f", w.EqualCostDiff.Mean, w.EqualCostDiff.CI95)
 	}
+	// On these 8 seeds, the fixed seeds, wmrl ends 0.009 below grpo.
+	// They are the favourable block: on seeds 1000-1031 the gap is 0.013 ±
+	// 0.002 (README, "How far 8 seeds go"), so this guards against a
+	// regression and is not evidence that the claim holds in general.
 	if math.Abs(w.DiffGRPO.Mean) > 0.01 {
 		t.Errorf("at equal steps wmrl is %+.4f from grpo; want within 0.01", w.DiffGRPO.Mean)
 	}
