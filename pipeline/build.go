@@ -249,7 +249,8 @@ func (p *Pipeline) buildArchive(ctx context.Context) error {
 	w, err := archive.OpenWriter(archive.WriterConfig{Dir: p.cfg.ArchiveRoot(), Run: p.cfg.Run,
 		MaxRows: p.cfg.ArchiveMaxRows, MaxAge: p.cfg.ArchiveMaxAge,
 		Settings: archive.Settings{Debias: p.cfg.Debias, Debiaser: p.cfg.Debiaser, Denoiser: p.cfg.Denoiser,
-			AnchorFraction: p.cfg.Anchors.Fraction, AnchorMin: p.cfg.Anchors.MinPerStep}})
+			AnchorFraction: p.cfg.Anchors.Fraction, AnchorMin: p.cfg.Anchors.MinPerStep,
+			AnchorRounding: p.cfg.Anchors.Rounding}})
 	if err != nil {
 		return err
 	}

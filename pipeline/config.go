@@ -142,7 +142,7 @@ type Config struct {
 
 // DefaultConfig is `wmrl run` with no flags.
 func DefaultConfig() Config {
-	c := Config{Debias: true, Anchors: route.SchedulerConfig{Fraction: route.DefaultFraction, MinPerStep: 1}}
+	c := Config{Debias: true, Anchors: route.SchedulerConfig{Fraction: route.DefaultFraction, MinPerStep: 1, Rounding: route.RoundEven}}
 	c.Debiaser = calibrate.DefaultDebiaserConfig()
 	c.setDefaults()
 	return c

@@ -19,8 +19,10 @@ import (
 	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/fuse"
+	"github.com/wmrl/wmrl/stages/route"
 )
 
 func testConfig(t *testing.T) Config {
@@ -170,6 +172,51 @@ func TestPipelineFusesEveryStepOnce(t *testing.T) {
 	}
 	if dl := readStored(t, cfg.DataDir, "wmrl.default.dlq"); len(dl) != 0 {
 		t.Fatalf("dead letters from clean input: %s", dl[0])
+	}
+}
+
+// With --anchor-rounding spread, 0.10 of 16 groups is 1 or 2 anchors a
+// step, 1.6 on average, each step as the scheduler counts it; the archive
+// records the setting.
+func TestSpreadRoundingExecutesTheFraction(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 20
+	cfg.Anchors.Rounding = route.RoundSpread
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	sched, err := route.NewScheduler(cfg.Anchors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	total, seen := 0, map[int]bool{}
+	for step := int64(0); step < 20; step++ {
+		u, ok := ups[step]
+		if !ok {
+			t.Fatalf("step %d has no update", step)
+		}
+		if want, _ := sched.Count(cfg.Run, step, cfg.Groups, 0); u.Anchors != want {
+			t.Fatalf("step %d: %d anchors; the scheduler counts %d", step, u.Anchors, want)
+		}
+		total += u.Anchors
+		seen[u.Anchors] = true
+	}
+	share := cfg.Anchors.Fraction * float64(20*cfg.Groups)
+	if math.Abs(float64(total)-share) >= 1 || !seen[1] || !seen[2] {
+		t.Fatalf("20 steps of %d groups executed %d anchor groups (counts %v); want %v within one, in ones and twos", cfg.Groups, total, seen, share)
+	}
+	if got := ups[19].PairsTotal; got != int64(total*cfg.GroupSize) {
+		t.Fatalf("calibration absorbed %d pairs; the anchors carry %d", got, total*cfg.GroupSize)
+	}
+	files, err := archive.Files(cfg.ArchiveRoot(), cfg.Run)
+	if err != nil || len(files) == 0 {
+		t.Fatalf("archive files: %v, %v", files, err)
+	}
+	if set, err := archive.ReadSettings(files[0]); err != nil || set.AnchorRounding != route.RoundSpread {
+		t.Fatalf("the archive records rounding %q (%v); want %q", set.AnchorRounding, err, route.RoundSpread)
 	}
 }
 

@@ -54,6 +54,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.TaskDir, "task", "", "task directory (task.json, public/, private/, leaderboard.csv); implies --executor subprocess")
 	fs.Float64Var(&cfg.Anchors.Fraction, "anchor-fraction", cfg.Anchors.Fraction, "share of groups executed for real")
 	fs.IntVar(&cfg.Anchors.MinPerStep, "anchor-min", cfg.Anchors.MinPerStep, "minimum anchor groups per step")
+	fs.StringVar(&cfg.Anchors.Rounding, "anchor-rounding", cfg.Anchors.Rounding, "how a step's fraction of its groups becomes a whole count: even (round half to even every step, the reference: 0.10 of 16 groups executes 2) or spread (1 or 2 a step, so that any run of steps executes the fraction to within one group)")
 	fs.Uint64Var(&cfg.Anchors.Seed, "anchor-seed", 0, "seed of the anchor draw")
 	fs.IntVar(&cfg.Anchors.MaxInFlight, "anchor-max-in-flight", 0, "cap on anchor groups sent for execution and not executed yet; a step planned at the cap gets fewer anchors (0: no cap)")
 	fs.StringVar(&cfg.ExecConsumer, "exec-consumer", "", "JetStream consumer whose backlog counts executions in flight (default: the execute stage's)")

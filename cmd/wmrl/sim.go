@@ -13,6 +13,7 @@ import (
 	"github.com/wmrl/wmrl/connectors/sim/rl"
 	"github.com/wmrl/wmrl/pipeline/simrl"
 	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/route"
 )
 
 func simCommand() *cobra.Command {
@@ -51,6 +52,10 @@ func simCommand() *cobra.Command {
 			if seeds < 2 {
 				return fmt.Errorf("sim: --seeds %d: intervals need at least 2", seeds)
 			}
+			anchors, err := cfg.AnchorGroups()
+			if err != nil {
+				return fmt.Errorf("sim: %w", err)
+			}
 			if err := os.MkdirAll(out, 0o755); err != nil {
 				return err
 			}
@@ -88,18 +93,18 @@ func simCommand() *cobra.Command {
 				}
 				pngs = append(pngs, p)
 			}
-			anchors, err := cfg.AnchorGroups()
-			if err != nil {
-				return err
-			}
 			w := cmd.OutOrStdout()
 			if asJSON {
 				return writeSimJSON(w, cfg, seeds, anchors, viaPipeline, res, cells)
 			}
 			fmt.Fprintf(w, "cost model (units of one generation): generation %g, world-model call %g, execution %g\n",
 				cfg.Costs.Generate, cfg.Costs.WorldModel, cfg.Costs.Execute)
-			fmt.Fprintf(w, "%d seeds, %d steps, %d groups of %d, anchor fraction %.2f (%d of %d groups a step: %.1f%%), %s policy, %s at learning rate %g; intervals are 95%% (Student t)\n",
-				seeds, cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.AnchorFraction, anchors, cfg.Groups, 100*float64(anchors)/float64(cfg.Groups),
+			perStep := "a step"
+			if cfg.AnchorRounding == route.RoundSpread {
+				perStep = "a step on average, spread over the steps"
+			}
+			fmt.Fprintf(w, "%d seeds, %d steps, %d groups of %d, anchor fraction %.2f (%.4g of %d groups %s: %.1f%%), %s policy, %s at learning rate %g; intervals are 95%% (Student t)\n",
+				seeds, cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.AnchorFraction, anchors, cfg.Groups, perStep, 100*anchors/float64(cfg.Groups),
 				policyName(cfg), cfg.Optimizer, cfg.EffectiveLR())
 			fmt.Fprintf(w, "calibration: %s\n", calibrationLine(cfg))
 			if viaPipeline {
@@ -123,6 +128,7 @@ func simCommand() *cobra.Command {
 	fs.IntVar(&cfg.Steps, "steps", cfg.Steps, "training steps")
 	fs.IntVar(&cfg.Groups, "groups", cfg.Groups, "groups per step")
 	fs.Float64Var(&cfg.AnchorFraction, "anchor-fraction", cfg.AnchorFraction, "share of groups executed")
+	fs.StringVar(&cfg.AnchorRounding, "anchor-rounding", route.RoundEven, "how the fraction of a step's groups becomes a whole count: even (round half to even every step, the reference: 2 of 16 for 0.10) or spread (1 or 2 of 16, 1.6 on average)")
 	fs.Var(choiceFlag[rl.Optimizer]{&cfg.Optimizer, rl.Optimizers}, "optimizer", fmt.Sprintf("how the policy follows the gradient: %v (adam: a normalised step per parameter, as LLM trainers take)", rl.Optimizers))
 	fs.Float64Var(&cfg.LR, "lr", 0, "learning rate; 0 is the default (sgd 2, or 16 for the shared policy; adam 0.3)")
 	fs.IntVar(&cfg.Debiaser.MinPairs, "min-pairs", cfg.Debiaser.MinPairs, "anchor pairs buffered before the first isotonic fit (0: the reference's 200)")
@@ -192,10 +198,10 @@ func calibrationLine(cfg rl.Config) string {
 	return fmt.Sprintf("first isotonic fit at %d anchor pairs, then every %d; until then the map is %s", d.FirstFit(), d.RefitEvery, before)
 }
 
-func writeSimJSON(w io.Writer, cfg rl.Config, seeds, anchors int, viaPipeline bool, res []rl.ScenarioResult, cells []rl.SweepCell) error {
+func writeSimJSON(w io.Writer, cfg rl.Config, seeds int, anchors float64, viaPipeline bool, res []rl.ScenarioResult, cells []rl.SweepCell) error {
 	doc := map[string]any{
 		"cost_model": cfg.Costs, "seeds": seeds, "steps": cfg.Steps, "groups": cfg.Groups, "group_size": cfg.GroupSize,
-		"anchor_fraction": cfg.AnchorFraction, "anchor_groups_per_step": anchors, "policy": cfg.Policy, "tasks": cfg.Tasks,
+		"anchor_fraction": cfg.AnchorFraction, "anchor_groups_per_step": anchors, "anchor_rounding": cfg.AnchorRounding, "policy": cfg.Policy, "tasks": cfg.Tasks,
 		"optimizer": cfg.Optimizer, "lr": cfg.EffectiveLR(), "sweep": cells, "via_pipeline": viaPipeline,
 		"debiaser": cfg.Debiaser.Effective(),
 	}

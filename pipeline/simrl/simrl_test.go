@@ -6,6 +6,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/sim/rl"
 	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/route"
 )
 
 // TestPipelineGivesTheCoreNumbers trains the same seeds through the core
@@ -15,7 +16,8 @@ import (
 // grpo-anchors on a step of two groups), none (wm), anchors without
 // corrections, the out-of-sample default and the in-sample reference
 // estimator, and both maps before the first fit (the default flat one,
-// which travels as a one-threshold map, and the reference's identity).
+// which travels as a one-threshold map, and the reference's identity);
+// and spread rounding, where a step's anchor count varies with the step.
 func TestPipelineGivesTheCoreNumbers(t *testing.T) {
 	cfg := rl.DefaultConfig()
 	cfg.Steps = 30 // past the warm-ups of the map (200 pairs: 13 steps) and of rho (32 anchor groups: 16 steps)
@@ -23,13 +25,17 @@ func TestPipelineGivesTheCoreNumbers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct{ name, beforeFit string }{
-		{"grpo", ""}, {"grpo-anchors", ""}, {"wm", ""}, {"anchor", ""}, {"wmrl", ""}, {"wmrl-reference", ""},
-		{"wmrl", calibrate.BeforeFitIdentity},
+	for _, tc := range []struct{ name, beforeFit, rounding string }{
+		{"grpo", "", ""}, {"grpo-anchors", "", ""}, {"wm", "", ""}, {"anchor", "", ""}, {"wmrl", "", ""}, {"wmrl-reference", "", ""},
+		{"wmrl", calibrate.BeforeFitIdentity, ""},
+		{"wmrl", "", route.RoundSpread}, {"grpo-anchors", "", route.RoundSpread},
 	} {
 		name, m, label := tc.name, rl.Methods[methodIndex(t, tc.name)], tc.name
 		if tc.beforeFit != "" {
 			label += "/before-fit=" + tc.beforeFit
+		}
+		if tc.rounding != "" {
+			label += "/rounding=" + tc.rounding
 		}
 		t.Run(label, func(t *testing.T) {
 			cfg := cfg
@@ -37,6 +43,7 @@ func TestPipelineGivesTheCoreNumbers(t *testing.T) {
 			if tc.beforeFit != "" {
 				cfg.Debiaser.BeforeFit = tc.beforeFit
 			}
+			cfg.AnchorRounding = tc.rounding
 			core, err := rl.Train(cfg, sc, m)
 			if err != nil {
 				t.Fatal(err)

@@ -22,6 +22,7 @@ type Settings struct {
 	Denoiser       fuse.DenoiserConfig      `json:"denoiser"`
 	AnchorFraction float64                  `json:"anchor_fraction"`
 	AnchorMin      int                      `json:"anchor_min"`
+	AnchorRounding string                   `json:"anchor_rounding,omitempty"`
 }
 
 // ReadSettings returns the settings recorded in a file.

@@ -18,8 +18,11 @@ var ErrConfig = errors.New("route: invalid config")
 // SchedulerConfig sets the anchor share.
 type SchedulerConfig struct {
 	// Fraction of a step's groups to execute (0.10 in the paper; the
-	// released cluster configs use 0.25). Rounded half to even.
+	// released cluster configs use 0.25), made a whole count as Rounding
+	// says.
 	Fraction float64 `json:"fraction"`
+	// Rounding: RoundEven ("" too) or RoundSpread.
+	Rounding string `json:"rounding,omitempty"`
 	// MinPerStep: at least this many anchor groups per step (within the cap).
 	MinPerStep int `json:"min_per_step"`
 	// MaxInFlight caps executions in flight, in groups; 0 = no cap. The cap
@@ -32,6 +35,23 @@ type SchedulerConfig struct {
 // DefaultFraction is the paper's anchor share.
 const DefaultFraction = 0.10
 
+// How a step's share f*n of its n groups becomes a whole count.
+const (
+	// RoundEven rounds each step's f*n half to even, as the reference does:
+	// 0.10 of 16 groups executes 2 (12.5%) every step.
+	RoundEven = "even"
+	// RoundSpread spreads the fraction over the steps: step k executes
+	// floor(f*n*(k+1) + phase) - floor(f*n*k + phase) groups, the phase
+	// drawn from the seed and the run. Any run of consecutive steps with n
+	// groups each executes f of their groups to within one group (0.10 of
+	// 16: 1 or 2 a step, 1.6 on average), and the count of a step still
+	// depends on nothing but the seed, the run, the step and n.
+	RoundSpread = "spread"
+)
+
+// Roundings lists the accepted Rounding values.
+var Roundings = []string{RoundEven, RoundSpread}
+
 // Validate reports the first invalid field.
 func (c SchedulerConfig) Validate() error {
 	switch {
@@ -41,6 +61,8 @@ func (c SchedulerConfig) Validate() error {
 		return fmt.Errorf("%w: min_per_step %d < 0", ErrConfig, c.MinPerStep)
 	case c.MaxInFlight < 0:
 		return fmt.Errorf("%w: max_in_flight %d < 0", ErrConfig, c.MaxInFlight)
+	case c.Rounding != "" && !slices.Contains(Roundings, c.Rounding):
+		return fmt.Errorf("%w: rounding %q: want one of %v", ErrConfig, c.Rounding, Roundings)
 	}
 	return nil
 }
@@ -62,7 +84,7 @@ type Decision struct {
 
 // Selection is a step's choice.
 type Selection struct {
-	Want      int        `json:"want"`   // max(min, round(f*n)), at most n
+	Want      int        `json:"want"`   // max(min, f*n made whole), at most n
 	Chosen    int        `json:"chosen"` // after the in-flight cap
 	Decisions []Decision `json:"decisions"`
 }
@@ -89,17 +111,30 @@ func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
 	return &Scheduler{cfg: cfg}, nil
 }
 
-// Count is the number of anchors wanted for n groups with inFlight groups
-// already executing: want = max(min, round_half_even(f*n)), at most n, then
-// at most max(0, cap - inFlight).
-func (s *Scheduler) Count(n, inFlight int) (want, chosen int) {
-	want = max(s.cfg.MinPerStep, int(math.RoundToEven(s.cfg.Fraction*float64(n))))
+// Count is the number of anchors wanted for a step of n groups with
+// inFlight groups already executing: want = max(min, f*n made whole as
+// Rounding says), at most n, then at most max(0, cap - inFlight).
+func (s *Scheduler) Count(run string, step int64, n, inFlight int) (want, chosen int) {
+	want = max(s.cfg.MinPerStep, s.share(run, step, n))
 	want = min(want, n)
 	chosen = want
 	if s.cfg.MaxInFlight > 0 {
 		chosen = min(chosen, max(0, s.cfg.MaxInFlight-inFlight))
 	}
 	return want, chosen
+}
+
+// share is f*n made whole.
+func (s *Scheduler) share(run string, step int64, n int) int {
+	a := s.cfg.Fraction * float64(n)
+	if s.cfg.Rounding != RoundSpread {
+		return int(math.RoundToEven(a))
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s\x00phase", run)
+	phase := rand.New(rand.NewPCG(s.cfg.Seed, h.Sum64())).Float64()
+	k := float64(step)
+	return int(math.Floor(a*(k+1)+phase) - math.Floor(a*k+phase))
 }
 
 // Select chooses whole groups uniformly without replacement. The draw
@@ -109,7 +144,7 @@ func (s *Scheduler) Count(n, inFlight int) (want, chosen int) {
 func (s *Scheduler) Select(run string, step int64, groupIDs []string, inFlight int) Selection {
 	ids := slices.Clone(groupIDs)
 	slices.Sort(ids)
-	want, chosen := s.Count(len(ids), inFlight)
+	want, chosen := s.Count(run, step, len(ids), inFlight)
 	sel := Selection{Want: want, Chosen: chosen, Decisions: make([]Decision, len(ids))}
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%s\x00%d", run, step)

@@ -161,20 +161,39 @@ func Run(o Options) ([]ScenarioResult, error) {
 // read off the end of a shorter run. Its numbers at equal steps are still
 // read at cfg.Steps.
 func horizons(cfg Config, ms []Method) ([]int, error) {
-	budget, err := StepCost(cfg, Methods[index(Methods, "wmrl")])
+	spent := func(m Method, steps int) (float64, error) {
+		total := 0.0
+		for step := range steps {
+			c, err := StepCost(cfg, m, step)
+			if err != nil {
+				return 0, err
+			}
+			total += c
+		}
+		return total, nil
+	}
+	budget, err := spent(Methods[index(Methods, "wmrl")], cfg.Steps)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]int, len(ms))
 	for i, m := range ms {
-		c, err := StepCost(cfg, m)
+		total, err := spent(m, cfg.Steps)
 		if err != nil {
 			return nil, err
 		}
-		out[i] = cfg.Steps
-		if c > 0 && c < budget {
-			out[i] = int(math.Ceil(float64(cfg.Steps) * budget / c))
+		steps := cfg.Steps
+		for ; total < budget; steps++ {
+			c, err := StepCost(cfg, m, steps)
+			if err != nil {
+				return nil, err
+			}
+			if c <= 0 {
+				break
+			}
+			total += c
 		}
+		out[i] = steps
 	}
 	return out, nil
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/route"
 )
 
 // run trains the named methods on 8 fixed seeds of one scenario.
@@ -138,50 +139,76 @@ func TestSpearmanHandlesTies(t *testing.T) {
 	}
 }
 
-func TestAnchorGroupsRoundsHalfToEven(t *testing.T) {
+func TestAnchorGroupsRoundsHalfToEvenOrSpreads(t *testing.T) {
 	for _, tc := range []struct {
 		groups   int
 		fraction float64
-		want     int
+		rounding string
+		want     float64
 	}{
-		{16, 0.10, 2}, // 1.6
-		{20, 0.10, 2}, // 2.0: the fraction realised exactly
-		{25, 0.10, 2}, // 2.5 rounds to even
-		{35, 0.10, 4}, // 3.5 rounds to even
-		{4, 0.10, 1},  // 0.4, raised to the minimum of one
+		{16, 0.10, "", 2},                  // 1.6
+		{20, 0.10, "", 2},                  // 2.0: the fraction realised exactly
+		{25, 0.10, route.RoundEven, 2},     // 2.5 rounds to even
+		{35, 0.10, "", 4},                  // 3.5 rounds to even
+		{4, 0.10, "", 1},                   // 0.4, raised to the minimum of one
+		{16, 0.10, route.RoundSpread, 1.6}, // 1 or 2 a step: 480 in 300 steps
+		{25, 0.10, route.RoundSpread, 2.5},
+		{4, 0.10, route.RoundSpread, 1}, // the minimum still holds
 	} {
 		cfg := DefaultConfig()
-		cfg.Groups, cfg.AnchorFraction = tc.groups, tc.fraction
+		cfg.Groups, cfg.AnchorFraction, cfg.AnchorRounding = tc.groups, tc.fraction, tc.rounding
 		got, err := cfg.AnchorGroups()
 		if err != nil || got != tc.want {
-			t.Errorf("%d groups at %v: %d anchor groups (err %v), want %d", tc.groups, tc.fraction, got, err, tc.want)
+			t.Errorf("%d groups at %v, rounding %q: %v anchor groups a step (err %v), want %v", tc.groups, tc.fraction, tc.rounding, got, err, tc.want)
 		}
+	}
+	cfg := DefaultConfig()
+	cfg.AnchorRounding = "up"
+	if _, err := cfg.AnchorGroups(); err == nil || !strings.Contains(err.Error(), `rounding "up"`) {
+		t.Errorf("rounding \"up\": %v", err)
 	}
 }
 
-// Every method's curve costs what StepCost says a step costs, and
-// grpo-anchors draws and executes as many groups a step as wmrl executes.
+// Every method's curve costs what StepCost says its steps cost, and
+// grpo-anchors draws and executes as many groups a step as wmrl executes,
+// with either rounding.
 func TestStepCostIsWhatTrainingSpends(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Steps, cfg.Seed = 5, 1000
-	sc, _ := ScenarioByName("monotone")
-	for _, m := range Methods {
-		per, err := StepCost(cfg, m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		curve, err := Train(cfg, sc, m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, executed, _ := StepShape(cfg, m)
-		for i, p := range curve {
-			if p.Cost != per*float64(i+1) || p.Executions != executed*cfg.GroupSize*(i+1) {
-				t.Fatalf("%s step %d: cost %v and %d executions; StepCost gives %v, StepShape %d", m.Name, p.Step, p.Cost, p.Executions, per*float64(i+1), executed*cfg.GroupSize*(i+1))
+	for _, rounding := range route.Roundings {
+		cfg := DefaultConfig()
+		cfg.Steps, cfg.Seed, cfg.AnchorRounding = 6, 1000, rounding
+		sc, _ := ScenarioByName("monotone")
+		anchorsSeen := map[int]bool{}
+		for _, m := range Methods {
+			curve, err := Train(cfg, sc, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cost, execs := 0.0, 0
+			for i, p := range curve {
+				per, err := StepCost(cfg, m, i)
+				if err != nil {
+					t.Fatal(err)
+				}
+				groups, executed, _ := StepShape(cfg, m, i)
+				cost, execs = cost+per, execs+executed*cfg.GroupSize
+				if p.Cost != cost || p.Executions != execs {
+					t.Fatalf("%s, %s step %d: cost %v and %d executions; StepCost gives %v, StepShape %d", rounding, m.Name, p.Step, p.Cost, p.Executions, cost, execs)
+				}
+				if m.Name == "grpo-anchors" {
+					_, wmrlExecuted, _ := StepShape(cfg, Methods[index(Methods, "wmrl")], i)
+					if groups != wmrlExecuted || executed != groups {
+						t.Fatalf("%s step %d: grpo-anchors draws %d groups and executes %d; wmrl executes %d", rounding, i, groups, executed, wmrlExecuted)
+					}
+					anchorsSeen[groups] = true
+				}
 			}
 		}
+		if want := map[string]int{route.RoundEven: 1, route.RoundSpread: 2}[rounding]; len(anchorsSeen) != want {
+			t.Errorf("%s: grpo-anchors drew %v groups a step; want %d different counts", rounding, anchorsSeen, want)
+		}
 	}
-	ga, _ := StepCost(cfg, Methods[index(Methods, "grpo-anchors")])
+	cfg := DefaultConfig()
+	ga, _ := StepCost(cfg, Methods[index(Methods, "grpo-anchors")], 0)
 	if want := float64(2*8) * (cfg.Costs.Generate + cfg.Costs.Execute); ga != want {
 		t.Errorf("grpo-anchors: %v a step, want two groups of 8 generated and executed (%v)", ga, want)
 	}
@@ -191,8 +218,14 @@ func TestStepCostIsWhatTrainingSpends(t *testing.T) {
 // wmrl spends, so the reward they reach at wmrl's cost is measured inside
 // their curve; at equal steps they are still read at cfg.Steps.
 func TestCheaperMethodsTrainToWmrlsCost(t *testing.T) {
+	for _, rounding := range route.Roundings {
+		t.Run(rounding, func(t *testing.T) { testCheaperMethodsTrainToWmrlsCost(t, rounding) })
+	}
+}
+
+func testCheaperMethodsTrainToWmrlsCost(t *testing.T, rounding string) {
 	cfg := DefaultConfig()
-	cfg.Steps = 40
+	cfg.Steps, cfg.AnchorRounding = 40, rounding
 	sc, _ := ScenarioByName("monotone")
 	ms := []Method{Methods[index(Methods, "grpo")], Methods[index(Methods, "grpo-anchors")], Methods[index(Methods, "wm")], Methods[index(Methods, "wmrl")]}
 	res, err := Run(Options{Config: cfg, Seeds: 2, Scenarios: []Scenario{sc}, Methods: ms})
@@ -203,12 +236,17 @@ func TestCheaperMethodsTrainToWmrlsCost(t *testing.T) {
 	budget := r.Methods["wmrl"].Cost
 	for _, name := range []string{"grpo-anchors", "wm"} {
 		m := r.Methods[name]
-		per, _ := StepCost(cfg, Methods[index(Methods, name)])
-		if m.Cost != per*float64(cfg.Steps) {
-			t.Errorf("%s: cost at equal steps %v, want %v", name, m.Cost, per*float64(cfg.Steps))
+		atSteps := 0.0
+		for step := range cfg.Steps {
+			c, _ := StepCost(cfg, Methods[index(Methods, name)], step)
+			atSteps += c
+		}
+		if m.Cost != atSteps {
+			t.Errorf("%s: cost at equal steps %v, want %v", name, m.Cost, atSteps)
 		}
 		end := m.Curve[len(m.Curve)-1]
-		if end.Cost < budget || end.Cost-per >= budget {
+		last, _ := StepCost(cfg, Methods[index(Methods, name)], len(m.Curve)-1)
+		if end.Cost < budget || end.Cost-last >= budget {
 			t.Errorf("%s trained to cost %v; want the first step at or past wmrl's %v", name, end.Cost, budget)
 		}
 		if m.EqualCostReward.Mean == m.FinalReward {

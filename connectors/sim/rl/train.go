@@ -60,7 +60,10 @@ type Config struct {
 	LR                float64 // 0: the optimizer's default (DefaultLR)
 	Optimizer         Optimizer
 	AnchorFraction    float64
-	Policy            Policy
+	// AnchorRounding: how AnchorFraction of a step's groups becomes a
+	// whole count (route.RoundEven, the default, or route.RoundSpread).
+	AnchorRounding string
+	Policy         Policy
 	// TaskFeatures is how many observable features a task has under the
 	// shared policy (they also shape the true qualities); 0: DefaultTaskFeatures.
 	TaskFeatures int
@@ -257,7 +260,7 @@ func GroupID(step, g int) string { return fmt.Sprintf("s%d-g%03d", step, g) }
 // SchedulerConfig is the anchor choice of a method: every group for grpo,
 // none for wm, else cfg.AnchorFraction with at least one per step.
 func SchedulerConfig(cfg Config, m Method) route.SchedulerConfig {
-	sc := route.SchedulerConfig{Fraction: cfg.AnchorFraction, MinPerStep: 1, Seed: cfg.Seed}
+	sc := route.SchedulerConfig{Fraction: cfg.AnchorFraction, Rounding: cfg.AnchorRounding, MinPerStep: 1, Seed: cfg.Seed}
 	switch {
 	case m.ExecuteAll:
 		sc.Fraction = 1
@@ -267,22 +270,38 @@ func SchedulerConfig(cfg Config, m Method) route.SchedulerConfig {
 	return sc
 }
 
-// AnchorGroups is how many of a step's groups the anchored methods
-// execute: round_half_even(AnchorFraction * Groups), at least one, so the
-// realised share can differ from AnchorFraction (2 of 16 for 0.10).
-func (cfg Config) AnchorGroups() (int, error) {
+// anchorsAt is how many of step's groups the anchored methods execute:
+// AnchorFraction * Groups made whole as AnchorRounding says, at least one.
+// Rounded half to even (the default) it is the same every step and can
+// differ from the fraction (2 of 16 for 0.10); spread, it varies by one
+// between steps and averages the fraction.
+func (cfg Config) anchorsAt(step int) (int, error) {
 	sched, err := route.NewScheduler(SchedulerConfig(cfg, Method{}))
 	if err != nil {
 		return 0, err
 	}
-	_, n := sched.Count(cfg.Groups, 0)
+	_, n := sched.Count(RunName, int64(step), cfg.Groups, 0)
 	return n, nil
 }
 
-// StepShape is what one step of method m draws: groups, and how many of
-// them are executed; its cost follows from them (StepCost).
-func StepShape(cfg Config, m Method) (groups, executed int, err error) {
-	anchors, err := cfg.AnchorGroups()
+// AnchorGroups is the mean number of a step's groups the anchored methods
+// execute, over cfg.Steps steps.
+func (cfg Config) AnchorGroups() (float64, error) {
+	total := 0
+	for step := range max(cfg.Steps, 1) {
+		n, err := cfg.anchorsAt(step)
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return float64(total) / float64(max(cfg.Steps, 1)), nil
+}
+
+// StepShape is what step `step` of method m draws: groups, and how many
+// of them are executed; its cost follows from them (StepCost).
+func StepShape(cfg Config, m Method, step int) (groups, executed int, err error) {
+	anchors, err := cfg.anchorsAt(step)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -297,11 +316,11 @@ func StepShape(cfg Config, m Method) (groups, executed int, err error) {
 	return cfg.Groups, anchors, nil
 }
 
-// StepCost is the cost of one step of method m: a generation for every
+// StepCost is the cost of step `step` of method m: a generation for every
 // trajectory, a world-model call for every one unless every group is
 // executed, and an execution for every trajectory of an executed group.
-func StepCost(cfg Config, m Method) (float64, error) {
-	groups, executed, err := StepShape(cfg, m)
+func StepCost(cfg Config, m Method, step int) (float64, error) {
+	groups, executed, err := StepShape(cfg, m, step)
 	if err != nil {
 		return 0, err
 	}
@@ -419,11 +438,6 @@ func Train(cfg Config, sc Scenario, m Method) ([]Point, error) {
 // cfg.Seed and the trajectory's place (step, group, index), so methods on
 // one seed are paired and the rewarders agree whatever order they score in.
 func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curve []Point, err error) {
-	if m.AnchorGroupsOnly {
-		if cfg.Groups, _, err = StepShape(cfg, m); err != nil {
-			return nil, err
-		}
-	}
 	if cfg.Policy != "" && !slices.Contains(Policies, cfg.Policy) {
 		return nil, fmt.Errorf("rl: unknown policy %q (have %v)", cfg.Policy, Policies)
 	}
@@ -449,7 +463,11 @@ func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curv
 	pr := make([]float64, cfg.Styles)
 	grad := make([]float64, len(pol.theta))
 	for step := 0; step < cfg.Steps; step++ {
-		groups := make([][]Traj, cfg.Groups)
+		ng, _, err := StepShape(cfg, m, step)
+		if err != nil {
+			return nil, err
+		}
+		groups := make([][]Traj, ng)
 		for g := range groups {
 			t := sampler.IntN(cfg.Tasks)
 			pr = pol.probs(t, pr)
@@ -468,10 +486,10 @@ func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curv
 				executed++
 			}
 		}
-		cost += cfg.stepCost(m, cfg.Groups, executed)
+		cost += cfg.stepCost(m, ng, executed)
 		execs += executed * G
 		// Policy gradient: the step mean of fused_i * grad log pi(style_i | task_i).
-		n := float64(cfg.Groups * G)
+		n := float64(ng * G)
 		clear(grad)
 		for g := range groups {
 			t := groups[g][0].Task
