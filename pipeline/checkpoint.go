@@ -48,7 +48,11 @@ type storedCheckpoint[T any] struct {
 
 // loadCheckpoint reads stage's checkpoint for the run; ok is false when
 // there is none. One made from another stream is an error naming the key.
+// A bucket that does not answer yet (a fresh cluster) is waited for up to
+// StartupWait.
 func loadCheckpoint[T any](ctx context.Context, p *Pipeline, stage string) (store *natsjs.StateStore, cp T, ok bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartupWait)
+	defer cancel()
 	if store, err = p.stateStore(ctx); err != nil {
 		return nil, cp, false, err
 	}

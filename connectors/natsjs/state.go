@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -21,12 +22,16 @@ type StateStore struct {
 // single server), creating it (file-backed, one value per key) if it does
 // not exist and setting an existing one's replica count.
 func OpenStateStore(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (*StateStore, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      bucket,
-		Description: "wmrl stage checkpoints",
-		History:     1,
-		Storage:     jetstream.FileStorage,
-		Replicas:    max(replicas, 1),
+	var kv jetstream.KeyValue
+	err := untilAnswered(ctx, func(ctx context.Context) (err error) {
+		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      bucket,
+			Description: "wmrl stage checkpoints",
+			History:     1,
+			Storage:     jetstream.FileStorage,
+			Replicas:    max(replicas, 1),
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: state bucket %s: %w", bucket, err)
@@ -34,9 +39,16 @@ func OpenStateStore(ctx context.Context, js jetstream.JetStream, bucket string, 
 	return &StateStore{kv: kv}, nil
 }
 
-// Load decodes key's value into v; ok is false when the key has none.
+// Load decodes key's value into v; ok is false when the key has none. A
+// bucket that cannot answer for the moment (no server of it responding, as
+// in a fresh cluster or while its only server restarts; a lost connection)
+// is waited for, up to ctx.
 func (s *StateStore) Load(ctx context.Context, key string, v any) (ok bool, err error) {
-	e, err := s.kv.Get(ctx, key)
+	var e jetstream.KeyValueEntry
+	err = untilAnswered(ctx, func(ctx context.Context) (err error) {
+		e, err = s.kv.Get(ctx, key)
+		return err
+	})
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return false, nil
 	}
@@ -49,14 +61,44 @@ func (s *StateStore) Load(ctx context.Context, key string, v any) (ok bool, err 
 	return true, nil
 }
 
-// Save stores v as key's value; it returns once the server has stored it.
+// Save stores v as key's value; it returns once the server has stored it,
+// waiting up to ctx for a bucket that cannot answer for the moment.
 func (s *StateStore) Save(ctx context.Context, key string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("natsjs: save %s: %w", key, err)
 	}
-	if _, err := s.kv.Put(ctx, key, b); err != nil {
+	if err := untilAnswered(ctx, func(ctx context.Context) error {
+		_, err := s.kv.Put(ctx, key, b) // the same value again: harmless
+		return err
+	}); err != nil {
 		return fmt.Errorf("natsjs: save %s (%d bytes): %w", key, len(b), err)
 	}
 	return nil
+}
+
+// stateAttempt bounds one request of the store, so that a reply lost with
+// a server does not hold the caller until its own deadline.
+const stateAttempt = 5 * time.Second
+
+// untilAnswered runs op, each time with stateAttempt to answer, until it
+// returns nil or an error that asking again cannot fix, or ctx ends (the
+// last error then says what it waited for).
+func untilAnswered(ctx context.Context, op func(context.Context) error) error {
+	wait := 50 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, stateAttempt)
+		err := op(actx)
+		cancel()
+		unanswered := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
+		if err == nil || !unanswered && !retryable(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (gave up: %v)", err, context.Cause(ctx))
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
 }

@@ -2,11 +2,15 @@ package natsjs
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
 )
 
 // A checkpoint is read back as saved, from a server restarted on the same
@@ -61,5 +65,81 @@ func TestStateStoreSurvivesARestart(t *testing.T) {
 	err = st.Save(ctx, "run.fuse", doc{Pairs: make([]float64, 4_500_000)}) // 9 MB of "0,": past the embedded server's 8 MB payload limit
 	if err == nil || !strings.Contains(err.Error(), "run.fuse") || !strings.Contains(err.Error(), "bytes") {
 		t.Errorf("an oversized value gives %v; want an error naming the key and its size", err)
+	}
+}
+
+// A checkpoint bucket whose server is down for a moment (here the one
+// server of a one-replica bucket; in a fresh cluster, a bucket whose
+// replicas have not started answering yet) answers "no responders": Load
+// and Save wait for it, up to their context, instead of failing the
+// stage that asked.
+func TestStateStoreWaitsForItsBucketsServer(t *testing.T) {
+	nodes, urls := natstest.Start(t, natstest.Options(t, "state", 3))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	setup, err := nats.Connect(urls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer setup.Close()
+	sjs, _ := jetstream.New(setup)
+	if _, err := OpenStateStore(ctx, sjs, "WAIT_STATE", 1); err != nil {
+		t.Fatal(err)
+	}
+	holder := natstest.Named(t, nodes, natstest.StreamLeader(t, sjs, "KV_WAIT_STATE"))
+	var other *natstest.Node
+	for _, n := range nodes {
+		if n != holder {
+			other = n
+		}
+	}
+	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", other.Opts.Port), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	st, err := OpenStateStore(ctx, js, "WAIT_STATE", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Save(ctx, "run.fuse", map[string]int{"seq": 3}); err != nil {
+		t.Fatal(err)
+	}
+
+	holder.Stop()
+	back := make(chan struct{})
+	go func() {
+		time.Sleep(2 * time.Second)
+		holder.Start(t)
+		close(back)
+	}()
+	var got map[string]int
+	ok, err := st.Load(ctx, "run.fuse", &got)
+	if !ok || err != nil || got["seq"] != 3 {
+		t.Fatalf("load while the bucket's server was down: ok %v, err %v, %v; want {seq: 3} once it is back", ok, err, got)
+	}
+	select {
+	case <-back:
+	default:
+		t.Fatal("the load returned before the bucket's server was back")
+	}
+	holder.Stop()
+	go func() {
+		time.Sleep(2 * time.Second)
+		holder.Start(t)
+	}()
+	if err := st.Save(ctx, "run.fuse", map[string]int{"seq": 4}); err != nil {
+		t.Fatalf("save while the bucket's server was down: %v", err)
+	}
+	if ok, err := st.Load(ctx, "run.fuse", &got); !ok || err != nil || got["seq"] != 4 {
+		t.Fatalf("after the save: ok %v, err %v, %v; want {seq: 4}", ok, err, got)
+	}
+	// Waiting ends with the context, and says why.
+	holder.Stop()
+	short, cancelShort := context.WithTimeout(ctx, time.Second)
+	defer cancelShort()
+	if _, err := st.Load(short, "run.fuse", &got); err == nil || !strings.Contains(err.Error(), "run.fuse") {
+		t.Fatalf("load with the server gone for good: %v; want an error naming the key", err)
 	}
 }
