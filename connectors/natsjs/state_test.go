@@ -107,13 +107,19 @@ func TestStateStoreWaitsForItsBucketsServer(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	holder.Stop()
-	back := make(chan struct{})
-	go func() {
-		time.Sleep(2 * time.Second)
-		holder.Start(t)
-		close(back)
-	}()
+	// outage stops the holder and starts it again 2 s later; the channel
+	// closes once it is back.
+	outage := func() <-chan struct{} {
+		holder.Stop()
+		back := make(chan struct{})
+		go func() {
+			defer close(back)
+			time.Sleep(2 * time.Second)
+			holder.Start(t)
+		}()
+		return back
+	}
+	back := outage()
 	var got map[string]int
 	ok, err := st.Load(ctx, "run.fuse", &got)
 	if !ok || err != nil || got["seq"] != 3 {
@@ -124,14 +130,11 @@ func TestStateStoreWaitsForItsBucketsServer(t *testing.T) {
 	default:
 		t.Fatal("the load returned before the bucket's server was back")
 	}
-	holder.Stop()
-	go func() {
-		time.Sleep(2 * time.Second)
-		holder.Start(t)
-	}()
+	back = outage()
 	if err := st.Save(ctx, "run.fuse", map[string]int{"seq": 4}); err != nil {
 		t.Fatalf("save while the bucket's server was down: %v", err)
 	}
+	<-back
 	if ok, err := st.Load(ctx, "run.fuse", &got); !ok || err != nil || got["seq"] != 4 {
 		t.Fatalf("after the save: ok %v, err %v, %v; want {seq: 4}", ok, err, got)
 	}
