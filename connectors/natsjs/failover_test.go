@@ -278,3 +278,64 @@ func TestReaderRetriesUntilItsConsumerCanBeMadeAgain(t *testing.T) {
 		t.Fatalf("after the stream came back: seq %d %q, want seq 6, the first after the last read", rec.Seq, rec.Data)
 	}
 }
+
+// A subscriber and a reader started while the cluster has just lost the
+// server that makes their consumers (the JetStream meta leader) wait for
+// the next one instead of failing or hanging: a stage process starting as
+// a server goes down starts all the same. Without the retries the
+// subscriber's request went unanswered until the test's deadline.
+func TestSubscribeWaitsForTheClustersNextMetaLeader(t *testing.T) {
+	nodes, _, js, ctx := replicatedStream(t, "METALOSS", "ml.>")
+	if _, err := js.Publish(ctx, "ml.a", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	leader := natstest.MetaLeader(t, nodes)
+	var urls []string
+	for _, n := range nodes {
+		if n != leader {
+			urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", n.Opts.Port))
+		}
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	sub, err := NewSubscriber(SubscriberConfig{Conn: nc, Stream: func(string) jetstream.StreamConfig {
+		return jetstream.StreamConfig{Name: "METALOSS", Subjects: []string{"ml.>"}, Storage: jetstream.FileStorage, Replicas: 3, Duplicates: 10 * time.Minute}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	js2, _ := jetstream.New(nc)
+	leader.Stop()
+	read := make(chan error, 1)
+	go func() {
+		r, err := NewReader(ctx, js2, "METALOSS", "ml.a", false)
+		if err == nil {
+			var rec Record
+			if rec, err = r.Next(ctx); err == nil && string(rec.Data) != "x" {
+				err = fmt.Errorf("read %q, want the stored x", rec.Data)
+			}
+			r.Close()
+		}
+		read <- err
+	}()
+	msgs, err := sub.Subscribe(ctx, "ml.a")
+	if err != nil {
+		t.Fatalf("subscribe just after the meta leader's loss: %v", err)
+	}
+	if err := <-read; err != nil {
+		t.Fatalf("a reader opened just after the meta leader's loss: %v", err)
+	}
+	select {
+	case m := <-msgs:
+		m.Ack()
+		if string(m.Payload) != "x" {
+			t.Fatalf("got %q, want the stored x", m.Payload)
+		}
+	case <-ctx.Done():
+		t.Fatal("no message after the meta leader's loss")
+	}
+}

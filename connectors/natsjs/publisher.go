@@ -165,10 +165,14 @@ func (p *Publisher) noStream(topic string, deadline time.Time) error {
 // later gets its PubAck.
 const errMsgIDInProcess jetstream.ErrorCode = 10158
 
+// errClusterNotAvailable: "JetStream system temporarily unavailable", as a
+// cluster answers while it elects a meta leader.
+const errClusterNotAvailable jetstream.ErrorCode = 10008
+
 // retryable errors are those of a message that may not have reached a
 // stream leader: sending it again can store it.
 func retryable(err error) bool {
-	if apiErr, ok := errors.AsType[*jetstream.APIError](err); ok && apiErr.ErrorCode == errMsgIDInProcess {
+	if apiErr, ok := errors.AsType[*jetstream.APIError](err); ok && (apiErr.ErrorCode == errMsgIDInProcess || apiErr.ErrorCode == errClusterNotAvailable) {
 		return true
 	}
 	for _, e := range []error{jetstream.ErrAsyncPublishTimeout, jetstream.ErrNoStreamResponse, nats.ErrNoResponders,

@@ -43,21 +43,34 @@ type Reader struct {
 }
 
 // NewReader opens a reader on subject in stream. headersOnly skips payloads
-// (for scans that need only the message IDs).
+// (for scans that need only the message IDs). A cluster that cannot answer
+// for the moment (a lost server, a meta leader being elected) is asked
+// again for up to ReaderSetUpWait.
 func NewReader(ctx context.Context, js jetstream.JetStream, stream, subject string, headersOnly bool) (*Reader, error) {
 	r := &Reader{js: js, stream: stream, subject: subject, headersOnly: headersOnly}
-	cons, err := r.open(ctx)
-	if err != nil {
+	setUp, cancel := context.WithTimeout(ctx, ReaderSetUpWait)
+	defer cancel()
+	var cons jetstream.Consumer
+	if err := untilAnswered(setUp, func(ctx context.Context) (err error) {
+		cons, err = r.open(ctx)
+		return err
+	}); err != nil {
 		return nil, err
 	}
-	info, err := cons.Info(ctx)
-	if err != nil {
+	var info *jetstream.ConsumerInfo
+	if err := untilAnswered(setUp, func(ctx context.Context) (err error) {
+		info, err = cons.Info(ctx)
+		return err
+	}); err != nil {
 		r.Close()
 		return nil, fmt.Errorf("natsjs: read %s: %w", subject, err)
 	}
 	r.Backlog = info.NumPending
 	return r, nil
 }
+
+// ReaderSetUpWait bounds how long NewReader asks again.
+const ReaderSetUpWait = time.Minute
 
 // open makes the ordered consumer, starting at r.next.
 func (r *Reader) open(ctx context.Context) (jetstream.Consumer, error) {

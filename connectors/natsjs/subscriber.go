@@ -46,6 +46,10 @@ type SubscriberConfig struct {
 	NakDelay func(deliveries uint64) time.Duration
 	// Logger for transient errors (default: none).
 	Logger watermill.LoggerAdapter
+	// SetUpWait bounds how long Subscribe keeps asking a cluster that
+	// cannot answer for the moment (a lost server's requests, a meta leader
+	// being elected) to set up the stream and the consumer (default 1m).
+	SetUpWait time.Duration
 }
 
 func (c *SubscriberConfig) setDefaults() {
@@ -69,6 +73,9 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
+	}
+	if c.SetUpWait == 0 {
+		c.SetUpWait = time.Minute
 	}
 }
 
@@ -141,18 +148,27 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, ErrClosed
 	default:
 	}
-	stream, err := s.prov.ensure(ctx, topic)
-	if err != nil {
+	setUp, cancel := context.WithTimeout(ctx, s.cfg.SetUpWait)
+	defer cancel()
+	var stream string
+	if err := untilAnswered(setUp, func(ctx context.Context) (err error) {
+		stream, err = s.prov.ensure(ctx, topic)
+		return err
+	}); err != nil {
 		return nil, err
 	}
-	cons, err := s.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
-		Durable:       s.Durable(topic),
-		FilterSubject: topic,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       s.cfg.AckWait,
-		MaxAckPending: s.cfg.MaxAckPending,
-		MaxDeliver:    -1,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
+	var cons jetstream.Consumer
+	err := untilAnswered(setUp, func(ctx context.Context) (err error) {
+		cons, err = s.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
+			Durable:       s.Durable(topic),
+			FilterSubject: topic,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       s.cfg.AckWait,
+			MaxAckPending: s.cfg.MaxAckPending,
+			MaxDeliver:    -1,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: consumer %s on %s: %w", s.Durable(topic), topic, err)

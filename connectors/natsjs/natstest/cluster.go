@@ -50,6 +50,24 @@ func (n *Node) Stop() {
 	}
 }
 
+// MetaLeader waits until one running node leads the cluster's JetStream
+// meta layer (where streams and consumers are made) and returns it.
+func MetaLeader(t testing.TB, nodes []*Node) *Node {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		for _, n := range nodes {
+			if n.srv != nil && n.srv.JetStreamIsLeader() {
+				return n
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no node leads the JetStream meta layer after a minute")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // FreePort is a TCP port on 127.0.0.1 nothing listens on now.
 func FreePort(t testing.TB) int {
 	t.Helper()
