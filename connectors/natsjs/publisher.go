@@ -160,30 +160,6 @@ func (p *Publisher) noStream(topic string, deadline time.Time) error {
 	return nil
 }
 
-// errMsgIDInProcess: the stream is still proposing an earlier send of the
-// same Msg-Id to its replicas (a slow or changing leader); asking again
-// later gets its PubAck.
-const errMsgIDInProcess jetstream.ErrorCode = 10158
-
-// errClusterNotAvailable: "JetStream system temporarily unavailable", as a
-// cluster answers while it elects a meta leader.
-const errClusterNotAvailable jetstream.ErrorCode = 10008
-
-// retryable errors are those of a message that may not have reached a
-// stream leader: sending it again can store it.
-func retryable(err error) bool {
-	if apiErr, ok := errors.AsType[*jetstream.APIError](err); ok && (apiErr.ErrorCode == errMsgIDInProcess || apiErr.ErrorCode == errClusterNotAvailable) {
-		return true
-	}
-	for _, e := range []error{jetstream.ErrAsyncPublishTimeout, jetstream.ErrNoStreamResponse, nats.ErrNoResponders,
-		nats.ErrDisconnected, nats.ErrTimeout, jetstream.ErrTooManyStalledMsgs, nats.ErrReconnectBufExceeded} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
-}
-
 // attempt sends msgs once and waits for every PubAck (each resolves within
 // AttemptTimeout). It returns the messages not stored, in their order, and
 // the error of the first of them.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -75,30 +74,4 @@ func (s *StateStore) Save(ctx context.Context, key string, v any) error {
 		return fmt.Errorf("natsjs: save %s (%d bytes): %w", key, len(b), err)
 	}
 	return nil
-}
-
-// stateAttempt bounds one request of the store, so that a reply lost with
-// a server does not hold the caller until its own deadline.
-const stateAttempt = 5 * time.Second
-
-// untilAnswered runs op, each time with stateAttempt to answer, until it
-// returns nil or an error that asking again cannot fix, or ctx ends (the
-// last error then says what it waited for).
-func untilAnswered(ctx context.Context, op func(context.Context) error) error {
-	wait := 50 * time.Millisecond
-	for {
-		actx, cancel := context.WithTimeout(ctx, stateAttempt)
-		err := op(actx)
-		cancel()
-		unanswered := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
-		if err == nil || !unanswered && !retryable(err) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (gave up: %v)", err, context.Cause(ctx))
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, time.Second)
-	}
 }
