@@ -65,39 +65,35 @@ func connect(ctx context.Context, cfg *Config) (*transport, error) {
 // after the loss of a server) gets no answer or a timeout: that is waited
 // out, with a line every attempt, for up to StartupWait.
 func (t *transport) setUpStream(ctx context.Context, cfg *Config) error {
-	deadline := time.Now().Add(cfg.StartupWait)
+	ctx, cancel := context.WithTimeout(ctx, cfg.StartupWait)
+	defer cancel()
 	// Each attempt resolves the settings as given, not the last attempt's.
 	maxAge, dups, replicas := cfg.MaxAge, cfg.Duplicates, cfg.Replicas
-	for attempt := 1; ; attempt++ {
+	attempt := 0
+	err := natsjs.UntilAnswered(ctx, func(ctx context.Context) error {
+		attempt++
 		cfg.MaxAge, cfg.Duplicates, cfg.Replicas = maxAge, dups, replicas
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := resolveStreamSettings(actx, t.js, t.stream, cfg)
-		if err == nil {
-			err = natsjs.EnsureStream(actx, t.js, StreamConfig(cfg))
+		if err := resolveStreamSettings(ctx, t.js, t.stream, cfg); err != nil {
+			return err
 		}
-		var info *jetstream.StreamInfo
-		if err == nil {
-			info, err = t.info(actx)
+		if err := natsjs.EnsureStream(ctx, t.js, StreamConfig(cfg)); err != nil {
+			return err
 		}
-		cancel()
-		if err == nil {
-			t.created = info.Created
-			return nil
+		info, err := t.info(ctx)
+		if err != nil {
+			return err
 		}
-		transient := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrNoResponders) ||
-			errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrJetStreamNotEnabled)
-		if !transient || ctx.Err() != nil || time.Now().After(deadline) {
-			return fmt.Errorf("pipeline: stream %s at %s: %w", t.stream, t.url, err)
-		}
+		t.created = info.Created
+		return nil
+	}, func(err error) {
 		if !cfg.Quiet {
 			fmt.Fprintf(cfg.Out, "waiting for JetStream at %s (attempt %d): %v\n", t.url, attempt, err)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
+	})
+	if err != nil {
+		return fmt.Errorf("pipeline: stream %s at %s: %w", t.stream, t.url, err)
 	}
+	return nil
 }
 
 func (t *transport) close() {

@@ -51,17 +51,17 @@ func NewReader(ctx context.Context, js jetstream.JetStream, stream, subject stri
 	setUp, cancel := context.WithTimeout(ctx, ReaderSetUpWait)
 	defer cancel()
 	var cons jetstream.Consumer
-	if err := untilAnswered(setUp, func(ctx context.Context) (err error) {
+	if err := UntilAnswered(setUp, func(ctx context.Context) (err error) {
 		cons, err = r.open(ctx)
 		return err
-	}); err != nil {
+	}, nil); err != nil {
 		return nil, err
 	}
 	var info *jetstream.ConsumerInfo
-	if err := untilAnswered(setUp, func(ctx context.Context) (err error) {
+	if err := UntilAnswered(setUp, func(ctx context.Context) (err error) {
 		info, err = cons.Info(ctx)
 		return err
-	}); err != nil {
+	}, nil); err != nil {
 		r.Close()
 		return nil, fmt.Errorf("natsjs: read %s: %w", subject, err)
 	}

@@ -39,18 +39,25 @@ func retryable(err error) bool {
 // with a server does not hold the caller until its own deadline.
 const requestAttempt = 5 * time.Second
 
-// untilAnswered runs op, each time with requestAttempt to answer, until it
+// UntilAnswered runs op, each time with requestAttempt to answer, until it
 // returns nil or an error that asking again cannot fix, or ctx ends (the
-// last error then says what it waited for).
-func untilAnswered(ctx context.Context, op func(context.Context) error) error {
+// last error then says what it waited for). Asking again fixes what
+// retryable says, an attempt that got no answer in time, and a server whose
+// JetStream is not up yet. onRetry, if set, hears each error asked past.
+// It is how every request that sets things up or keeps state meets a
+// cluster that is starting or electing a leader.
+func UntilAnswered(ctx context.Context, op func(context.Context) error, onRetry func(error)) error {
 	wait := 50 * time.Millisecond
 	for {
 		actx, cancel := context.WithTimeout(ctx, requestAttempt)
 		err := op(actx)
 		cancel()
 		unanswered := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
-		if err == nil || !unanswered && !retryable(err) {
+		if err == nil || !unanswered && !retryable(err) && !errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
 			return err
+		}
+		if onRetry != nil {
+			onRetry(err)
 		}
 		select {
 		case <-ctx.Done():

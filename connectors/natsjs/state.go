@@ -22,7 +22,7 @@ type StateStore struct {
 // not exist and setting an existing one's replica count.
 func OpenStateStore(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (*StateStore, error) {
 	var kv jetstream.KeyValue
-	err := untilAnswered(ctx, func(ctx context.Context) (err error) {
+	err := UntilAnswered(ctx, func(ctx context.Context) (err error) {
 		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket:      bucket,
 			Description: "wmrl stage checkpoints",
@@ -31,7 +31,7 @@ func OpenStateStore(ctx context.Context, js jetstream.JetStream, bucket string, 
 			Replicas:    max(replicas, 1),
 		})
 		return err
-	})
+	}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: state bucket %s: %w", bucket, err)
 	}
@@ -44,10 +44,10 @@ func OpenStateStore(ctx context.Context, js jetstream.JetStream, bucket string, 
 // is waited for, up to ctx.
 func (s *StateStore) Load(ctx context.Context, key string, v any) (ok bool, err error) {
 	var e jetstream.KeyValueEntry
-	err = untilAnswered(ctx, func(ctx context.Context) (err error) {
+	err = UntilAnswered(ctx, func(ctx context.Context) (err error) {
 		e, err = s.kv.Get(ctx, key)
 		return err
-	})
+	}, nil)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return false, nil
 	}
@@ -67,10 +67,10 @@ func (s *StateStore) Save(ctx context.Context, key string, v any) error {
 	if err != nil {
 		return fmt.Errorf("natsjs: save %s: %w", key, err)
 	}
-	if err := untilAnswered(ctx, func(ctx context.Context) error {
+	if err := UntilAnswered(ctx, func(ctx context.Context) error {
 		_, err := s.kv.Put(ctx, key, b) // the same value again: harmless
 		return err
-	}); err != nil {
+	}, nil); err != nil {
 		return fmt.Errorf("natsjs: save %s (%d bytes): %w", key, len(b), err)
 	}
 	return nil

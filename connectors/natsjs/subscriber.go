@@ -151,14 +151,14 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	setUp, cancel := context.WithTimeout(ctx, s.cfg.SetUpWait)
 	defer cancel()
 	var stream string
-	if err := untilAnswered(setUp, func(ctx context.Context) (err error) {
+	if err := UntilAnswered(setUp, func(ctx context.Context) (err error) {
 		stream, err = s.prov.ensure(ctx, topic)
 		return err
-	}); err != nil {
+	}, nil); err != nil {
 		return nil, err
 	}
 	var cons jetstream.Consumer
-	err := untilAnswered(setUp, func(ctx context.Context) (err error) {
+	err := UntilAnswered(setUp, func(ctx context.Context) (err error) {
 		cons, err = s.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
 			Durable:       s.Durable(topic),
 			FilterSubject: topic,
@@ -169,7 +169,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 		})
 		return err
-	})
+	}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: consumer %s on %s: %w", s.Durable(topic), topic, err)
 	}
