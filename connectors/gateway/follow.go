@@ -79,14 +79,17 @@ func (u *updates) newest() (schemas.Update, bool) {
 }
 
 // truths maps a trajectory's content to its real score once its anchor
-// group was executed, for the reward endpoints. Bounded: the oldest entries
-// go first.
+// group was executed, for the reward endpoints. Bounded both ways for a run
+// of days: keep scores, the oldest going first, and keep anchors awaiting
+// their execution (one whose execution never comes, past its deadline or
+// dead-lettered, is forgotten in turn).
 type truths struct {
-	mu     sync.Mutex
-	byTraj map[string]string // traj_id -> content key, for anchors sent to execute
-	score  map[string]float64
-	order  []string
-	keep   int
+	mu      sync.Mutex
+	byTraj  map[string]string // traj_id -> content key, for anchors sent to execute
+	pending []string          // traj_ids in byTraj's arrival order (some already executed)
+	score   map[string]float64
+	order   []string
+	keep    int
 }
 
 func newTruths(keep int) *truths {
@@ -100,20 +103,32 @@ func (t *truths) addAnchor(g schemas.Group) {
 	defer t.mu.Unlock()
 	for _, tr := range g.Trajectories {
 		t.byTraj[tr.TrajID] = contentKey(tr.Prompt, tr.Response)
+		t.pending = append(t.pending, tr.TrajID)
+	}
+	for len(t.pending) > t.keep {
+		delete(t.byTraj, t.pending[0])
+		t.pending = t.pending[1:]
 	}
 }
 
+// addExecution records the graded items' scores; an ungraded item is no
+// longer awaited either.
 func (t *truths) addExecution(e schemas.Execution) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, it := range e.Items {
 		key, ok := t.byTraj[it.TrajID]
-		if !ok || it.Score == nil {
+		if !ok {
 			continue
 		}
 		delete(t.byTraj, it.TrajID)
+		if it.Score == nil {
+			continue
+		}
+		if _, again := t.score[key]; !again {
+			t.order = append(t.order, key)
+		}
 		t.score[key] = *it.Score
-		t.order = append(t.order, key)
 		if len(t.order) > t.keep {
 			delete(t.score, t.order[0])
 			t.order = t.order[1:]

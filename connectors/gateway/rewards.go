@@ -1,6 +1,9 @@
 package gateway
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"strings"
@@ -15,24 +18,51 @@ import (
 // endpoints give debiasing only; denoising needs the fused advantages of the
 // update. An ungraded trajectory gets null, never an invented score.
 
-// reward scores one solution.
-func (g *Gateway) reward(r *http.Request, task, prompt, response string) (*float64, error) {
-	if s, ok := g.truths.lookup(prompt, response); ok {
-		return &s, nil
+// ask is one solution to score.
+type ask struct{ task, prompt, response string }
+
+// rewards scores solutions: the real score of those executed as anchors, the
+// world model's through the current map for the rest. The rest go to the
+// world model in one call, which an HTTP world model answers concurrently: a
+// trainer's batch costs one round trip, not one per solution. A solution is
+// named by a hash of its content, so the same solution gets the same score
+// wherever it sits in a batch.
+func (g *Gateway) rewards(ctx context.Context, asks []ask) ([]*float64, error) {
+	out := make([]*float64, len(asks))
+	var trajs []schemas.Trajectory
+	var at []int
+	for i, a := range asks {
+		if s, ok := g.truths.lookup(a.prompt, a.response); ok {
+			out[i] = &s
+			continue
+		}
+		sum := sha256.Sum256([]byte(contentKey(a.prompt, a.response)))
+		trajs = append(trajs, schemas.Trajectory{Schema: schemas.Version, Run: g.cfg.Run, TrajID: "rm-" + hex.EncodeToString(sum[:8]),
+			TaskID: a.task, Prompt: a.prompt, Response: a.response})
+		at = append(at, i)
 	}
-	t := schemas.Trajectory{Schema: schemas.Version, Run: g.cfg.Run, TaskID: task, Prompt: prompt, Response: response}
-	scores, err := g.cfg.WorldModel.Predict(r.Context(), []schemas.Trajectory{t})
+	if len(trajs) == 0 {
+		return out, nil
+	}
+	scores, err := g.cfg.WorldModel.Predict(ctx, trajs)
 	if err != nil {
 		return nil, err
 	}
-	if len(scores) != 1 || !scores[0].Graded {
-		return nil, nil
+	if len(scores) != len(trajs) {
+		return nil, fmt.Errorf("world model %s returned %d scores for %d solutions", g.cfg.WorldModel.Name(), len(scores), len(trajs))
 	}
-	v := scores[0].Value
-	if st := g.cal.Load(); st != nil && st.m != nil {
-		v = st.m.Predict(v)
+	st := g.cal.Load()
+	for j, s := range scores {
+		if !s.Graded {
+			continue
+		}
+		v := s.Value
+		if st != nil && st.m != nil {
+			v = st.m.Predict(v)
+		}
+		out[at[j]] = &v
 	}
-	return &v, nil
+	return out, nil
 }
 
 // openrlhf serves OpenRLHF's --remote_rm_url:
@@ -55,21 +85,22 @@ func (g *Gateway) openrlhf(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, "query, prompts and labels differ in length (%d, %d, %d)", len(body.Query), len(body.Prompts), len(body.Labels))
 		return
 	}
-	rewards := make([]*float64, len(body.Query))
+	asks := make([]ask, len(body.Query))
 	for i, q := range body.Query {
-		prompt, task := "", "openrlhf"
+		a := ask{task: "openrlhf"}
 		if body.Prompts != nil {
-			prompt = body.Prompts[i]
+			a.prompt = body.Prompts[i]
 		}
 		if body.Labels != nil && body.Labels[i] != nil {
-			task = fmt.Sprint(body.Labels[i])
+			a.task = fmt.Sprint(body.Labels[i])
 		}
-		v, err := g.reward(r, task, prompt, strings.TrimPrefix(q, prompt))
-		if err != nil {
-			fail(w, http.StatusBadGateway, "world model on query %d: %v", i, err)
-			return
-		}
-		rewards[i] = v
+		a.response = strings.TrimPrefix(q, a.prompt)
+		asks[i] = a
+	}
+	rewards, err := g.rewards(r.Context(), asks)
+	if err != nil {
+		fail(w, http.StatusBadGateway, "world model: %v", err)
+		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"rewards": rewards})
 }
@@ -88,14 +119,14 @@ func (g *Gateway) slime(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, `body must have "prompt" and "response" strings`)
 		return
 	}
-	task := "slime"
+	a := ask{task: "slime", prompt: *body.Prompt, response: *body.Response}
 	if body.Label != nil {
-		task = fmt.Sprint(body.Label)
+		a.task = fmt.Sprint(body.Label)
 	}
-	v, err := g.reward(r, task, *body.Prompt, *body.Response)
+	v, err := g.rewards(r.Context(), []ask{a})
 	if err != nil {
 		fail(w, http.StatusBadGateway, "world model: %v", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, v)
+	writeJSON(w, http.StatusOK, v[0])
 }

@@ -1,0 +1,268 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/connectors/openai"
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/calibrate"
+)
+
+// judge speaks /v1/chat/completions. It scores a solution by the "score=X"
+// written in its code and cannot read one that says "garbage". Each request
+// waits until barrier requests are in flight (or a second passes), so a
+// gateway asking one solution at a time shows up as one request in flight.
+type judge struct {
+	*httptest.Server
+	barrier int
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	inflight int
+	maxIn    int
+	calls    int
+}
+
+var scoreInCode = regexp.MustCompile(`score=([0-9.]+)`)
+
+func newJudge(t *testing.T, barrier int) *judge {
+	j := &judge{barrier: barrier}
+	j.cond = sync.NewCond(&j.mu)
+	j.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Messages []struct{ Content string } `json:"messages"`
+		}
+		if r.URL.Path != "/v1/chat/completions" || json.NewDecoder(r.Body).Decode(&req) != nil || len(req.Messages) == 0 {
+			http.Error(w, "bad request", http.StatusBadRequest)
+			return
+		}
+		j.enter()
+		defer j.leave()
+		content := `{"status":"scored","score":` + scoreOf(req.Messages[len(req.Messages)-1].Content) + `,"rationale":"read"}`
+		if bytes.Contains([]byte(req.Messages[len(req.Messages)-1].Content), []byte("garbage")) {
+			content = "I cannot tell."
+		}
+		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"role": "assistant", "content": content}}}})
+	}))
+	t.Cleanup(j.Close)
+	return j
+}
+
+func scoreOf(msg string) string {
+	if m := scoreInCode.FindStringSubmatch(msg); m != nil {
+		return m[1]
+	}
+	return "0"
+}
+
+func (j *judge) enter() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.calls++
+	j.inflight++
+	j.maxIn = max(j.maxIn, j.inflight)
+	j.cond.Broadcast()
+	give := time.AfterFunc(time.Second, func() { j.mu.Lock(); j.cond.Broadcast(); j.mu.Unlock() })
+	defer give.Stop()
+	deadline := time.Now().Add(time.Second)
+	for j.maxIn < j.barrier && time.Now().Before(deadline) {
+		j.cond.Wait()
+	}
+}
+
+func (j *judge) leave() {
+	j.mu.Lock()
+	j.inflight--
+	j.mu.Unlock()
+}
+
+func (j *judge) seen() (calls, maxIn int) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.calls, j.maxIn
+}
+
+// newGateway serves a gateway for run "r" whose world model is an HTTP
+// judge. The reward endpoints touch neither NATS nor the publisher.
+func newGateway(t *testing.T, judgeURL string) (*Gateway, string) {
+	wm, err := openai.New(openai.Config{BaseURL: judgeURL + "/v1", Model: "judge", Backoff: time.Millisecond, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := New(Config{Run: "r", WorldModel: wm}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(g.Handler())
+	t.Cleanup(srv.Close)
+	return g, srv.URL + "/v1/runs/r"
+}
+
+func post(t *testing.T, url string, body any) (int, []byte) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, out
+}
+
+// TestOpenRLHFBatchReachesTheWorldModelAtOnce: a trainer's batch is scored
+// concurrently (every solution not yet executed is in flight together), each
+// reward lands at its query's index, through the current map, an executed
+// anchor gets its real score without asking the world model, and an
+// unreadable verdict is null.
+func TestOpenRLHFBatchReachesTheWorldModelAtOnce(t *testing.T) {
+	const n = 8
+	j := newJudge(t, n-1) // one of the n is an executed anchor
+	g, base := newGateway(t, j.URL)
+
+	// The current map doubles scores below 0.5 and caps at 1.
+	m, err := calibrate.NewIsotonic([]float64{0, 0.5, 1}, []float64{0, 1, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.cal.Store(&calState{c: schemas.Calibration{Version: 3}, m: m})
+
+	// Solution 2 was executed as an anchor and scored 0.77.
+	g.truths.addAnchor(schemas.Group{Trajectories: []schemas.Trajectory{{TrajID: "a-2", Prompt: "Task 2.", Response: "score=0.3"}}})
+	truth := 0.77
+	g.truths.addExecution(schemas.Execution{Items: []schemas.ExecItem{{TrajID: "a-2", Score: &truth}}})
+
+	var query, prompts []string
+	var labels []any
+	want := make([]*float64, n)
+	for i := range n {
+		p := fmt.Sprintf("Task %d.", i)
+		code := fmt.Sprintf("score=0.%d", i+1)
+		if i == 5 {
+			code = "garbage"
+		}
+		query, prompts, labels = append(query, p+code), append(prompts, p), append(labels, i)
+		switch i {
+		case 2:
+			want[i] = &truth
+		case 5:
+		default:
+			v := m.Predict(float64(i+1) / 10)
+			want[i] = &v
+		}
+	}
+	code, body := post(t, base+"/rewards/openrlhf", map[string]any{"query": query, "prompts": prompts, "labels": labels})
+	if code != http.StatusOK {
+		t.Fatalf("openrlhf: %d %s", code, body)
+	}
+	var got struct{ Rewards []*float64 }
+	if err := json.Unmarshal(body, &got); err != nil || len(got.Rewards) != n {
+		t.Fatalf("openrlhf answer %s: %v", body, err)
+	}
+	for i := range n {
+		w, r := want[i], got.Rewards[i]
+		if (w == nil) != (r == nil) || (w != nil && math.Abs(*w-*r) > 1e-12) {
+			t.Fatalf("reward %d = %s, want %s (all: %s)", i, show(r), show(w), body)
+		}
+	}
+	calls, maxIn := j.seen()
+	if calls != n-1 || maxIn != n-1 {
+		t.Fatalf("world model saw %d requests, at most %d at once; want %d, all at once", calls, maxIn, n-1)
+	}
+}
+
+func show(v *float64) string {
+	if v == nil {
+		return "null"
+	}
+	return strconv.FormatFloat(*v, 'g', -1, 64)
+}
+
+// TestRewardsDependOnContentOnly: the same solution scores the same alone
+// (slime) and at any index of a batch (OpenRLHF).
+func TestRewardsDependOnContentOnly(t *testing.T) {
+	j := newJudge(t, 1)
+	_, base := newGateway(t, j.URL)
+	code, one := post(t, base+"/rewards/slime", map[string]any{"prompt": "Task 9.", "response": "score=0.42", "label": "t9"})
+	if code != http.StatusOK || string(bytes.TrimSpace(one)) != "0.42" {
+		t.Fatalf("slime: %d %s, want 0.42 (no map yet: the identity)", code, one)
+	}
+	code, batch := post(t, base+"/rewards/openrlhf", map[string]any{"query": []string{"Task 8.score=0.3", "Task 9.score=0.42"}, "prompts": []string{"Task 8.", "Task 9."}})
+	var got struct{ Rewards []*float64 }
+	if json.Unmarshal(batch, &got); code != http.StatusOK || len(got.Rewards) != 2 || got.Rewards[1] == nil || *got.Rewards[1] != 0.42 {
+		t.Fatalf("openrlhf: %d %s, want 0.42 second", code, batch)
+	}
+}
+
+// TestWorldModelFailureIsABadGateway: a world model that cannot be reached
+// fails the request with 502 and says so; nothing is invented.
+func TestWorldModelFailureIsABadGateway(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	url := dead.URL
+	dead.Close()
+	wm, err := openai.New(openai.Config{BaseURL: url + "/v1", Model: "judge", Backoff: time.Millisecond, Retries: 1, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := New(Config{Run: "r", WorldModel: wm}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(g.Handler())
+	defer srv.Close()
+	code, body := post(t, srv.URL+"/v1/runs/r/rewards/openrlhf", map[string]any{"query": []string{"a", "b"}})
+	if code != http.StatusBadGateway || !bytes.Contains(body, []byte("world model")) {
+		t.Fatalf("dead world model: %d %s; want 502 naming the world model", code, body)
+	}
+}
+
+// TestTruthsStayBounded: a run of days sends anchors forever, and some
+// executions never come or are ungraded; neither map may grow without end,
+// and an ungraded item is not awaited any longer.
+func TestTruthsStayBounded(t *testing.T) {
+	tr := newTruths(10)
+	score := 0.5
+	for i := range 1000 {
+		id := fmt.Sprintf("t%d", i)
+		tr.addAnchor(schemas.Group{Trajectories: []schemas.Trajectory{{TrajID: id, Prompt: "p", Response: id}}})
+		switch i % 3 {
+		case 0: // graded
+			tr.addExecution(schemas.Execution{Items: []schemas.ExecItem{{TrajID: id, Score: &score}}})
+		case 1: // ungraded
+			tr.addExecution(schemas.Execution{Items: []schemas.ExecItem{{TrajID: id}}})
+			if _, waiting := tr.byTraj[id]; waiting {
+				t.Fatalf("%s still awaited after its ungraded execution", id)
+			}
+		} // 2: never executed
+	}
+	if len(tr.byTraj) > 10 || len(tr.pending) > 10 || len(tr.score) > 10 || len(tr.order) > 10 {
+		t.Fatalf("sizes %d awaited, %d pending, %d scores, %d ordered; want at most 10 each", len(tr.byTraj), len(tr.pending), len(tr.score), len(tr.order))
+	}
+	if s, ok := tr.lookup("p", "t998"); ok || len(tr.score) != 10 {
+		t.Fatalf("t998 (never executed) scored %v, %v; %d scores kept", s, ok, len(tr.score))
+	}
+	if s, ok := tr.lookup("p", "t999"); !ok || s != 0.5 {
+		t.Fatalf("the newest graded anchor t999: %v, %v", s, ok)
+	}
+	if _, ok := tr.lookup("p", "t0"); ok {
+		t.Fatal("the oldest score was not evicted")
+	}
+	// The same content scored twice is kept once, with the newer score.
+	again := 0.9
+	tr.addAnchor(schemas.Group{Trajectories: []schemas.Trajectory{{TrajID: "x", Prompt: "p", Response: "t999"}}})
+	tr.addExecution(schemas.Execution{Items: []schemas.ExecItem{{TrajID: "x", Score: &again}}})
+	if s, _ := tr.lookup("p", "t999"); s != 0.9 || len(tr.order) != 10 {
+		t.Fatalf("rescored content: %v with %d ordered keys", s, len(tr.order))
+	}
+}
