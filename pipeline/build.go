@@ -297,7 +297,7 @@ func (p *Pipeline) worldModel() (predict.WorldModel, error) {
 	switch p.cfg.WorldModel {
 	case "openai":
 		cfg := openai.Config{BaseURL: p.cfg.WMURL, Model: p.cfg.WMModel, APIKey: p.cfg.WMAPIKey, Samples: p.cfg.WMSamples,
-			Temperature: p.cfg.WMTemperature, MaxTokens: p.cfg.WMMaxTokens}
+			Temperature: p.cfg.WMTemperature, MaxTokens: p.cfg.WMMaxTokens, Concurrency: p.cfg.WMConcurrency}
 		if p.cfg.WMTemplateFile != "" {
 			var err error
 			if cfg.Template, err = openai.LoadTemplate(p.cfg.WMTemplateFile); err != nil {

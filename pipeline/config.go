@@ -61,13 +61,15 @@ type Config struct {
 
 	// WorldModel: "sim" (default) or "openai", an OpenAI-compatible server
 	// at WMURL serving WMModel (key from WMRL_WM_API_KEY), with an optional
-	// prompt template file and WMSamples samples per trajectory.
+	// prompt template file, WMSamples samples per trajectory and at most
+	// WMConcurrency requests in flight (0: 16).
 	WorldModel     string
 	WMURL, WMModel string
 	WMTemplateFile string
 	WMSamples      int
 	WMTemperature  float64
 	WMMaxTokens    int
+	WMConcurrency  int
 	WMAPIKey       string
 
 	// Executor: "sim" or "subprocess", which runs anchors for real on the
@@ -206,6 +208,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: world model %q: want sim or openai", ErrConfig, c.WorldModel)
 	case c.WorldModel == "openai" && (c.WMURL == "" || c.WMModel == ""):
 		return fmt.Errorf("%w: --world-model openai needs --wm-url and --wm-model", ErrConfig)
+	case c.WMConcurrency < 0:
+		return fmt.Errorf("%w: --wm-concurrency %d: want >= 1 requests in flight", ErrConfig, c.WMConcurrency)
 	case c.Executor != "" && c.Executor != "sim" && c.Executor != "subprocess" && c.Executor != "sandbox-fusion":
 		return fmt.Errorf("%w: executor %q: want sim, subprocess or sandbox-fusion", ErrConfig, c.Executor)
 	case c.executor() != "sim" && c.TaskDir == "":

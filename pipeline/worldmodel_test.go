@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,9 +16,30 @@ import (
 
 // TestPipelineWithAnOpenAIWorldModel runs every stage with the world model
 // behind a real HTTP server speaking /v1/chat/completions, one reply in
-// seven of which is garbage.
+// seven of which is garbage, and at most --wm-concurrency requests in
+// flight: the first requests wait until one more than that are in flight
+// (or a second passes), so a limit not passed on shows up as one too many.
 func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
+	const concurrency = 3
+	var mu sync.Mutex
+	calls, inflight, maxIn := 0, 0, 0
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls++
+		first := calls <= concurrency+1
+		inflight++
+		maxIn = max(maxIn, inflight)
+		mu.Unlock()
+		for wait := 0; first && wait < 1000; wait++ {
+			mu.Lock()
+			open := maxIn > concurrency
+			mu.Unlock()
+			if open {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		defer func() { mu.Lock(); inflight--; mu.Unlock() }()
 		var req struct {
 			Messages []struct{ Content string } `json:"messages"`
 		}
@@ -33,7 +55,7 @@ func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
 	defer srv.Close()
 	cfg := testConfig(t)
 	cfg.Steps = 4
-	cfg.WorldModel, cfg.WMURL, cfg.WMModel = "openai", srv.URL+"/v1", "judge"
+	cfg.WorldModel, cfg.WMURL, cfg.WMModel, cfg.WMConcurrency = "openai", srv.URL+"/v1", "judge", concurrency
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := Run(ctx, cfg); err != nil {
@@ -73,5 +95,9 @@ func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
 	if nulls == 0 {
 		t.Fatal("no ungraded world-model reward reached the updates as null")
 	}
+	if mu.Lock(); maxIn != concurrency {
+		t.Fatalf("%d world-model requests in flight at most; want --wm-concurrency %d", maxIn, concurrency)
+	}
+	mu.Unlock()
 	t.Logf("%d graded, %d ungraded predictions; %d null rewards in updates", graded, ungraded, nulls)
 }

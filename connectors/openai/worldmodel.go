@@ -143,8 +143,11 @@ func New(cfg Config) (*WorldModel, error) {
 	if cfg.BaseURL == "" || cfg.Model == "" {
 		return nil, fmt.Errorf("%w: base URL and model are required", ErrConfig)
 	}
-	if cfg.Samples < 1 || cfg.Concurrency < 1 {
-		return nil, fmt.Errorf("%w: samples and concurrency must be >= 1", ErrConfig)
+	if cfg.Samples < 1 {
+		return nil, fmt.Errorf("%w: samples %d: want >= 1", ErrConfig, cfg.Samples)
+	}
+	if cfg.Concurrency < 1 {
+		return nil, fmt.Errorf("%w: concurrency %d: want >= 1", ErrConfig, cfg.Concurrency)
 	}
 	tmpl, err := template.New("prompt").Option("missingkey=error").Parse(cfg.Template)
 	if err != nil {
