@@ -247,13 +247,13 @@ func auditCommand() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(stdout, "audited run %s: %d rows, %d anchor pairs, %d tasks in %s\n", run, a.Rows, a.Pairs, len(a.Tasks), time.Since(start).Round(time.Millisecond))
-			fmt.Fprintf(stdout, "overall: %s (max |residual| by level %.3f before, %.3f after calibration; within-group Kendall %.3f)\n",
-				a.Overall.Verdict, a.Overall.MaxBefore, a.Overall.MaxAfter, float64(a.Overall.Ranks.WithinKendall))
+			fmt.Fprintf(stdout, "overall: %s (max |residual| by level %.3f before, %.3f after one monotone map, %.3f after the run's maps as recorded; within-group Kendall %.3f)\n",
+				a.Overall.Verdict, a.Overall.MaxBefore, a.Overall.MaxMonotone, a.Overall.MaxAfter, float64(a.Overall.Ranks.WithinKendall))
 			verdicts := map[string]int{}
 			for _, t := range a.Tasks {
 				verdicts[t.Verdict]++
 			}
-			for _, v := range []string{offline.VerdictCalibrated, offline.VerdictCorrected, offline.VerdictNonMonotone, offline.VerdictTooFewAnchor} {
+			for _, v := range []string{offline.VerdictCalibrated, offline.VerdictCorrected, offline.VerdictTaskSpecific, offline.VerdictNonMonotone, offline.VerdictTooFewAnchor} {
 				if verdicts[v] > 0 {
 					fmt.Fprintf(stdout, "  %3d tasks: %s\n", verdicts[v], v)
 				}

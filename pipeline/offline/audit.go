@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"slices"
 	"strings"
@@ -12,10 +13,17 @@ import (
 	"github.com/wmrl/wmrl/stages/calibrate"
 )
 
-// Verdicts of a task's world-model bias.
+// Verdicts of a task's world-model bias. They judge the world model, not
+// the run's warm-up: "after" is a monotone map cross-fitted on the run's
+// anchor pairs (see RunAudit), so the flat or identity map before a run's
+// first fit, or a run with debiasing off, does not read as bias that
+// isotonic cannot fix.
 const (
-	VerdictCalibrated   = "calibrated well"
-	VerdictCorrected    = "monotone bias corrected"
+	VerdictCalibrated = "calibrated well"
+	VerdictCorrected  = "monotone bias corrected"
+	// VerdictTaskSpecific: the run's one map leaves the task biased, a
+	// monotone map of its own would not (its bias differs from the others').
+	VerdictTaskSpecific = "task-specific bias: one map per run cannot fix it"
 	VerdictNonMonotone  = "non-monotone bias that isotonic cannot fix"
 	VerdictTooFewAnchor = "too few anchor pairs to tell"
 )
@@ -59,11 +67,16 @@ type Level struct {
 	// Coverage: Pairs / Predictions.
 	Coverage float64 `json:"coverage"`
 	// MeanPredicted, MeanTrue over the pairs; ResidualBefore = mean(predicted
-	// - true), ResidualAfter = mean(calibrated - true) (NaN: no pairs).
-	MeanPredicted  Num `json:"mean_predicted"`
-	MeanTrue       Num `json:"mean_true"`
-	ResidualBefore Num `json:"residual_before"`
-	ResidualAfter  Num `json:"residual_after"`
+	// - true), ResidualAfter = mean(calibrated - true) with the run's maps as
+	// recorded (out of sample; the warm-up before the first fit included),
+	// ResidualMonotone = mean(f(predicted) - true) with f the run-wide
+	// monotone map cross-fitted on the other half of the anchor groups (NaN:
+	// no pairs).
+	MeanPredicted    Num `json:"mean_predicted"`
+	MeanTrue         Num `json:"mean_true"`
+	ResidualBefore   Num `json:"residual_before"`
+	ResidualAfter    Num `json:"residual_after"`
+	ResidualMonotone Num `json:"residual_monotone"`
 }
 
 // Ranks are rank agreements between the world model and the truth.
@@ -84,11 +97,15 @@ type TaskAudit struct {
 	Pairs  int     `json:"pairs"`
 	Ranks  Ranks   `json:"ranks"`
 	Levels []Level `json:"levels"`
-	// MaxBefore and MaxAfter: the largest |mean residual| over levels with
-	// enough pairs, before and after calibration.
-	MaxBefore float64 `json:"max_abs_residual_before"`
-	MaxAfter  float64 `json:"max_abs_residual_after"`
-	Verdict   string  `json:"verdict"`
+	// MaxBefore, MaxAfter, MaxMonotone: the largest |mean residual| over
+	// levels with enough pairs, of the raw scores, the run's maps and the
+	// cross-fitted run-wide map (Level); MaxOwn: of a map cross-fitted on
+	// this task's pairs alone (tasks only).
+	MaxBefore   float64 `json:"max_abs_residual_before"`
+	MaxAfter    float64 `json:"max_abs_residual_after"`
+	MaxMonotone float64 `json:"max_abs_residual_monotone"`
+	MaxOwn      float64 `json:"max_abs_residual_own_map,omitempty"`
+	Verdict     string  `json:"verdict"`
 }
 
 // StepPoint is one step's drift figures.
@@ -124,6 +141,7 @@ type Audit struct {
 type pairRow struct {
 	pred, truth, cal float64
 	hasCal           bool
+	fold             int // 0 or 1, by anchor group
 }
 
 // RunAudit measures the world model's bias over a run's rows.
@@ -148,7 +166,7 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 	bin := func(x float64) int { return min(int(float64(opt.Bins)*(x-lo)/(hi-lo)), opt.Bins-1) }
 
 	type acc struct {
-		pairs       []pairRow
+		pairs       []pairRow // a copy for the run, one per task
 		predictions []int
 		groups      map[string]*groupAcc
 	}
@@ -187,7 +205,8 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 		if r.TrueScore == nil || !r.IsAnchor || r.Source == archive.SourceWorldModel {
 			continue
 		}
-		p := pairRow{pred: *r.Predicted, truth: *r.TrueScore}
+		key := fmt.Sprintf("%d/%s", r.Step, r.GroupID)
+		p := pairRow{pred: *r.Predicted, truth: *r.TrueScore, fold: fold(key)}
 		if r.Calibrated != nil {
 			p.cal, p.hasCal = *r.Calibrated, true
 		}
@@ -197,7 +216,6 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 		}
 		all.pairs = append(all.pairs, p)
 		t.pairs = append(t.pairs, p)
-		key := fmt.Sprintf("%d/%s", r.Step, r.GroupID)
 		for _, m := range []map[string]*groupAcc{all.groups, t.groups} {
 			g := m[key]
 			if g == nil {
@@ -213,14 +231,24 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 		}
 	}
 	a.Steps = len(steps)
-	summarize := func(name string, c *acc) TaskAudit {
+	// The run-wide map, cross-fitted on the anchor groups, and each task's
+	// own map likewise on its pairs alone.
+	runMaps, runFit := crossFit(all.pairs)
+	ownMaps, ownFit := map[*acc]crossMaps{}, map[*acc]bool{}
+	for _, c := range tasks {
+		ownMaps[c], ownFit[c] = crossFit(c.pairs)
+	}
+	summarize := func(name string, c *acc, isTask bool) TaskAudit {
 		ta := TaskAudit{Task: name, Pairs: len(c.pairs), Levels: make([]Level, opt.Bins)}
 		sums := make([]struct {
-			n, ncal                int
-			p, t, rb, ra, rb2, ra2 float64
+			n, ncal            int
+			p, t               float64
+			rb, ra, rm, ro     float64
+			rb2, ra2, rm2, ro2 float64
 		}, opt.Bins)
 		x, y := make([]float64, len(c.pairs)), make([]float64, len(c.pairs))
-		var biasedBefore, biasedAfter bool
+		var biasedBefore, biasedMono, biasedOwn bool
+		fitted, ownFitted, own := runFit, isTask && ownFit[c], ownMaps[c]
 		for i, p := range c.pairs {
 			x[i], y[i] = p.pred, p.truth
 			b := &sums[bin(p.pred)]
@@ -229,6 +257,14 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 			b.t += p.truth
 			b.rb += p.pred - p.truth
 			b.rb2 += (p.pred - p.truth) * (p.pred - p.truth)
+			if fitted {
+				e := runMaps.at(p) - p.truth
+				b.rm, b.rm2 = b.rm+e, b.rm2+e*e
+			}
+			if ownFitted {
+				e := own.at(p) - p.truth
+				b.ro, b.ro2 = b.ro+e, b.ro2+e*e
+			}
 			if p.hasCal {
 				b.ncal++
 				b.ra += p.cal - p.truth
@@ -245,10 +281,13 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 				l.Coverage = float64(l.Pairs) / float64(l.Predictions)
 			}
 			nan := Num(math.NaN())
-			l.MeanPredicted, l.MeanTrue, l.ResidualBefore, l.ResidualAfter = nan, nan, nan, nan
+			l.MeanPredicted, l.MeanTrue, l.ResidualBefore, l.ResidualAfter, l.ResidualMonotone = nan, nan, nan, nan, nan
 			if s.n > 0 {
 				n := float64(s.n)
 				l.MeanPredicted, l.MeanTrue, l.ResidualBefore = Num(s.p/n), Num(s.t/n), Num(s.rb/n)
+				if fitted {
+					l.ResidualMonotone = Num(s.rm / n)
+				}
 			}
 			if s.ncal > 0 {
 				l.ResidualAfter = Num(s.ra / float64(s.ncal))
@@ -256,9 +295,16 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 			if s.n >= opt.MinBinPairs {
 				ta.MaxBefore = max(ta.MaxBefore, math.Abs(float64(l.ResidualBefore)))
 				biasedBefore = biasedBefore || clearly(s.rb, s.rb2, s.n, opt.Tolerance)
+				if fitted {
+					ta.MaxMonotone = max(ta.MaxMonotone, math.Abs(float64(l.ResidualMonotone)))
+					biasedMono = biasedMono || clearly(s.rm, s.rm2, s.n, opt.Tolerance)
+				}
+				if ownFitted {
+					ta.MaxOwn = max(ta.MaxOwn, math.Abs(s.ro/float64(s.n)))
+					biasedOwn = biasedOwn || clearly(s.ro, s.ro2, s.n, opt.Tolerance)
+				}
 				if s.ncal >= opt.MinBinPairs {
 					ta.MaxAfter = max(ta.MaxAfter, math.Abs(float64(l.ResidualAfter)))
-					biasedAfter = biasedAfter || clearly(s.ra, s.ra2, s.ncal, opt.Tolerance)
 				}
 			}
 		}
@@ -282,16 +328,20 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 			ta.Verdict = VerdictTooFewAnchor
 		case !biasedBefore:
 			ta.Verdict = VerdictCalibrated
-		case !biasedAfter:
+		case !fitted:
+			ta.Verdict = VerdictTooFewAnchor
+		case !biasedMono:
 			ta.Verdict = VerdictCorrected
+		case ownFitted && !biasedOwn:
+			ta.Verdict = VerdictTaskSpecific
 		default:
 			ta.Verdict = VerdictNonMonotone
 		}
 		return ta
 	}
-	a.Overall = summarize("(all tasks)", all)
+	a.Overall = summarize("(all tasks)", all, false)
 	for name, c := range tasks {
-		a.Tasks = append(a.Tasks, summarize(name, c))
+		a.Tasks = append(a.Tasks, summarize(name, c, true))
 	}
 	slices.SortFunc(a.Tasks, func(x, y TaskAudit) int { return naturalCompare(x.Task, y.Task) })
 	for n, s := range steps {
@@ -316,6 +366,40 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 }
 
 type groupAcc struct{ pred, truth []float64 }
+
+// fold splits anchor groups in two by a hash of their key, so that the
+// pairs of one group are scored together by a map none of them trained.
+func fold(key string) int {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32() & 1)
+}
+
+// crossMaps are the isotonic maps fitted on each fold's pairs.
+type crossMaps [2]*calibrate.Isotonic
+
+// at scores a pair with the map its own fold did not train.
+func (m crossMaps) at(p pairRow) float64 { return m[1-p.fold].Predict(p.pred) }
+
+// crossFit fits an isotonic map on each fold's pairs. It reports false when
+// either fold cannot be fitted (too few pairs, or one prediction only).
+func crossFit(pairs []pairRow) (crossMaps, bool) {
+	var maps crossMaps
+	for f := range 2 {
+		var x, y []float64
+		for _, p := range pairs {
+			if p.fold == f {
+				x, y = append(x, p.pred), append(y, p.truth)
+			}
+		}
+		m, err := calibrate.FitIsotonic(x, y, nil)
+		if err != nil || m.Len() < 2 {
+			return maps, false
+		}
+		maps[f] = m
+	}
+	return maps, true
+}
 
 // clearly reports whether a level's mean residual (from its sum, sum of
 // squares and count) is beyond tol by more than twice its standard error,

@@ -20,6 +20,7 @@ var (
 	blue   = color.RGBA{R: 31, G: 119, B: 180, A: 255}
 	orange = color.RGBA{R: 255, G: 127, B: 14, A: 255}
 	grey   = color.RGBA{R: 120, G: 120, B: 120, A: 255}
+	green  = color.RGBA{R: 44, G: 160, B: 44, A: 255}
 	faint  = color.NRGBA{R: 31, G: 119, B: 180, A: 60}
 )
 
@@ -163,11 +164,12 @@ func plotReliability(a *Audit) (*plot.Plot, error) {
 
 func plotBias(a *Audit) (*plot.Plot, error) {
 	p := newPlot("Mean residual (score - true) by score level", "world model's predicted score (bin centre)", "mean residual")
-	var before, after plotter.XYs
+	var before, after, mono plotter.XYs
 	for _, l := range a.Overall.Levels {
 		c := (l.Lo + l.Hi) / 2
 		before = append(before, plotter.XY{X: c, Y: float64(l.ResidualBefore)})
 		after = append(after, plotter.XY{X: c, Y: float64(l.ResidualAfter)})
+		mono = append(mono, plotter.XY{X: c, Y: float64(l.ResidualMonotone)})
 	}
 	lo, hi := a.Overall.Levels[0].Lo, a.Overall.Levels[len(a.Overall.Levels)-1].Hi
 	tol := a.Options.Tolerance
@@ -185,7 +187,12 @@ func plotBias(a *Audit) (*plot.Plot, error) {
 		}
 	}
 	if af := finite(after); len(af) > 0 {
-		if err := line(p, "after isotonic calibration", af, blue, false, true); err != nil {
+		if err := line(p, "the run's maps, as recorded", af, blue, false, true); err != nil {
+			return nil, err
+		}
+	}
+	if m := finite(mono); len(m) > 0 {
+		if err := line(p, "one monotone map, cross-fitted", m, green, false, true); err != nil {
 			return nil, err
 		}
 	}
@@ -285,7 +292,7 @@ var page = template.Must(template.New("audit").Funcs(template.FuncMap{
 			return "good"
 		case VerdictCorrected:
 			return "fixed"
-		case VerdictNonMonotone:
+		case VerdictNonMonotone, VerdictTaskSpecific:
 			return "bad"
 		}
 		return "none"
@@ -312,10 +319,14 @@ Overall verdict: <span class="{{cls .A.Overall.Verdict}}"><b>{{.A.Overall.Verdic
 
 <h2>Verdict per task</h2>
 <p class="note">A score level counts when it holds at least {{.A.Options.MinBinPairs}} anchor pairs; a residual within ±{{.A.Options.Tolerance}} counts as unbiased.
-<i>calibrated well</i>: every level unbiased before calibration. <i>monotone bias corrected</i>: biased before, unbiased after the isotonic map.
-<i>non-monotone bias</i>: levels stay biased after calibration, which a monotone map cannot fix (for example one style over-scored whatever its quality).</p>
-<table><tr><th class="l">task</th><th>pairs</th><th>max |residual| before</th><th>after</th><th>Spearman</th><th>Kendall</th><th>within-group Kendall</th><th class="l">verdict</th></tr>
-{{range .A.Tasks}}<tr><td class="l">{{.Task}}</td><td>{{.Pairs}}</td><td>{{f3 .MaxBefore}}</td><td>{{f3 .MaxAfter}}</td><td>{{num .Ranks.Spearman}}</td><td>{{num .Ranks.Kendall}}</td><td>{{num .Ranks.WithinKendall}}</td><td class="l {{cls .Verdict}}">{{.Verdict}}</td></tr>
+The verdicts judge the world model, not the run's warm-up: "after" is one isotonic map for the run, as the pipeline fits,
+cross-fitted (the anchor groups split in two halves, each scored by the map the other half trained).
+<i>calibrated well</i>: every level unbiased before calibration. <i>monotone bias corrected</i>: biased before, unbiased after that map.
+<i>task-specific bias</i>: the run's map leaves the task biased, a map fitted on the task alone would not: its bias differs from the other tasks'.
+<i>non-monotone bias</i>: levels stay biased even after a map of the task's own, which no monotone map can fix (for example one style over-scored whatever its quality).
+"Recorded" is the run's own maps as the steps used them, the flat or identity map before the first fit included.</p>
+<table><tr><th class="l">task</th><th>pairs</th><th>max |residual| before</th><th>run's map</th><th>own map</th><th>recorded</th><th>Spearman</th><th>Kendall</th><th>within-group Kendall</th><th class="l">verdict</th></tr>
+{{range .A.Tasks}}<tr><td class="l">{{.Task}}</td><td>{{.Pairs}}</td><td>{{f3 .MaxBefore}}</td><td>{{f3 .MaxMonotone}}</td><td>{{f3 .MaxOwn}}</td><td>{{f3 .MaxAfter}}</td><td>{{num .Ranks.Spearman}}</td><td>{{num .Ranks.Kendall}}</td><td>{{num .Ranks.WithinKendall}}</td><td class="l {{cls .Verdict}}">{{.Verdict}}</td></tr>
 {{end}}</table>
 
 <h2>Plots</h2>
@@ -323,10 +334,10 @@ Overall verdict: <span class="{{cls .A.Overall.Verdict}}"><b>{{.A.Overall.Verdic
 {{end}}</div>
 
 <h2>Bias by score level (all tasks)</h2>
-<table><tr><th>predicted in</th><th>anchor pairs</th><th>predictions</th><th>coverage</th><th>mean predicted</th><th>mean true</th><th>residual before</th><th>residual after</th></tr>
-{{range .A.Overall.Levels}}<tr><td>[{{f3 (index .Range 0)}}, {{f3 (index .Range 1)}})</td><td>{{.Pairs}}</td><td>{{.Predictions}}</td><td>{{pct .Coverage}}</td><td>{{num .MeanPredicted}}</td><td>{{num .MeanTrue}}</td><td>{{num .ResidualBefore}}</td><td>{{num .ResidualAfter}}</td></tr>
+<table><tr><th>predicted in</th><th>anchor pairs</th><th>predictions</th><th>coverage</th><th>mean predicted</th><th>mean true</th><th>residual before</th><th>monotone map</th><th>recorded</th></tr>
+{{range .A.Overall.Levels}}<tr><td>[{{f3 (index .Range 0)}}, {{f3 (index .Range 1)}})</td><td>{{.Pairs}}</td><td>{{.Predictions}}</td><td>{{pct .Coverage}}</td><td>{{num .MeanPredicted}}</td><td>{{num .MeanTrue}}</td><td>{{num .ResidualBefore}}</td><td>{{num .ResidualMonotone}}</td><td>{{num .ResidualAfter}}</td></tr>
 {{end}}</table>
-<p class="note">Residual = score − true, on anchors. "After" uses each anchor's out-of-sample calibrated score (the map before its own pairs were absorbed).
+<p class="note">Residual = score − true, on anchors. "Monotone map": the cross-fitted map of the verdicts. "Recorded": each anchor's out-of-sample calibrated score as the run computed it (the map before its own pairs were absorbed).
 The machine-readable summary is summary.json beside this page.</p>
 </body></html>
 `))
