@@ -211,17 +211,8 @@ func TestWorldModelFailureIsABadGateway(t *testing.T) {
 	dead := httptest.NewServer(http.NotFoundHandler())
 	url := dead.URL
 	dead.Close()
-	wm, err := openai.New(openai.Config{BaseURL: url + "/v1", Model: "judge", Backoff: time.Millisecond, Retries: 1, Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := New(Config{Run: "r", WorldModel: wm}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(g.Handler())
-	defer srv.Close()
-	code, body := post(t, srv.URL+"/v1/runs/r/rewards/openrlhf", map[string]any{"query": []string{"a", "b"}})
+	_, base := newGateway(t, url)
+	code, body := post(t, base+"/rewards/openrlhf", map[string]any{"query": []string{"a", "b"}})
 	if code != http.StatusBadGateway || !bytes.Contains(body, []byte("world model")) {
 		t.Fatalf("dead world model: %d %s; want 502 naming the world model", code, body)
 	}
