@@ -71,6 +71,7 @@ func (p *Pipeline) build(ctx context.Context) error {
 			err = p.subscribe(stage, schemas.KindExec, h.Handle)
 		case StagePair:
 			h := pair.NewHandler(cfg.Run, p.topo.Out(StagePair, schemas.KindPairs), p.stagePublisher(stage))
+			h.Wait = cfg.PairWait
 			if err = p.subscribe(stage, schemas.KindPred, h.HandlePred); err == nil {
 				err = p.subscribe(stage, schemas.KindExecution, h.HandleExecution)
 			}

@@ -91,6 +91,10 @@ type Config struct {
 	// AnchorDeadline: anchors later than this fall back to world-model
 	// rewards for their step (default 30s).
 	AnchorDeadline time.Duration
+	// PairWait: an anchor group's prediction or execution waits at most
+	// this long for the other in the pair stage, then is dead-lettered
+	// (default 1h; late executions still calibrate within it).
+	PairWait time.Duration
 	// StepTimeout: a step closes this long after its watermark even with
 	// incomplete groups (default 30s).
 	StepTimeout time.Duration
@@ -183,6 +187,7 @@ func (c *Config) setDefaults() {
 		}
 	}
 	defDur(&c.AnchorDeadline, 30*time.Second)
+	defDur(&c.PairWait, time.Hour)
 	defDur(&c.StepTimeout, 30*time.Second)
 	defDur(&c.ExecLatency, 20*time.Millisecond)
 	defDur(&c.StartupWait, time.Minute)
@@ -208,6 +213,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: world model %q: want sim or openai", ErrConfig, c.WorldModel)
 	case c.WorldModel == "openai" && (c.WMURL == "" || c.WMModel == ""):
 		return fmt.Errorf("%w: --world-model openai needs --wm-url and --wm-model", ErrConfig)
+	case c.PairWait < 0:
+		return fmt.Errorf("%w: --pair-wait %v: want a duration > 0", ErrConfig, c.PairWait)
 	case c.WMConcurrency < 0:
 		return fmt.Errorf("%w: --wm-concurrency %d: want >= 1 requests in flight", ErrConfig, c.WMConcurrency)
 	case c.Executor != "" && c.Executor != "sim" && c.Executor != "subprocess" && c.Executor != "sandbox-fusion":

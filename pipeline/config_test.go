@@ -27,6 +27,7 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		{"too many replicas", func(c *Config) { c.Replicas, c.NATSURL = 7, "nats://a:4222" }, "replicas 7: want 1 to 5"},
 		{"fraction", func(c *Config) { c.Anchors.Fraction = 1.5 }, "1.5"},
 		{"anchor rounding", func(c *Config) { c.Anchors.Rounding = "up" }, `rounding "up"`},
+		{"pair wait", func(c *Config) { c.PairWait = -time.Second }, "--pair-wait -1s"},
 		{"world-model concurrency", func(c *Config) { c.WMConcurrency = -4 }, "--wm-concurrency -4"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -133,4 +133,6 @@ func redelivered(msg *message.Message) bool {
 
 // isPoison reports whether a handler error means the message can never be
 // used.
-func isPoison(err error) bool { return errors.Is(err, schemas.ErrInvalid) }
+func isPoison(err error) bool {
+	return errors.Is(err, schemas.ErrInvalid) || errors.Is(err, schemas.ErrUnusable)
+}

@@ -11,6 +11,12 @@ import (
 // redelivered: it goes to the dead-letter subject with the reason.
 var ErrInvalid = errors.New("invalid message")
 
+// ErrUnusable marks a valid message a stage can no longer use, such as one
+// side of a join whose other side never came: like an invalid one, it goes
+// to the dead-letter subject at once, with the reason, rather than being
+// held or redelivered forever.
+var ErrUnusable = errors.New("unusable message")
+
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 }

@@ -67,6 +67,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.IntVar(&cfg.Debiaser.BufferSize, "buffer", cfg.Debiaser.BufferSize, "anchor pairs kept for the fit")
 	fs.StringVar(estimator, "rho", string(fuse.DefaultEstimator), "rho estimator: reference, ratio, advantage or off")
 	fs.DurationVar(&cfg.AnchorDeadline, "anchor-deadline", cfg.AnchorDeadline, "anchors later than this fall back to world-model rewards for their step")
+	fs.DurationVar(&cfg.PairWait, "pair-wait", cfg.PairWait, "an anchor group's prediction or execution waits at most this long for the other (their pairs calibrate even when late), then goes to the dead letters")
 	fs.DurationVar(&cfg.ExecLatency, "exec-latency", cfg.ExecLatency, "latency of the simulated executor")
 	fs.IntVar(&cfg.ExecSlots, "exec-slots", 16, "executions at once in this process's execute stage")
 	fs.StringVar(&cfg.ArchiveDir, "archive", "", "Parquet archive root of the archive stage (default: DATA/archive; off: no archive)")

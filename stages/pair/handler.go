@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -28,6 +29,12 @@ type Handler struct {
 	Run string
 	Out string // pairs subject
 	Pub message.Publisher
+	// Wait bounds how long one side waits for the other (0: forever). Past
+	// it the handler fails with schemas.ErrUnusable, so the side is
+	// dead-lettered with the reason instead of held, and redelivered after
+	// every restart, for good: the other side was dead-lettered itself (an
+	// executor that kept failing, a world model that kept refusing).
+	Wait time.Duration
 
 	mu    sync.Mutex
 	slots map[key]*slot
@@ -101,10 +108,36 @@ func (h *Handler) join(ctx context.Context, k key, s *slot) error {
 		close(s.done)
 		return nil
 	}
+	var expired <-chan time.Time
+	if h.Wait > 0 {
+		t := time.NewTimer(h.Wait)
+		defer t.Stop()
+		expired = t.C
+	}
 	select {
 	case <-s.done:
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("pair: gave up waiting for the other side of %d/%s: %w", k.step, k.group, ctx.Err())
+	case <-expired:
 	}
+	h.mu.Lock()
+	alone := h.slots[k] == s && (s.pred == nil || s.exec == nil)
+	if alone {
+		delete(h.slots, k)
+	}
+	missing := "execution"
+	if s.pred == nil {
+		missing = "prediction"
+	}
+	h.mu.Unlock()
+	if !alone { // the other side came just now and is storing the pairs
+		select {
+		case <-s.done:
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("pair: gave up waiting for the other side of %d/%s: %w", k.step, k.group, ctx.Err())
+		}
+	}
+	return fmt.Errorf("pair: %w: anchor group %d/%s: no %s within %v (see the dead letters for it)", schemas.ErrUnusable, k.step, k.group, missing, h.Wait)
 }

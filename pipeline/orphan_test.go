@@ -1,0 +1,99 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/wmrl/wmrl/connectors/sim"
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/execute"
+	"github.com/wmrl/wmrl/stages/route"
+)
+
+// brokenExecutor fails every trajectory of one group, as a sandbox service
+// that is down fails a request, and scores the rest.
+type brokenExecutor struct{ group string }
+
+func (e brokenExecutor) Execute(_ context.Context, t schemas.Trajectory) (execute.Result, error) {
+	if t.GroupID == e.group {
+		return execute.Result{}, errors.New("sandbox service unreachable")
+	}
+	return execute.Result{Status: schemas.ExecScored, Score: 0.5}, nil
+}
+
+// An anchor group whose execution is dead-lettered leaves its prediction in
+// the pair stage with nothing to join. It goes to the dead letters after
+// --pair-wait, saying what it waited for, instead of being held (and
+// redelivered after every restart) for good; the other anchor group pairs
+// as usual and the step is fused.
+func TestOrphanedAnchorSideIsDeadLetteredAfterPairWait(t *testing.T) {
+	pol := sim.Policy{Run: "default", Tasks: 4, Groups: 2, GroupSize: 4}
+	trajs, _ := pol.Step(0)
+	broken := trajs[0].GroupID
+	cfg := testConfig(t)
+	cfg.Source = SourceExternal
+	cfg.Anchors = route.SchedulerConfig{Fraction: 1, MinPerStep: 1}
+	cfg.ExecutorImpl = brokenExecutor{group: broken}
+	cfg.MaxAttempts = 2
+	cfg.AnchorDeadline = 500 * time.Millisecond
+	cfg.PairWait = 2 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, nc, js := startClient(t, ctx, cfg)
+	letters := make(chan *nats.Msg, 16)
+	sub, err := nc.ChanSubscribe("wmrl.default.dlq", letters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	publishStep(t, ctx, js, pol, 0)
+
+	byStage := map[string]schemas.DeadLetter{}
+	timeout := time.After(60 * time.Second)
+	for len(byStage) < 2 {
+		select {
+		case m := <-letters:
+			var d schemas.DeadLetter
+			json.Unmarshal(m.Data, &d)
+			byStage[d.Stage] = d
+		case <-timeout:
+			var got []string
+			for stage, d := range byStage {
+				got = append(got, stage+": "+d.Reason)
+			}
+			t.Fatalf("dead letters after 60s: %q; want one from execute and one from pair", got)
+		}
+	}
+	ex, pr := byStage[StageExecute], byStage[StagePair]
+	if !strings.Contains(ex.Reason, "sandbox service unreachable") || ex.Subject != "wmrl.default.exec" {
+		t.Errorf("execute's dead letter: %+v", ex)
+	}
+	var pred schemas.Prediction
+	json.Unmarshal([]byte(pr.Payload), &pred)
+	if pr.Subject != "wmrl.default.pred" || pred.GroupID != broken || !strings.Contains(pr.Reason, "no execution within 2s") {
+		t.Errorf("pair's dead letter: subject %s, group %s (want %s), reason %q", pr.Subject, pred.GroupID, broken, pr.Reason)
+	}
+
+	// Nothing is held any more, the other group paired, the step fused.
+	cons, err := js.Consumer(ctx, "WMRL_WMRL", consumerName(StagePair, "default", schemas.KindPred))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	if n := len(scanAll(t, nc, "wmrl.default.pairs")); n != 1 {
+		t.Errorf("%d pairs messages, want 1 (the group that executed)", n)
+	}
+	waitFor(t, 30*time.Second, func() bool { return len(scanAll(t, nc, "wmrl.default.update")) == 1 })
+	if err := p.Stop(); err != nil {
+		t.Fatalf("pipeline: %v", err)
+	}
+}
