@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // startServer runs an embedded JetStream server for one test.
@@ -68,4 +69,41 @@ func TestPubSub(t *testing.T) {
 			return newPubSub(t, srv, group)
 		},
 	)
+}
+
+// TestScansLeaveNoConsumerBehind: a scan's ordered consumer is deleted when
+// it ends, so that polling a subject (as tests and restarts do) does not
+// pile consumers up until the server's inactivity threshold.
+func TestScansLeaveNoConsumerBehind(t *testing.T) {
+	srv := startServer(t)
+	nc := connect(t, srv)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := js.Publish(ctx, "s.a", []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 20 {
+		n := 0
+		if err := Scan(ctx, js, "S", "s.a", false, func(Record) error { n++; return nil }); err != nil || n != 3 {
+			t.Fatalf("scan: %d records, %v", n, err)
+		}
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Consumers != 0 {
+		t.Fatalf("%d consumers left on the stream after 20 scans; want 0", info.State.Consumers)
+	}
 }

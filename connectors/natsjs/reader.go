@@ -33,6 +33,7 @@ type Reader struct {
 	next        uint64 // stream sequence to resume at; 0: the beginning
 	mu          sync.Mutex
 	it          jetstream.MessagesContext // nil between a loss and the next open
+	cons        jetstream.Consumer        // the newest consumer made, deleted on Close
 	closed      bool
 	// Backlog is how many messages were on the subject when the reader
 	// started: a caller rebuilding state is caught up after that many.
@@ -95,6 +96,7 @@ func (r *Reader) open(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.cons = cons
 	if r.closed {
 		it.Stop()
 		return nil, jetstream.ErrMsgIteratorClosed
@@ -155,13 +157,25 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 	}
 }
 
-// Close stops the reader.
+// Close stops the reader and deletes its consumer, so that readers opened
+// often (scans) do not leave consumers behind until the server's inactivity
+// threshold (5 minutes) removes them.
 func (r *Reader) Close() {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.closed = true
 	if r.it != nil {
 		r.it.Stop()
+	}
+	cons := r.cons
+	r.cons = nil
+	r.mu.Unlock()
+	if cons == nil {
+		return
+	}
+	if info := cons.CachedInfo(); info != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = r.js.DeleteConsumer(ctx, r.stream, info.Name) // best effort: the threshold removes it otherwise
 	}
 }
 
