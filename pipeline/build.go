@@ -49,7 +49,8 @@ func (p *Pipeline) build(ctx context.Context) error {
 		case StagePredict:
 			var wm predict.WorldModel
 			if wm, err = p.worldModel(); err == nil {
-				h := &predict.Handler{Run: cfg.Run, Out: p.topo.Out(StagePredict, schemas.KindPred), Pub: p.stagePublisher(stage), WM: wm}
+				h := &predict.Handler{Run: cfg.Run, Out: p.topo.Out(StagePredict, schemas.KindPred), Pub: p.stagePublisher(stage), WM: wm,
+					LastAttempt: p.dl.lastAttempt}
 				err = p.subscribe(stage, schemas.KindGroup, h.Handle)
 			}
 		case StageExecute:

@@ -31,13 +31,12 @@ func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if msg.Context().Err() != nil {
 			return nil, err // shutting down: hand it back
 		}
-		n, _ := strconv.Atoi(msg.Metadata.Get(natsjs.MetaDeliveries))
-		if !isPoison(err) && n < d.maxAttempts {
+		if !isPoison(err) && !d.lastAttempt(msg) {
 			return nil, err
 		}
 		reason := err.Error()
 		if !isPoison(err) {
-			reason = fmt.Sprintf("gave up after %d deliveries: %v", n, err)
+			reason = fmt.Sprintf("gave up after %s deliveries: %v", msg.Metadata.Get(natsjs.MetaDeliveries), err)
 		}
 		stage := stageOf(message.HandlerNameFromCtx(msg.Context()))
 		if perr := d.send(stage, msg.Metadata.Get(natsjs.MetaSubject), reason, msg.Payload); perr != nil {
@@ -45,6 +44,13 @@ func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		return nil, nil
 	}
+}
+
+// lastAttempt reports whether msg is on the delivery after which a failing
+// handler's message is dead-lettered.
+func (d *deadLetters) lastAttempt(msg *message.Message) bool {
+	n, _ := strconv.Atoi(msg.Metadata.Get(natsjs.MetaDeliveries))
+	return n >= d.maxAttempts
 }
 
 func (d *deadLetters) send(stage, subject, reason string, payload []byte) error {

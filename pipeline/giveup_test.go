@@ -13,6 +13,7 @@ import (
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/execute"
+	"github.com/wmrl/wmrl/stages/predict"
 	"github.com/wmrl/wmrl/stages/route"
 )
 
@@ -93,6 +94,75 @@ func TestOrphanedAnchorSideIsDeadLetteredAfterPairWait(t *testing.T) {
 		t.Errorf("%d pairs messages, want 1 (the group that executed)", n)
 	}
 	waitFor(t, 30*time.Second, func() bool { return len(scanAll(t, nc, "wmrl.default.update")) == 1 })
+	if err := p.Stop(); err != nil {
+		t.Fatalf("pipeline: %v", err)
+	}
+}
+
+// brokenWorldModel fails on every call for one group, as a world-model
+// server that is down for longer than the retries last.
+type brokenWorldModel struct{ group string }
+
+func (w brokenWorldModel) Name() string { return "sim" }
+
+func (w brokenWorldModel) Predict(ctx context.Context, trajs []schemas.Trajectory) ([]predict.Score, error) {
+	if trajs[0].GroupID == w.group {
+		return nil, errors.New("connection refused")
+	}
+	return sim.DefaultWorldModel().Predict(ctx, trajs)
+}
+
+// A group the world model fails on at every attempt is dead-lettered and
+// recorded as ungraded, so that its step is still fused (without that
+// group's world-model signal) instead of waiting for good for a prediction.
+func TestStepIsFusedWhenTheWorldModelGivesUpOnAGroup(t *testing.T) {
+	pol := sim.Policy{Run: "default", Tasks: 4, Groups: 3, GroupSize: 4}
+	trajs, _ := pol.Step(0)
+	broken := trajs[0].GroupID
+	cfg := testConfig(t)
+	cfg.Source = SourceExternal
+	cfg.WorldModelImpl = brokenWorldModel{group: broken}
+	cfg.MaxAttempts = 2
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, nc, js := startClient(t, ctx, cfg)
+	publishStep(t, ctx, js, pol, 0)
+
+	var raw [][]byte
+	waitFor(t, 60*time.Second, func() bool { raw = scanAll(t, nc, "wmrl.default.update"); return len(raw) == 1 })
+	u := decodeUpdates(t, raw)[0]
+	n := 0
+	for _, it := range u.Items {
+		if it.GroupID != broken {
+			continue
+		}
+		n++
+		if it.WMStatus != schemas.PredUngraded || it.Predicted != nil || (it.Source != "anchor" && it.Reward != nil) {
+			t.Errorf("item %s of the failed group: %+v; want ungraded, no prediction, no world-model reward", it.TrajID, it)
+		}
+	}
+	if n != 4 {
+		t.Errorf("%d items of group %s in the update, want 4", n, broken)
+	}
+	var pred schemas.Prediction
+	for _, b := range scanAll(t, nc, "wmrl.default.pred") {
+		if json.Unmarshal(b, &pred); pred.GroupID == broken {
+			break
+		}
+	}
+	if pred.GroupID != broken || !strings.Contains(pred.Items[0].Reason, "world model failed on every attempt") || !strings.Contains(pred.Items[0].Reason, "connection refused") {
+		t.Errorf("prediction of the failed group: %+v", pred)
+	}
+	var dl schemas.DeadLetter
+	waitFor(t, 30*time.Second, func() bool {
+		for _, b := range scanAll(t, nc, "wmrl.default.dlq") {
+			json.Unmarshal(b, &dl)
+		}
+		return dl.Stage == StagePredict
+	})
+	if !strings.Contains(dl.Reason, "gave up after 2 deliveries") || !strings.Contains(dl.Reason, "recorded the group as ungraded") {
+		t.Errorf("dead letter: %q", dl.Reason)
+	}
 	if err := p.Stop(); err != nil {
 		t.Fatalf("pipeline: %v", err)
 	}

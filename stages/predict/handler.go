@@ -35,6 +35,12 @@ type Handler struct {
 	Out string // prediction subject
 	Pub message.Publisher
 	WM  WorldModel
+	// LastAttempt reports whether msg is on its last delivery before it is
+	// dead-lettered (nil: never). A world model still failing then gets the
+	// group recorded as ungraded, with the reason, so that its step is
+	// fused without it rather than waiting for a prediction that will never
+	// come; the error is still returned, for the dead letters.
+	LastAttempt func(*message.Message) bool
 }
 
 // Handle predicts one group. Invalid input wraps schemas.ErrInvalid.
@@ -44,12 +50,27 @@ func (h *Handler) Handle(msg *message.Message) error {
 		return fmt.Errorf("predict: %w", err)
 	}
 	scores, err := h.WM.Predict(msg.Context(), g.Trajectories)
+	if err == nil && len(scores) != len(g.Trajectories) {
+		err = fmt.Errorf("returned %d scores for %d trajectories", len(scores), len(g.Trajectories))
+	}
 	if err != nil {
-		return fmt.Errorf("predict: world model on group %s: %w", g.GroupID, err)
+		err = fmt.Errorf("predict: world model on group %s: %w", g.GroupID, err)
+		if h.LastAttempt == nil || !h.LastAttempt(msg) || msg.Context().Err() != nil {
+			return err
+		}
+		scores = make([]Score, len(g.Trajectories))
+		for i := range scores {
+			scores[i].Reason = "world model failed on every attempt: " + err.Error()
+		}
+		if perr := h.publish(g, scores); perr != nil {
+			return fmt.Errorf("%w (and recording the group as ungraded failed: %v)", err, perr)
+		}
+		return fmt.Errorf("%w (recorded the group as ungraded)", err)
 	}
-	if len(scores) != len(g.Trajectories) {
-		return fmt.Errorf("predict: world model returned %d scores for %d trajectories", len(scores), len(g.Trajectories))
-	}
+	return h.publish(g, scores)
+}
+
+func (h *Handler) publish(g schemas.Group, scores []Score) error {
 	p := schemas.Prediction{
 		Schema: schemas.Version, Run: g.Run, Step: g.Step, GroupID: g.GroupID, Anchor: g.Anchor,
 		Model: h.WM.Name(), Items: make([]schemas.PredItem, len(scores)),
