@@ -33,7 +33,7 @@ type Handler struct {
 	// it the handler fails with schemas.ErrUnusable, so the side is
 	// dead-lettered with the reason instead of held, and redelivered after
 	// every restart, for good: the other side was dead-lettered itself (an
-	// executor that kept failing, a world model that kept refusing).
+	// executor that kept failing).
 	Wait time.Duration
 
 	mu    sync.Mutex
