@@ -37,6 +37,15 @@ type Handler struct {
 	Exe Executor
 	// Slots bounds executions running at once across all groups (default 8).
 	Slots chan struct{}
+
+	// done keeps the outcomes of this process's recent executions, so that
+	// a group redelivered after one of its trajectories failed (or after
+	// its Execution could not be stored) runs only what has no outcome yet:
+	// an execution is the expensive thing this project exists to save.
+	mu    sync.Mutex
+	done  map[string]schemas.ExecItem
+	order []string
+	keep  int
 }
 
 // NewHandler builds the stage with at most slots executions at once.
@@ -44,7 +53,32 @@ func NewHandler(run, out string, pub message.Publisher, exe Executor, slots int)
 	if slots < 1 {
 		slots = 8
 	}
-	return &Handler{Run: run, Out: out, Pub: pub, Exe: exe, Slots: make(chan struct{}, slots)}
+	return &Handler{Run: run, Out: out, Pub: pub, Exe: exe, Slots: make(chan struct{}, slots),
+		done: map[string]schemas.ExecItem{}, keep: 4096}
+}
+
+func doneKey(g schemas.Group, t schemas.Trajectory) string {
+	return fmt.Sprintf("%d/%s/%s", g.Step, g.GroupID, t.TrajID)
+}
+
+func (h *Handler) outcome(key string) (schemas.ExecItem, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	it, ok := h.done[key]
+	return it, ok
+}
+
+func (h *Handler) remember(key string, it schemas.ExecItem) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, again := h.done[key]; !again {
+		h.order = append(h.order, key)
+	}
+	h.done[key] = it
+	for len(h.order) > h.keep {
+		delete(h.done, h.order[0])
+		h.order = h.order[1:]
+	}
 }
 
 // Handle executes one anchor group, its trajectories concurrently.
@@ -58,6 +92,11 @@ func (h *Handler) Handle(msg *message.Message) error {
 	errs := make([]error, len(g.Trajectories))
 	var wg sync.WaitGroup
 	for i, t := range g.Trajectories {
+		key := doneKey(g, t)
+		if it, ok := h.outcome(key); ok {
+			items[i] = it
+			continue
+		}
 		select {
 		case h.Slots <- struct{}{}:
 		case <-ctx.Done():
@@ -78,6 +117,7 @@ func (h *Handler) Handle(msg *message.Message) error {
 				it.Score = &v
 			}
 			items[i] = it
+			h.remember(key, it)
 		}()
 	}
 	wg.Wait()
