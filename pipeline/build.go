@@ -69,6 +69,7 @@ func (p *Pipeline) build(ctx context.Context) error {
 				}
 			}
 			h := execute.NewHandler(cfg.Run, p.topo.Out(StageExecute, schemas.KindExecution), p.stagePublisher(stage), exe, cfg.ExecSlots)
+			h.LastAttempt = p.dl.lastAttempt
 			err = p.subscribe(stage, schemas.KindExec, h.Handle)
 		case StagePair:
 			h := pair.NewHandler(cfg.Run, p.topo.Out(StagePair, schemas.KindPairs), p.stagePublisher(stage))

@@ -37,6 +37,14 @@ type Handler struct {
 	Exe Executor
 	// Slots bounds executions running at once across all groups (default 8).
 	Slots chan struct{}
+	// LastAttempt reports whether msg is on its last delivery before it is
+	// dead-lettered (nil: never). If the executor still fails some of the
+	// group's trajectories then, but at least two have scores, the group is
+	// published with the failed ones ungraded (and still dead-lettered, for
+	// the record): the executions already paid for are used. With fewer,
+	// nothing is published and the step falls back to the world model for
+	// the group at its anchor deadline.
+	LastAttempt func(*message.Message) bool
 
 	// done keeps the outcomes of this process's recent executions, so that
 	// a group redelivered after one of its trajectories failed (or after
@@ -121,11 +129,37 @@ func (h *Handler) Handle(msg *message.Message) error {
 		}()
 	}
 	wg.Wait()
+	var failed error
+	scored := 0
 	for i, err := range errs {
-		if err != nil {
-			return fmt.Errorf("execute: %s: %w", g.Trajectories[i].TrajID, err)
+		switch {
+		case err != nil && failed == nil:
+			failed = fmt.Errorf("execute: %s: %w", g.Trajectories[i].TrajID, err)
+		case err == nil && items[i].Score != nil:
+			scored++
 		}
 	}
+	if failed == nil {
+		return h.publish(g, items)
+	}
+	if h.LastAttempt == nil || !h.LastAttempt(msg) || ctx.Err() != nil || scored < 2 {
+		return failed
+	}
+	n := 0
+	for i, err := range errs {
+		if err != nil {
+			items[i] = schemas.ExecItem{TrajID: g.Trajectories[i].TrajID, Status: schemas.ExecSandboxError,
+				Detail: "executor failed on every attempt: " + err.Error()}
+			n++
+		}
+	}
+	if err := h.publish(g, items); err != nil {
+		return fmt.Errorf("%w (and publishing the group without them failed: %v)", failed, err)
+	}
+	return fmt.Errorf("%w (published the group with %d of %d ungraded)", failed, n, len(items))
+}
+
+func (h *Handler) publish(g schemas.Group, items []schemas.ExecItem) error {
 	e := schemas.Execution{Schema: schemas.Version, Run: g.Run, Step: g.Step, GroupID: g.GroupID, Items: items}
 	out, err := schemas.NewMessage(fmt.Sprintf("%s/execution/%d/%s", g.Run, g.Step, g.GroupID), e)
 	if err != nil {

@@ -76,3 +76,57 @@ func TestRedeliveryRunsOnlyWhatHasNoOutcome(t *testing.T) {
 		}
 	}
 }
+
+// brokenFor fails the trajectories it names on every run.
+type brokenFor map[string]bool
+
+func (b brokenFor) Execute(_ context.Context, t schemas.Trajectory) (Result, error) {
+	if b[t.TrajID] {
+		return Result{}, errors.New("executor protocol error")
+	}
+	return Result{Status: schemas.ExecScored, Score: 0.5}, nil
+}
+
+// On the last attempt a group with at least two scored trajectories is
+// published with the failing ones ungraded, and the error still returned
+// for the dead letters; with fewer, nothing is published.
+func TestLastAttemptPublishesWhatWasExecuted(t *testing.T) {
+	g := schemas.Group{Schema: schemas.Version, Run: "r", Step: 1, GroupID: "g", TaskID: "t", Anchor: true}
+	for _, id := range []string{"a", "b", "c"} {
+		g.Trajectories = append(g.Trajectories, schemas.Trajectory{TrajID: id, GroupID: "g"})
+	}
+	payload, _ := json.Marshal(g)
+	deliver := func(h *Handler) error {
+		m := message.NewMessage("id", payload)
+		m.SetContext(context.Background())
+		return h.Handle(m)
+	}
+	last := false
+	for _, tc := range []struct {
+		broken    brokenFor
+		published bool
+	}{{brokenFor{"b": true}, true}, {brokenFor{"a": true, "c": true}, false}} {
+		pub := &recorder{}
+		h := NewHandler("r", "execution", pub, tc.broken, 2)
+		h.LastAttempt = func(*message.Message) bool { return last }
+		last = false
+		if err := deliver(h); err == nil || len(pub.msgs) != 0 {
+			t.Fatalf("%v, not the last attempt: %v, %d published", tc.broken, err, len(pub.msgs))
+		}
+		last = true
+		err := deliver(h)
+		if err == nil || (len(pub.msgs) == 1) != tc.published {
+			t.Fatalf("%v, last attempt: %v, %d published; want an error and published %v", tc.broken, err, len(pub.msgs), tc.published)
+		}
+		if !tc.published {
+			continue
+		}
+		var e schemas.Execution
+		json.Unmarshal(pub.msgs[0].Payload, &e)
+		for _, it := range e.Items {
+			if tc.broken[it.TrajID] != (it.Score == nil) || (it.Score == nil && (it.Status != schemas.ExecSandboxError || it.Detail == "")) {
+				t.Errorf("%v: item %+v", tc.broken, it)
+			}
+		}
+	}
+}
