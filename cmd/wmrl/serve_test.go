@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -21,17 +23,67 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
-func waitHTTP(t *testing.T, url string) {
+// proc is a started process of the binary: its output, and done closed
+// (with err set) when it ends.
+type proc struct {
+	out  lockedBuffer
+	done chan struct{}
+	err  error
+}
+
+// started runs cmd with its output in a buffer; the test kills it when it
+// ends.
+func started(t *testing.T, cmd *exec.Cmd) *proc {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if resp, err := http.Get(url); err == nil {
+	p := &proc{done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = &p.out, &p.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-p.done })
+	return p
+}
+
+// waitHTTP waits up to a minute for url to answer, failing at once if the
+// process serving it ends, with that process's output.
+func waitHTTP(t *testing.T, url string, p *proc) {
+	t.Helper()
+	client := http.Client{Timeout: 10 * time.Second}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := client.Get(url)
+		if err == nil {
 			resp.Body.Close()
 			return
 		}
+		select {
+		case <-p.done:
+			t.Fatalf("%s: the process ended (%v) before answering; its output:\n%s", url, p.err, p.out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s never answered", url)
+			t.Fatalf("%s never answered (%v); its output:\n%s", url, err, p.out.String())
 		}
 	}
+}
+
+// lockedBuffer collects a process's output while the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // TestPythonTrainerAgainstTheBinary runs the Python client as a trainer
@@ -46,18 +98,10 @@ func TestPythonTrainerAgainstTheBinary(t *testing.T) {
 	natsAddr, runHTTP, serveHTTP := freePort(t), freePort(t), freePort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	run := exec.CommandContext(ctx, bin, "run", "--source", "external", "--data", t.TempDir(), "--listen", natsAddr, "--http", runHTTP, "--quiet")
-	if err := run.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { run.Process.Kill(); run.Wait() }()
-	waitHTTP(t, "http://"+runHTTP+"/v1/runs/default/calibration")
-	serve := exec.CommandContext(ctx, bin, "serve", "--nats", "nats://"+natsAddr, "--http", serveHTTP)
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { serve.Process.Kill(); serve.Wait() }()
-	waitHTTP(t, "http://"+serveHTTP+"/v1/runs/default/calibration")
+	run := started(t, exec.CommandContext(ctx, bin, "run", "--source", "external", "--data", t.TempDir(), "--listen", natsAddr, "--http", runHTTP, "--quiet"))
+	waitHTTP(t, "http://"+runHTTP+"/v1/runs/default/calibration", run)
+	serve := started(t, exec.CommandContext(ctx, bin, "serve", "--nats", "nats://"+natsAddr, "--http", serveHTTP))
+	waitHTTP(t, "http://"+serveHTTP+"/v1/runs/default/calibration", serve)
 
 	for i, base := range []string{runHTTP, serveHTTP} {
 		out, err := exec.CommandContext(ctx, py, "../../examples/python/trainer_demo.py",
