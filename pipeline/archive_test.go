@@ -2,10 +2,15 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
+	"os"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
@@ -119,4 +124,61 @@ func TestArchiveKeepsLateAnchorPairs(t *testing.T) {
 			t.Fatalf("late pair row %+v (its step's row %+v)", r, w)
 		}
 	}
+}
+
+// An archive whose directory is gone for a while (a disk unmounted, a
+// quota hit) loses nothing: its inputs are retried until it is back, never
+// dead-lettered, and the run ends with every step archived once.
+func TestArchiveWaitsOutAnOutage(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 8
+	cfg.MaxAttempts = 2 // an input failing twice would be dead-lettered
+	cfg.ArchiveMaxAge = 20 * time.Millisecond
+	var out syncBuffer
+	cfg.Out, cfg.Quiet = &out, false
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := archive.RunDir(cfg.ArchiveRoot(), cfg.Run)
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The outage: the run's directory is moved away, a file in its place.
+	if err := os.Rename(dir, dir+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Long enough for inputs to fail on a second delivery, after which
+	// they would be dead-lettered.
+	waitFor(t, 60*time.Second, func() bool {
+		return testutil.ToFloat64(p.Metrics().Redeliveries.WithLabelValues(StageArchive)) >= 3
+	})
+	if err := os.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(dir+".away", dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if dl := readStored(t, cfg.DataDir, "wmrl.default.dlq"); len(dl) != 0 {
+		var d schemas.DeadLetter
+		json.Unmarshal(dl[0], &d)
+		t.Fatalf("%d dead letters, want none; the first: %s", len(dl), d.Reason)
+	}
+	if !strings.Contains(out.String(), "archive: outage:") {
+		t.Errorf("the outage was not reported:\n%s", out.String())
+	}
+	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ups) != 8 || len(rows) != 8*cfg.Groups*cfg.GroupSize {
+		t.Fatalf("%d updates, %d rows archived; want 8 and %d", len(ups), len(rows), 8*cfg.Groups*cfg.GroupSize)
+	}
+	checkArchive(t, rows, ups)
 }

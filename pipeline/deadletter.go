@@ -1,8 +1,10 @@
 package pipeline
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -12,14 +14,19 @@ import (
 )
 
 // deadLetters decides, in one place, whether a failed message is retried
-// or dead-lettered: poison (schemas.ErrInvalid) at once, anything else once
-// it has failed on its MaxAttempts-th delivery. A dead letter is stored on
-// the dlq subject with the reason before the input is acknowledged.
+// or dead-lettered: poison (schemas.ErrInvalid, ErrUnusable) at once, an
+// outage (schemas.ErrOutage) never, anything else once it has failed on
+// its MaxAttempts-th delivery. A dead letter is stored on the dlq subject
+// with the reason before the input is acknowledged.
 type deadLetters struct {
 	pub         message.Publisher
 	subject     string
 	maxAttempts int
 	metrics     *Metrics
+	notef       func(format string, args ...any)
+
+	mu         sync.Mutex
+	lastOutage map[string]time.Time // by stage: when an outage was last said
 }
 
 func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
@@ -30,6 +37,10 @@ func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		if msg.Context().Err() != nil {
 			return nil, err // shutting down: hand it back
+		}
+		if errors.Is(err, schemas.ErrOutage) {
+			d.outage(msg, err)
+			return nil, err
 		}
 		if !isPoison(err) && !d.lastAttempt(msg) {
 			return nil, err
@@ -43,6 +54,24 @@ func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, fmt.Errorf("%v (and the dead letter could not be stored: %w)", err, perr)
 		}
 		return nil, nil
+	}
+}
+
+// outage says, at most once a minute per stage, that a stage is waiting
+// out an outage; the handler error counter counts every attempt.
+func (d *deadLetters) outage(msg *message.Message, err error) {
+	stage := stageOf(message.HandlerNameFromCtx(msg.Context()))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if time.Since(d.lastOutage[stage]) < time.Minute {
+		return
+	}
+	if d.lastOutage == nil {
+		d.lastOutage = map[string]time.Time{}
+	}
+	d.lastOutage[stage] = time.Now()
+	if d.notef != nil {
+		d.notef("%s: %v (retrying until it passes; nothing is dead-lettered)", stage, err)
 	}
 }
 

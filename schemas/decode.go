@@ -17,6 +17,12 @@ var ErrInvalid = errors.New("invalid message")
 // held or redelivered forever.
 var ErrUnusable = errors.New("unusable message")
 
+// ErrOutage marks a failure that is not the message's (a full or missing
+// disk under the archive): the message is retried, with backoff, for as
+// long as the outage lasts and never dead-lettered, so that nothing is lost
+// once it is over.
+var ErrOutage = errors.New("outage")
+
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 }

@@ -43,7 +43,7 @@ func (s *Stage) HandleUpdate(msg *message.Message) error {
 	rows, late := FromUpdate(u)
 	c, err := s.W.Add(UpdateKey(u.Step), rows, late)
 	if err != nil {
-		return err
+		return outage(err)
 	}
 	s.release(u.Step)
 	if err := wait(msg.Context(), c); err != nil {
@@ -71,7 +71,7 @@ func (s *Stage) HandleCalibration(msg *message.Message) error {
 		if g, _, ok := s.W.Late(c.Step, c.GroupID); ok {
 			commit, err := s.W.Add(LateKey(c.Step, c.GroupID), FromLate(c, g, s.Now()), nil)
 			if err != nil {
-				return err
+				return outage(err)
 			}
 			if err := wait(ctx, commit); err != nil {
 				return err
@@ -116,10 +116,18 @@ func (s *Stage) release(step int64) {
 	}
 }
 
+// outage marks the writer's errors (a disk full, missing or refusing) as
+// outages: the input is retried until the disk is back, never dead-lettered,
+// so the archive has no holes once it is over.
+func outage(err error) error { return fmt.Errorf("%w: %w", schemas.ErrOutage, err) }
+
 func wait(ctx context.Context, c *Commit) error {
 	select {
 	case <-c.Done():
-		return c.Err()
+		if err := c.Err(); err != nil {
+			return outage(err)
+		}
+		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("archive: gave up waiting for the file to close: %w", ctx.Err())
 	}
