@@ -17,6 +17,17 @@ import (
 	"github.com/wmrl/wmrl/stages/route"
 )
 
+// oneBrokenGroup is a policy of groups groups of 4 a step, the ID of step
+// 0's first group (the one a test breaks), and a pipeline that waits for
+// trajectories from outside.
+func oneBrokenGroup(t *testing.T, groups int) (sim.Policy, string, Config) {
+	pol := sim.Policy{Run: "default", Tasks: 4, Groups: groups, GroupSize: 4}
+	trajs, _ := pol.Step(0)
+	cfg := testConfig(t)
+	cfg.Source = SourceExternal
+	return pol, trajs[0].GroupID, cfg
+}
+
 // brokenExecutor fails every trajectory of one group, as a sandbox service
 // that is down fails a request, and scores the rest.
 type brokenExecutor struct{ group string }
@@ -34,11 +45,7 @@ func (e brokenExecutor) Execute(_ context.Context, t schemas.Trajectory) (execut
 // redelivered after every restart) for good; the other anchor group pairs
 // as usual and the step is fused.
 func TestOrphanedAnchorSideIsDeadLetteredAfterPairWait(t *testing.T) {
-	pol := sim.Policy{Run: "default", Tasks: 4, Groups: 2, GroupSize: 4}
-	trajs, _ := pol.Step(0)
-	broken := trajs[0].GroupID
-	cfg := testConfig(t)
-	cfg.Source = SourceExternal
+	pol, broken, cfg := oneBrokenGroup(t, 2)
 	cfg.Anchors = route.SchedulerConfig{Fraction: 1, MinPerStep: 1}
 	cfg.ExecutorImpl = brokenExecutor{group: broken}
 	cfg.MaxAttempts = 2
@@ -116,11 +123,7 @@ func (w brokenWorldModel) Predict(ctx context.Context, trajs []schemas.Trajector
 // recorded as ungraded, so that its step is still fused (without that
 // group's world-model signal) instead of waiting for good for a prediction.
 func TestStepIsFusedWhenTheWorldModelGivesUpOnAGroup(t *testing.T) {
-	pol := sim.Policy{Run: "default", Tasks: 4, Groups: 3, GroupSize: 4}
-	trajs, _ := pol.Step(0)
-	broken := trajs[0].GroupID
-	cfg := testConfig(t)
-	cfg.Source = SourceExternal
+	pol, broken, cfg := oneBrokenGroup(t, 3)
 	cfg.WorldModelImpl = brokenWorldModel{group: broken}
 	cfg.MaxAttempts = 2
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -1,0 +1,65 @@
+// Package stagetest holds the fakes the stages' unit tests share. The
+// stages' tests against the real thing (embedded NATS, every stage) are in
+// pipeline/.
+package stagetest
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Recorder is a publisher that keeps what it is given, in order.
+type Recorder struct {
+	mu     sync.Mutex
+	topics []string
+	msgs   []*message.Message
+}
+
+// Publish records msgs under topic.
+func (r *Recorder) Publish(topic string, msgs ...*message.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range msgs {
+		r.topics = append(r.topics, topic)
+		r.msgs = append(r.msgs, m)
+	}
+	return nil
+}
+
+// Close does nothing.
+func (r *Recorder) Close() error { return nil }
+
+// Count is how many messages were published.
+func (r *Recorder) Count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.msgs)
+}
+
+// Decode unmarshals the i-th published message into v.
+func (r *Recorder) Decode(t testing.TB, i int, v any) {
+	t.Helper()
+	r.mu.Lock()
+	m := r.msgs[i]
+	r.mu.Unlock()
+	if err := json.Unmarshal(m.Payload, v); err != nil {
+		t.Fatalf("published message %d: %v", i, err)
+	}
+}
+
+// Message is v as JSON in a message carrying ctx, as a subscriber hands it
+// to a handler.
+func Message(t testing.TB, ctx context.Context, v any) *message.Message {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := message.NewMessage("id", b)
+	m.SetContext(ctx)
+	return m
+}
