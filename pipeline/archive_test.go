@@ -169,7 +169,7 @@ func TestArchiveWaitsOutAnOutage(t *testing.T) {
 		json.Unmarshal(dl[0], &d)
 		t.Fatalf("%d dead letters, want none; the first: %s", len(dl), d.Reason)
 	}
-	if !strings.Contains(out.String(), "archive: outage:") {
+	if !strings.Contains(out.String(), "(outage); retrying until it passes") {
 		t.Errorf("the outage was not reported:\n%s", out.String())
 	}
 	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))

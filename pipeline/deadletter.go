@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,8 +26,8 @@ type deadLetters struct {
 	metrics     *Metrics
 	notef       func(format string, args ...any)
 
-	mu         sync.Mutex
-	lastOutage map[string]time.Time // by stage: when an outage was last said
+	mu   sync.Mutex
+	said map[string]time.Time // by stage and kind: when it was last said
 }
 
 func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
@@ -38,41 +39,55 @@ func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if msg.Context().Err() != nil {
 			return nil, err // shutting down: hand it back
 		}
+		stage := stageOf(message.HandlerNameFromCtx(msg.Context()))
+		deliveries := msg.Metadata.Get(natsjs.MetaDeliveries)
 		if errors.Is(err, schemas.ErrOutage) {
-			d.outage(msg, err)
+			d.say(stage, "outage", "%s; retrying until it passes, nothing is dead-lettered", ofStage(stage, err.Error()))
 			return nil, err
 		}
 		if !isPoison(err) && !d.lastAttempt(msg) {
+			d.say(stage, "retry", "%s (delivery %s of %d; retrying)", ofStage(stage, err.Error()), deliveries, d.maxAttempts)
 			return nil, err
 		}
 		reason := err.Error()
 		if !isPoison(err) {
-			reason = fmt.Sprintf("gave up after %s deliveries: %v", msg.Metadata.Get(natsjs.MetaDeliveries), err)
+			reason = fmt.Sprintf("gave up after %s deliveries: %v", deliveries, err)
 		}
-		stage := stageOf(message.HandlerNameFromCtx(msg.Context()))
 		if perr := d.send(stage, msg.Metadata.Get(natsjs.MetaSubject), reason, msg.Payload); perr != nil {
 			return nil, fmt.Errorf("%v (and the dead letter could not be stored: %w)", err, perr)
 		}
+		d.say(stage, "dead", "%s: dead-lettered to %s: %s", stage, d.subject, reason)
 		return nil, nil
 	}
 }
 
-// outage says, at most once a minute per stage, that a stage is waiting
-// out an outage; the handler error counter counts every attempt.
-func (d *deadLetters) outage(msg *message.Message, err error) {
-	stage := stageOf(message.HandlerNameFromCtx(msg.Context()))
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if time.Since(d.lastOutage[stage]) < time.Minute {
+// ofStage prefixes msg with its stage unless it names it already.
+func ofStage(stage, msg string) string {
+	if strings.HasPrefix(msg, stage+":") {
+		return msg
+	}
+	return stage + ": " + msg
+}
+
+// say prints a handler's failures, at most once a minute per stage and
+// kind (retried, waited out, dead-lettered), so that a world model or
+// sandbox that is down shows in the run's output rather than as silence;
+// the metrics count every one.
+func (d *deadLetters) say(stage, kind, format string, args ...any) {
+	if d.notef == nil {
 		return
 	}
-	if d.lastOutage == nil {
-		d.lastOutage = map[string]time.Time{}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	key := stage + "/" + kind
+	if time.Since(d.said[key]) < time.Minute {
+		return
 	}
-	d.lastOutage[stage] = time.Now()
-	if d.notef != nil {
-		d.notef("%s: %v (retrying until it passes; nothing is dead-lettered)", stage, err)
+	if d.said == nil {
+		d.said = map[string]time.Time{}
 	}
+	d.said[key] = time.Now()
+	d.notef(format, args...)
 }
 
 // lastAttempt reports whether msg is on the delivery after which a failing

@@ -126,6 +126,8 @@ func TestStepIsFusedWhenTheWorldModelGivesUpOnAGroup(t *testing.T) {
 	pol, broken, cfg := oneBrokenGroup(t, 3)
 	cfg.WorldModelImpl = brokenWorldModel{group: broken}
 	cfg.MaxAttempts = 2
+	var out syncBuffer
+	cfg.Out, cfg.Quiet = &out, false
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	p, nc, js := startClient(t, ctx, cfg)
@@ -165,6 +167,15 @@ func TestStepIsFusedWhenTheWorldModelGivesUpOnAGroup(t *testing.T) {
 	})
 	if !strings.Contains(dl.Reason, "gave up after 2 deliveries") || !strings.Contains(dl.Reason, "recorded the group as ungraded") {
 		t.Errorf("dead letter: %q", dl.Reason)
+	}
+	// The run's output says what happened, once each.
+	for _, want := range []string{
+		"predict: world model on group " + broken + ": connection refused (delivery 1 of 2; retrying)",
+		"predict: dead-lettered to wmrl.default.dlq: gave up after 2 deliveries",
+	} {
+		if strings.Count(out.String(), want) != 1 {
+			t.Errorf("output has %q %d times, want once:\n%s", want, strings.Count(out.String(), want), out.String())
+		}
 	}
 	if err := p.Stop(); err != nil {
 		t.Fatalf("pipeline: %v", err)

@@ -119,7 +119,7 @@ func (s *Stage) release(step int64) {
 // outage marks the writer's errors (a disk full, missing or refusing) as
 // outages: the input is retried until the disk is back, never dead-lettered,
 // so the archive has no holes once it is over.
-func outage(err error) error { return fmt.Errorf("%w: %w", schemas.ErrOutage, err) }
+func outage(err error) error { return fmt.Errorf("%w (%w)", err, schemas.ErrOutage) }
 
 func wait(ctx context.Context, c *Commit) error {
 	select {
