@@ -4,23 +4,21 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os/exec"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
 )
 
+// freePort is a loopback address nothing listens on, below the ephemeral
+// range (natstest.FreePort says why).
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 }
 
 // proc is a started process of the binary: its output, and done closed

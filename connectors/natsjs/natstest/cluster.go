@@ -6,6 +6,7 @@ package natstest
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"strings"
@@ -68,15 +69,25 @@ func MetaLeader(t testing.TB, nodes []*Node) *Node {
 	}
 }
 
-// FreePort is a TCP port on 127.0.0.1 nothing listens on now.
+// FreePort is a TCP port on 127.0.0.1 nothing listens on now, drawn below
+// Linux's ephemeral range (32768 and up). A port the kernel hands out for
+// ":0" is free only until the kernel hands it out again, as the source port
+// of some outgoing connection (the cluster's own routes, say) before the
+// node that was given it binds it: that failed a cluster test with
+// "address already in use". Ports below the range are only ever taken by a
+// listener asking for them by number.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 1000 {
+		port := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			l.Close()
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("natstest: no free port in 20000-31999 after 1000 tries")
+	return 0
 }
 
 // Options are n nodes of cluster name on free loopback ports, routed to
