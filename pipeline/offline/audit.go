@@ -166,7 +166,7 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 	bin := func(x float64) int { return min(int(float64(opt.Bins)*(x-lo)/(hi-lo)), opt.Bins-1) }
 
 	type acc struct {
-		pairs       []pairRow // a copy for the run, one per task
+		pairs       []pairRow
 		predictions []int
 		groups      map[string]*groupAcc
 	}
@@ -233,12 +233,8 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 	a.Steps = len(steps)
 	// The run-wide map, cross-fitted on the anchor groups, and each task's
 	// own map likewise on its pairs alone.
-	runMaps, runFit := crossFit(all.pairs)
-	ownMaps, ownFit := map[*acc]crossMaps{}, map[*acc]bool{}
-	for _, c := range tasks {
-		ownMaps[c], ownFit[c] = crossFit(c.pairs)
-	}
-	summarize := func(name string, c *acc, isTask bool) TaskAudit {
+	runMaps := crossFit(all.pairs)
+	summarize := func(name string, c *acc, own crossMaps) TaskAudit {
 		ta := TaskAudit{Task: name, Pairs: len(c.pairs), Levels: make([]Level, opt.Bins)}
 		sums := make([]struct {
 			n, ncal            int
@@ -248,7 +244,7 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 		}, opt.Bins)
 		x, y := make([]float64, len(c.pairs)), make([]float64, len(c.pairs))
 		var biasedBefore, biasedMono, biasedOwn bool
-		fitted, ownFitted, own := runFit, isTask && ownFit[c], ownMaps[c]
+		fitted, ownFitted := runMaps.ok(), own.ok()
 		for i, p := range c.pairs {
 			x[i], y[i] = p.pred, p.truth
 			b := &sums[bin(p.pred)]
@@ -339,9 +335,9 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 		}
 		return ta
 	}
-	a.Overall = summarize("(all tasks)", all, false)
+	a.Overall = summarize("(all tasks)", all, crossMaps{})
 	for name, c := range tasks {
-		a.Tasks = append(a.Tasks, summarize(name, c, true))
+		a.Tasks = append(a.Tasks, summarize(name, c, crossFit(c.pairs)))
 	}
 	slices.SortFunc(a.Tasks, func(x, y TaskAudit) int { return naturalCompare(x.Task, y.Task) })
 	for n, s := range steps {
@@ -375,15 +371,18 @@ func fold(key string) int {
 	return int(h.Sum32() & 1)
 }
 
-// crossMaps are the isotonic maps fitted on each fold's pairs.
+// crossMaps are the isotonic maps fitted on each fold's pairs; the zero
+// value is no map.
 type crossMaps [2]*calibrate.Isotonic
+
+func (m crossMaps) ok() bool { return m[0] != nil && m[1] != nil }
 
 // at scores a pair with the map its own fold did not train.
 func (m crossMaps) at(p pairRow) float64 { return m[1-p.fold].Predict(p.pred) }
 
-// crossFit fits an isotonic map on each fold's pairs. It reports false when
-// either fold cannot be fitted (too few pairs, or one prediction only).
-func crossFit(pairs []pairRow) (crossMaps, bool) {
+// crossFit fits an isotonic map on each fold's pairs, or none when either
+// fold cannot be fitted (too few pairs, or one prediction only).
+func crossFit(pairs []pairRow) crossMaps {
 	var maps crossMaps
 	for f := range 2 {
 		var x, y []float64
@@ -394,11 +393,11 @@ func crossFit(pairs []pairRow) (crossMaps, bool) {
 		}
 		m, err := calibrate.FitIsotonic(x, y, nil)
 		if err != nil || m.Len() < 2 {
-			return maps, false
+			return crossMaps{}
 		}
 		maps[f] = m
 	}
-	return maps, true
+	return maps
 }
 
 // clearly reports whether a level's mean residual (from its sum, sum of
