@@ -27,6 +27,9 @@ type Metrics struct {
 	Rho, D, Pairs, Version, Steps prometheus.Gauge
 	StepLatency                   prometheus.Histogram
 	Archived                      prometheus.Counter
+	// Lost counts, by kind (stepLosses), what of the fused steps did not
+	// reach the gradient as planned.
+	Lost *prometheus.CounterVec
 }
 
 // NewMetrics registers the collectors, with the Go runtime's (go_*) and
@@ -71,9 +74,15 @@ func NewMetrics() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 16),
 		}),
 	}
+	m.Lost = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "step_losses_total",
+		Help: "What of the fused steps did not reach the gradient as planned, by kind: wm_ungraded and sandbox_error (trajectories), skipped_group, late_anchor (groups)."},
+		[]string{"kind"})
+	for _, l := range stepLosses(schemas.Update{}) {
+		m.Lost.WithLabelValues(l.kind) // present at 0 from the start, so a rate is defined
+	}
 	m.Archived = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "steps_archived_total",
 		Help: "Step updates whose rows are in closed, synced archive files."})
-	r.MustRegister(m.Latency, m.StepLatency, m.Archived)
+	r.MustRegister(m.Latency, m.StepLatency, m.Archived, m.Lost)
 	return m
 }
 
@@ -109,6 +118,9 @@ func (m *Metrics) ObserveUpdate(u schemas.Update) {
 	m.Version.Set(float64(u.CalibrationVersion))
 	m.Steps.Set(float64(u.Step))
 	m.StepLatency.Observe(u.PublishedAt.Sub(u.ClosedAt).Seconds())
+	for _, l := range stepLosses(u) {
+		m.Lost.WithLabelValues(l.kind).Add(float64(l.n))
+	}
 }
 
 // countingPublisher counts a stage's published messages.

@@ -2,10 +2,12 @@ package pipeline
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 // progress counts the steps of [0, target) whose update is stored.
@@ -51,12 +53,8 @@ func (p *Pipeline) onUpdate(u schemas.Update) {
 		p.cfg.OnUpdate(u, latency)
 	}
 	if !p.cfg.Quiet {
-		late := ""
-		if len(u.LateAnchors) > 0 {
-			late = fmt.Sprintf("  late anchors %d", len(u.LateAnchors))
-		}
 		fmt.Fprintf(p.cfg.Out, "step %5d  groups %3d  anchors %2d  pairs %7d  calibration v%-4d  rho %.3f  D %.3f  latency %s%s\n",
-			u.Step, u.Groups, u.Anchors, u.PairsTotal, u.CalibrationVersion, u.Rho, u.D, latency.Round(time.Millisecond), late)
+			u.Step, u.Groups, u.Anchors, u.PairsTotal, u.CalibrationVersion, u.Rho, u.D, latency.Round(time.Millisecond), healthOf(u))
 	}
 	if p.progress != nil && p.progress.add(u.Step) {
 		p.finishIfComplete()
@@ -77,4 +75,45 @@ func (p *Pipeline) finishIfComplete() {
 	if fused && (p.archived == nil || p.archived.complete() && p.archiveWriter.PendingLate() == 0) {
 		p.cancel()
 	}
+}
+
+// loss is one kind of what a step did not get to the gradient as
+// planned: trajectories the world model could not score (wm_ungraded),
+// anchor trajectories whose execution gave no score (sandbox_error), both
+// dropped and never scored as 0; groups that did not contribute
+// (skipped_group); anchor groups that missed the deadline (late_anchor).
+type loss struct {
+	kind, label string // the metric's label; the step line's words
+	n           int
+}
+
+func stepLosses(u schemas.Update) []loss {
+	wm, sandbox := 0, 0
+	for _, it := range u.Items {
+		switch {
+		case it.Source == fuse.SourceWorldModel && it.Reward == nil:
+			wm++
+		case it.ExecStatus == schemas.ExecSandboxError:
+			sandbox++
+		}
+	}
+	return []loss{
+		{"late_anchor", "late anchors", len(u.LateAnchors)},
+		{"wm_ungraded", "wm ungraded", wm},
+		{"sandbox_error", "sandbox errors", sandbox},
+		{"skipped_group", "skipped groups", len(u.Skipped)},
+	}
+}
+
+// healthOf is the step line's tail: what of the step was lost, when
+// anything was, so that a world model answering garbage or a sandbox
+// failing shows in the run's output and not only in the archive.
+func healthOf(u schemas.Update) string {
+	var b strings.Builder
+	for _, l := range stepLosses(u) {
+		if l.n > 0 {
+			fmt.Fprintf(&b, "  %s %d", l.label, l.n)
+		}
+	}
+	return b.String()
 }

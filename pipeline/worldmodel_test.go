@@ -7,6 +7,8 @@ import (
 	"hash/fnv"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -55,6 +57,8 @@ func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
 	defer srv.Close()
 	cfg := testConfig(t)
 	cfg.Steps = 4
+	var out syncBuffer
+	cfg.Quiet, cfg.Out = false, &out
 	cfg.WorldModel, cfg.WMURL, cfg.WMModel, cfg.WMConcurrency = "openai", srv.URL+"/v1", "judge", concurrency
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -83,13 +87,31 @@ func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
 	if len(ups) != 4 || ungraded == 0 || graded == 0 {
 		t.Fatalf("%d updates; %d graded and %d ungraded predictions", len(ups), graded, ungraded)
 	}
+	// Every step's line says how many world-model scores it lost, as the
+	// update records them.
+	lines := map[string]string{}
+	for _, l := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "step" {
+			lines[f[1]] = l
+		}
+	}
 	nulls := 0
 	for _, u := range ups {
 		checkFusion(t, u)
+		n := 0
 		for _, it := range u.Items {
 			if it.Source == "world_model" && it.Reward == nil {
-				nulls++
+				n++
 			}
+		}
+		nulls += n
+		line := lines[strconv.FormatInt(u.Step, 10)]
+		said := strings.Contains(line, "wm ungraded")
+		if n > 0 {
+			said = strings.Contains(line, fmt.Sprintf("  wm ungraded %d", n))
+		}
+		if !strings.Contains(line, "latency") || said != (n > 0) {
+			t.Errorf("step %d lost %d world-model scores; its line says %q", u.Step, n, line)
 		}
 	}
 	if nulls == 0 {
