@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -11,7 +12,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/pipeline/offline"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 // Metrics are the pipeline's Prometheus collectors, on a registry of their
@@ -30,6 +33,9 @@ type Metrics struct {
 	// Lost counts, by kind (stepLosses), what of the fused steps did not
 	// reach the gradient as planned.
 	Lost *prometheus.CounterVec
+	// WithinSpearman: the world model's within-group rank correlation on
+	// each anchor group executed in time, raw scores against true ones.
+	WithinSpearman prometheus.Histogram
 }
 
 // NewMetrics registers the collectors, with the Go runtime's (go_*) and
@@ -82,7 +88,11 @@ func NewMetrics() *Metrics {
 	}
 	m.Archived = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "steps_archived_total",
 		Help: "Step updates whose rows are in closed, synced archive files."})
-	r.MustRegister(m.Latency, m.StepLatency, m.Archived, m.Lost)
+	m.WithinSpearman = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "wmrl", Name: "wm_within_group_spearman",
+		Help: "The world model's rank correlation with the true scores inside each anchor group (what GRPO's advantages depend on); " +
+			"rate(_sum)/rate(_count) is its mean, the audit's within_group_spearman, live.",
+		Buckets: prometheus.LinearBuckets(-0.8, 0.2, 10)})
+	r.MustRegister(m.Latency, m.StepLatency, m.Archived, m.Lost, m.WithinSpearman)
 	return m
 }
 
@@ -121,6 +131,31 @@ func (m *Metrics) ObserveUpdate(u schemas.Update) {
 	for _, l := range stepLosses(u) {
 		m.Lost.WithLabelValues(l.kind).Add(float64(l.n))
 	}
+	for _, r := range withinSpearman(u) {
+		m.WithinSpearman.Observe(r)
+	}
+}
+
+// withinSpearman is the world model's within-group rank correlation on
+// each of u's anchor groups that was executed in time, over the
+// trajectories both scored, as the audit computes it; a group whose scores
+// are constant on either side has none.
+func withinSpearman(u schemas.Update) []float64 {
+	var out []float64
+	var pred, truth []float64
+	for i, it := range u.Items {
+		if it.Source == fuse.SourceAnchor && it.Predicted != nil && it.TrueScore != nil {
+			pred, truth = append(pred, *it.Predicted), append(truth, *it.TrueScore)
+		}
+		if i+1 < len(u.Items) && u.Items[i+1].GroupID == it.GroupID {
+			continue
+		}
+		if r := offline.Spearman(pred, truth); !math.IsNaN(r) {
+			out = append(out, r)
+		}
+		pred, truth = pred[:0], truth[:0]
+	}
+	return out
 }
 
 // countingPublisher counts a stage's published messages.

@@ -1,11 +1,16 @@
 package pipeline
 
 import (
+	"context"
+	"math"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/wmrl/wmrl/pipeline/offline"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/fuse"
 )
 
@@ -48,4 +53,55 @@ func TestStepLossesAreCountedByKind(t *testing.T) {
 	if got := healthOf(schemas.Update{Items: u.Items[:1]}); got != "" {
 		t.Errorf("a step that lost nothing says %q", got)
 	}
+}
+
+// The live rank-correlation histogram says what an audit of the run's
+// archive says afterwards: the same number of anchor groups, the same mean
+// within-group Spearman.
+func TestLiveRankCorrelationIsTheAudits(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 8
+	cfg.Anchors.Fraction = 0.5
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update")) {
+		if len(u.LateAnchors) > 0 {
+			t.Fatalf("step %d has late anchors, which only the audit sees: the comparison would not hold", u.Step)
+		}
+	}
+	fams, err := p.Metrics().Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var count uint64
+	var sum float64
+	for _, f := range fams {
+		if f.GetName() == "wmrl_wm_within_group_spearman" {
+			h := f.GetMetric()[0].GetHistogram()
+			count, sum = h.GetSampleCount(), h.GetSampleSum()
+		}
+	}
+	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := offline.RunAudit(rows, offline.AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := a.Overall.Ranks
+	if count < 32 || count != uint64(r.Groups) {
+		t.Fatalf("live: %d anchor groups ranked; audit: %d (want the same, at least 32)", count, r.Groups)
+	}
+	if live := sum / float64(count); math.Abs(live-float64(r.WithinSpearman)) > 1e-9 {
+		t.Fatalf("live mean within-group Spearman %.6f, audit %.6f", live, float64(r.WithinSpearman))
+	}
+	t.Logf("%d anchor groups, mean within-group Spearman %.3f", count, sum/float64(count))
 }
