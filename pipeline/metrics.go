@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
-	"github.com/wmrl/wmrl/pipeline/offline"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/fuse"
 )
@@ -150,7 +149,7 @@ func withinSpearman(u schemas.Update) []float64 {
 		if i+1 < len(u.Items) && u.Items[i+1].GroupID == it.GroupID {
 			continue
 		}
-		if r := offline.Spearman(pred, truth); !math.IsNaN(r) {
+		if r := fuse.Spearman(pred, truth); !math.IsNaN(r) {
 			out = append(out, r)
 		}
 		pred, truth = pred[:0], truth[:0]

@@ -11,6 +11,7 @@ import (
 
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 // Verdicts of a task's world-model bias. They judge the world model, not
@@ -116,6 +117,11 @@ type StepPoint struct {
 	ResidualAfter  Num     `json:"residual_after"`
 	D              float64 `json:"d"`
 	Rho            float64 `json:"rho"`
+	// WithinSpearman: the mean within-group rank correlation of the step's
+	// anchor groups, what GRPO's advantages depend on; over days it shows
+	// a world model falling behind the policy's solutions, which the
+	// residual (a level GRPO's standardisation cancels) may not.
+	WithinSpearman Num `json:"within_group_spearman"`
 }
 
 // Audit is the whole report's data (its JSON summary).
@@ -177,6 +183,7 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 		n                     int
 		before, after, d, rho float64
 		seen                  bool
+		groups                []*groupAcc
 	}
 	steps := map[int64]*stepAcc{}
 	for _, r := range rows {
@@ -223,6 +230,9 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 				m[key] = g
 			}
 			g.pred, g.truth = append(g.pred, p.pred), append(g.truth, p.truth)
+		}
+		if g := all.groups[key]; len(g.pred) == 1 { // the group's first pair
+			s.groups = append(s.groups, g)
 		}
 		s.n++
 		s.before += p.pred - p.truth
@@ -304,10 +314,10 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 				}
 			}
 		}
-		ta.Ranks = Ranks{Spearman: Num(Spearman(x, y)), Kendall: Num(Kendall(x, y))}
+		ta.Ranks = Ranks{Spearman: Num(fuse.Spearman(x, y)), Kendall: Num(fuse.Kendall(x, y))}
 		var ws, wk float64
 		for _, g := range c.groups {
-			s, k := Spearman(g.pred, g.truth), Kendall(g.pred, g.truth)
+			s, k := fuse.Spearman(g.pred, g.truth), fuse.Kendall(g.pred, g.truth)
 			if math.IsNaN(s) || math.IsNaN(k) {
 				continue
 			}
@@ -345,6 +355,7 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 		if s.n > 0 {
 			p.ResidualBefore, p.ResidualAfter = Num(s.before/float64(s.n)), Num(s.after/float64(s.n))
 		}
+		p.WithinSpearman = Num(meanWithinSpearman(s.groups))
 		a.Drift = append(a.Drift, p)
 	}
 	slices.SortFunc(a.Drift, func(x, y StepPoint) int { return cmp.Compare(x.Step, y.Step) })
@@ -362,6 +373,22 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 }
 
 type groupAcc struct{ pred, truth []float64 }
+
+// meanWithinSpearman is the mean rank correlation of the groups that have
+// one (NaN when none has).
+func meanWithinSpearman(groups []*groupAcc) float64 {
+	sum, n := 0.0, 0
+	for _, g := range groups {
+		if r := fuse.Spearman(g.pred, g.truth); !math.IsNaN(r) {
+			sum += r
+			n++
+		}
+	}
+	if n == 0 {
+		return math.NaN()
+	}
+	return sum / float64(n)
+}
 
 // fold splits anchor groups in two by a hash of their key, so that the
 // pairs of one group are scored together by a map none of them trained.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 // biasedRows makes anchor groups of 8 for three tasks whose world model is
@@ -160,6 +161,61 @@ func TestAuditJudgesTheWorldModelNotTheRunsMaps(t *testing.T) {
 	}
 }
 
+// A world model that stops ranking the policy's solutions halfway through
+// a run shows as a fall of the per-step within-group rank correlation,
+// while its mean residual, the level GRPO's standardisation cancels, stays
+// where it was.
+func TestDriftShowsAWorldModelThatStopsRanking(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	var rows []archive.Row
+	for step := range int64(40) {
+		for g := range 4 {
+			for i := range 8 {
+				y := rng.Float64()
+				p := y + 0.05*rng.NormFloat64() // ranks well
+				if step >= 20 {
+					p = rng.Float64() // ranks nothing, at the same level
+				}
+				rows = append(rows, archive.Row{Run: "drift", Step: step, GroupID: fmt.Sprintf("g%d", g), TrajID: fmt.Sprintf("%d-%d-%d", step, g, i),
+					TaskID: "t", Predicted: &p, TrueScore: &y, IsAnchor: true, Source: archive.SourceAnchor})
+			}
+		}
+	}
+	a, err := RunAudit(rows, AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Drift) != 40 {
+		t.Fatalf("%d steps of drift, want 40", len(a.Drift))
+	}
+	var early, late, resEarly, resLate float64
+	for _, s := range a.Drift {
+		if s.Step < 20 {
+			early, resEarly = early+float64(s.WithinSpearman)/20, resEarly+float64(s.ResidualBefore)/20
+		} else {
+			late, resLate = late+float64(s.WithinSpearman)/20, resLate+float64(s.ResidualBefore)/20
+		}
+	}
+	if !(early > 0.9 && math.Abs(late) < 0.2) { // NaN fails too
+		t.Errorf("within-group Spearman %.3f in the first half, %.3f in the second; want above 0.9, then near 0", early, late)
+	}
+	if !(math.Abs(resEarly) < 0.05 && math.Abs(resLate) < 0.05) {
+		t.Errorf("mean residual %.3f then %.3f: the level was meant to stay put", resEarly, resLate)
+	}
+	// One step by hand: the mean over its four groups.
+	want := 0.0
+	for g := range 4 {
+		var x, y []float64
+		for _, r := range rows[32*25+8*g : 32*25+8*(g+1)] {
+			x, y = append(x, *r.Predicted), append(y, *r.TrueScore)
+		}
+		want += fuse.Spearman(x, y) / 4
+	}
+	if got := float64(a.Drift[25].WithinSpearman); !(math.Abs(got-want) < 1e-12) {
+		t.Errorf("step 25: within-group Spearman %v, want %v", got, want)
+	}
+}
+
 func TestWriteReport(t *testing.T) {
 	a, err := RunAudit(biasedRows(t, 200, 0.05), AuditOptions{})
 	if err != nil {
@@ -178,7 +234,7 @@ func TestWriteReport(t *testing.T) {
 			t.Errorf("index.html lacks %q", want)
 		}
 	}
-	for _, png := range []string{"reliability.png", "bias.png", "coverage.png", "drift.png", "rho.png"} {
+	for _, png := range []string{"reliability.png", "bias.png", "coverage.png", "drift.png", "ranks.png", "rho.png"} {
 		b, err := os.ReadFile(filepath.Join(dir, png))
 		if err != nil || len(b) < 1000 || string(b[1:4]) != "PNG" {
 			t.Errorf("%s: %d bytes, %v", png, len(b), err)

@@ -38,6 +38,7 @@ func WriteReport(a *Audit, dir string) error {
 		{"bias.png", "Bias by score level", plotBias},
 		{"coverage.png", "Anchor coverage by score level", plotCoverage},
 		{"drift.png", "Residual over steps", plotDrift},
+		{"ranks.png", "Within-group rank correlation over steps", plotRanks},
 		{"rho.png", "rho and D over steps", plotRho},
 	}
 	type img struct{ Name, Title, Data string }
@@ -254,6 +255,22 @@ func plotDrift(a *Audit) (*plot.Plot, error) {
 			return nil, err
 		}
 	}
+	return p, nil
+}
+
+func plotRanks(a *Audit) (*plot.Plot, error) {
+	w := max(1, len(a.Drift)/50)
+	p := newPlot(fmt.Sprintf("World model's within-group Spearman on anchors per step (moving average of %d)", w), "step", "Spearman")
+	var xy plotter.XYs
+	for _, s := range a.Drift {
+		xy = append(xy, plotter.XY{X: float64(s.Step), Y: float64(s.WithinSpearman)})
+	}
+	if r := smooth(xy, w); len(r) > 1 {
+		if err := line(p, "within-group Spearman", r, blue, false, false); err != nil {
+			return nil, err
+		}
+	}
+	p.Y.Min, p.Y.Max = -1, 1
 	return p, nil
 }
 

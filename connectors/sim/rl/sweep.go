@@ -4,7 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 
-	"github.com/wmrl/wmrl/pipeline/offline"
+	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 // SweepCell is the wmrl-grpo gap at equal steps for one world-model noise
@@ -42,10 +42,10 @@ func RankCorrelation(env *Env, g int, seed uint64) float64 {
 	return sum / groups
 }
 
-// spearman is the audit's within-group rank correlation (offline.Spearman,
+// spearman is the audit's within-group rank correlation (fuse.Spearman,
 // average ranks for ties), with 0 where a side is constant.
 func spearman(a, b []float64) float64 {
-	if c := offline.Spearman(a, b); !math.IsNaN(c) {
+	if c := fuse.Spearman(a, b); !math.IsNaN(c) {
 		return c
 	}
 	return 0

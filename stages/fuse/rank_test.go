@@ -1,4 +1,4 @@
-package offline
+package fuse
 
 import (
 	"math"
