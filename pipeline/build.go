@@ -70,6 +70,14 @@ func (p *Pipeline) build(ctx context.Context) error {
 			}
 			h := execute.NewHandler(cfg.Run, p.topo.Out(StageExecute, schemas.KindExecution), p.stagePublisher(stage), exe, cfg.ExecSlots)
 			h.LastAttempt = p.dl.lastAttempt
+			var store outcomeStore
+			if store, err = openOutcomes(ctx, p.tr.js, p.cfg); err != nil {
+				return err
+			}
+			h.Store = store
+			h.OnStoreError = func(err error) {
+				p.dl.say(StageExecute, "outcome-store", "%v (the outcome is used; only a redelivery elsewhere would run it again)", err)
+			}
 			err = p.subscribe(stage, schemas.KindExec, h.Handle)
 		case StagePair:
 			h := pair.NewHandler(cfg.Run, p.topo.Out(StagePair, schemas.KindPairs), p.stagePublisher(stage))

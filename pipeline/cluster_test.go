@@ -115,7 +115,7 @@ func TestClusterSurvivesTheLossOfTheStreamLeader(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	for _, name := range []string{StreamName("wmrl"), "KV_" + StateBucket("wmrl")} {
+	for _, name := range []string{StreamName("wmrl"), "KV_" + StateBucket("wmrl"), "KV_" + OutcomeBucket("wmrl")} {
 		natstest.StreamLeader(t, js, name)
 		s, err := js.Stream(ctx, name)
 		if err != nil {
@@ -201,7 +201,7 @@ func TestClusterSurvivesTheLossOfTheStreamLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	op.Stop()
-	for _, name := range []string{StreamName("wmrl"), "KV_" + StateBucket("wmrl")} {
+	for _, name := range []string{StreamName("wmrl"), "KV_" + StateBucket("wmrl"), "KV_" + OutcomeBucket("wmrl")} {
 		s, err := js.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)

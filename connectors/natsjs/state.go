@@ -5,14 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// StateStore keeps small JSON documents, the checkpoints of stages whose
-// state outlives the stream's retention, in a JetStream key-value bucket:
-// the bucket keeps the newest value of each key with no age limit, so a
-// checkpoint survives the messages it summarises.
+// StateStore keeps small JSON documents in a JetStream key-value bucket,
+// the newest value of each key: the checkpoints of stages whose state
+// outlives the stream's retention (no age limit, so a checkpoint survives
+// the messages it summarises), and the outcomes of executions (aged out
+// with the messages they answer).
 type StateStore struct {
 	kv jetstream.KeyValue
 }
@@ -21,19 +23,36 @@ type StateStore struct {
 // single server), creating it (file-backed, one value per key) if it does
 // not exist and setting an existing one's replica count.
 func OpenStateStore(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (*StateStore, error) {
+	return OpenStore(ctx, js, StoreConfig{Bucket: bucket, Description: "wmrl stage checkpoints", Replicas: replicas})
+}
+
+// StoreConfig is a key-value bucket's shape: file-backed, the newest value
+// of each key, on Replicas servers of a cluster (1 on a single server).
+type StoreConfig struct {
+	Bucket, Description string
+	Replicas            int
+	// TTL ages a value out this long after it was stored (0: never).
+	TTL time.Duration
+}
+
+// OpenStore opens a bucket, creating it if it does not exist and setting
+// an existing one's replica count and TTL. A bucket that cannot answer for
+// the moment is waited for, up to ctx.
+func OpenStore(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (*StateStore, error) {
 	var kv jetstream.KeyValue
 	err := UntilAnswered(ctx, func(ctx context.Context) (err error) {
 		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      bucket,
-			Description: "wmrl stage checkpoints",
+			Bucket:      cfg.Bucket,
+			Description: cfg.Description,
 			History:     1,
+			TTL:         cfg.TTL,
 			Storage:     jetstream.FileStorage,
-			Replicas:    max(replicas, 1),
+			Replicas:    max(cfg.Replicas, 1),
 		})
 		return err
 	}, nil)
 	if err != nil {
-		return nil, fmt.Errorf("natsjs: state bucket %s: %w", bucket, err)
+		return nil, fmt.Errorf("natsjs: bucket %s: %w", cfg.Bucket, err)
 	}
 	return &StateStore{kv: kv}, nil
 }

@@ -45,6 +45,13 @@ type Handler struct {
 	// nothing is published and the step falls back to the world model for
 	// the group at its anchor deadline.
 	LastAttempt func(*message.Message) bool
+	// Store, if set, keeps every outcome beyond this process, so that a
+	// group taken over after a crash or restart, or by another process of
+	// the stage, runs only the trajectories that have none. It is best
+	// effort: an error reading it is a miss, and an error storing an
+	// outcome goes to OnStoreError (if set) while the outcome is used.
+	Store        Outcomes
+	OnStoreError func(error)
 
 	// done keeps the outcomes of this process's recent executions, so that
 	// a group redelivered after one of its trajectories failed (or after
@@ -65,18 +72,44 @@ func NewHandler(run, out string, pub message.Publisher, exe Executor, slots int)
 		done: map[string]schemas.ExecItem{}, keep: 4096}
 }
 
+// Outcomes keeps executions' outcomes by key (a trajectory's step, group
+// and ID within a run) beyond the process that ran them.
+type Outcomes interface {
+	Load(ctx context.Context, key string) (it schemas.ExecItem, ok bool, err error)
+	Save(ctx context.Context, key string, it schemas.ExecItem) error
+}
+
 func doneKey(g schemas.Group, t schemas.Trajectory) string {
 	return fmt.Sprintf("%d/%s/%s", g.Step, g.GroupID, t.TrajID)
 }
 
-func (h *Handler) outcome(key string) (schemas.ExecItem, bool) {
+// outcome is key's outcome if this process has it, or else Store has.
+func (h *Handler) outcome(ctx context.Context, key string) (schemas.ExecItem, bool) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	it, ok := h.done[key]
-	return it, ok
+	h.mu.Unlock()
+	if ok || h.Store == nil {
+		return it, ok
+	}
+	if it, ok, err := h.Store.Load(ctx, key); err == nil && ok {
+		h.keepLocal(key, it)
+		return it, true
+	}
+	return schemas.ExecItem{}, false
 }
 
-func (h *Handler) remember(key string, it schemas.ExecItem) {
+// remember keeps an outcome here and in Store.
+func (h *Handler) remember(ctx context.Context, key string, it schemas.ExecItem) {
+	h.keepLocal(key, it)
+	if h.Store == nil {
+		return
+	}
+	if err := h.Store.Save(ctx, key, it); err != nil && h.OnStoreError != nil {
+		h.OnStoreError(fmt.Errorf("execute: storing the outcome of %s: %w", key, err))
+	}
+}
+
+func (h *Handler) keepLocal(key string, it schemas.ExecItem) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if _, again := h.done[key]; !again {
@@ -101,7 +134,7 @@ func (h *Handler) Handle(msg *message.Message) error {
 	var wg sync.WaitGroup
 	for i, t := range g.Trajectories {
 		key := doneKey(g, t)
-		if it, ok := h.outcome(key); ok {
+		if it, ok := h.outcome(ctx, key); ok {
 			items[i] = it
 			continue
 		}
@@ -125,7 +158,9 @@ func (h *Handler) Handle(msg *message.Message) error {
 				it.Score = &v
 			}
 			items[i] = it
-			h.remember(key, it)
+			if it.Score != nil { // a sandbox error is no outcome: a rerun may score
+				h.remember(ctx, key, it)
+			}
 		}()
 	}
 	wg.Wait()

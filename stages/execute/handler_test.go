@@ -3,6 +3,7 @@ package execute
 import (
 	"context"
 	"errors"
+	"maps"
 	"sync"
 	"testing"
 
@@ -63,6 +64,52 @@ func TestRedeliveryRunsOnlyWhatHasNoOutcome(t *testing.T) {
 	for i, it := range e.Items {
 		if id := g.Trajectories[i].TrajID; it.TrajID != id || it.Score == nil || *it.Score != 0.25*float64(len(id)) {
 			t.Errorf("item %d: %+v, want %s scored %v", i, it, id, 0.25*float64(len(id)))
+		}
+	}
+}
+
+// sandboxThenScore answers "s" with a sandbox error (no score) on its
+// first run, fails "e" with an executor error on its first run, and scores
+// everything else; it counts the runs.
+type sandboxThenScore struct {
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+func (x *sandboxThenScore) Execute(_ context.Context, t schemas.Trajectory) (Result, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.runs[t.TrajID]++
+	switch {
+	case t.TrajID == "s" && x.runs["s"] == 1:
+		return Result{Status: schemas.ExecSandboxError, Detail: "container evicted"}, nil
+	case t.TrajID == "e" && x.runs["e"] == 1:
+		return Result{}, errors.New("sandbox pool busy")
+	}
+	return Result{Status: schemas.ExecScored, Score: 0.5}, nil
+}
+
+// A sandbox error is not an outcome worth keeping: a redelivered group runs
+// that trajectory again, and may get a score for it.
+func TestSandboxErrorsAreRunAgain(t *testing.T) {
+	exe := &sandboxThenScore{runs: map[string]int{}}
+	pub := &stagetest.Recorder{}
+	h := NewHandler("r", "execution", pub, exe, 3)
+	g := anchorGroup("s", "e", "ok")
+	if err := h.Handle(stagetest.Message(t, context.Background(), g)); err == nil {
+		t.Fatal("e's executor error did not hand the group back")
+	}
+	if err := h.Handle(stagetest.Message(t, context.Background(), g)); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{"s": 2, "e": 2, "ok": 1}; !maps.Equal(exe.runs, want) {
+		t.Errorf("runs %v, want %v", exe.runs, want)
+	}
+	var e schemas.Execution
+	pub.Decode(t, 0, &e)
+	for _, it := range e.Items {
+		if it.Score == nil {
+			t.Errorf("%s published without a score: %+v", it.TrajID, it)
 		}
 	}
 }

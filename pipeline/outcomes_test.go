@@ -1,0 +1,130 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/execute"
+	"github.com/wmrl/wmrl/stages/stagetest"
+)
+
+// countingExecutor counts the runs of each trajectory and fails the ones
+// in fail.
+type countingExecutor struct {
+	mu   sync.Mutex
+	runs map[string]int
+	fail map[string]bool
+}
+
+func (e *countingExecutor) Execute(_ context.Context, t schemas.Trajectory) (execute.Result, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.runs[t.TrajID]++
+	if e.fail[t.TrajID] {
+		return execute.Result{}, errors.New("sandbox node lost")
+	}
+	return execute.Result{Status: schemas.ExecScored, Score: 0.5, Seconds: 60}, nil
+}
+
+// An anchor group whose execution a process left unfinished (one
+// trajectory's executor failed, then the process was gone) is finished by a
+// fresh process of the stage, which finds the outcomes already paid for in
+// the bucket and runs only the one that has none. The bucket ages outcomes
+// out with the stream's retention.
+func TestExecutionsOutliveTheExecuteProcess(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js, closeIt := openStopped(t, ctx, t.TempDir())
+	defer closeIt()
+	cfg := testConfig(t)
+	cfg.MaxAge = 3 * time.Hour
+	store, err := openOutcomes(ctx, js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := schemas.Group{Schema: schemas.Version, Run: cfg.Run, Step: 4, GroupID: "g/7 ü", TaskID: "t", Anchor: true}
+	for _, id := range []string{"a", "b", "c", "d"} {
+		g.Trajectories = append(g.Trajectories, schemas.Trajectory{TrajID: id, GroupID: g.GroupID})
+	}
+	exe := &countingExecutor{runs: map[string]int{}, fail: map[string]bool{"c": true}}
+
+	first := execute.NewHandler(cfg.Run, "execution", &stagetest.Recorder{}, exe, 4)
+	first.Store = store
+	if err := first.Handle(stagetest.Message(t, ctx, g)); err == nil {
+		t.Fatal("the first process's executor failed on c, and the group was not handed back")
+	}
+	exe.fail["c"] = false
+	pub := &stagetest.Recorder{}
+	second := execute.NewHandler(cfg.Run, "execution", pub, exe, 4) // a fresh process: nothing in memory
+	var mu sync.Mutex
+	var storeErrs []error
+	second.Store, second.OnStoreError = store, func(err error) { mu.Lock(); storeErrs = append(storeErrs, err); mu.Unlock() }
+	if err := second.Handle(stagetest.Message(t, ctx, g)); err != nil || pub.Count() != 1 {
+		t.Fatalf("the second process: %v, %d executions published", err, pub.Count())
+	}
+	for id, n := range exe.runs {
+		if want := map[bool]int{true: 2, false: 1}[id == "c"]; n != want {
+			t.Errorf("%s executed %d times, want %d", id, n, want)
+		}
+	}
+	var e schemas.Execution
+	pub.Decode(t, 0, &e)
+	for _, it := range e.Items {
+		if it.Score == nil || *it.Score != 0.5 || it.Seconds != 60 {
+			t.Errorf("published %+v; want every outcome as executed", it)
+		}
+	}
+	if len(storeErrs) > 0 {
+		t.Errorf("store errors: %v", storeErrs)
+	}
+	// Another run's store shares nothing.
+	if _, ok, err := (outcomeStore{st: store.st, run: "other"}).Load(ctx, "4/g/7 ü/a"); ok || err != nil {
+		t.Errorf("run other sees run %s's outcome (%v)", cfg.Run, err)
+	}
+	kv, err := js.KeyValue(ctx, OutcomeBucket(cfg.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.TTL() != cfg.MaxAge || st.Values() != 4 {
+		t.Errorf("bucket TTL %v with %d values; want the retention %v and 4", st.TTL(), st.Values(), cfg.MaxAge)
+	}
+}
+
+// The pipeline's execute stage keeps every anchor trajectory's outcome in
+// the bucket.
+func TestPipelineStoresEveryExecution(t *testing.T) {
+	cfg, ctx := runToEnd(t, 4)
+	js, closeIt := openStopped(t, ctx, cfg.DataDir)
+	defer closeIt()
+	anchors := 0
+	for _, u := range decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update")) {
+		for _, it := range u.Items {
+			if it.ExecStatus != "" {
+				anchors++
+			}
+		}
+	}
+	kv, err := js.KeyValue(ctx, OutcomeBucket(cfg.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for range keys.Keys() {
+		n++
+	}
+	if anchors == 0 || n != anchors {
+		t.Fatalf("%d outcomes in the bucket for %d executed anchor trajectories", n, anchors)
+	}
+}
