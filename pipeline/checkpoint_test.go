@@ -228,8 +228,14 @@ func TestRestartAfterRetentionAgedOutTheFirstGroups(t *testing.T) {
 				step, u.CalibrationSeq, u.PairsTotal, u.CalibrationVersion, u.Rho, describe(w, rhoAfter[u.CalibrationSeq]))
 		}
 	}
-	if last := ups[23]; last.PairsTotal != int64(24*2*cfg.GroupSize) {
-		t.Errorf("step 23: %d pairs, want %d", last.PairsTotal, 24*2*cfg.GroupSize)
+	// Steps in flight fuse in the order their anchors are calibrated, so
+	// the last step need not be the one that saw every pair; some step is.
+	most := int64(0)
+	for _, u := range ups {
+		most = max(most, u.PairsTotal)
+	}
+	if most != int64(24*2*cfg.GroupSize) {
+		t.Errorf("the updates saw %d pairs at most, want all %d", most, 24*2*cfg.GroupSize)
 	}
 }
 
