@@ -40,6 +40,7 @@ func (p *Pipeline) build(ctx context.Context) error {
 	}
 	p.dl = &deadLetters{pub: p.pub, subject: p.topo.Subject(schemas.KindDLQ), maxAttempts: p.cfg.MaxAttempts, metrics: p.metrics, notef: p.notef}
 	p.router.AddMiddleware(p.metrics.Middleware, p.dl.Middleware)
+	p.metrics.initStages(p.cfg.Stages)
 	cfg := &p.cfg
 	for _, stage := range cfg.Stages {
 		var err error

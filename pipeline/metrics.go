@@ -95,6 +95,22 @@ func NewMetrics() *Metrics {
 	return m
 }
 
+// initStages makes the failure counters of the stages this process runs
+// exist at 0 from the start: Prometheus sees no increase in a series whose
+// first sample is already 1, so an alert on the first dead letter of a run
+// (increase(wmrl_dead_letters_total[15m]) > 0) needs the series before it.
+func (m *Metrics) initStages(stages []string) {
+	for _, s := range stages {
+		for _, c := range []*prometheus.CounterVec{m.Errors, m.Redeliveries, m.DeadLetters, m.InputErrors} {
+			c.WithLabelValues(s)
+		}
+		if s == StageCalibrate || s == StageFuse {
+			m.Checkpoints.WithLabelValues(s)
+			m.CheckpointErrors.WithLabelValues(s)
+		}
+	}
+}
+
 // stageOf is the stage part of a handler name "stage/kind".
 func stageOf(handler string) string {
 	s, _, _ := strings.Cut(handler, "/")

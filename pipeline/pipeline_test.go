@@ -355,6 +355,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		`wmrl_handler_seconds_bucket{stage="predict"`, "wmrl_rho ", "wmrl_disagreement ",
 		"wmrl_calibration_pairs ", "wmrl_calibration_version ", "wmrl_steps_published ",
 		`wmrl_step_losses_total{kind="wm_ungraded"} 0`, "wmrl_wm_within_group_spearman_count ",
+		`wmrl_dead_letters_total{stage="route"} 0`, `wmrl_checkpoint_errors_total{stage="fuse"} 0`,
 		"go_goroutines ", "go_memstats_heap_inuse_bytes ", "process_resident_memory_bytes ",
 	} {
 		if !strings.Contains(body, want) {
