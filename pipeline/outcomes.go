@@ -11,6 +11,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/execute"
 )
 
 // OutcomeBucket is the key-value bucket of a prefix's execution outcomes.
@@ -31,6 +32,8 @@ type outcomeStore struct {
 	st  *natsjs.StateStore
 	run string
 }
+
+var _ execute.Outcomes = outcomeStore{}
 
 // openOutcomes opens the bucket with the stream's retention and replicas
 // (cfg's, as resolved at connect).
