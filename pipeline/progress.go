@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/fuse"
 )
@@ -73,8 +75,43 @@ func (p *Pipeline) finishIfComplete() {
 		p.archiveWriter.SetMaxAge(0) // the last steps' rows: close the file at once
 	}
 	if fused && (p.archived == nil || p.archived.complete() && p.archiveWriter.PendingLate() == 0) {
+		p.doneOnce.Do(p.sayDone)
 		p.cancel()
 	}
+}
+
+// sayDone closes a run of a fixed number of steps with what this process
+// saw of it: the world model's ranking on the anchors and what was lost.
+func (p *Pipeline) sayDone() {
+	if p.cfg.Quiet || p.progress == nil {
+		return
+	}
+	var h dto.Metric
+	_ = p.metrics.WithinSpearman.Write(&h)
+	ranked := fmt.Sprintf("%d anchor groups, the world model's within-group Spearman on them %.3f", h.GetHistogram().GetSampleCount(),
+		h.GetHistogram().GetSampleSum()/float64(h.GetHistogram().GetSampleCount()))
+	if h.GetHistogram().GetSampleCount() == 0 {
+		ranked = "no anchor group ranked"
+	}
+	var lost []string
+	for _, l := range stepLosses(schemas.Update{}) {
+		var c dto.Metric
+		_ = p.metrics.Lost.WithLabelValues(l.kind).Write(&c)
+		if n := c.GetCounter().GetValue(); n > 0 {
+			lost = append(lost, fmt.Sprintf("%s %d", l.label, int(n)))
+		}
+	}
+	if lost == nil {
+		lost = []string{"nothing"}
+	}
+	archived := ""
+	if p.archived != nil {
+		archived = " and archived"
+	}
+	var steps dto.Metric
+	_ = p.metrics.StepLatency.Write(&steps)
+	fmt.Fprintf(p.cfg.Out, "done: steps 0-%d fused%s, %d of them by this process in %s, which saw %s; lost %s\n",
+		p.progress.target-1, archived, steps.GetHistogram().GetSampleCount(), time.Since(p.started).Round(100*time.Millisecond), ranked, strings.Join(lost, ", "))
 }
 
 // loss is one kind of what a step did not get to the gradient as

@@ -45,6 +45,9 @@ type Pipeline struct {
 	dl           *deadLetters
 	state        *natsjs.StateStore // checkpoints; opened by the first stage that keeps one
 
+	started  time.Time
+	doneOnce sync.Once // the closing line of a run of --steps
+
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	errMu  sync.Mutex
@@ -78,7 +81,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	p := &Pipeline{cfg: cfg, topo: topo, tr: tr, metrics: NewMetrics(), cancel: cancel, done: make(chan struct{})}
+	p := &Pipeline{cfg: cfg, topo: topo, tr: tr, metrics: NewMetrics(), started: time.Now(), cancel: cancel, done: make(chan struct{})}
 	if err := p.build(ctx); err != nil {
 		if p.httpListener != nil {
 			p.httpListener.Close()

@@ -117,6 +117,11 @@ func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
 	if nulls == 0 {
 		t.Fatal("no ungraded world-model reward reached the updates as null")
 	}
+	// The run's closing line adds them up.
+	if want := "done: steps 0-3 fused and archived, 4 of them by this process in "; !strings.Contains(out.String(), want) ||
+		!strings.Contains(out.String(), fmt.Sprintf("; lost wm ungraded %d", nulls)) {
+		t.Errorf("no closing line with %d ungraded scores lost:\n%s", nulls, out.String())
+	}
 	if mu.Lock(); maxIn != concurrency {
 		t.Fatalf("%d world-model requests in flight at most; want --wm-concurrency %d", maxIn, concurrency)
 	}
