@@ -1,7 +1,6 @@
 package pipeline
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -21,16 +20,7 @@ func exported(t *testing.T) map[string]exportedFamily {
 	t.Helper()
 	cfg := testConfig(t)
 	cfg.Steps = 3
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	p, err := Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Wait(); err != nil {
-		t.Fatal(err)
-	}
-	fams, err := p.Metrics().Registry.Gather()
+	fams, err := finished(t, cfg).Metrics().Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

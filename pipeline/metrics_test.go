@@ -55,13 +55,10 @@ func TestStepLossesAreCountedByKind(t *testing.T) {
 	}
 }
 
-// The live rank-correlation histogram says what an audit of the run's
-// archive says afterwards: the same number of anchor groups, the same mean
-// within-group Spearman.
-func TestLiveRankCorrelationIsTheAudits(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.Steps = 8
-	cfg.Anchors.Fraction = 0.5
+// finished runs cfg's pipeline to its end (cfg.Steps) and returns it, for
+// its metrics.
+func finished(t *testing.T, cfg Config) *Pipeline {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	p, err := Start(ctx, cfg)
@@ -71,6 +68,17 @@ func TestLiveRankCorrelationIsTheAudits(t *testing.T) {
 	if err := p.Wait(); err != nil {
 		t.Fatal(err)
 	}
+	return p
+}
+
+// The live rank-correlation histogram says what an audit of the run's
+// archive says afterwards: the same number of anchor groups, the same mean
+// within-group Spearman.
+func TestLiveRankCorrelationIsTheAudits(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 8
+	cfg.Anchors.Fraction = 0.5
+	p := finished(t, cfg)
 	for _, u := range decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update")) {
 		if len(u.LateAnchors) > 0 {
 			t.Fatalf("step %d has late anchors, which only the audit sees: the comparison would not hold", u.Step)
