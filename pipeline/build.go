@@ -71,13 +71,13 @@ func (p *Pipeline) build(ctx context.Context) error {
 			}
 			h := execute.NewHandler(cfg.Run, p.topo.Out(StageExecute, schemas.KindExecution), p.stagePublisher(stage), exe, cfg.ExecSlots)
 			h.LastAttempt = p.dl.lastAttempt
-			var store outcomeStore
-			if store, err = openOutcomes(ctx, p.tr.js, p.cfg); err != nil {
-				return err
-			}
-			h.Store = store
-			h.OnStoreError = func(err error) {
-				p.dl.say(StageExecute, "outcome-store", "%v (the outcome is used; only a redelivery elsewhere would run it again)", err)
+			if store, serr := openOutcomes(ctx, p.tr.js, p.cfg); serr == nil {
+				h.Store = store
+				h.OnStoreError = func(err error) {
+					p.dl.say(StageExecute, "outcome-store", "%v (the outcome is used; only a redelivery elsewhere would run it again)", err)
+				}
+			} else {
+				p.notef("execute: %v; running without it: outcomes are kept in this process only", serr)
 			}
 			err = p.subscribe(stage, schemas.KindExec, h.Handle)
 		case StagePair:

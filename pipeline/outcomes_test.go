@@ -3,10 +3,14 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/execute"
 	"github.com/wmrl/wmrl/stages/stagetest"
@@ -126,5 +130,45 @@ func TestPipelineStoresEveryExecution(t *testing.T) {
 	}
 	if anchors == 0 || n != anchors {
 		t.Fatalf("%d outcomes in the bucket for %d executed anchor trajectories", n, anchors)
+	}
+}
+
+// A server where the outcome bucket cannot be made (here a stream of its
+// name with another retention policy is in the way) costs the outcomes'
+// durability, said once at start, not the run.
+func TestExecuteRunsWithoutTheOutcomeBucket(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := srv.Connect("squatter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket := OutcomeBucket("wmrl")
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_" + bucket, Subjects: []string{"$KV." + bucket + ".>"},
+		Retention: jetstream.WorkQueuePolicy}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t)
+	cfg.NATSURL, cfg.Steps = srv.URL(), 3
+	var out syncBuffer
+	cfg.Quiet, cfg.Out = false, &out
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "running without it: outcomes are kept in this process only") {
+		t.Errorf("no word of the missing bucket:\n%s", out.String())
+	}
+	if ups := decodeUpdates(t, scanAll(t, nc, "wmrl.default.update")); len(ups) != 3 {
+		t.Errorf("%d updates, want 3", len(ups))
 	}
 }
