@@ -74,7 +74,7 @@ func (p *Pipeline) build(ctx context.Context) error {
 			if store, serr := openOutcomes(ctx, p.tr.js, p.cfg); serr == nil {
 				h.Store = store
 				h.OnStoreError = func(err error) {
-					p.dl.say(StageExecute, "outcome-store", "%v (the outcome is used; only a redelivery elsewhere would run it again)", err)
+					p.dl.say(StageExecute, "outcome-store", "%v (best effort: at worst a redelivery runs the trajectory again)", err)
 				}
 			} else {
 				p.notef("execute: %v; running without it: outcomes are kept in this process only", serr)

@@ -89,7 +89,7 @@ func NewMetrics() *Metrics {
 		Help: "Step updates whose rows are in closed, synced archive files."})
 	m.WithinSpearman = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "wmrl", Name: "wm_within_group_spearman",
 		Help: "The world model's rank correlation with the true scores inside each anchor group (what GRPO's advantages depend on); " +
-			"rate(_sum)/rate(_count) is its mean, the audit's within_group_spearman, live.",
+			"rate(_sum)/rate(_count) is its mean over the window, as the audit's within_group_spearman is over the run.",
 		Buckets: prometheus.LinearBuckets(-0.8, 0.2, 10)})
 	r.MustRegister(m.Latency, m.StepLatency, m.Archived, m.Lost, m.WithinSpearman)
 	return m

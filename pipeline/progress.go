@@ -88,10 +88,9 @@ func (p *Pipeline) sayDone() {
 	}
 	var h dto.Metric
 	_ = p.metrics.WithinSpearman.Write(&h)
-	ranked := fmt.Sprintf("%d anchor groups, the world model's within-group Spearman on them %.3f", h.GetHistogram().GetSampleCount(),
-		h.GetHistogram().GetSampleSum()/float64(h.GetHistogram().GetSampleCount()))
-	if h.GetHistogram().GetSampleCount() == 0 {
-		ranked = "no anchor group ranked"
+	ranked := "no anchor group ranked"
+	if n := h.GetHistogram().GetSampleCount(); n > 0 {
+		ranked = fmt.Sprintf("%d anchor groups, the world model's within-group Spearman on them %.3f", n, h.GetHistogram().GetSampleSum()/float64(n))
 	}
 	var lost []string
 	for _, l := range stepLosses(schemas.Update{}) {

@@ -5,6 +5,7 @@ package execute
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -48,8 +49,8 @@ type Handler struct {
 	// Store, if set, keeps every outcome beyond this process, so that a
 	// group taken over after a crash or restart, or by another process of
 	// the stage, runs only the trajectories that have none. It is best
-	// effort: an error reading it is a miss, and an error storing an
-	// outcome goes to OnStoreError (if set) while the outcome is used.
+	// effort: an error reading it is a miss, an outcome it fails to store
+	// is used all the same, and both errors go to OnStoreError (if set).
 	Store        Outcomes
 	OnStoreError func(error)
 
@@ -91,11 +92,15 @@ func (h *Handler) outcome(ctx context.Context, key string) (schemas.ExecItem, bo
 	if ok || h.Store == nil {
 		return it, ok
 	}
-	if it, ok, err := h.Store.Load(ctx, key); err == nil && ok {
-		h.keepLocal(key, it)
-		return it, true
+	it, ok, err := h.Store.Load(ctx, key)
+	if err != nil {
+		h.storeError(fmt.Errorf("execute: reading the outcome of %s: %w", key, err))
+		return schemas.ExecItem{}, false
 	}
-	return schemas.ExecItem{}, false
+	if ok {
+		h.keepLocal(key, it)
+	}
+	return it, ok
 }
 
 // remember keeps an outcome here and in Store.
@@ -104,8 +109,14 @@ func (h *Handler) remember(ctx context.Context, key string, it schemas.ExecItem)
 	if h.Store == nil {
 		return
 	}
-	if err := h.Store.Save(ctx, key, it); err != nil && h.OnStoreError != nil {
-		h.OnStoreError(fmt.Errorf("execute: storing the outcome of %s: %w", key, err))
+	if err := h.Store.Save(ctx, key, it); err != nil {
+		h.storeError(fmt.Errorf("execute: storing the outcome of %s: %w", key, err))
+	}
+}
+
+func (h *Handler) storeError(err error) {
+	if h.OnStoreError != nil && !errors.Is(err, context.Canceled) {
+		h.OnStoreError(err)
 	}
 }
 

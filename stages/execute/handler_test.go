@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"strings"
 	"sync"
 	"testing"
 
@@ -156,5 +157,42 @@ func TestLastAttemptPublishesWhatWasExecuted(t *testing.T) {
 				t.Errorf("%v: item %+v", tc.broken, it)
 			}
 		}
+	}
+}
+
+// failingStore refuses every read and write.
+type failingStore struct{}
+
+func (failingStore) Load(context.Context, string) (schemas.ExecItem, bool, error) {
+	return schemas.ExecItem{}, false, errors.New("bucket unreachable")
+}
+
+func (failingStore) Save(context.Context, string, schemas.ExecItem) error {
+	return errors.New("bucket unreachable")
+}
+
+// A store that fails costs nothing but its own use: every trajectory is
+// executed and published, and each failure is reported.
+func TestAFailingStoreIsReportedNotFatal(t *testing.T) {
+	exe := &flakyExecutor{runs: map[string]int{}}
+	pub := &stagetest.Recorder{}
+	h := NewHandler("r", "execution", pub, exe, 2)
+	var mu sync.Mutex
+	var reported []string
+	h.Store, h.OnStoreError = failingStore{}, func(err error) { mu.Lock(); reported = append(reported, err.Error()); mu.Unlock() }
+	if err := h.Handle(stagetest.Message(t, context.Background(), anchorGroup("a", "b"))); err != nil || pub.Count() != 1 {
+		t.Fatalf("%v, %d published", err, pub.Count())
+	}
+	reads, writes := 0, 0
+	for _, r := range reported {
+		switch {
+		case strings.HasPrefix(r, "execute: reading the outcome of 1/g/"):
+			reads++
+		case strings.HasPrefix(r, "execute: storing the outcome of 1/g/"):
+			writes++
+		}
+	}
+	if reads != 2 || writes != 2 {
+		t.Errorf("reported %q; want a read and a write failure for each of 2 trajectories", reported)
 	}
 }
