@@ -134,7 +134,7 @@ func OpenWriter(cfg WriterConfig) (*Writer, error) {
 			w.late[LateKey(g.Step, g.GroupID)] = g
 		}
 	}
-	go w.roll()
+	go w.roll(min(max(w.cfg.MaxAge/4, 10*time.Millisecond), 50*time.Millisecond)) // read here: SetMaxAge may race the goroutine's start
 	return w, nil
 }
 
@@ -368,10 +368,10 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-// roll closes the current file once it is MaxAge old.
-func (w *Writer) roll() {
+// roll closes the current file once it is MaxAge old, looking every tick.
+func (w *Writer) roll(tick time.Duration) {
 	defer close(w.stopped)
-	t := time.NewTicker(min(max(w.cfg.MaxAge/4, 10*time.Millisecond), 50*time.Millisecond))
+	t := time.NewTicker(tick)
 	defer t.Stop()
 	for {
 		select {
