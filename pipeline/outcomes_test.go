@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/execute"
 	"github.com/wmrl/wmrl/stages/stagetest"
@@ -170,5 +171,92 @@ func TestExecuteRunsWithoutTheOutcomeBucket(t *testing.T) {
 	}
 	if ups := decodeUpdates(t, scanAll(t, nc, "wmrl.default.update")); len(ups) != 3 {
 		t.Errorf("%d updates, want 3", len(ups))
+	}
+}
+
+// stallingExecutor executes with the simulated executor, counts what it
+// finished by trajectory, and from its stallAt-th call on hangs until its
+// context ends, having said so on stalled.
+type stallingExecutor struct {
+	inner    execute.Executor
+	stallAt  int
+	stalled  chan struct{}
+	mu       sync.Mutex
+	calls    int
+	finished map[string]int
+}
+
+func (e *stallingExecutor) Execute(ctx context.Context, t schemas.Trajectory) (execute.Result, error) {
+	e.mu.Lock()
+	e.calls++
+	stall := e.stallAt > 0 && e.calls >= e.stallAt
+	if stall && e.calls == e.stallAt {
+		close(e.stalled)
+	}
+	e.mu.Unlock()
+	if stall {
+		<-ctx.Done()
+		return execute.Result{}, ctx.Err()
+	}
+	r, err := e.inner.Execute(ctx, t)
+	if err == nil {
+		e.mu.Lock()
+		e.finished[t.TrajID]++
+		e.mu.Unlock()
+	}
+	return r, err
+}
+
+// A pipeline stopped while an anchor group is half executed, and started
+// again on its data, runs only the half that had not finished: the rest
+// comes from the outcome bucket, on the restarted server.
+func TestRestartRunsOnlyTheUnfinishedExecutions(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.ExecSlots = 1, 4, 4, 1
+	cfg.Anchors.Fraction = 0.25 // one anchor group of 4, executed one at a time
+	first := &stallingExecutor{inner: &sim.Executor{Noise: 0.02}, stallAt: 3, stalled: make(chan struct{}), finished: map[string]int{}}
+	cfg.ExecutorImpl = first
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-first.stalled:
+	case <-ctx.Done():
+		t.Fatal("the anchor group's third execution never started")
+	}
+	if err := p.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if len(first.finished) != 2 {
+		t.Fatalf("finished before the stop: %v, want 2 trajectories", first.finished)
+	}
+
+	again := &stallingExecutor{inner: &sim.Executor{Noise: 0.02}, finished: map[string]int{}}
+	cfg.ExecutorImpl = again
+	// The group comes back at once, or after AckWait (30 s) when the
+	// stopping process's hand-back did not outlive the server's restart.
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if len(again.finished) != 2 {
+		t.Errorf("after the restart executed %v; want only the 2 not finished before it", again.finished)
+	}
+	for id := range again.finished {
+		if first.finished[id] > 0 {
+			t.Errorf("%s was executed again after the restart", id)
+		}
+	}
+	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	scored := 0
+	for _, it := range ups[0].Items {
+		if it.Source == "anchor" && it.Reward != nil {
+			scored++
+		}
+	}
+	if scored != 4 {
+		t.Errorf("step 0 has %d anchor rewards, want 4", scored)
 	}
 }
