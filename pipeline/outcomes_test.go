@@ -10,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/execute"
@@ -138,29 +137,18 @@ func TestPipelineStoresEveryExecution(t *testing.T) {
 // name with another retention policy is in the way) costs the outcomes'
 // durability, said once at start, not the run.
 func TestExecuteRunsWithoutTheOutcomeBucket(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 3
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir()})
+	js, closeIt := openStopped(t, ctx, cfg.DataDir) // the pipeline's own store, before it starts
+	bucket := OutcomeBucket(cfg.Prefix)
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_" + bucket, Subjects: []string{"$KV." + bucket + ".>"},
+		Retention: jetstream.WorkQueuePolicy})
+	closeIt()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Shutdown()
-	nc, err := srv.Connect("squatter")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bucket := OutcomeBucket("wmrl")
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_" + bucket, Subjects: []string{"$KV." + bucket + ".>"},
-		Retention: jetstream.WorkQueuePolicy}); err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(t)
-	cfg.NATSURL, cfg.Steps = srv.URL(), 3
 	var out syncBuffer
 	cfg.Quiet, cfg.Out = false, &out
 	if err := Run(ctx, cfg); err != nil {
@@ -169,7 +157,7 @@ func TestExecuteRunsWithoutTheOutcomeBucket(t *testing.T) {
 	if !strings.Contains(out.String(), "running without it: outcomes are kept in this process only") {
 		t.Errorf("no word of the missing bucket:\n%s", out.String())
 	}
-	if ups := decodeUpdates(t, scanAll(t, nc, "wmrl.default.update")); len(ups) != 3 {
+	if ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update")); len(ups) != 3 {
 		t.Errorf("%d updates, want 3", len(ups))
 	}
 }
