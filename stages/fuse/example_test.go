@@ -22,3 +22,19 @@ func ExampleFuse() {
 	// w1 world_model advantage +0.10 weight 1 fused +0.05
 	// w2 world_model advantage +0.00 weight 0 fused +0.00
 }
+
+// A world model that ranks a group right but for one swapped pair, and one
+// that gives two solutions the same score: rank correlations are what
+// GRPO's within-group advantages care about, whatever the scale.
+func ExampleSpearman() {
+	truth := []float64{0.10, 0.40, 0.35, 0.90}
+	swapped := []float64{0.52, 0.55, 0.58, 0.70} // compressed, 0.40 and 0.35 in the wrong order
+	tied := []float64{0.2, 0.5, 0.5, 0.8}
+	fmt.Printf("swapped: Spearman %.2f, Kendall %.2f\n", fuse.Spearman(swapped, truth), fuse.Kendall(swapped, truth))
+	fmt.Printf("tied:    Spearman %.2f, Kendall %.2f\n", fuse.Spearman(tied, truth), fuse.Kendall(tied, truth))
+	fmt.Printf("constant: %v\n", fuse.Spearman([]float64{0.5, 0.5, 0.5, 0.5}, truth))
+	// Output:
+	// swapped: Spearman 0.80, Kendall 0.67
+	// tied:    Spearman 0.95, Kendall 0.91
+	// constant: NaN
+}
