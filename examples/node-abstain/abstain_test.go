@@ -1,0 +1,208 @@
+// Package nodeabstain holds the test of abstain.js, an extra stage written
+// in Node.js; the stage itself needs no Go.
+package nodeabstain
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// needNode skips the test unless node and the stage's packages are
+// installed (`npm ci` here, as .ci/run does); with WMRL_REQUIRE_NODE_NATS=1
+// it fails instead.
+func needNode(t *testing.T) {
+	_, err := exec.LookPath("node")
+	if err == nil {
+		_, err = os.Stat(filepath.Join("node_modules", "@nats-io", "jetstream"))
+	}
+	if err != nil {
+		if os.Getenv("WMRL_REQUIRE_NODE_NATS") == "1" {
+			t.Fatalf("node with the stage's packages required: %v", err)
+		}
+		t.Skipf("node with the stage's packages not available (%v): run npm ci in examples/node-abstain, or .ci/run", err)
+	}
+}
+
+// judge is an OpenAI-compatible world model that answers n samples: for a
+// third of the solutions (by a hash of the prompt) the samples disagree
+// widely (spread about 0.33), for the rest they agree (about 0.01).
+func judge(t *testing.T) *httptest.Server {
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			N        int
+			Messages []struct{ Content string }
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		h := fnv.New32a()
+		for _, m := range req.Messages {
+			h.Write([]byte(m.Content))
+		}
+		base := 0.2 + 0.6*float64(h.Sum32()%1000)/1000
+		unsure := h.Sum32()%3 == 0
+		var choices []any
+		for i := range max(req.N, 1) {
+			s := base + 0.01*float64(i%3-1)
+			if unsure {
+				s = []float64{0.1, 0.9, 0.5}[i%3]
+			}
+			content := fmt.Sprintf(`{"status":"scored","score":%.3f,"rationale":"test"}`, s)
+			choices = append(choices, map[string]any{"message": map[string]any{"content": content}})
+		}
+		json.NewEncoder(w).Encode(map[string]any{"choices": choices})
+	}))
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestNodeStageWithdrawsUnsureScores runs the pipeline with the topology
+// file, a world model asked for 3 samples, and abstain.js in its own Node
+// process: every prediction whose samples spread over the limit reaches
+// pair and fuse ungraded, with the reason, and its reward is null; every
+// other passes unchanged; a malformed message is dead-lettered by the
+// stage with the reason, and the pipeline runs on.
+func TestNodeStageWithdrawsUnsureScores(t *testing.T) {
+	needNode(t)
+	srv := judge(t)
+	defer srv.Close()
+	cfg := pipeline.DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.Steps, cfg.ExecLatency = t.TempDir(), "127.0.0.1:0", 4, time.Millisecond
+	cfg.TopologyFile = "topology.yaml"
+	cfg.WorldModel, cfg.WMURL, cfg.WMModel, cfg.WMSamples = "openai", srv.URL+"/v1", "judge", 3
+	var out lockedBuffer
+	cfg.Out = &out
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := pipeline.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const maxSpread = 0.15
+	var stageLog lockedBuffer
+	stage := exec.CommandContext(ctx, "node", "abstain.js", "--nats", p.URL(), "--max-spread", fmt.Sprint(maxSpread))
+	stage.Stdout, stage.Stderr = &stageLog, &stageLog
+	if err := stage.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stage.Process.Kill(); stage.Wait() }()
+
+	// A malformed message on the stage's input.
+	nc, err := nats.Connect(p.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.Publish(ctx, "wmrl.default.pred_raw", []byte(`{"items":"none"}`), jetstream.WithMsgID("bad-1")); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := p.Wait(); err != nil {
+		t.Fatalf("%v\nstage:\n%s", err, stageLog.String())
+	}
+	read := func(subject string) [][]byte {
+		b, err := pipeline.ReadStored(ctx, cfg.DataDir, "wmrl", subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	raw := map[string]schemas.PredItem{}
+	for _, b := range read("wmrl.default.pred_raw") {
+		var pr schemas.Prediction
+		if json.Unmarshal(b, &pr) != nil || pr.Items == nil {
+			continue // the malformed one
+		}
+		for _, it := range pr.Items {
+			raw[it.TrajID] = it
+		}
+	}
+	withdrawn, kept := 0, 0
+	shaped := map[string]schemas.PredItem{}
+	for _, b := range read("wmrl.default.pred") {
+		var pr schemas.Prediction
+		if err := schemas.Decode(b, cfg.Run, &pr); err != nil { // as pair and fuse decode it
+			t.Fatalf("the stage's output: %v", err)
+		}
+		for _, it := range pr.Items {
+			shaped[it.TrajID] = it
+			r, ok := raw[it.TrajID]
+			switch {
+			case !ok:
+				t.Fatalf("%s on pred but not on pred_raw", it.TrajID)
+			case r.Score != nil && r.Spread > maxSpread:
+				if it.Score != nil || it.Status != schemas.PredUngraded || !strings.Contains(it.Reason, "world model unsure") {
+					t.Errorf("%s: spread %.3f, passed on as %+v", it.TrajID, r.Spread, it)
+				}
+				withdrawn++
+			default:
+				if (it.Score == nil) != (r.Score == nil) || it.Score != nil && *it.Score != *r.Score || it.Status != r.Status {
+					t.Errorf("%s: %+v became %+v", it.TrajID, r, it)
+				}
+				kept++
+			}
+		}
+	}
+	if withdrawn == 0 || kept == 0 || len(shaped) != len(raw) {
+		t.Fatalf("%d withdrawn, %d kept, %d shaped of %d raw predictions\nstage:\n%s", withdrawn, kept, len(shaped), len(raw), stageLog.String())
+	}
+	nulls := 0
+	for _, b := range read("wmrl.default.update") {
+		var u schemas.Update
+		if err := json.Unmarshal(b, &u); err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range u.Items {
+			if it.Source == "world_model" && it.Reward == nil {
+				nulls++
+			}
+			if it.Source == "world_model" && it.Reward != nil && shaped[it.TrajID].Score == nil {
+				t.Errorf("step %d: %s has reward %v, but the stage withdrew its score", u.Step, it.TrajID, *it.Reward)
+			}
+		}
+	}
+	if nulls == 0 || !strings.Contains(out.String(), "wm ungraded") {
+		t.Errorf("no withdrawn score reached the updates as null (%d), or the step lines did not say so:\n%s", nulls, out.String())
+	}
+	dl := read("wmrl.default.dlq")
+	var d schemas.DeadLetter
+	if len(dl) != 1 || json.Unmarshal(dl[0], &d) != nil || d.Stage != "node-abstain" || d.Subject != "wmrl.default.pred_raw" ||
+		!strings.Contains(d.Reason, "not a prediction") || d.Payload != `{"items":"none"}` {
+		t.Errorf("dead letters %q; want the malformed message's, from the stage, with its reason", dl)
+	}
+	t.Logf("%d scores withdrawn, %d kept, %d null world-model rewards", withdrawn, kept, nulls)
+}
