@@ -66,7 +66,8 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // Start connects, provisions the stream, rebuilds each stage's state from
-// the retained messages and starts the stages.
+// the retained messages and starts the stages; it returns once they
+// consume.
 func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -91,6 +92,17 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		return nil, err
 	}
 	p.start(ctx)
+	// Return once every stage consumes: a pipeline stopped while watermill's
+	// router is still subscribing waits out the router's close timeout for
+	// the handlers it had not started (5 s), and a caller publishing right
+	// after Start should find the consumers in place.
+	select {
+	case <-p.router.Running():
+	case <-ctx.Done(): // failed, stopped or already complete while starting
+		if err := p.Wait(); err != nil {
+			return nil, err
+		}
+	}
 	return p, nil
 }
 
