@@ -143,12 +143,19 @@ func (h *Handler) Handle(msg *message.Message) error {
 	items := make([]schemas.ExecItem, len(g.Trajectories))
 	errs := make([]error, len(g.Trajectories))
 	var wg sync.WaitGroup
+	// The outcomes already paid for, looked up together: one round trip
+	// to the store for the group, not one per trajectory.
+	have := make([]bool, len(g.Trajectories))
+	var lookups sync.WaitGroup
 	for i, t := range g.Trajectories {
-		key := doneKey(g, t)
-		if it, ok := h.outcome(ctx, key); ok {
-			items[i] = it
+		lookups.Go(func() { items[i], have[i] = h.outcome(ctx, doneKey(g, t)) })
+	}
+	lookups.Wait()
+	for i, t := range g.Trajectories {
+		if have[i] {
 			continue
 		}
+		key := doneKey(g, t)
 		select {
 		case h.Slots <- struct{}{}:
 		case <-ctx.Done():
