@@ -249,6 +249,17 @@ func auditCommand() *cobra.Command {
 			fmt.Fprintf(stdout, "audited run %s: %d rows, %d anchor pairs, %d tasks in %s\n", run, a.Rows, a.Pairs, len(a.Tasks), time.Since(start).Round(time.Millisecond))
 			fmt.Fprintf(stdout, "overall: %s (max |residual| by level %.3f before, %.3f after one monotone map, %.3f after the run's maps as recorded; within-group Kendall %.3f)\n",
 				a.Overall.Verdict, a.Overall.MaxBefore, a.Overall.MaxMonotone, a.Overall.MaxAfter, float64(a.Overall.Ranks.WithinKendall))
+			if first, last, se, ok := a.RankTrend(); ok {
+				verdict := "no clear change"
+				switch {
+				case first-last > 2*se:
+					verdict = "it ranks the policy's recent solutions worse than its early ones (ranks.png)"
+				case last-first > 2*se:
+					verdict = "it ranks the policy's recent solutions better"
+				}
+				fmt.Fprintf(stdout, "within-group Spearman on the anchors: %.3f over the first quarter of the steps, %.3f over the last (± %.3f): %s\n",
+					first, last, 2*se, verdict)
+			}
 			verdicts := map[string]int{}
 			for _, t := range a.Tasks {
 				verdicts[t.Verdict]++

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 
+	"gonum.org/v1/gonum/stat"
+
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/fuse"
@@ -370,6 +372,28 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 		}
 	}
 	return a, nil
+}
+
+// RankTrend is the world model's mean within-group Spearman over the first
+// and the last quarter of the audited steps that have one, and the standard
+// error of their difference (steps as independent samples). A fall of more
+// than two standard errors says it ranks the policy's recent solutions
+// worse than its early ones. ok is false with fewer than 8 such steps.
+func (a *Audit) RankTrend() (first, last, se float64, ok bool) {
+	var r []float64
+	for _, s := range a.Drift {
+		if !math.IsNaN(float64(s.WithinSpearman)) {
+			r = append(r, float64(s.WithinSpearman))
+		}
+	}
+	if len(r) < 8 {
+		return 0, 0, 0, false
+	}
+	q := len(r) / 4
+	head, tail := r[:q], r[len(r)-q:]
+	first, last = stat.Mean(head, nil), stat.Mean(tail, nil)
+	se = math.Sqrt(stat.Variance(head, nil)/float64(q) + stat.Variance(tail, nil)/float64(q))
+	return first, last, se, true
 }
 
 type groupAcc struct{ pred, truth []float64 }

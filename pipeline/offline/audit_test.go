@@ -202,6 +202,9 @@ func TestDriftShowsAWorldModelThatStopsRanking(t *testing.T) {
 	if !(math.Abs(resEarly) < 0.05 && math.Abs(resLate) < 0.05) {
 		t.Errorf("mean residual %.3f then %.3f: the level was meant to stay put", resEarly, resLate)
 	}
+	if first, last, se, ok := a.RankTrend(); !ok || !(first > 0.9 && math.Abs(last) < 0.2 && first-last > 2*se) {
+		t.Errorf("rank trend %.3f -> %.3f ± %.3f (%v); want above 0.9, then near 0, clearly", first, last, se, ok)
+	}
 	// One step by hand: the mean over its four groups.
 	want := 0.0
 	for g := range 4 {
