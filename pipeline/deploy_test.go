@@ -1,17 +1,26 @@
 package pipeline
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"gopkg.in/yaml.v3"
+
+	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
 )
 
 // exported is what a whole pipeline's /metrics serves after a short run:
@@ -190,5 +199,172 @@ func TestDeployMonitoringMatchesTheMetrics(t *testing.T) {
 	}
 	if err := yaml.Unmarshal(b, &prom); err != nil || !slices.Contains(prom.RuleFiles, "alerts.yml") || len(prom.ScrapeConfigs) == 0 {
 		t.Fatalf("deploy/prometheus/prometheus.yml: %v %+v", err, prom)
+	}
+}
+
+// prometheusBinary is a Prometheus server to run (WMRL_PROMETHEUS, else
+// prometheus on PATH), or the test skips; with WMRL_REQUIRE_PROMETHEUS=1
+// it fails instead (.ci/run installs Debian's).
+func prometheusBinary(t *testing.T) string {
+	bin := os.Getenv("WMRL_PROMETHEUS")
+	if bin == "" {
+		bin = "prometheus"
+	}
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		if os.Getenv("WMRL_REQUIRE_PROMETHEUS") == "1" {
+			t.Fatalf("prometheus required: %v", err)
+		}
+		t.Skipf("no prometheus server (%v): set WMRL_PROMETHEUS, or run .ci/run", err)
+	}
+	return path
+}
+
+// vector is an instant query's answer.
+type vector struct{ Result []sample }
+
+type sample struct {
+	Metric map[string]string
+	Value  [2]any // time, and the value as a string
+}
+
+func (s sample) value() float64 {
+	v, _ := s.Value[1].(string)
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return math.NaN()
+	}
+	return f
+}
+
+// promQuery asks a Prometheus server's HTTP API for path with params and
+// decodes its data; a failed query fails the test with the server's error.
+func promQuery(t *testing.T, base, path string, params url.Values, data any) error {
+	t.Helper()
+	resp, err := http.Get(base + path + "?" + params.Encode())
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Status, Error string
+		Data          json.RawMessage
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return err
+	}
+	if out.Status != "success" {
+		return fmt.Errorf("%s %v: %s", path, params, out.Error)
+	}
+	return json.Unmarshal(out.Data, data)
+}
+
+// A real Prometheus scraping a running pipeline evaluates every query of
+// the dashboard to a result, and every alert rule without error.
+func TestPrometheusEvaluatesTheDashboardAndAlerts(t *testing.T) {
+	bin := prometheusBinary(t)
+	metrics := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	cfg := testConfig(t)
+	cfg.MetricsAddr = metrics
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := Start(ctx, cfg) // runs until stopped
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+
+	dir := t.TempDir()
+	alerts, err := filepath.Abs(filepath.Join("..", "deploy", "prometheus", "alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := fmt.Sprintf("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - %q\n"+
+		"scrape_configs:\n  - job_name: wmrl\n    static_configs:\n      - targets: [%q]\n", alerts, metrics)
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	web := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	prom := exec.CommandContext(ctx, bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+web)
+	logFile, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	promLog := func() string { b, _ := os.ReadFile(logFile.Name()); return string(b) }
+	prom.Stdout, prom.Stderr = logFile, logFile
+	if err := prom.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { prom.Process.Kill(); prom.Wait() }()
+	base := "http://" + web
+
+	// Enough scrapes for rates: the first scrape's series, then five more.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var up vector
+		err := promQuery(t, base, "/api/v1/query", url.Values{"query": {`sum_over_time(up{job="wmrl"}[1m])`}}, &up)
+		if err == nil && len(up.Result) == 1 && up.Result[0].value() >= 6 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than 6 good scrapes in a minute (%+v %v)\n%s", up, err, promLog())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	b, err := os.ReadFile(filepath.Join("..", "deploy", "grafana", "wmrl.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatal(err)
+	}
+	for _, panel := range dash.Panels {
+		for _, tg := range panel.Targets {
+			expr := strings.ReplaceAll(tg.Expr, "$job", "wmrl") // Grafana's variable, as the job selector sets it
+			var res vector
+			if err := promQuery(t, base, "/api/v1/query", url.Values{"query": {expr}}, &res); err != nil {
+				t.Errorf("panel %q: %v", panel.Title, err)
+			} else if len(res.Result) == 0 {
+				t.Errorf("panel %q: no data for %s", panel.Title, expr)
+			}
+		}
+	}
+
+	var rules struct {
+		Groups []struct {
+			Rules []struct{ Name, Health, LastError string }
+		}
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		if err := promQuery(t, base, "/api/v1/rules", nil, &rules); err != nil || len(rules.Groups) == 0 {
+			return false
+		}
+		for _, r := range rules.Groups[0].Rules {
+			if r.Health == "unknown" { // not evaluated yet
+				return false
+			}
+		}
+		return true
+	})
+	n := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			n++
+			if r.Health != "ok" {
+				t.Errorf("alert %s: %s %s", r.Name, r.Health, r.LastError)
+			}
+		}
+	}
+	if n < 6 {
+		t.Errorf("%d rules loaded\n%s", n, promLog())
 	}
 }
