@@ -106,8 +106,6 @@ func TestExecutionsOutliveTheExecuteProcess(t *testing.T) {
 // the bucket.
 func TestPipelineStoresEveryExecution(t *testing.T) {
 	cfg, ctx := runToEnd(t, 4)
-	js, closeIt := openStopped(t, ctx, cfg.DataDir)
-	defer closeIt()
 	anchors := 0
 	for _, u := range decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update")) {
 		for _, it := range u.Items {
@@ -116,6 +114,8 @@ func TestPipelineStoresEveryExecution(t *testing.T) {
 			}
 		}
 	}
+	js, closeIt := openStopped(t, ctx, cfg.DataDir) // after readStored: one server on a store at a time
+	defer closeIt()
 	kv, err := js.KeyValue(ctx, OutcomeBucket(cfg.Prefix))
 	if err != nil {
 		t.Fatal(err)

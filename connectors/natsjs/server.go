@@ -2,9 +2,14 @@ package natsjs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -24,14 +29,66 @@ type ServerConfig struct {
 
 // Server is an in-process NATS server.
 type Server struct {
-	ns *server.Server
+	ns   *server.Server
+	lock *os.File // holds the store's lock until Shutdown
 }
 
 // StartServer starts an embedded server and waits until it accepts clients.
+// The store directory is locked for as long as the server runs: a second
+// server on the same store (another `wmrl run` on the same --data, or a
+// reader of a run still going) would write over the first one's files, so
+// it is refused, naming the process that holds the store.
 func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	if cfg.StoreDir == "" {
 		return nil, fmt.Errorf("natsjs: embedded server needs a store directory")
 	}
+	lock, err := lockStore(cfg.StoreDir)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := runServer(ctx, cfg)
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	srv.lock = lock
+	return srv, nil
+}
+
+// ErrStoreInUse is the error of a store another server holds.
+var ErrStoreInUse = errors.New("in use by another process")
+
+// lockStore takes an exclusive lock on the store directory (flock on
+// StoreDir/wmrl.lock, released by the kernel when the process dies, so a
+// killed run leaves no stale lock) and writes this process's id into it.
+func lockStore(dir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("natsjs: store %s: %w", dir, err)
+	}
+	path := filepath.Join(dir, "wmrl.lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("natsjs: store %s: %w", dir, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(path)
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			who := "another process"
+			if pid := strings.TrimSpace(string(holder)); pid != "" {
+				who = "process " + pid
+			}
+			return nil, fmt.Errorf("natsjs: store %s is %w (%s holds it): stop that process, or give --nats with its server's URL to use it from here", dir, ErrStoreInUse, who)
+		}
+		return nil, fmt.Errorf("natsjs: lock store %s: %w", dir, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return f, nil
+}
+
+func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	host, port := "127.0.0.1", -1
 	if cfg.Listen != "" {
 		h, p, err := net.SplitHostPort(cfg.Listen)
@@ -86,8 +143,12 @@ func (s *Server) Connect(name string) (*nats.Conn, error) {
 	return nats.Connect("", nats.InProcessServer(s.ns), nats.Name(name), nats.MaxReconnects(-1))
 }
 
-// Shutdown stops the server and waits for it.
+// Shutdown stops the server, waits for it, and releases its store.
 func (s *Server) Shutdown() {
 	s.ns.Shutdown()
 	s.ns.WaitForShutdown()
+	if s.lock != nil {
+		s.lock.Close() // closing the last descriptor releases the flock
+		s.lock = nil
+	}
 }

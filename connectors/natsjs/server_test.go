@@ -1,0 +1,117 @@
+package natsjs
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestASecondServerOnAStoreIsRefused: two servers on one store would both
+// write its files; the second is refused with the holder's process id, the
+// first keeps its data, and the store is free again once it shuts down.
+func TestASecondServerOnAStoreIsRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	first, err := StartServer(ctx, ServerConfig{StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Shutdown()
+	nc := connect(t, first)
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "s", []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+
+	_, err = StartServer(ctx, ServerConfig{StoreDir: dir})
+	if !errors.Is(err, ErrStoreInUse) {
+		t.Fatalf("second server on the store: %v; want ErrStoreInUse", err)
+	}
+	for _, want := range []string{dir, "process " + strconv.Itoa(os.Getpid()), "--nats"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal %q does not name %q", err, want)
+		}
+	}
+	if _, err := js.Publish(ctx, "s", []byte("after")); err != nil {
+		t.Fatalf("the first server stopped working after the refusal: %v", err)
+	}
+
+	first.Shutdown()
+	again, err := StartServer(ctx, ServerConfig{StoreDir: dir})
+	if err != nil {
+		t.Fatalf("the store is not free after Shutdown: %v", err)
+	}
+	defer again.Shutdown()
+	nc2 := connect(t, again)
+	defer nc2.Close()
+	js2, _ := jetstream.New(nc2)
+	s, err := js2.Stream(ctx, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := s.Info(ctx); info == nil || info.State.Msgs != 2 {
+		t.Fatalf("the store after a refused second server: %+v; want the 2 messages", info)
+	}
+}
+
+// TestAKilledProcessLeavesNoStaleLock: the lock belongs to the holding
+// process, across processes, and dies with it, so a run killed with
+// SIGKILL can be started again without cleaning anything up.
+func TestAKilledProcessLeavesNoStaleLock(t *testing.T) {
+	if dir := os.Getenv("WMRL_TEST_HOLD_STORE"); dir != "" {
+		srv, err := StartServer(context.Background(), ServerConfig{StoreDir: dir})
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		defer srv.Shutdown()
+		fmt.Println("holding")
+		time.Sleep(time.Minute) // until killed
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestAKilledProcessLeavesNoStaleLock$")
+	cmd.Env = append(os.Environ(), "WMRL_TEST_HOLD_STORE="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "holding\n" {
+		t.Fatalf("the holding process said %q (%v)", line, err)
+	}
+
+	_, err = StartServer(ctx, ServerConfig{StoreDir: dir})
+	if !errors.Is(err, ErrStoreInUse) || !strings.Contains(err.Error(), "process "+strconv.Itoa(cmd.Process.Pid)) {
+		t.Fatalf("a store held by process %d: %v", cmd.Process.Pid, err)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	srv, err := StartServer(ctx, ServerConfig{StoreDir: dir})
+	if err != nil {
+		t.Fatalf("the store after its holder was killed: %v", err)
+	}
+	srv.Shutdown()
+}
