@@ -2,35 +2,136 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"path/filepath"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/schemas"
 )
+
+// StreamSource says where a pipeline's stream is for reading it from
+// outside the pipeline: a server's URL (NATSURL), or else the data
+// directory of a stopped pipeline's embedded server, opened with a server
+// of its own (refused while the pipeline runs: its store is locked).
+type StreamSource struct {
+	NATSURL string
+	DataDir string
+	Prefix  string
+}
+
+// streamConn is an open StreamSource.
+type streamConn struct {
+	js     jetstream.JetStream
+	url    string
+	stream string
+	close  func()
+}
+
+// open connects to the source and checks that its stream exists; it never
+// creates one (a reader that made an empty stream would hide a wrong
+// --prefix or --data).
+func (s StreamSource) open(ctx context.Context) (*streamConn, error) {
+	c := &streamConn{stream: StreamName(s.Prefix)}
+	var nc *nats.Conn
+	var srv *natsjs.Server
+	var err error
+	if s.NATSURL == "" {
+		srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(s.DataDir, "nats")})
+		if err != nil {
+			return nil, err
+		}
+		c.url = "the store in " + s.DataDir
+		nc, err = srv.Connect("wmrl-reader")
+	} else {
+		c.url = s.NATSURL
+		nc, err = nats.Connect(s.NATSURL, nats.Name("wmrl-reader"), nats.Timeout(10*time.Second))
+	}
+	c.close = func() {
+		if nc != nil {
+			nc.Close()
+		}
+		if srv != nil {
+			srv.Shutdown()
+		}
+	}
+	if err == nil {
+		c.js, err = jetstream.New(nc)
+	}
+	if err == nil {
+		_, err = c.js.Stream(ctx, c.stream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			err = fmt.Errorf("no stream %s: no pipeline with --prefix %s has run there", c.stream, s.Prefix)
+		}
+	}
+	if err != nil {
+		c.close()
+		return nil, fmt.Errorf("pipeline: read %s: %w", c.url, err)
+	}
+	return c, nil
+}
 
 // ReadStored returns every message retained on subject in the store of a
 // stopped pipeline's data directory (the embedded server's), by opening the
 // store with a server of its own: for offline inspection and tests.
 func ReadStored(ctx context.Context, dataDir, prefix, subject string) ([][]byte, error) {
-	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(dataDir, "nats")})
+	c, err := StreamSource{DataDir: dataDir, Prefix: prefix}.open(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer srv.Shutdown()
-	nc, err := srv.Connect("read-stored")
-	if err != nil {
-		return nil, err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
+	defer c.close()
 	var out [][]byte
-	err = natsjs.Scan(ctx, js, StreamName(prefix), subject, false, func(r natsjs.Record) error {
+	err = natsjs.Scan(ctx, c.js, c.stream, subject, false, func(r natsjs.Record) error {
 		out = append(out, r.Data)
 		return nil
 	})
 	return out, err
+}
+
+// ReadDeadLetters hands fn every dead letter of run retained in the
+// source's stream, oldest first. With follow it then waits for new ones
+// until ctx ends (and returns nil then); without, it returns once it has
+// read those stored when it started. A message on the subject that is not
+// a dead letter is handed over with only its Payload and a Reason saying
+// so, rather than skipped: whatever landed there is what the reader came
+// to see.
+func ReadDeadLetters(ctx context.Context, src StreamSource, run string, follow bool, fn func(schemas.DeadLetter) error) error {
+	c, err := src.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	subject := schemas.Subject(src.Prefix, run, schemas.KindDLQ)
+	r, err := natsjs.NewReader(ctx, c.js, c.stream, subject, false)
+	if err != nil {
+		return fmt.Errorf("pipeline: read %s at %s: %w", subject, c.url, err)
+	}
+	defer r.Close()
+	for n := uint64(0); follow || n < r.Backlog; n++ {
+		rec, err := r.Next(ctx)
+		if err != nil {
+			if follow && ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("pipeline: read %s at %s: %w", subject, c.url, err)
+		}
+		var dl schemas.DeadLetter
+		if err := json.Unmarshal(rec.Data, &dl); err != nil {
+			dl = schemas.DeadLetter{Reason: "not a dead letter: " + err.Error(), Payload: string(rec.Data)}
+		} else if dl.Stage == "" {
+			dl = schemas.DeadLetter{Reason: "not a dead letter: no stage", Payload: string(rec.Data)}
+		}
+		if err := fn(dl); err != nil {
+			return err
+		}
+		if !follow && rec.Pending == 0 {
+			return nil
+		}
+	}
+	return nil
 }

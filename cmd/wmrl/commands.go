@@ -21,7 +21,7 @@ func rootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(runCommand(), stageCommand(), serveCommand(), simCommand(), replayCommand(), auditCommand())
+	root.AddCommand(runCommand(), stageCommand(), serveCommand(), simCommand(), replayCommand(), auditCommand(), dlqCommand())
 	return root
 }
 

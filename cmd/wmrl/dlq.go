@@ -1,0 +1,180 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+func dlqCommand() *cobra.Command {
+	src := pipeline.StreamSource{DataDir: pipeline.DefaultConfig().DataDir, Prefix: pipeline.DefaultConfig().Prefix}
+	run := pipeline.DefaultConfig().Run
+	var (
+		stage  string
+		since  time.Duration
+		follow bool
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "dlq",
+		Short: "Show a run's dead letters (what no stage could use, with the reason), from a running pipeline's server or a stopped one's data",
+		Long: `Show a run's dead letters: the messages no stage could use, each with
+its stage, the subject it came on, the reason, and what it was about.
+Poison input is dead-lettered at once ("rejected"); a message whose
+handler kept failing, after its last delivery ("gave up after retries"):
+those are the ones an outage cost, worth sending again once it is over
+(--json has each one's subject and payload).
+
+Reads the stream of a running pipeline with --nats URL (the embedded
+server of 'wmrl run' listens on 127.0.0.1:4222 by default), or of a
+stopped one from its --data directory.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if stage != "" && !slices.Contains(pipeline.AllStages, stage) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "note: %s is not one of this build's stages (%s); showing the dead letters an outside stage of that name sent\n", stage, strings.Join(pipeline.AllStages, ", "))
+			}
+			out := cmd.OutOrStdout()
+			var sum dlqSummary
+			var after time.Time
+			if since > 0 {
+				after = time.Now().Add(-since)
+			}
+			err := pipeline.ReadDeadLetters(cmd.Context(), src, run, follow, func(dl schemas.DeadLetter) error {
+				if (stage != "" && dl.Stage != stage) || (!after.IsZero() && dl.Time.Before(after)) {
+					return nil
+				}
+				sum.add(dl)
+				if asJSON {
+					b, err := json.Marshal(dl)
+					if err != nil {
+						return err
+					}
+					_, err = fmt.Fprintf(out, "%s\n", b)
+					return err
+				}
+				_, err := fmt.Fprintln(out, dlqLine(dl))
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if !asJSON {
+				sum.write(out, schemas.Subject(src.Prefix, run, schemas.KindDLQ))
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&src.NATSURL, "nats", "", "URL of the server of a running pipeline (default: open the store in --data, which its pipeline must not be using)")
+	fs.StringVar(&src.DataDir, "data", src.DataDir, "data directory of a stopped pipeline's embedded server")
+	fs.StringVar(&src.Prefix, "prefix", src.Prefix, "subject prefix")
+	fs.StringVar(&run, "run", run, "run name")
+	fs.StringVar(&stage, "stage", "", "only the dead letters of this stage")
+	fs.DurationVar(&since, "since", 0, "only the dead letters of the last this long")
+	fs.BoolVar(&follow, "follow", false, "after the stored ones, show new dead letters as they come, until Ctrl-C")
+	fs.BoolVar(&asJSON, "json", false, "one JSON object per dead letter, as stored (subject, stage, reason, payload, time)")
+	return cmd
+}
+
+// givenUp tells a message whose handler kept failing from poison input.
+func givenUp(dl schemas.DeadLetter) bool { return strings.HasPrefix(dl.Reason, "gave up after") }
+
+// dlqLine is one dead letter on one line: when, which stage, the subject it
+// came on, what it was about, and why.
+func dlqLine(dl schemas.DeadLetter) string {
+	when := "-"
+	if !dl.Time.IsZero() {
+		when = dl.Time.UTC().Format("2006-01-02T15:04:05.000Z")
+	}
+	stage, subject := dl.Stage, dl.Subject
+	if stage == "" {
+		stage = "-"
+	}
+	if subject == "" {
+		subject = "-"
+	}
+	return fmt.Sprintf("%s  %-9s %-22s %s  %s", when, stage, subject, about(dl.Payload), oneLine(dl.Reason))
+}
+
+// about names what a payload was about (its step, group, trajectory or
+// task), or says that it is not a JSON object.
+func about(payload string) string {
+	var m map[string]any
+	if err := json.Unmarshal([]byte(payload), &m); err != nil {
+		return fmt.Sprintf("[%d bytes, not a JSON object]", len(payload))
+	}
+	var parts []string
+	if v, ok := m["step"].(float64); ok {
+		parts = append(parts, fmt.Sprintf("step %d", int64(v)))
+	}
+	for _, k := range []string{"group_id", "traj_id", "task_id"} {
+		if v, ok := m[k].(string); ok && v != "" {
+			parts = append(parts, strings.TrimSuffix(k, "_id")+" "+v)
+		}
+	}
+	if len(parts) == 0 {
+		return fmt.Sprintf("[%d bytes]", len(payload))
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// dlqSummary counts dead letters by stage, and within a stage those given
+// up after retries apart from those rejected.
+type dlqSummary struct {
+	n           int
+	first, last time.Time
+	stages      []string
+	rejected    map[string]int
+	gaveUp      map[string]int
+}
+
+func (s *dlqSummary) add(dl schemas.DeadLetter) {
+	if s.rejected == nil {
+		s.rejected, s.gaveUp = map[string]int{}, map[string]int{}
+	}
+	st := dl.Stage
+	if st == "" {
+		st = "-"
+	}
+	if s.rejected[st]+s.gaveUp[st] == 0 {
+		s.stages = append(s.stages, st)
+	}
+	if givenUp(dl) {
+		s.gaveUp[st]++
+	} else {
+		s.rejected[st]++
+	}
+	s.n++
+	if !dl.Time.IsZero() && (s.first.IsZero() || dl.Time.Before(s.first)) {
+		s.first = dl.Time
+	}
+	if dl.Time.After(s.last) {
+		s.last = dl.Time
+	}
+}
+
+func (s *dlqSummary) write(w io.Writer, subject string) {
+	if s.n == 0 {
+		fmt.Fprintf(w, "no dead letters on %s\n", subject)
+		return
+	}
+	var parts []string
+	for _, st := range s.stages {
+		parts = append(parts, fmt.Sprintf("%s %d (rejected %d, gave up after retries %d)", st, s.rejected[st]+s.gaveUp[st], s.rejected[st], s.gaveUp[st]))
+	}
+	span := ""
+	if !s.first.IsZero() {
+		span = fmt.Sprintf(", %s to %s", s.first.UTC().Format(time.RFC3339), s.last.UTC().Format(time.RFC3339))
+	}
+	fmt.Fprintf(w, "%d dead letters on %s%s: %s\n", s.n, subject, span, strings.Join(parts, "; "))
+}

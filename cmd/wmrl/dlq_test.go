@@ -1,0 +1,185 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// wmrl runs the command line in this process and returns what it printed.
+func wmrl(ctx context.Context, args ...string) (string, error) {
+	var out bytes.Buffer
+	root := rootCommand()
+	root.SetArgs(args)
+	root.SetOut(&out)
+	root.SetErr(&out)
+	err := root.ExecuteContext(ctx)
+	return out.String(), err
+}
+
+// TestDeadLettersAreShownWithTheirReasons: what the pipeline dead-letters
+// is listed with stage, subject, what it was about and why, summed up by
+// stage and by kind; --json gives back each original payload; --follow
+// shows one that comes later; a stopped pipeline's data directory reads the
+// same, and a running one's is refused rather than opened twice.
+func TestDeadLettersAreShownWithTheirReasons(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := pipeline.DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.Quiet, cfg.Source = t.TempDir(), "127.0.0.1:0", true, pipeline.SourceExternal
+	p, err := pipeline.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	nc, err := nats.Connect(p.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	publish := func(subject, payload string) {
+		t.Helper()
+		if _, err := js.Publish(ctx, subject, []byte(payload)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	bad := []string{
+		`{"schema":1,"run":"default","step":3,"group_id":"g7","traj_id":"g7-1","task_id":"t9","prompt":"p","response":"r","policy_version":0}`, // no group_size
+		`{"schema": 1, "run": "default", `,
+	}
+	for _, b := range bad {
+		publish("wmrl.default.traj", b)
+	}
+	// An outside stage that gave up on a message after its retries.
+	outside, _ := json.Marshal(schemas.DeadLetter{Schema: 1, Subject: "wmrl.default.pred_raw", Stage: "abstain",
+		Reason: "gave up after 10 deliveries: judge unreachable", Payload: `{"step":5,"group_id":"g2"}`, Time: time.Now().UTC()})
+	publish("wmrl.default.dlq", string(outside))
+	waitUntil(t, 30*time.Second, func() bool {
+		out, err := wmrl(ctx, "dlq", "--nats", p.URL())
+		return err == nil && strings.HasPrefix(lastLine(out), "3 dead letters")
+	})
+
+	out, err := wmrl(ctx, "dlq", "--nats", p.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wmrl dlq:\n%s", out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("want 3 dead letters and a summary; got\n%s", out)
+	}
+	// In the order they were dead-lettered, which the outside stage's
+	// need not share with route's.
+	for _, want := range [][]string{
+		{"[step 3, group g7, traj g7-1, task t9]", "route", "wmrl.default.traj", "missing field(s): group_size"},
+		{"[32 bytes, not a JSON object]", "route", "wmrl.default.traj", "malformed JSON"},
+		{"[step 5, group g2]", "abstain", "wmrl.default.pred_raw", "gave up after 10 deliveries: judge unreachable"},
+	} {
+		i := slices.IndexFunc(lines[:3], func(l string) bool { return strings.Contains(l, want[0]) })
+		if i < 0 {
+			t.Errorf("no line shows %s", want[0])
+			continue
+		}
+		for _, w := range want[1:] {
+			if !strings.Contains(lines[i], w) {
+				t.Errorf("line %q does not show %q", lines[i], w)
+			}
+		}
+	}
+	if sum := lines[3]; !strings.Contains(sum, "on wmrl.default.dlq") ||
+		!strings.Contains(sum, "route 2 (rejected 2, gave up after retries 0)") ||
+		!strings.Contains(sum, "abstain 1 (rejected 0, gave up after retries 1)") {
+		t.Errorf("summary %q", sum)
+	}
+
+	// --json --stage route: the stored dead letters, with the payloads as published.
+	out, err = wmrl(ctx, "dlq", "--nats", p.URL(), "--json", "--stage", "route")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var payloads []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		var dl schemas.DeadLetter
+		if err := json.Unmarshal([]byte(l), &dl); err != nil {
+			t.Fatalf("--json line %q: %v", l, err)
+		}
+		if dl.Stage != pipeline.StageRoute || dl.Subject != "wmrl.default.traj" || dl.Reason == "" {
+			t.Errorf("--json --stage route gave %+v", dl)
+		}
+		payloads = append(payloads, dl.Payload)
+	}
+	slices.Sort(payloads)
+	if want := slices.Sorted(slices.Values(bad)); !slices.Equal(payloads, want) {
+		t.Errorf("payloads %q, want the published %q", payloads, want)
+	}
+
+	// --follow: one that comes after the stored ones is shown as it comes.
+	fctx, stopFollow := context.WithCancel(ctx)
+	var followed lockedBuffer
+	done := make(chan error, 1)
+	go func() {
+		root := rootCommand()
+		root.SetArgs([]string{"dlq", "--nats", p.URL(), "--follow"})
+		root.SetOut(&followed)
+		done <- root.ExecuteContext(fctx)
+	}()
+	waitUntil(t, 30*time.Second, func() bool { return strings.Count(followed.String(), "\n") == 3 })
+	publish("wmrl.default.traj", `{"schema":1,"run":"elsewhere","step":4,"group_id":"g1","traj_id":"g1-0","group_size":2,"task_id":"t","prompt":"p","response":"r","policy_version":0}`)
+	waitUntil(t, 30*time.Second, func() bool { return strings.Contains(followed.String(), `"elsewhere"`) })
+	stopFollow()
+	if err := <-done; err != nil {
+		t.Fatalf("--follow ended with %v", err)
+	}
+	if !strings.HasPrefix(lastLine(followed.String()), "4 dead letters") {
+		t.Errorf("--follow's summary when stopped: %q", lastLine(followed.String()))
+	}
+
+	// A running pipeline's store is not opened a second time.
+	if _, err := wmrl(ctx, "dlq", "--data", cfg.DataDir); err == nil || !strings.Contains(err.Error(), "in use") || !strings.Contains(err.Error(), "--nats") {
+		t.Fatalf("--data of a running pipeline: %v", err)
+	}
+	if err := p.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	stopped, err := wmrl(ctx, "dlq", "--data", cfg.DataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(lastLine(stopped), "4 dead letters") || !strings.Contains(stopped, "[step 3, group g7, traj g7-1, task t9]") {
+		t.Errorf("from the stopped pipeline's data:\n%s", stopped)
+	}
+	if _, err := wmrl(ctx, "dlq", "--data", cfg.DataDir, "--prefix", "other"); err == nil || !strings.Contains(err.Error(), "no stream WMRL_OTHER") {
+		t.Errorf("a prefix nothing ran with: %v", err)
+	}
+	if out, err := wmrl(ctx, "dlq", "--data", cfg.DataDir, "--run", "quiet"); err != nil || strings.TrimSpace(out) != "no dead letters on wmrl.quiet.dlq" {
+		t.Errorf("a run without dead letters: %q, %v", out, err)
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+func waitUntil(t *testing.T, d time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v", d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
