@@ -32,6 +32,7 @@ type Pipeline struct {
 	metrics       *Metrics
 	pub           *natsjs.Publisher
 	router        *message.Router
+	subs          []*natsjs.Subscriber // closed after the router, before the connection
 	fuse          *fuse.Stage
 	source        *simSource
 	progress      *progress
@@ -171,6 +172,7 @@ func (p *Pipeline) subscribe(stage string, kind schemas.Kind, h message.NoPublis
 		return err
 	}
 	p.router.AddNoPublisherHandler(stage+"/"+string(kind), p.topo.In(stage, kind), sub, h)
+	p.subs = append(p.subs, sub)
 	return nil
 }
 
@@ -255,6 +257,13 @@ func (p *Pipeline) start(ctx context.Context) {
 	go func() {
 		<-ctx.Done()
 		_ = p.router.Close()
+		// The router returns once its handlers have, which can be before
+		// a subscriber has handed its messages back: Close waits for that
+		// (a second Close waits for the first), so that the connection
+		// closed below does not cut the hand-backs off.
+		for _, s := range p.subs {
+			_ = s.Close()
+		}
 		p.wg.Wait()
 		_ = p.pub.Close()
 		p.tr.close()

@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -114,4 +117,86 @@ func TestAKilledProcessLeavesNoStaleLock(t *testing.T) {
 		t.Fatalf("the store after its holder was killed: %v", err)
 	}
 	srv.Shutdown()
+}
+
+// TestHandedBackMessagesOutliveTheServer: a subscriber closed with messages
+// in its handlers, or just nacked by them, hands them back so that the
+// server, stopped right after and started again on its store (as the
+// embedded one is with its process), redelivers them at once. With an
+// AckWait of an hour nothing else could bring them back within the test:
+// a plain Nak is kept only in the server's memory, and an acknowledgement
+// still in the server's queue at its stop is dropped.
+//
+// Every message is handed out before the stop. What this does not cover:
+// a message the server sends toward a subscriber as it unsubscribes is
+// lost in between and waits for AckWait (README, Known limits).
+func TestHandedBackMessagesOutliveTheServer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	const topic, n = "handback.t", 40
+	newSub := func(nc *nats.Conn) *Subscriber {
+		sub, err := NewSubscriber(SubscriberConfig{Conn: nc, ConsumerGroup: "g", AckWait: time.Hour, Logger: watermill.NopLogger{},
+			NakDelay: func(uint64) time.Duration { return 2 * time.Second }}) // past the stop
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sub
+	}
+
+	srv, err := StartServer(ctx, ServerConfig{StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := connect(t, srv)
+	sub := newSub(nc)
+	if err := sub.SubscribeInitialize(topic); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := NewPublisher(PublisherConfig{Conn: nc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		if err := pub.Publish(topic, message.NewMessage(fmt.Sprint(i), []byte("x"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		m := <-msgs
+		if i%2 == 0 {
+			m.Nack() // a handler that failed, or returned when told to stop
+		} // the others are still being handled at the stop
+	}
+	sub.Close()
+	nc.Close()
+	srv.Shutdown()
+
+	srv, err = StartServer(ctx, ServerConfig{StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc = connect(t, srv)
+	defer nc.Close()
+	sub = newSub(nc)
+	defer sub.Close()
+	msgs, err = sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for len(seen) < n {
+		select {
+		case m := <-msgs:
+			seen[m.UUID] = true
+			m.Ack()
+		case <-ctx.Done():
+			t.Fatalf("%d of %d messages came back after the restart; the others wait for AckWait", len(seen), n)
+		}
+	}
 }
