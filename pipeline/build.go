@@ -294,7 +294,38 @@ func (p *Pipeline) buildArchive(ctx context.Context) error {
 		<-ctx.Done()
 		return w.Close() // the open file's rows are durable; its inputs are redelivered and skipped
 	})
+	if after := p.cfg.ArchiveCompactAfter; after > 0 {
+		p.go_(func() error { p.compactArchive(ctx, after); return nil })
+	}
 	return nil
+}
+
+// compactArchive merges the run's closed archive files once they are
+// older than after, every after/2 (at most every 30 minutes), until ctx
+// ends. The archive loses nothing if a merge fails: it is said, at most
+// once an hour, and tried again.
+func (p *Pipeline) compactArchive(ctx context.Context, after time.Duration) {
+	t := time.NewTicker(min(max(after/2, 10*time.Millisecond), 30*time.Minute))
+	defer t.Stop()
+	var said time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rep, err := archive.Compact(p.cfg.ArchiveRoot(), p.cfg.Run, archive.CompactConfig{MaxRows: int64(p.cfg.ArchiveMaxRows), MinAge: after})
+		switch {
+		case errors.Is(err, archive.ErrBusy): // a replay or audit is reading: next time
+		case err != nil:
+			if time.Since(said) > time.Hour {
+				said = time.Now()
+				p.notef("archive: merging files closed over %v ago: %v (the files are kept as they are; trying again)", after, err)
+			}
+		case rep.Merged > 0:
+			p.metrics.ArchiveMerged.Add(float64(rep.FilesBefore - rep.FilesAfter))
+		}
+	}
 }
 
 // worldModel builds the configured world model once per process.

@@ -39,6 +39,10 @@ type Config struct {
 	ArchiveDir     string
 	ArchiveMaxAge  time.Duration
 	ArchiveMaxRows int
+	// ArchiveCompactAfter: closed archive files older than this are merged
+	// into files of up to ArchiveMaxRows rows, in the background (0: never;
+	// DefaultConfig: an hour). A file every ArchiveMaxAge is 8,640 a day.
+	ArchiveCompactAfter time.Duration
 	// NATSURL selects an external server or cluster; empty embeds one.
 	NATSURL string
 	// Listen is the embedded server's client address (default
@@ -150,6 +154,7 @@ type Config struct {
 func DefaultConfig() Config {
 	c := Config{Debias: true, Anchors: route.SchedulerConfig{Fraction: route.DefaultFraction, MinPerStep: 1, Rounding: route.RoundEven}}
 	c.Debiaser = calibrate.DefaultDebiaserConfig()
+	c.ArchiveCompactAfter = time.Hour
 	c.setDefaults()
 	return c
 }

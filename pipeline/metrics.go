@@ -29,6 +29,8 @@ type Metrics struct {
 	Rho, D, Pairs, Version, Steps prometheus.Gauge
 	StepLatency                   prometheus.Histogram
 	Archived                      prometheus.Counter
+	// ArchiveMerged counts archive files merged away (inputs less outputs).
+	ArchiveMerged prometheus.Counter
 	// Lost counts, by kind (stepLosses), what of the fused steps did not
 	// reach the gradient as planned.
 	Lost *prometheus.CounterVec
@@ -87,11 +89,13 @@ func NewMetrics() *Metrics {
 	}
 	m.Archived = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "steps_archived_total",
 		Help: "Step updates whose rows are in closed, synced archive files."})
+	m.ArchiveMerged = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "archive_files_merged_total",
+		Help: "Closed archive files merged away into larger ones (--archive-compact-after)."})
 	m.WithinSpearman = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "wmrl", Name: "wm_within_group_spearman",
 		Help: "The world model's rank correlation with the true scores inside each anchor group (what GRPO's advantages depend on); " +
 			"rate(_sum)/rate(_count) is its mean over the window, as the audit's within_group_spearman is over the run.",
 		Buckets: prometheus.LinearBuckets(-0.8, 0.2, 10)})
-	r.MustRegister(m.Latency, m.StepLatency, m.Archived, m.Lost, m.WithinSpearman)
+	r.MustRegister(m.Latency, m.StepLatency, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman)
 	return m
 }
 

@@ -32,6 +32,11 @@ func loadRun(root, run string, stderr io.Writer) ([]archive.Row, archive.Setting
 			return nil, settings, "", fmt.Errorf("%s holds several runs %v: pick one with --run", root, runs)
 		}
 	}
+	release, err := archive.ReadLock(root, run) // no merge removes a file before it is read
+	if err != nil {
+		return nil, settings, "", err
+	}
+	defer release()
 	files, err := archive.Files(root, run)
 	if err != nil {
 		return nil, settings, "", err
@@ -284,5 +289,63 @@ func auditCommand() *cobra.Command {
 	fs.IntVar(&opt.MinTaskPairs, "min-task-pairs", 30, "tasks with fewer anchor pairs get no verdict")
 	_ = cmd.MarkFlagRequired("archive")
 	_ = cmd.MarkFlagRequired("out")
+	return cmd
+}
+
+func compactCommand() *cobra.Command {
+	var (
+		root, run string
+		cfg       archive.CompactConfig
+	)
+	cmd := &cobra.Command{
+		Use:   "compact --archive DIR",
+		Short: "Merge an archive's small closed files into larger ones (the archive stage does it in the background after --archive-compact-after)",
+		Long: `Merge each run's closed archive files, in order, into files of up to
+--max-rows rows. A running archive stage closes a file every
+--archive-max-age (10 s): 8,640 a day, which readers pay for per file.
+Files recorded with other settings (a restart with other flags) are kept
+apart. Safe while the pipeline runs and after a crash at any point: no row
+is lost or, for wmrl's readers, read twice. A replay or audit reading the
+run is waited for.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
+			runs := []string{run}
+			if run == "" {
+				var err error
+				if runs, err = archive.Runs(root); err != nil {
+					return err
+				}
+				if len(runs) == 0 {
+					return fmt.Errorf("%s holds no run=<name> directory: not an archive root", root)
+				}
+			}
+			for _, r := range runs {
+				start := time.Now()
+				bar := newProgressBar(stderr)
+				c := cfg
+				c.Progress = bar.set("run " + r)
+				rep, err := archive.Compact(root, r, c)
+				if errors.Is(err, archive.ErrBusy) {
+					fmt.Fprintf(stderr, "run %s: a replay or audit is reading it; waiting\n", r)
+					c.Wait = true
+					rep, err = archive.Compact(root, r, c)
+				}
+				bar.done()
+				if err != nil {
+					return fmt.Errorf("run %s: %w", r, err)
+				}
+				fmt.Fprintf(stdout, "run %s: %d files -> %d (%d merged files, %d rows) in %s\n", r, rep.FilesBefore, rep.FilesAfter,
+					rep.Merged, rep.Rows, time.Since(start).Round(time.Millisecond))
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&root, "archive", "", "archive root (the directory holding run=<name>/)")
+	fs.StringVar(&run, "run", "", "run to compact (default: every run)")
+	fs.Int64Var(&cfg.MaxRows, "max-rows", 1_000_000, "rows in a merged file at most")
+	fs.DurationVar(&cfg.MinAge, "min-age", 0, "merge only files closed at least this long ago")
+	_ = cmd.MarkFlagRequired("archive")
 	return cmd
 }

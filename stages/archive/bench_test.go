@@ -103,3 +103,49 @@ func BenchmarkReadArchive(b *testing.B) {
 		b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e6, "Mrows/s")
 	})
 }
+
+// BenchmarkReadMergedFiles reads the same 128k rows as a live run at a
+// step per file leaves them (1,000 files, --archive-max-age closing one
+// every 10 s) and after Compact merged them into one; it reports both read
+// rates and the merged one's speedup (x_merged).
+func BenchmarkReadMergedFiles(b *testing.B) {
+	const steps = 1000
+	small, merged := b.TempDir(), b.TempDir()
+	rows := syntheticRows(steps * 128)
+	for _, dir := range []string{small, merged} {
+		w, err := OpenWriter(WriterConfig{Dir: dir, Run: "bench", MaxAge: time.Hour})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for s := 0; s < steps; s++ {
+			if _, err := w.Add(UpdateKey(int64(s)), rows[s*128:(s+1)*128], nil); err != nil {
+				b.Fatal(err)
+			}
+			if err := w.Flush(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		w.Close()
+	}
+	if rep, err := Compact(merged, "bench", CompactConfig{}); err != nil || rep.FilesAfter != 1 {
+		b.Fatalf("compact: %+v, %v", rep, err)
+	}
+	read := func(dir string) time.Duration {
+		start := time.Now()
+		files, _ := Files(dir, "bench")
+		all, err := Read(files, nil)
+		if err != nil || len(all) != len(rows) {
+			b.Fatalf("read %d rows: %v", len(all), err)
+		}
+		return time.Since(start)
+	}
+	var tSmall, tMerged time.Duration
+	for b.Loop() {
+		tSmall += read(small)
+		tMerged += read(merged)
+	}
+	n := float64(len(rows)) * float64(b.N) / 1e6
+	b.ReportMetric(n/tSmall.Seconds(), "Mrows/s_1000_files")
+	b.ReportMetric(n/tMerged.Seconds(), "Mrows/s_merged")
+	b.ReportMetric(tSmall.Seconds()/tMerged.Seconds(), "x_merged")
+}

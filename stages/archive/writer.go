@@ -106,6 +106,11 @@ func OpenWriter(cfg WriterConfig) (*Writer, error) {
 	if err := os.MkdirAll(w.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("archive: %w", err)
 	}
+	release, err := ReadLock(cfg.Dir, cfg.Run) // no merge under way while the keys are read
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	ents, err := os.ReadDir(w.dir)
 	if err != nil {
 		return nil, fmt.Errorf("archive: %w", err)
@@ -122,11 +127,11 @@ func OpenWriter(cfg WriterConfig) (*Writer, error) {
 		if !ok {
 			continue
 		}
-		w.next = max(w.next, n+1)
-		keys, late, err := readMeta(filepath.Join(w.dir, name))
+		keys, late, mergedTo, err := readMeta(filepath.Join(w.dir, name))
 		if err != nil {
 			return nil, err
 		}
+		w.next = max(w.next, n+1, mergedTo+1)
 		for _, k := range keys {
 			w.durable[k] = true
 		}
@@ -156,23 +161,31 @@ func partNumber(name string) (int64, bool) {
 	return n, err == nil
 }
 
-func readMeta(path string) (keys []string, late []LateGroup, err error) {
+// readMeta reads what a file's footer records: the inputs it holds, the
+// late groups its updates named, and for a merged file its last input's
+// number (else 0).
+func readMeta(path string) (keys []string, late []LateGroup, mergedTo int64, err error) {
 	f, pf, err := openParquet(path, parquet.SkipPageIndex(true))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	defer f.Close()
 	if v, ok := pf.Lookup(metaKeys); ok {
 		if err := json.Unmarshal([]byte(v), &keys); err != nil {
-			return nil, nil, fmt.Errorf("archive: %s: keys: %w", path, err)
+			return nil, nil, 0, fmt.Errorf("archive: %s: keys: %w", path, err)
 		}
 	}
 	if v, ok := pf.Lookup(metaLate); ok {
 		if err := json.Unmarshal([]byte(v), &late); err != nil {
-			return nil, nil, fmt.Errorf("archive: %s: late groups: %w", path, err)
+			return nil, nil, 0, fmt.Errorf("archive: %s: late groups: %w", path, err)
 		}
 	}
-	return keys, late, nil
+	if v, ok := pf.Lookup(metaMergedTo); ok {
+		if mergedTo, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return nil, nil, 0, fmt.Errorf("archive: %s: merged_to: %w", path, err)
+		}
+	}
+	return keys, late, mergedTo, nil
 }
 
 // Has reports whether key's rows are archived or being archived, and the
