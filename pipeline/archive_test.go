@@ -182,3 +182,82 @@ func TestArchiveWaitsOutAnOutage(t *testing.T) {
 	}
 	checkArchive(t, rows, ups)
 }
+
+// The archive stage merges its closed files in the background while it
+// keeps writing: the run ends with few files, and every step's rows in
+// them exactly once.
+func TestArchiveMergesItsFilesWhileItWrites(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 30
+	cfg.ArchiveMaxAge = 5 * time.Millisecond // a file every few steps
+	cfg.ArchiveCompactAfter = 40 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	merged := testutil.ToFloat64(p.Metrics().ArchiveMerged)
+	if merged == 0 {
+		t.Fatal("no file was merged while the run wrote")
+	}
+	files, err := archive.Files(cfg.ArchiveRoot(), cfg.Run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	want := 0
+	for _, u := range ups {
+		want += len(u.Items)
+	}
+	seen := map[string]int{}
+	for _, r := range rows {
+		if r.Source != archive.SourceLateAnchor {
+			seen[r.TrajID]++
+		}
+	}
+	if len(seen) != want {
+		t.Errorf("%d trajectories archived, want the %d of %d updates", len(seen), want, len(ups))
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("%s archived %d times", id, n)
+		}
+	}
+	t.Logf("%v files merged away while writing; %d left, %d rows", merged, len(files), len(rows))
+}
+
+// A second archive stage for a run, here in a process of its own on the
+// first one's server, is refused at start, naming the rule.
+func TestOneArchiveStagePerRun(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source = SourceExternal
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	second := testConfig(t)
+	second.NATSURL, second.Source, second.Stages = p.URL(), SourceExternal, []string{StageArchive}
+	second.ArchiveDir = cfg.ArchiveRoot()
+	if _, err := Start(ctx, second); err == nil || !strings.Contains(err.Error(), "one archive stage per run") {
+		t.Fatalf("a second archive stage for run %s: %v", cfg.Run, err)
+	}
+	// Another run's archive stage in the same root is no second writer.
+	second.Run = "other"
+	q, err := Start(ctx, second)
+	if err != nil {
+		t.Fatalf("run other's archive stage beside run %s's: %v", cfg.Run, err)
+	}
+	q.Stop()
+}

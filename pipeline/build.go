@@ -266,6 +266,10 @@ func (p *Pipeline) buildArchive(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	p.go_(func() error {
+		<-ctx.Done()
+		return w.Close() // the open file's rows are durable; its inputs are redelivered and skipped
+	})
 	st := archive.NewStage(p.cfg.Run, w)
 	p.archiveWriter = w
 	if p.cfg.Steps > 0 {
@@ -290,10 +294,6 @@ func (p *Pipeline) buildArchive(ctx context.Context) error {
 	if err := p.subscribe(StageArchive, schemas.KindCalibration, st.HandleCalibration); err != nil {
 		return err
 	}
-	p.go_(func() error {
-		<-ctx.Done()
-		return w.Close() // the open file's rows are durable; its inputs are redelivered and skipped
-	})
 	if after := p.cfg.ArchiveCompactAfter; after > 0 {
 		p.go_(func() error { p.compactArchive(ctx, after); return nil })
 	}

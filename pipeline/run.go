@@ -89,6 +89,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 			p.httpListener.Close()
 		}
 		cancel()
+		p.wg.Wait() // what the stages built so far started (the archive's writer releases its run)
 		tr.close()
 		return nil, err
 	}

@@ -108,7 +108,7 @@ func TestCompactMergesFilesAndLosesNothing(t *testing.T) {
 	if !lateSteps[4] || !lateSteps[17] || len(lateSteps) != 2 {
 		t.Errorf("late groups after the merge: steps %v, want 4 and 17", lateSteps)
 	}
-	if ents, _ := os.ReadDir(RunDir(dir, "r")); len(ents) != 5 { // 4 files and the lock
+	if ents := dataFiles(t, RunDir(dir, "r")); len(ents) != 4 {
 		t.Errorf("left in the directory: %v", ents)
 	}
 

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/parquet-go/parquet-go"
@@ -57,6 +58,7 @@ type Writer struct {
 	stop    chan struct{}
 	stopped chan struct{}
 	closed  bool
+	owner   *os.File // the run's writer lock, held until Close
 }
 
 // Commit completes when its rows' file is closed, synced and visible.
@@ -106,6 +108,16 @@ func OpenWriter(cfg WriterConfig) (*Writer, error) {
 	if err := os.MkdirAll(w.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("archive: %w", err)
 	}
+	var err error
+	if w.owner, err = lockWriter(w.dir); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			w.owner.Close()
+		}
+	}()
 	release, err := ReadLock(cfg.Dir, cfg.Run) // no merge under way while the keys are read
 	if err != nil {
 		return nil, err
@@ -140,7 +152,33 @@ func OpenWriter(cfg WriterConfig) (*Writer, error) {
 		}
 	}
 	go w.roll(min(max(w.cfg.MaxAge/4, 10*time.Millisecond), 50*time.Millisecond)) // read here: SetMaxAge may race the goroutine's start
+	ok = true
 	return w, nil
+}
+
+// lockWriter makes sure a run has one writer. A second one would number
+// its files from the same directory listing, and its archive stage would
+// wait for good for updates the first one archived (a late anchor group
+// is archived by whichever stage has its step's update); the README's
+// "one archive stage per run" is enforced here, naming the holder.
+func lockWriter(dir string) (*os.File, error) {
+	path := filepath.Join(dir, ".writer.lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("archive: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(path)
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("archive: %s is written by another archive stage (process %s): run one archive stage per run", dir, strings.TrimSpace(string(holder)))
+		}
+		return nil, fmt.Errorf("archive: lock %s: %w", dir, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return f, nil
 }
 
 // RunDir is where a run's files live.
@@ -430,6 +468,7 @@ func (w *Writer) Close() error {
 	if !already {
 		close(w.stop)
 		<-w.stopped
+		w.owner.Close()
 	}
 	return err
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,10 +113,13 @@ func TestWriterRecoversAfterCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	// "Crash": abandon w with step 2 in its open file.
-	ents, _ := os.ReadDir(RunDir(dir, "r"))
-	if len(ents) != 3 { // and the lock file of merges
+	if ents := dataFiles(t, RunDir(dir, "r")); len(ents) != 2 {
 		t.Fatalf("want one closed and one temporary file, have %v", ents)
 	}
+	if _, err := OpenWriter(WriterConfig{Dir: dir, Run: "r", MaxAge: time.Hour}); err == nil || !strings.Contains(err.Error(), "one archive stage per run") {
+		t.Fatalf("a second writer while the first one lives: %v", err)
+	}
+	w.owner.Close() // the crash ends its process, and its lock with it
 	w2, err := OpenWriter(WriterConfig{Dir: dir, Run: "r", MaxAge: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -148,4 +152,20 @@ func TestWriterRecoversAfterCrash(t *testing.T) {
 	if got[3].ExecStatus == nil || *got[3].ExecStatus != ExecLate || !got[3].IsAnchor {
 		t.Fatalf("late group's world-model row = %+v", got[3])
 	}
+}
+
+// dataFiles lists dir's entries but its lock files.
+func dataFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".lock") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
 }
