@@ -200,3 +200,72 @@ func TestHandedBackMessagesOutliveTheServer(t *testing.T) {
 		}
 	}
 }
+
+// TestAcksOutliveTheServer: messages acknowledged just before a subscriber
+// closes stay acknowledged when the server stops right after and starts
+// again on its store: Close waits until the server has taken every
+// acknowledgement in, so none comes back after AckWait.
+func TestAcksOutliveTheServer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	const topic, n = "acks.t", 3000
+	srv, err := StartServer(ctx, ServerConfig{StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := connect(t, srv)
+	sub, err := NewSubscriber(SubscriberConfig{Conn: nc, ConsumerGroup: "g", AckWait: time.Hour, Logger: watermill.NopLogger{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SubscribeInitialize(topic); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := NewPublisher(PublisherConfig{Conn: nc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := make([]*message.Message, n)
+	for i := range batch {
+		batch[i] = message.NewMessage(fmt.Sprint(i), []byte("x"))
+	}
+	if err := pub.Publish(topic, batch...); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		(<-msgs).Ack()
+	}
+	sub.Close()
+	nc.Close()
+	srv.Shutdown()
+
+	srv, err = StartServer(ctx, ServerConfig{StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc = connect(t, srv)
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	stream, err := js.Stream(ctx, SafeName(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := stream.Consumer(ctx, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumAckPending != 0 || info.AckFloor.Stream != n {
+		t.Fatalf("after the restart %d messages are pending acknowledgement (ack floor %d of %d): acknowledgements were lost at the stop",
+			info.NumAckPending, info.AckFloor.Stream, n)
+	}
+}

@@ -220,7 +220,7 @@ func (s *Subscriber) consume(ctx context.Context, topic string, it jetstream.Mes
 			continue // the iterator re-issues pulls after heartbeat or connection errors
 		}
 		if ctx.Err() != nil || s.isClosing() {
-			s.handBackAsync(jm)
+			handBack(jm, HandBackDelay)
 			continue
 		}
 		wm := fromNats(jm)
@@ -229,13 +229,13 @@ func (s *Subscriber) consume(ctx context.Context, topic string, it jetstream.Mes
 		select {
 		case out <- wm:
 			s.msgs.Add(1)
-			go s.settle(ctx, jm, wm, cancel)
+			go s.settle(jm, wm, cancel)
 		case <-ctx.Done():
 			cancel()
-			s.handBackAsync(jm)
+			handBack(jm, HandBackDelay)
 		case <-s.closing:
 			cancel()
-			s.handBackAsync(jm)
+			handBack(jm, HandBackDelay)
 		}
 	}
 }
@@ -250,8 +250,8 @@ func (s *Subscriber) isClosing() bool {
 }
 
 // settle waits for the handler's verdict and passes it to JetStream,
-// keeping the message alive meanwhile. ctx is the subscription's.
-func (s *Subscriber) settle(ctx context.Context, jm jetstream.Msg, wm *message.Message, cancel context.CancelFunc) {
+// keeping the message alive meanwhile.
+func (s *Subscriber) settle(jm jetstream.Msg, wm *message.Message, cancel context.CancelFunc) {
 	defer s.msgs.Done()
 	defer cancel()
 	keepAlive := time.NewTicker(s.cfg.AckWait / 2)
@@ -259,20 +259,27 @@ func (s *Subscriber) settle(ctx context.Context, jm jetstream.Msg, wm *message.M
 	for {
 		select {
 		case <-wm.Acked():
-			if ctx.Err() != nil || s.isClosing() {
-				s.confirmed(jm, []byte("+ACK"))
-			} else {
-				_ = jm.Ack()
-			}
+			_ = jm.Ack()
 			return
 		case <-wm.Nacked():
 			n, _ := strconv.ParseUint(wm.Metadata.Get(MetaDeliveries), 10, 64)
-			s.handBack(jm, s.cfg.NakDelay(n))
+			handBack(jm, s.cfg.NakDelay(n))
 			return
 		case <-keepAlive.C:
 			_ = jm.InProgress()
 		case <-s.closing:
-			s.handBack(jm, HandBackDelay)
+			// A verdict that came with the close counts: select picks at
+			// random among ready cases, and an acknowledged message handed
+			// back would be handled twice.
+			select {
+			case <-wm.Acked():
+				_ = jm.Ack()
+			case <-wm.Nacked():
+				n, _ := strconv.ParseUint(wm.Metadata.Get(MetaDeliveries), 10, 64)
+				handBack(jm, s.cfg.NakDelay(n))
+			default:
+				handBack(jm, HandBackDelay)
+			}
 			return
 		}
 	}
@@ -282,51 +289,19 @@ func (s *Subscriber) settle(ctx context.Context, jm jetstream.Msg, wm *message.M
 // stops is redelivered.
 const HandBackDelay = 100 * time.Millisecond
 
-// handBack gives jm back for redelivery after delay, and returns once the
-// server has taken it in.
-//
-// Both halves matter when the server stops right after, as the embedded
-// one does with its process. A plain Nak only queues the message for
-// redelivery in the server's memory, while the consumer's stored state
-// still has it delivered at its last delivery (or InProgress); a Nak with
-// a delay is stored, as delivered AckWait - delay ago, so a restarted
-// server redelivers it at once instead of after AckWait (30 s). And the
-// server takes acknowledgements in through a queue of each consumer's that
-// a shutdown drops: one sent (and flushed) just before the stop can still
-// be lost, so the Nak is sent as a request, which the server answers once
-// it has processed it. Nacks are the exception (retries, stops), so the
-// round trip costs the hot path nothing. The delay also gives a stopping
-// subscriber time to withdraw its pull requests, so that the message does
-// not bounce back to it.
-func (s *Subscriber) handBack(jm jetstream.Msg, delay time.Duration) {
-	if delay <= 0 {
-		delay = time.Nanosecond // a Nak without a delay is not stored
-	}
-	s.confirmed(jm, fmt.Appendf(nil, "-NAK {\"delay\": %d}", delay.Nanoseconds()))
+// handBack gives jm back for redelivery after delay, always as a Nak with
+// a delay. A plain Nak only queues the message for redelivery in the
+// server's memory, while the consumer's stored state still has it
+// delivered at its last delivery (or InProgress): when the server stops
+// right after, as the embedded one does with its process, the restarted
+// server waits out AckWait (30 s) before redelivering it. A Nak with a
+// delay is stored, as delivered AckWait - delay ago, so a restarted server
+// redelivers it at once. The delay also gives a stopping subscriber time
+// to withdraw its pull requests, so that the message does not bounce back
+// to it.
+func handBack(jm jetstream.Msg, delay time.Duration) {
+	_ = jm.NakWithDelay(max(delay, time.Nanosecond)) // nats.go sends a plain Nak for 0
 }
-
-// handBackAsync hands back a message never handed out, without holding up
-// the drain of the ones behind it; Close waits for it.
-func (s *Subscriber) handBackAsync(jm jetstream.Msg) {
-	s.msgs.Add(1)
-	go func() {
-		defer s.msgs.Done()
-		s.handBack(jm, HandBackDelay)
-	}()
-}
-
-// confirmed sends an acknowledgement of jm (body in JetStream's ack
-// protocol) and waits, up to settleWait, for the server to have processed
-// it; with a server that does not answer in time it gives up, as a plain
-// send would have.
-func (s *Subscriber) confirmed(jm jetstream.Msg, body []byte) {
-	ctx, cancel := context.WithTimeout(context.Background(), settleWait)
-	defer cancel()
-	_, _ = s.cfg.Conn.RequestWithContext(ctx, jm.Reply(), body)
-}
-
-// settleWait bounds how long a confirmed acknowledgement waits.
-const settleWait = 2 * time.Second
 
 func fromNats(jm jetstream.Msg) *message.Message {
 	h := jm.Headers()
