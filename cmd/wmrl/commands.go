@@ -21,7 +21,7 @@ func rootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(runCommand(), stageCommand(), serveCommand(), simCommand(), replayCommand(), auditCommand(), compactCommand(), dlqCommand())
+	root.AddCommand(runCommand(), stageCommand(), serveCommand(), simCommand(), replayCommand(), auditCommand(), compactCommand(), dlqCommand(), statusCommand())
 	return root
 }
 

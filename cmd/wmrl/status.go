@@ -1,0 +1,104 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+func statusCommand() *cobra.Command {
+	src := pipeline.StreamSource{DataDir: pipeline.DefaultConfig().DataDir, Prefix: pipeline.DefaultConfig().Prefix}
+	run := pipeline.DefaultConfig().Run
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show where a run is: the last step received, fused and calibrated, dead letters, and each consumer's backlog",
+		Long: `Show where a run is, from its stream: the newest step watermark, update
+and calibration with their age, the dead letters, and for every durable
+consumer of the run's subjects (the stages', and outside stages' own) its
+backlog, the messages in flight and redelivered, the pull requests
+waiting (0 with a backlog: nothing is reading) and its last delivery.
+A stalled run shows as a consumer whose backlog grows while its last
+delivery gets old.
+
+Reads a running pipeline's server with --nats URL, or a stopped one's
+--data directory.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := pipeline.ReadStatus(cmd.Context(), src, run)
+			if err != nil {
+				return err
+			}
+			where := src.NATSURL
+			if where == "" {
+				where = src.DataDir
+			}
+			writeStatus(cmd.OutOrStdout(), st, where, src.Prefix, run, time.Now())
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&src.NATSURL, "nats", "", "URL of the server of a running pipeline (default: open the store in --data, which its pipeline must not be using)")
+	fs.StringVar(&src.DataDir, "data", src.DataDir, "data directory of a stopped pipeline's embedded server")
+	fs.StringVar(&src.Prefix, "prefix", src.Prefix, "subject prefix")
+	fs.StringVar(&run, "run", run, "run name")
+	return cmd
+}
+
+func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, now time.Time) {
+	ago := func(t time.Time) string {
+		return fmt.Sprintf("%s, %s ago", t.UTC().Format(time.RFC3339), now.Sub(t).Round(time.Second))
+	}
+	var kept uint64
+	for _, n := range st.Subjects {
+		kept += n
+	}
+	fmt.Fprintf(w, "run %s in stream %s at %s: %d messages kept", run, st.Stream, where, kept)
+	if st.MaxAge > 0 {
+		fmt.Fprintf(w, " (retention %s)", st.MaxAge)
+	}
+	fmt.Fprintln(w)
+	switch s := st.LastStep; {
+	case s == nil:
+		fmt.Fprintln(w, "steps received:  none yet")
+	default:
+		fmt.Fprintf(w, "steps received:  up to %d (its watermark %s)\n", s.Step, ago(st.LastStepAt))
+	}
+	switch u := st.LastUpdate; {
+	case u == nil:
+		fmt.Fprintln(w, "steps fused:     none yet")
+	default:
+		fmt.Fprintf(w, "steps fused:     up to %d (%s): rho %.3f, D %.3f, calibration v%d, groups %d, anchors %d\n",
+			u.Step, ago(st.LastUpdateAt), u.Rho, u.D, u.CalibrationVersion, u.Groups, u.Anchors)
+	}
+	switch c := st.LastCalibration; {
+	case c == nil:
+		fmt.Fprintln(w, "calibration:     no anchor group absorbed yet")
+	default:
+		fmt.Fprintf(w, "calibration:     v%d after %d anchor groups, the last of step %d (%s)\n", c.Version, c.Seq, c.Step, ago(st.LastCalibAt))
+	}
+	fmt.Fprintf(w, "dead letters:    %d on %s", st.DeadLetters, schemas.Subject(prefix, run, schemas.KindDLQ))
+	if st.DeadLetters > 0 {
+		fmt.Fprint(w, " (wmrl dlq lists them)")
+	}
+	fmt.Fprintln(w)
+	if len(st.Consumers) == 0 {
+		fmt.Fprintln(w, "consumers:       none of the run's subjects has one")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "consumer\tsubject\tbacklog\tin flight\tredelivered\tpulls waiting\tlast delivery\t")
+	for _, c := range st.Consumers {
+		last := "-" // none, or not known (a server started on a stopped store)
+		if c.LastDelivery != nil {
+			last = now.Sub(*c.LastDelivery).Round(time.Second).String() + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t\n", c.Name, c.Subject, c.Backlog, c.InFlight, c.Redelivered, c.Waiting, last)
+	}
+	tw.Flush()
+}

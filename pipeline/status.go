@@ -1,0 +1,123 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// Status is a run's state as its stream shows it, read from outside the
+// pipeline: what it last received, fused and calibrated, and how far
+// behind each consumer of its subjects is. It answers "is it stalled, and
+// where" without Prometheus.
+type Status struct {
+	Stream   string
+	Messages uint64
+	Bytes    uint64
+	First    time.Time // oldest message kept
+	MaxAge   time.Duration
+	// Per subject of the run: messages kept.
+	Subjects map[string]uint64
+	// The newest step watermark, update and calibration (nil: none yet),
+	// with when each was stored.
+	LastStep        *schemas.StepClose
+	LastStepAt      time.Time
+	LastUpdate      *schemas.Update
+	LastUpdateAt    time.Time
+	LastCalibration *schemas.Calibration
+	LastCalibAt     time.Time
+	DeadLetters     uint64
+	// Consumers: every durable consumer of one of the run's subjects
+	// (the stages', and outside stages' of their own), by name.
+	Consumers []ConsumerStatus
+}
+
+// ConsumerStatus is how far one durable consumer has got.
+type ConsumerStatus struct {
+	Name, Subject string
+	Backlog       uint64     // messages not delivered yet
+	InFlight      int        // delivered, not acknowledged
+	Redelivered   int        // of those, delivered more than once
+	Waiting       int        // pull requests waiting: a reader is there
+	LastDelivery  *time.Time // nil: never
+}
+
+// ReadStatus reads run's status from the source's stream.
+func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, error) {
+	c, err := src.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c.close()
+	stream, err := c.js.Stream(ctx, c.stream)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: status at %s: %w", c.url, err)
+	}
+	prefix := src.Prefix + "." + run + "."
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: status at %s: %w", c.url, err)
+	}
+	st := &Status{Stream: c.stream, Messages: info.State.Msgs, Bytes: info.State.Bytes, First: info.State.FirstTime,
+		MaxAge: info.Config.MaxAge, Subjects: info.State.Subjects}
+	st.DeadLetters = st.Subjects[schemas.Subject(src.Prefix, run, schemas.KindDLQ)]
+	last := func(kind schemas.Kind, v any) (time.Time, bool, error) {
+		m, err := stream.GetLastMsgForSubject(ctx, schemas.Subject(src.Prefix, run, kind))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return time.Time{}, false, nil
+		}
+		if err != nil {
+			return time.Time{}, false, fmt.Errorf("pipeline: status: last %s: %w", kind, err)
+		}
+		if err := json.Unmarshal(m.Data, v); err != nil {
+			return time.Time{}, false, fmt.Errorf("pipeline: status: last %s (stream seq %d): %w", kind, m.Sequence, err)
+		}
+		return m.Time, true, nil
+	}
+	var (
+		step schemas.StepClose
+		up   schemas.Update
+		cal  schemas.Calibration
+		ok   bool
+	)
+	if st.LastStepAt, ok, err = last(schemas.KindStep, &step); err != nil {
+		return nil, err
+	} else if ok {
+		st.LastStep = &step
+	}
+	if st.LastUpdateAt, ok, err = last(schemas.KindUpdate, &up); err != nil {
+		return nil, err
+	} else if ok {
+		st.LastUpdate = &up
+	}
+	if st.LastCalibAt, ok, err = last(schemas.KindCalibration, &cal); err != nil {
+		return nil, err
+	} else if ok {
+		st.LastCalibration = &cal
+	}
+	consumers := stream.ListConsumers(ctx)
+	for ci := range consumers.Info() {
+		subject := ci.Config.FilterSubject
+		if subject == "" && len(ci.Config.FilterSubjects) == 1 {
+			subject = ci.Config.FilterSubjects[0]
+		}
+		if ci.Config.Durable == "" || !strings.HasPrefix(subject, prefix) {
+			continue // readers (ordered, ephemeral) and other runs'
+		}
+		st.Consumers = append(st.Consumers, ConsumerStatus{Name: ci.Name, Subject: subject, Backlog: ci.NumPending,
+			InFlight: ci.NumAckPending, Redelivered: ci.NumRedelivered, Waiting: ci.NumWaiting, LastDelivery: ci.Delivered.Last})
+	}
+	if err := consumers.Err(); err != nil {
+		return nil, fmt.Errorf("pipeline: status: consumers: %w", err)
+	}
+	slices.SortFunc(st.Consumers, func(a, b ConsumerStatus) int { return strings.Compare(a.Name, b.Name) })
+	return st, nil
+}
