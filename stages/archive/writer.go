@@ -112,9 +112,9 @@ func OpenWriter(cfg WriterConfig) (*Writer, error) {
 	if w.owner, err = lockWriter(w.dir); err != nil {
 		return nil, err
 	}
-	ok := false
+	opened := false
 	defer func() {
-		if !ok {
+		if !opened {
 			w.owner.Close()
 		}
 	}()
@@ -152,7 +152,7 @@ func OpenWriter(cfg WriterConfig) (*Writer, error) {
 		}
 	}
 	go w.roll(min(max(w.cfg.MaxAge/4, 10*time.Millisecond), 50*time.Millisecond)) // read here: SetMaxAge may race the goroutine's start
-	ok = true
+	opened = true
 	return w, nil
 }
 
