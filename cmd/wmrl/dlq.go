@@ -9,15 +9,26 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/schemas"
 )
 
+// streamSourceFlags binds the flags of the commands that read a run's
+// stream from outside its pipeline (dlq, status).
+func streamSourceFlags(fs *pflag.FlagSet, src *pipeline.StreamSource, run *string) {
+	def := pipeline.DefaultConfig()
+	fs.StringVar(&src.NATSURL, "nats", "", "URL of the server of a running pipeline (default: open the store in --data, which its pipeline must not be using)")
+	fs.StringVar(&src.DataDir, "data", def.DataDir, "data directory of a stopped pipeline's embedded server")
+	fs.StringVar(&src.Prefix, "prefix", def.Prefix, "subject prefix")
+	fs.StringVar(run, "run", def.Run, "run name")
+}
+
 func dlqCommand() *cobra.Command {
-	src := pipeline.StreamSource{DataDir: pipeline.DefaultConfig().DataDir, Prefix: pipeline.DefaultConfig().Prefix}
-	run := pipeline.DefaultConfig().Run
 	var (
+		src    pipeline.StreamSource
+		run    string
 		stage  string
 		since  time.Duration
 		follow bool
@@ -73,10 +84,7 @@ stopped one from its --data directory.`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&src.NATSURL, "nats", "", "URL of the server of a running pipeline (default: open the store in --data, which its pipeline must not be using)")
-	fs.StringVar(&src.DataDir, "data", src.DataDir, "data directory of a stopped pipeline's embedded server")
-	fs.StringVar(&src.Prefix, "prefix", src.Prefix, "subject prefix")
-	fs.StringVar(&run, "run", run, "run name")
+	streamSourceFlags(fs, &src, &run)
 	fs.StringVar(&stage, "stage", "", "only the dead letters of this stage")
 	fs.DurationVar(&since, "since", 0, "only the dead letters of the last this long")
 	fs.BoolVar(&follow, "follow", false, "after the stored ones, show new dead letters as they come, until Ctrl-C")

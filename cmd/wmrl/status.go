@@ -13,8 +13,10 @@ import (
 )
 
 func statusCommand() *cobra.Command {
-	src := pipeline.StreamSource{DataDir: pipeline.DefaultConfig().DataDir, Prefix: pipeline.DefaultConfig().Prefix}
-	run := pipeline.DefaultConfig().Run
+	var (
+		src pipeline.StreamSource
+		run string
+	)
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show where a run is: the last step received, fused and calibrated, dead letters, and each consumer's backlog",
@@ -42,11 +44,7 @@ Reads a running pipeline's server with --nats URL, or a stopped one's
 			return nil
 		},
 	}
-	fs := cmd.Flags()
-	fs.StringVar(&src.NATSURL, "nats", "", "URL of the server of a running pipeline (default: open the store in --data, which its pipeline must not be using)")
-	fs.StringVar(&src.DataDir, "data", src.DataDir, "data directory of a stopped pipeline's embedded server")
-	fs.StringVar(&src.Prefix, "prefix", src.Prefix, "subject prefix")
-	fs.StringVar(&run, "run", run, "run name")
+	streamSourceFlags(cmd.Flags(), &src, &run)
 	return cmd
 }
 
