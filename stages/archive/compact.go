@@ -207,8 +207,8 @@ func merge(dir string, inputs []string, settings string, rowGroupRows int64) err
 		return err
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, output)); err != nil {
+		_ = os.Remove(filepath.Join(dir, compactJournal)) // first: a journal without its file reads as renamed
 		_ = os.Remove(tmp)
-		_ = os.Remove(filepath.Join(dir, compactJournal))
 		return fmt.Errorf("archive: merge into %s: %w", output, err)
 	}
 	if err := syncDir(dir); err != nil {
@@ -265,10 +265,11 @@ func finishMerge(dir string, j journal) error {
 	return syncDir(dir)
 }
 
-// recoverCompaction completes or undoes a merge a crash interrupted: with
-// the merged file still under its temporary name, the inputs are intact and
-// it is dropped; renamed, the inputs left are removed. The caller holds the
-// directory's exclusive lock.
+// recoverCompaction completes or undoes a merge a crash interrupted: once
+// the merged file is in place (its footer names the last input), the
+// inputs left are removed; otherwise the inputs are intact, and the journal
+// and any temporary file are dropped. The caller holds the directory's
+// exclusive lock.
 func recoverCompaction(dir string) error {
 	_ = os.Remove(filepath.Join(dir, compactJournal+".tmp")) // a journal never written whole
 	b, err := os.ReadFile(filepath.Join(dir, compactJournal))
@@ -282,16 +283,24 @@ func recoverCompaction(dir string) error {
 	if err := json.Unmarshal(b, &j); err != nil || j.Output == "" || j.Tmp == "" || !slices.Contains(j.Inputs, j.Output) {
 		return fmt.Errorf("archive: merge journal %s is not one: %q", filepath.Join(dir, compactJournal), b)
 	}
-	if _, err := os.Stat(filepath.Join(dir, j.Tmp)); err == nil {
-		if err := os.Remove(filepath.Join(dir, j.Tmp)); err != nil {
-			return fmt.Errorf("archive: undo merge into %s: %w", j.Output, err)
-		}
-		if err := os.Remove(filepath.Join(dir, compactJournal)); err != nil {
-			return fmt.Errorf("archive: undo merge into %s: %w", j.Output, err)
-		}
-		return syncDir(dir)
+	renamed := false
+	if _, err := os.Stat(filepath.Join(dir, j.Tmp)); errors.Is(err, os.ErrNotExist) {
+		// Removing inputs is only safe once the merged file is in place:
+		// check that the output is it, not the first input still.
+		last, _ := partNumber(j.Inputs[len(j.Inputs)-1])
+		_, _, mergedTo, err := readMeta(filepath.Join(dir, j.Output))
+		renamed = err == nil && mergedTo == last
 	}
-	return finishMerge(dir, j)
+	if renamed {
+		return finishMerge(dir, j)
+	}
+	if err := os.Remove(filepath.Join(dir, compactJournal)); err != nil {
+		return fmt.Errorf("archive: undo merge into %s: %w", j.Output, err)
+	}
+	if err := os.Remove(filepath.Join(dir, j.Tmp)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("archive: undo merge into %s: %w", j.Output, err)
+	}
+	return syncDir(dir)
 }
 
 // ReadLock holds a run's directory for reading: no merge removes a file

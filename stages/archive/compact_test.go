@@ -187,9 +187,11 @@ func TestCompactKeepsSettingsAgeAndSizeApart(t *testing.T) {
 }
 
 // A merge a crash interrupted is undone before its rename and completed
-// after it, by whichever comes first of a merge, a writer or a reader.
+// after it, by whichever comes first of a merge, a writer or a reader. A
+// journal whose merged file is gone and was never renamed (a crash while
+// a failed rename was being cleaned up) leaves the inputs alone.
 func TestCompactRecoversFromACrash(t *testing.T) {
-	for _, renamed := range []bool{false, true} {
+	for _, state := range []string{"written", "renamed", "never renamed"} {
 		dir := t.TempDir()
 		want := smallFiles(t, dir, 0, 6, Settings{}, nil)
 		files, _ := readRun(t, dir)
@@ -205,12 +207,16 @@ func TestCompactRecoversFromACrash(t *testing.T) {
 			t.Fatal(err)
 		}
 		merged, _ := os.ReadFile(filepath.Join(RunDir(cp, "r"), j.Output))
-		at := j.Tmp
-		if renamed {
-			at = j.Output // renamed over the first input; the other three not removed yet
-		}
-		if err := os.WriteFile(filepath.Join(runDir, at), merged, 0o644); err != nil {
-			t.Fatal(err)
+		switch state {
+		case "written": // under its temporary name, the journal written
+			err := os.WriteFile(filepath.Join(runDir, j.Tmp), merged, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+		case "renamed": // over the first input; the other three not removed yet
+			if err := os.WriteFile(filepath.Join(runDir, j.Output), merged, 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 		b, _ := json.Marshal(j)
 		if err := os.WriteFile(filepath.Join(runDir, compactJournal), b, 0o644); err != nil {
@@ -224,18 +230,18 @@ func TestCompactRecoversFromACrash(t *testing.T) {
 		after, got := readRun(t, dir)
 		release()
 		if !reflect.DeepEqual(got, want) {
-			t.Errorf("renamed %v: a reader after the crash read %d rows, want the %d written once each", renamed, len(got), len(want))
+			t.Errorf("%s: a reader after the crash read %d rows, want the %d written once each", state, len(got), len(want))
 		}
 		wantFiles := 6
-		if renamed {
+		if state == "renamed" {
 			wantFiles = 3
 		}
 		if len(after) != wantFiles {
-			t.Errorf("renamed %v: %d files after recovery, want %d", renamed, len(after), wantFiles)
+			t.Errorf("%s: %d files after recovery, want %d", state, len(after), wantFiles)
 		}
 		for _, name := range []string{compactJournal, j.Tmp} {
 			if _, err := os.Stat(filepath.Join(runDir, name)); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("renamed %v: %s left behind (%v)", renamed, name, err)
+				t.Errorf("%s: %s left behind (%v)", state, name, err)
 			}
 		}
 	}
