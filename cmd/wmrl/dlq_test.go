@@ -35,19 +35,7 @@ func wmrl(ctx context.Context, args ...string) (string, error) {
 func TestDeadLettersAreShownWithTheirReasons(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg := pipeline.DefaultConfig()
-	cfg.DataDir, cfg.Listen, cfg.Quiet, cfg.Source = t.TempDir(), "127.0.0.1:0", true, pipeline.SourceExternal
-	p, err := pipeline.Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
-	nc, err := nats.Connect(p.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	p, cfg, js := startExternal(t, ctx)
 	publish := func(subject, payload string) {
 		t.Helper()
 		if _, err := js.Publish(ctx, subject, []byte(payload)); err != nil {
@@ -166,6 +154,27 @@ func TestDeadLettersAreShownWithTheirReasons(t *testing.T) {
 	if out, err := wmrl(ctx, "dlq", "--data", cfg.DataDir, "--run", "quiet"); err != nil || strings.TrimSpace(out) != "no dead letters on wmrl.quiet.dlq" {
 		t.Errorf("a run without dead letters: %q, %v", out, err)
 	}
+}
+
+// startExternal starts a pipeline waiting for trajectories from outside,
+// on its own embedded server, and a client of it; both stop with the test.
+func startExternal(t *testing.T, ctx context.Context) (*pipeline.Pipeline, pipeline.Config, jetstream.JetStream) {
+	t.Helper()
+	cfg := pipeline.DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.Quiet, cfg.Source = t.TempDir(), "127.0.0.1:0", true, pipeline.SourceExternal
+	cfg.ExecLatency = time.Millisecond
+	p, err := pipeline.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Stop() })
+	nc, err := nats.Connect(p.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	return p, cfg, js
 }
 
 func lastLine(s string) string {

@@ -9,12 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/sim"
-	"github.com/wmrl/wmrl/pipeline"
 )
 
 // TestStatusShowsWhereTheRunIs: wmrl status shows the last step received
@@ -24,20 +22,7 @@ import (
 func TestStatusShowsWhereTheRunIs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg := pipeline.DefaultConfig()
-	cfg.DataDir, cfg.Listen, cfg.Quiet, cfg.Source = t.TempDir(), "127.0.0.1:0", true, pipeline.SourceExternal
-	cfg.ExecLatency = time.Millisecond
-	p, err := pipeline.Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
-	nc, err := nats.Connect(p.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	p, cfg, js := startExternal(t, ctx)
 	pol := sim.Policy{Run: "default", Tasks: 4, Groups: 4, GroupSize: 4}
 	publishStep := func(js jetstream.JetStream, n int64, watermark bool) {
 		t.Helper()
@@ -60,6 +45,7 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out string
+	var err error
 	waitUntil(t, time.Minute, func() bool {
 		out, err = wmrl(ctx, "status", "--nats", p.URL())
 		return err == nil && strings.Contains(out, "steps fused:     up to 0") && strings.Contains(out, "dead letters:    1 ")

@@ -172,17 +172,7 @@ func TestHandedBackMessagesOutliveTheServer(t *testing.T) {
 			m.Nack() // a handler that failed, or returned when told to stop
 		} // the others are still being handled at the stop
 	}
-	sub.Close()
-	nc.Close()
-	srv.Shutdown()
-
-	srv, err = StartServer(ctx, ServerConfig{StoreDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc = connect(t, srv)
-	defer nc.Close()
+	nc = restarted(t, ctx, dir, sub, nc, srv)
 	sub = newSub(nc)
 	defer sub.Close()
 	msgs, err = sub.Subscribe(ctx, topic)
@@ -240,17 +230,7 @@ func TestAcksOutliveTheServer(t *testing.T) {
 	for i := 0; i < n; i++ {
 		(<-msgs).Ack()
 	}
-	sub.Close()
-	nc.Close()
-	srv.Shutdown()
-
-	srv, err = StartServer(ctx, ServerConfig{StoreDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc = connect(t, srv)
-	defer nc.Close()
+	nc = restarted(t, ctx, dir, sub, nc, srv)
 	js, _ := jetstream.New(nc)
 	stream, err := js.Stream(ctx, SafeName(topic))
 	if err != nil {
@@ -268,4 +248,22 @@ func TestAcksOutliveTheServer(t *testing.T) {
 		t.Fatalf("after the restart %d messages are pending acknowledgement (ack floor %d of %d): acknowledgements were lost at the stop",
 			info.NumAckPending, info.AckFloor.Stream, n)
 	}
+}
+
+// restarted closes sub, its connection and the server, as a process that
+// stops does, starts a server on the same store and returns a connection
+// to it; both end with the test.
+func restarted(t *testing.T, ctx context.Context, dir string, sub *Subscriber, nc *nats.Conn, srv *Server) *nats.Conn {
+	t.Helper()
+	sub.Close()
+	nc.Close()
+	srv.Shutdown()
+	srv, err := StartServer(ctx, ServerConfig{StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc = connect(t, srv)
+	t.Cleanup(nc.Close)
+	return nc
 }
