@@ -91,12 +91,20 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "consumer\tsubject\tbacklog\tin flight\tredelivered\tpulls waiting\tlast delivery\t")
+	unread := 0
 	for _, c := range st.Consumers {
 		last := "-" // none, or not known (a server started on a stopped store)
 		if c.LastDelivery != nil {
 			last = now.Sub(*c.LastDelivery).Round(time.Second).String() + " ago"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t\n", c.Name, c.Subject, c.Backlog, c.InFlight, c.Redelivered, c.Waiting, last)
+		mark := ""
+		if c.Backlog > 0 && c.Waiting == 0 {
+			mark, unread = " *", unread+1
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s%s\t\n", c.Name, c.Subject, c.Backlog, c.InFlight, c.Redelivered, c.Waiting, last, mark)
 	}
 	tw.Flush()
+	if unread > 0 {
+		fmt.Fprintf(w, "* %d consumer(s) with a backlog and no pull request waiting: nothing reads them; is their stage running?\n", unread)
+	}
 }

@@ -81,8 +81,9 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !regexp.MustCompile(`(?m)^\s*route_default_traj\s+wmrl\.default\.traj\s+16\s+0\s+\d+\s+0\s`).MatchString(out) {
-		t.Errorf("the stopped run's status does not show the 16 trajectories waiting for route, with no pull:\n%s", out)
+	if !regexp.MustCompile(`(?m)^\s*route_default_traj\s+wmrl\.default\.traj\s+16\s+0\s+\d+\s+0\s+- \*\s*$`).MatchString(out) ||
+		!strings.Contains(out, "* 1 consumer(s) with a backlog and no pull request waiting: nothing reads them") {
+		t.Errorf("the stopped run's status does not show the 16 trajectories waiting for route, unread:\n%s", out)
 	}
 	if !strings.Contains(out, "steps fused:     up to 0") {
 		t.Errorf("the stopped run's status lost its last update:\n%s", out)
