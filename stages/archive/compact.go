@@ -72,6 +72,9 @@ type journal struct {
 	Tmp    string   `json:"tmp"`    // the merged file before its rename
 	Output string   `json:"output"` // its final name: the first input's
 	Inputs []string `json:"inputs"` // every input, Output included
+	// MergedTo is what the merged file records as its merged_to: seeing it
+	// in Output's footer tells the merged file from the first input.
+	MergedTo int64 `json:"merged_to"`
 }
 
 // Compact merges a run's closed files, oldest first, into files of up to
@@ -160,19 +163,19 @@ func merge(dir string, inputs []string, settings string, rowGroupRows int64) err
 	if err != nil {
 		return fmt.Errorf("archive: %w", err)
 	}
-	last, _ := partNumber(filepath.Base(inputs[len(inputs)-1]))
 	pw := parquet.NewGenericWriter[Row](f, parquet.Compression(&parquet.Zstd), parquet.KeyValueMetadata(metaSettings, settings),
-		parquet.KeyValueMetadata(metaMergedTo, strconv.FormatInt(last, 10)),
 		parquet.MaxRowsPerRowGroup(rowGroupRows), parquet.CreatedBy("wmrl", "1", ""))
 	var keys []string
 	var late []LateGroup
+	var mergedTo int64 // the highest number an input had or replaced
 	err = func() error {
 		for _, in := range inputs {
-			k, l, _, err := readMeta(in)
+			k, l, to, err := readMeta(in)
 			if err != nil {
 				return err
 			}
-			keys, late = append(keys, k...), append(late, l...)
+			n, _ := partNumber(filepath.Base(in))
+			keys, late, mergedTo = append(keys, k...), append(late, l...), max(mergedTo, n, to)
 			if err := Scan([]string{in}, func(rows []Row) error {
 				_, err := pw.Write(rows)
 				return err
@@ -182,6 +185,7 @@ func merge(dir string, inputs []string, settings string, rowGroupRows int64) err
 		}
 		b, _ := json.Marshal(keys)
 		pw.SetKeyValueMetadata(metaKeys, string(b))
+		pw.SetKeyValueMetadata(metaMergedTo, strconv.FormatInt(mergedTo, 10))
 		if len(late) > 0 {
 			b, _ := json.Marshal(late)
 			pw.SetKeyValueMetadata(metaLate, string(b))
@@ -198,7 +202,7 @@ func merge(dir string, inputs []string, settings string, rowGroupRows int64) err
 		_ = os.Remove(tmp)
 		return fmt.Errorf("archive: merge into %s: %w", output, err)
 	}
-	j := journal{Tmp: filepath.Base(tmp), Output: output}
+	j := journal{Tmp: filepath.Base(tmp), Output: output, MergedTo: mergedTo}
 	for _, in := range inputs {
 		j.Inputs = append(j.Inputs, filepath.Base(in))
 	}
@@ -266,7 +270,7 @@ func finishMerge(dir string, j journal) error {
 }
 
 // recoverCompaction completes or undoes a merge a crash interrupted: once
-// the merged file is in place (its footer names the last input), the
+// the merged file is in place (its footer has the journal's merged_to), the
 // inputs left are removed; otherwise the inputs are intact, and the journal
 // and any temporary file are dropped. The caller holds the directory's
 // exclusive lock.
@@ -287,9 +291,8 @@ func recoverCompaction(dir string) error {
 	if _, err := os.Stat(filepath.Join(dir, j.Tmp)); errors.Is(err, os.ErrNotExist) {
 		// Removing inputs is only safe once the merged file is in place:
 		// check that the output is it, not the first input still.
-		last, _ := partNumber(j.Inputs[len(j.Inputs)-1])
 		_, _, mergedTo, err := readMeta(filepath.Join(dir, j.Output))
-		renamed = err == nil && mergedTo == last
+		renamed = err == nil && mergedTo == j.MergedTo && j.MergedTo > 0
 	}
 	if renamed {
 		return finishMerge(dir, j)

@@ -200,6 +200,7 @@ func TestCompactRecoversFromACrash(t *testing.T) {
 		for _, f := range files[:4] {
 			j.Inputs = append(j.Inputs, filepath.Base(f))
 		}
+		j.MergedTo, _ = partNumber(j.Inputs[3])
 		// The merged file, made by a real merge of a copy of the inputs.
 		cp := t.TempDir()
 		smallFiles(t, cp, 0, 4, Settings{}, nil)
@@ -275,5 +276,33 @@ func TestCompactWaitsForReaders(t *testing.T) {
 	release()
 	if rep := <-done; rep.FilesAfter != 1 {
 		t.Errorf("after the reader: %+v", rep)
+	}
+}
+
+// A merged file that is merged again passes on the highest number it
+// replaced, so a writer never hands out a name that held other rows.
+func TestMergedNamesAreNeverReused(t *testing.T) {
+	dir := t.TempDir()
+	smallFiles(t, dir, 0, 8, Settings{}, nil)
+	files, _ := readRun(t, dir)
+	old := time.Now().Add(-2 * time.Hour)
+	for _, f := range files[4:] {
+		if err := os.Chtimes(f, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rep, err := Compact(dir, "r", CompactConfig{MinAge: time.Hour}); err != nil || rep.Merged != 1 {
+		t.Fatalf("merging files 4-7: %+v, %v", rep, err)
+	}
+	if rep, err := Compact(dir, "r", CompactConfig{}); err != nil || rep.FilesAfter != 1 {
+		t.Fatalf("merging files 0-3 with the merged 4-7: %+v, %v", rep, err)
+	}
+	w, err := OpenWriter(WriterConfig{Dir: dir, Run: "r", MaxAge: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if w.next != 8 {
+		t.Errorf("the writer's next file is part %d; parts up to 7 held rows before", w.next)
 	}
 }
