@@ -91,7 +91,7 @@ func Compact(root, run string, cfg CompactConfig) (CompactReport, error) {
 		cfg.RowGroupRows = 65536
 	}
 	dir := RunDir(root, run)
-	unlock, err := lockDir(dir, syscall.LOCK_EX, cfg.Wait)
+	unlock, err := lockMerges(dir, cfg.Wait)
 	if err != nil {
 		return CompactReport{}, err
 	}
@@ -312,50 +312,57 @@ func recoverCompaction(dir string) error {
 // the directory can be written (else its inputs' rows would be read twice).
 func ReadLock(root, run string) (release func(), err error) {
 	dir := RunDir(root, run)
-	f, err := lockFile(dir)
-	if errors.Is(err, syscall.EROFS) || errors.Is(err, syscall.EACCES) {
-		return func() {}, nil // an archive we cannot write: nothing merges in it either
-	}
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+	path := filepath.Join(dir, compactLock)
+	f, err := flockAt(path, os.O_RDONLY, syscall.LOCK_EX|syscall.LOCK_NB)
+	switch {
+	case err == nil:
 		if err := recoverCompaction(dir); err != nil {
 			f.Close()
 			return nil, err
 		}
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH)
+	case errors.Is(err, syscall.EWOULDBLOCK): // a merge is running: wait for it
+		f, err = flockAt(path, os.O_RDONLY, syscall.LOCK_SH)
+	case errors.Is(err, syscall.EROFS) || errors.Is(err, syscall.EACCES):
+		return func() {}, nil // an archive we cannot write: nothing merges in it either
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH); err != nil { // from exclusive, or waiting for a merge
-		f.Close()
-		return nil, fmt.Errorf("archive: lock %s: %w", dir, err)
-	}
-	return func() { f.Close() }, nil
-}
-
-func lockFile(dir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, compactLock), os.O_RDONLY|os.O_CREATE, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("archive: %w", err)
-	}
-	return f, nil
-}
-
-// lockDir takes a flock on dir's lock file; without wait, a lock held by
-// another returns ErrBusy.
-func lockDir(dir string, how int, wait bool) (func(), error) {
-	f, err := lockFile(dir)
-	if err != nil {
-		return nil, err
-	}
-	if !wait {
-		how |= syscall.LOCK_NB
-	}
-	if err := syscall.Flock(int(f.Fd()), how); err != nil {
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, ErrBusy
+		if f != nil {
+			f.Close()
 		}
 		return nil, fmt.Errorf("archive: lock %s: %w", dir, err)
 	}
 	return func() { f.Close() }, nil
+}
+
+// lockMerges holds dir for a merge; without wait, a reader or merge
+// holding it returns ErrBusy.
+func lockMerges(dir string, wait bool) (func(), error) {
+	how := syscall.LOCK_EX
+	if !wait {
+		how |= syscall.LOCK_NB
+	}
+	f, err := flockAt(filepath.Join(dir, compactLock), os.O_RDONLY, how)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		return nil, ErrBusy
+	}
+	if err != nil {
+		return nil, fmt.Errorf("archive: lock %s: %w", dir, err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// flockAt opens path (made if missing) with flag and takes the flock how
+// on it. The error is the system's, unwrapped, so that callers can tell a
+// lock held by another (syscall.EWOULDBLOCK with LOCK_NB).
+func flockAt(path string, flag, how int) (*os.File, error) {
+	f, err := os.OpenFile(path, flag|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }

@@ -163,16 +163,12 @@ func OpenWriter(cfg WriterConfig) (*Writer, error) {
 // "one archive stage per run" is enforced here, naming the holder.
 func lockWriter(dir string) (*os.File, error) {
 	path := filepath.Join(dir, ".writer.lock")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("archive: %w", err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	f, err := flockAt(path, os.O_RDWR, syscall.LOCK_EX|syscall.LOCK_NB)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
 		holder, _ := os.ReadFile(path)
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("archive: %s is written by another archive stage (process %s): run one archive stage per run", dir, strings.TrimSpace(string(holder)))
-		}
+		return nil, fmt.Errorf("archive: %s is written by another archive stage (process %s): run one archive stage per run", dir, strings.TrimSpace(string(holder)))
+	}
+	if err != nil {
 		return nil, fmt.Errorf("archive: lock %s: %w", dir, err)
 	}
 	if err := f.Truncate(0); err == nil {
