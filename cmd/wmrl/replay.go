@@ -9,9 +9,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/wmrl/wmrl/connectors/sim/rl"
 	"github.com/wmrl/wmrl/pipeline/offline"
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/fuse"
+	"github.com/wmrl/wmrl/stages/route"
 )
 
 // loadRun reads one run's rows from an archive root, with a progress bar,
@@ -232,6 +234,7 @@ func auditCommand() *cobra.Command {
 	var (
 		root, run, out string
 		opt            offline.AuditOptions
+		expect         offline.ExpectOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "audit --archive DIR --out REPORT",
@@ -239,7 +242,10 @@ func auditCommand() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
-			rows, _, run, err := loadRun(root, run, stderr)
+			if expect.Seeds == 1 || expect.Seeds < 0 {
+				return fmt.Errorf("audit: --expect-seeds %d: intervals need at least 2 (0 skips what to expect)", expect.Seeds)
+			}
+			rows, settings, run, err := loadRun(root, run, stderr)
 			if err != nil {
 				return err
 			}
@@ -247,6 +253,17 @@ func auditCommand() *cobra.Command {
 			a, err := offline.RunAudit(rows, opt)
 			if err != nil {
 				return err
+			}
+			if expect.Seeds > 0 {
+				bar := newProgressBar(stderr)
+				expect.Progress = bar.set("what to expect (wmrl sim)")
+				a.Expect, err = offline.Expect(a, rows, settings, expect)
+				bar.done()
+				if errors.Is(err, offline.ErrNoRanking) {
+					fmt.Fprintf(stderr, "audit: nothing to expect: %v\n", err)
+				} else if err != nil {
+					return err
+				}
 			}
 			if err := offline.WriteReport(a, out); err != nil {
 				return err
@@ -274,6 +291,9 @@ func auditCommand() *cobra.Command {
 					fmt.Fprintf(stdout, "  %3d tasks: %s\n", verdicts[v], v)
 				}
 			}
+			if e := a.Expect; e != nil {
+				writeExpectation(stdout, e)
+			}
 			abs, _ := filepath.Abs(filepath.Join(out, "index.html"))
 			fmt.Fprintf(stdout, "report: %s (summary.json beside it)\n", abs)
 			return nil
@@ -287,9 +307,30 @@ func auditCommand() *cobra.Command {
 	fs.Float64Var(&opt.Tolerance, "tolerance", 0.05, "a level's mean residual within this counts as unbiased")
 	fs.IntVar(&opt.MinBinPairs, "min-bin-pairs", 10, "levels with fewer anchor pairs are not judged")
 	fs.IntVar(&opt.MinTaskPairs, "min-task-pairs", 30, "tasks with fewer anchor pairs get no verdict")
+	fs.IntVar(&expect.Seeds, "expect-seeds", 8, "seeds of the wmrl sim run at this world model (what to expect); 0 skips it")
+	expect.Optimizer, expect.Costs = rl.DefaultConfig().Optimizer, rl.DefaultCosts
+	fs.Var(choiceFlag[rl.Optimizer]{&expect.Optimizer, rl.Optimizers}, "expect-optimizer", fmt.Sprintf("the simulated learner's optimizer for what to expect: %v", rl.Optimizers))
+	fs.Float64Var(&expect.Costs.WorldModel, "cost-wm", expect.Costs.WorldModel, "what to expect: cost of a world-model call, in generations")
+	fs.Float64Var(&expect.Costs.Execute, "cost-exec", expect.Costs.Execute, "what to expect: cost of an execution, in generations")
 	_ = cmd.MarkFlagRequired("archive")
 	_ = cmd.MarkFlagRequired("out")
 	return cmd
+}
+
+// writeExpectation prints what wmrl sim expects at the audited world
+// model: where it placed it, and the table of wmrl sim.
+func writeExpectation(w io.Writer, e *rl.Expectation) {
+	fmt.Fprintf(w, "what to expect (wmrl sim at this world model: within-group Spearman %.3f, simulated %.3f; %d seeds):\n", e.RankCorr, e.SimRankCorr, e.Seeds)
+	if e.Note != "" {
+		fmt.Fprintf(w, "  %s\n", e.Note)
+	}
+	rounding := e.AnchorRounding
+	if rounding == "" {
+		rounding = route.RoundEven
+	}
+	fmt.Fprintf(w, "  this run's shape and settings: %d groups of %d a step, anchor fraction %.2f (%s), %d steps of a %s learner; costs in generations: world-model call %g, execution %g\n",
+		e.Groups, e.GroupSize, e.AnchorFraction, rounding, e.Steps, e.Optimizer, e.Costs.WorldModel, e.Costs.Execute)
+	rl.WriteTable(w, e.Result, e.Methods)
 }
 
 func compactCommand() *cobra.Command {

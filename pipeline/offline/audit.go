@@ -11,6 +11,7 @@ import (
 
 	"gonum.org/v1/gonum/stat"
 
+	"github.com/wmrl/wmrl/connectors/sim/rl"
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/fuse"
@@ -142,6 +143,8 @@ type Audit struct {
 	// the reliability diagram draws.
 	MapX []float64 `json:"map_x"`
 	MapY []float64 `json:"map_y"`
+	// Expect, if set (Expect), is wmrl sim's benchmark at this world model.
+	Expect *rl.Expectation `json:"expect,omitempty"`
 
 	pairs []pairRow // for the plots
 }

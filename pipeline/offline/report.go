@@ -14,6 +14,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+
+	"github.com/wmrl/wmrl/connectors/sim/rl"
 )
 
 var (
@@ -58,6 +60,21 @@ func WriteReport(a *Audit, dir string) error {
 		}
 		imgs = append(imgs, img{pl.name, pl.title, base64.StdEncoding.EncodeToString(data)})
 	}
+	var expect []expectRow
+	if e := a.Expect; e != nil {
+		path, err := rl.PlotCurves(dir, e.Result, e.Methods)
+		if err != nil {
+			return fmt.Errorf("audit: expected curves: %w", err)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		imgs = append(imgs, img{filepath.Base(path), "What to expect (wmrl sim at this world model): true reward against cost", base64.StdEncoding.EncodeToString(data)})
+		for _, m := range e.Methods {
+			expect = append(expect, expectRow{m.Name, e.Result.Methods[m.Name]})
+		}
+	}
 	js, err := json.MarshalIndent(a, "", "  ")
 	if err != nil {
 		return fmt.Errorf("audit: summary: %w", err)
@@ -70,13 +87,20 @@ func WriteReport(a *Audit, dir string) error {
 		return err
 	}
 	err = page.Execute(f, struct {
-		A    *Audit
-		Imgs []img
-	}{a, imgs})
+		A      *Audit
+		Imgs   []img
+		Expect []expectRow
+	}{a, imgs, expect})
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	return err
+}
+
+// expectRow is one method of the report's "what to expect" table.
+type expectRow struct {
+	Name string
+	*rl.MethodResult
 }
 
 func newPlot(title, x, y string) *plot.Plot {
@@ -302,6 +326,7 @@ func fmtNum(n Num) string {
 var page = template.Must(template.New("audit").Funcs(template.FuncMap{
 	"num": fmtNum,
 	"f3":  func(f float64) string { return fmt.Sprintf("%.3f", f) },
+	"sf3": func(f float64) string { return fmt.Sprintf("%+.3f", f) },
 	"pct": func(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) },
 	"cls": func(v string) string {
 		switch v {
@@ -346,6 +371,19 @@ cross-fitted (the anchor groups split in two halves, each scored by the map the 
 {{range .A.Tasks}}<tr><td class="l">{{.Task}}</td><td>{{.Pairs}}</td><td>{{f3 .MaxBefore}}</td><td>{{f3 .MaxMonotone}}</td><td>{{f3 .MaxOwn}}</td><td>{{f3 .MaxAfter}}</td><td>{{num .Ranks.Spearman}}</td><td>{{num .Ranks.Kendall}}</td><td>{{num .Ranks.WithinKendall}}</td><td class="l {{cls .Verdict}}">{{.Verdict}}</td></tr>
 {{end}}</table>
 
+{{with .A.Expect}}<h2>What to expect</h2>
+<p><code>wmrl sim</code>'s training runs on a simulated world model whose error is set so that it ranks within groups as this run's did on its anchors
+(within-group Spearman {{f3 .RankCorr}}; the simulated one {{f3 .SimRankCorr}}, from fresh noise {{f3 .Fresh}} and an error per task and style of {{f3 .Persistent}}{{if .Reversed}}, better solutions scored lower{{end}}{{if .Note}}: {{.Note}}{{end}}),
+with this run's groups per step, group size and recorded correction settings, on {{.Seeds}} seeds (paired).
+Rewards are the simulated policy's true expected reward in [0, 1]; intervals are 95%.</p>
+<table><tr><th class="l">method</th><th>final reward</th><th>vs grpo (paired)</th><th>cost ratio to grpo</th><th>rho</th><th>at wmrl's cost</th><th>vs grpo there</th></tr>
+{{range $.Expect}}<tr><td class="l">{{.Name}}</td><td>{{f3 .FinalReward}} ± {{f3 .CI95}}</td><td>{{sf3 .DiffGRPO.Mean}} ± {{f3 .DiffGRPO.CI95}}</td><td>{{printf "%.2f" .CostRatio}}</td><td>{{printf "%.2f" .Rho}}</td><td>{{f3 .EqualCostReward.Mean}} ± {{f3 .EqualCostReward.CI95}}</td><td>{{sf3 .EqualCostDiff.Mean}} ± {{f3 .EqualCostDiff.CI95}}</td></tr>
+{{end}}</table>
+<p class="note">grpo executes every group; grpo-anchors executes only as many groups as wmrl does and trains on them alone (what wmrl falls back to);
+wm trains on the raw world model. The simulated learner is not your model: the benchmark's learners (SGD or Adam, parameters per task or shared)
+differ in how much the world-model groups add (README, "What the corrections buy"). Read this as what a world model that ranks this well does in that
+benchmark, and settle it on your setup by training on the same executions with and without the world-model groups.</p>
+{{end}}
 <h2>Plots</h2>
 <div class="grid">{{range .Imgs}}<figure><img alt="{{.Title}}" src="data:image/png;base64,{{.Data}}"><figcaption>{{.Title}} ({{.Name}})</figcaption></figure>
 {{end}}</div>

@@ -1,0 +1,100 @@
+package offline
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/wmrl/wmrl/connectors/sim/rl"
+	"github.com/wmrl/wmrl/stages/archive"
+)
+
+// ErrNoRanking is returned by Expect for a run without an anchor group
+// whose true and predicted scores both vary: nothing measures how well its
+// world model ranks.
+var ErrNoRanking = errors.New("no anchor group with varying scores: the world model's within-group ranking is unmeasured")
+
+// ExpectOptions set the benchmark an audit runs at the audited world model.
+type ExpectOptions struct {
+	// Seeds (default 8), Optimizer (default the benchmark's, SGD) and
+	// Costs (default rl.DefaultCosts) are wmrl sim's --seeds, --optimizer,
+	// --cost-wm and --cost-exec.
+	Seeds     int
+	Optimizer rl.Optimizer
+	Costs     rl.Costs
+	// Progress, if set, is called after each training run.
+	Progress func(done, total int)
+}
+
+// Expect runs wmrl sim's methods on a simulated world model that ranks
+// within groups as the audited one did on its anchors (the audit's
+// within-group Spearman), with the run's shape (the median groups per step
+// and group size of its updates) and its recorded correction settings
+// (anchor fraction and rounding, calibration, rho estimator): what the
+// sweep of wmrl sim tells a user to expect, at their own point.
+func Expect(a *Audit, rows []archive.Row, s archive.Settings, o ExpectOptions) (*rl.Expectation, error) {
+	corr := float64(a.Overall.Ranks.WithinSpearman)
+	if math.IsNaN(corr) || a.Overall.Ranks.Groups == 0 {
+		return nil, fmt.Errorf("expect: run %s: %w", a.Run, ErrNoRanking)
+	}
+	groups, size := shapeOf(rows)
+	if groups == 0 || size < 2 {
+		return nil, fmt.Errorf("expect: run %s: no step with a group of 2 or more trajectories", a.Run)
+	}
+	cfg := rl.DefaultConfig()
+	cfg.Groups, cfg.GroupSize = groups, size
+	cfg.AnchorFraction, cfg.AnchorRounding, cfg.Debiaser = s.AnchorFraction, s.AnchorRounding, s.Debiaser
+	if o.Optimizer != "" {
+		cfg.Optimizer = o.Optimizer
+	}
+	if o.Costs != (rl.Costs{}) {
+		cfg.Costs = o.Costs
+	}
+	if o.Seeds == 0 {
+		o.Seeds = 8
+	}
+	e, err := rl.Expect(rl.ExpectConfig{Config: cfg, RankCorr: corr, Debias: s.Debias, Estimator: s.Denoiser.Estimator,
+		Seeds: o.Seeds, Progress: o.Progress})
+	if err != nil {
+		return nil, fmt.Errorf("expect: run %s: %w", a.Run, err)
+	}
+	return e, nil
+}
+
+// shapeOf is a run's median groups per step and median group size, over
+// its updates' rows (late anchor pairs repeat groups already counted).
+func shapeOf(rows []archive.Row) (groups, size int) {
+	type key struct {
+		step  int64
+		group string
+	}
+	perGroup := map[key]int{}
+	perStep := map[int64]map[string]bool{}
+	for _, r := range rows {
+		if r.Source == archive.SourceLateAnchor {
+			continue
+		}
+		perGroup[key{r.Step, r.GroupID}]++
+		if perStep[r.Step] == nil {
+			perStep[r.Step] = map[string]bool{}
+		}
+		perStep[r.Step][r.GroupID] = true
+	}
+	var gs, ss []int
+	for _, g := range perStep {
+		gs = append(gs, len(g))
+	}
+	for _, n := range perGroup {
+		ss = append(ss, n)
+	}
+	return median(gs), median(ss)
+}
+
+func median(xs []int) int {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	return xs[len(xs)/2]
+}
