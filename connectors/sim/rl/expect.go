@@ -14,8 +14,13 @@ import (
 type ExpectConfig struct {
 	Config Config
 	// RankCorr is the world model's mean within-group Spearman correlation
-	// with the executed scores, in [-1, 1].
+	// with the executed scores, in [-1, 1], best measured on the run's
+	// earliest groups: the simulated world model is placed by its
+	// correlation over solutions drawn uniformly (RankCorrelation), as an
+	// untrained policy draws them.
 	RankCorr float64
+	// Measured says over what RankCorr was measured, for the report.
+	Measured string
 	// Debias and Estimator are the run's corrections: the isotonic map on
 	// or off, and its rho estimator ("" or "off": rho 1).
 	Debias    bool
@@ -32,14 +37,22 @@ type ExpectConfig struct {
 type Expectation struct {
 	// RankCorr is the run's; SimRankCorr the simulated world model's, the
 	// nearest the scenario reaches (Note says why when they differ).
-	RankCorr    float64  `json:"within_group_rank_corr"`
-	SimRankCorr float64  `json:"sim_rank_corr"`
-	Scenario    Scenario `json:"-"`
-	Fresh       float64  `json:"fresh_noise"`
-	Persistent  float64  `json:"persistent_noise"`
-	Reversed    bool     `json:"reversed"`
-	Note        string   `json:"note,omitempty"`
-	Seeds       int      `json:"seeds"`
+	RankCorr    float64 `json:"within_group_rank_corr"`
+	SimRankCorr float64 `json:"sim_rank_corr"`
+	// Measured says over what RankCorr was measured (ExpectConfig.Measured).
+	Measured string `json:"measured,omitempty"`
+	// SimAuditedRankCorr is what an audit of a simulated wmrl run at this
+	// world model (seed 1000) measures over all its anchor groups. It is
+	// lower than SimRankCorr where the world model trains the policy well:
+	// the simulated policy's groups converge on copies of one solution,
+	// whose scores differ by execution noise alone.
+	SimAuditedRankCorr float64  `json:"sim_audited_rank_corr"`
+	Scenario           Scenario `json:"-"`
+	Fresh              float64  `json:"fresh_noise"`
+	Persistent         float64  `json:"persistent_noise"`
+	Reversed           bool     `json:"reversed"`
+	Note               string   `json:"note,omitempty"`
+	Seeds              int      `json:"seeds"`
 	// Config is the benchmark's: the run's shape and settings.
 	Config         Config    `json:"-"`
 	Groups         int       `json:"groups"`
@@ -74,9 +87,17 @@ func Expect(c ExpectConfig) (*Expectation, error) {
 		return nil, fmt.Errorf("rl: expect: %d seeds: intervals need at least 2", c.Seeds)
 	}
 	cfg := c.Config
-	e := &Expectation{RankCorr: c.RankCorr, Seeds: c.Seeds, Config: cfg, Groups: cfg.Groups, GroupSize: cfg.GroupSize,
+	e := &Expectation{RankCorr: c.RankCorr, Measured: c.Measured, Seeds: c.Seeds, Config: cfg, Groups: cfg.Groups, GroupSize: cfg.GroupSize,
 		AnchorFraction: cfg.AnchorFraction, AnchorRounding: cfg.AnchorRounding, Optimizer: cfg.Optimizer, Steps: cfg.Steps, Costs: cfg.Costs}
 	sc := e.place(cfg)
+	wmrl := Method{Name: "wmrl", Debias: c.Debias, Estimator: c.Estimator}
+	audited := cfg
+	audited.Seed = 1000
+	_, simAudited, err := TrainAudited(audited, sc, wmrl, nil)
+	if err != nil {
+		return nil, fmt.Errorf("rl: expect: %w", err)
+	}
+	e.SimAuditedRankCorr = simAudited
 	sc.Name = "audited"
 	reversed := ""
 	if e.Reversed {
@@ -86,7 +107,7 @@ func Expect(c ExpectConfig) (*Expectation, error) {
 		e.SimRankCorr, e.Fresh, e.Persistent, reversed)
 	e.Scenario = sc
 	e.Methods = []Method{Methods[index(Methods, "grpo")], Methods[index(Methods, "grpo-anchors")], Methods[index(Methods, "wm")],
-		{Name: "wmrl", Debias: c.Debias, Estimator: c.Estimator}}
+		wmrl}
 	res, err := Run(Options{Config: c.Config, Seeds: c.Seeds, Scenarios: []Scenario{sc}, Methods: e.Methods, Progress: c.Progress})
 	if err != nil {
 		return nil, fmt.Errorf("rl: expect: %w", err)

@@ -104,3 +104,31 @@ func TestExpectRejectsWhatItCannotPlace(t *testing.T) {
 		}
 	}
 }
+
+// TestAnAuditOfATrainingRunMeasuresLess: the within-group rank correlation
+// over a run's anchor groups, as wmrl audit measures it, is below the
+// world model's over uniformly drawn solutions where the policy learns
+// enough for its groups to grow alike (monotone), and not above it where
+// it learns little (noisy); it is still the world model's (positive, and
+// lower for the noisier one).
+func TestAnAuditOfATrainingRunMeasuresLess(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Seed = 1000
+	wmrl := Methods[index(Methods, "wmrl")]
+	var audited, uniform []float64
+	for _, name := range []string{"monotone", "noisy"} {
+		sc, _ := ScenarioByName(name)
+		_, a, err := TrainAudited(cfg, sc, wmrl, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		audited, uniform = append(audited, a), append(uniform, RankCorrelation(cfg.newEnv(1000, sc), cfg.GroupSize, 1))
+	}
+	if audited[0] <= 0 || audited[0] >= uniform[0]-0.05 || audited[1] > uniform[1]+0.01 {
+		t.Errorf("the runs' anchor groups rank at %.3f (monotone) and %.3f (noisy); uniformly drawn solutions at %.3f and %.3f",
+			audited[0], audited[1], uniform[0], uniform[1])
+	}
+	if audited[1] >= audited[0] {
+		t.Errorf("the noisy world model's run audits at %.3f, the monotone one's at %.3f", audited[1], audited[0])
+	}
+}

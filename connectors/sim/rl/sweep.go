@@ -24,8 +24,10 @@ var (
 )
 
 // RankCorrelation is the world model's mean within-group Spearman
-// correlation with executed scores, for groups of g styles drawn uniformly:
-// what an audit of a real world model measures.
+// correlation with executed scores, for groups of g styles drawn uniformly,
+// as an untrained policy draws them: a property of the world model alone.
+// An audit of a training run measures less (TrainAudited) once the
+// policy's groups grow alike.
 func RankCorrelation(env *Env, g int, seed uint64) float64 {
 	r := rand.New(rand.NewPCG(seed, 9))
 	var sum float64
