@@ -13,6 +13,7 @@ import (
 	"github.com/wmrl/wmrl/connectors/sim/rl"
 	"github.com/wmrl/wmrl/pipeline/simrl"
 	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/fuse"
 	"github.com/wmrl/wmrl/stages/route"
 )
 
@@ -21,6 +22,7 @@ func simCommand() *cobra.Command {
 	var linear bool
 	var scenarios, methods, out string
 	var seeds int
+	var rankCorr float64
 	var asJSON, noSweep, viaPipeline bool
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -32,6 +34,13 @@ func simCommand() *cobra.Command {
 			}
 			if cfg.Policy == rl.Shared && !cmd.Flags().Changed("tasks") {
 				cfg.Tasks = rl.DefaultSharedTasks
+			}
+			placed := cmd.Flags().Changed("rank-corr")
+			if placed && (cmd.Flags().Changed("scenario") || cmd.Flags().Changed("methods")) {
+				return fmt.Errorf("sim: --rank-corr runs its own world model and methods (grpo, grpo-anchors, wm, wmrl): drop --scenario and --methods")
+			}
+			if placed && !(rankCorr >= -1 && rankCorr <= 1) {
+				return fmt.Errorf("sim: --rank-corr %v: a correlation is in [-1, 1]", rankCorr)
 			}
 			var scs []rl.Scenario
 			if scenarios == "all" {
@@ -67,8 +76,16 @@ func simCommand() *cobra.Command {
 			}
 			bar := newProgressBar(cmd.ErrOrStderr())
 			opts.Progress = bar.set("training")
-			res, err := rl.Run(opts)
-			if err != nil {
+			var res []rl.ScenarioResult
+			var at *rl.Expectation
+			if placed {
+				at, err = rl.Expect(rl.ExpectConfig{Config: cfg, RankCorr: rankCorr, Measured: "--rank-corr", Debias: true, Estimator: fuse.DefaultEstimator,
+					Seeds: seeds, Name: "rank-corr", Progress: opts.Progress, NewRewarder: opts.NewRewarder})
+				if err != nil {
+					return err
+				}
+				res, ms, noSweep = []rl.ScenarioResult{at.Result}, at.Methods, true
+			} else if res, err = rl.Run(opts); err != nil {
 				return err
 			}
 			var cells []rl.SweepCell
@@ -95,7 +112,7 @@ func simCommand() *cobra.Command {
 			}
 			w := cmd.OutOrStdout()
 			if asJSON {
-				return writeSimJSON(w, cfg, seeds, anchors, viaPipeline, res, cells)
+				return writeSimJSON(w, cfg, seeds, anchors, viaPipeline, res, cells, at)
 			}
 			fmt.Fprintf(w, "cost model (units of one generation): generation %g, world-model call %g, execution %g\n",
 				cfg.Costs.Generate, cfg.Costs.WorldModel, cfg.Costs.Execute)
@@ -107,6 +124,13 @@ func simCommand() *cobra.Command {
 				seeds, cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.AnchorFraction, anchors, cfg.Groups, perStep, 100*anchors/float64(cfg.Groups),
 				policyName(cfg), cfg.Optimizer, cfg.EffectiveLR())
 			fmt.Fprintf(w, "calibration: %s\n", calibrationLine(cfg))
+			if at != nil {
+				fmt.Fprintf(w, "world model: placed at within-group Spearman %.3f over uniformly drawn solutions (asked %.3f)", at.SimRankCorr, at.RankCorr)
+				if at.Note != "" {
+					fmt.Fprintf(w, ": %s", at.Note)
+				}
+				fmt.Fprintf(w, "; an audit of its wmrl run measures %.3f over all the steps\n", at.SimAuditedRankCorr)
+			}
 			if viaPipeline {
 				fmt.Fprintln(w, "scored through the streaming pipeline in this process (route, predict, execute, pair, calibrate, fuse over embedded NATS)")
 			}
@@ -143,6 +167,8 @@ func simCommand() *cobra.Command {
 	fs.StringVar(&out, "out", "sim-out", "folder for the PNG plots")
 	fs.BoolVar(&asJSON, "json", false, "print JSON instead of tables")
 	fs.BoolVar(&noSweep, "no-sweep", false, "skip the noise x anchor-fraction sweep")
+	fs.Float64Var(&rankCorr, "rank-corr", 0, "instead of the scenarios: a world model whose within-group Spearman with executed scores, over varied solutions, is this (measure yours on a held-out set of executed groups, or take it from wmrl audit); runs grpo, grpo-anchors, wm and wmrl on it, without the sweep")
+	fs.IntVar(&cfg.GroupSize, "group-size", cfg.GroupSize, "trajectories per group")
 	return cmd
 }
 
@@ -198,7 +224,7 @@ func calibrationLine(cfg rl.Config) string {
 	return fmt.Sprintf("first isotonic fit at %d anchor pairs, then every %d; until then the map is %s", d.FirstFit(), d.RefitEvery, before)
 }
 
-func writeSimJSON(w io.Writer, cfg rl.Config, seeds int, anchors float64, viaPipeline bool, res []rl.ScenarioResult, cells []rl.SweepCell) error {
+func writeSimJSON(w io.Writer, cfg rl.Config, seeds int, anchors float64, viaPipeline bool, res []rl.ScenarioResult, cells []rl.SweepCell, at *rl.Expectation) error {
 	doc := map[string]any{
 		"cost_model": cfg.Costs, "seeds": seeds, "steps": cfg.Steps, "groups": cfg.Groups, "group_size": cfg.GroupSize,
 		"anchor_fraction": cfg.AnchorFraction, "anchor_groups_per_step": anchors, "anchor_rounding": cfg.AnchorRounding, "policy": cfg.Policy, "tasks": cfg.Tasks,
@@ -211,6 +237,9 @@ func writeSimJSON(w io.Writer, cfg rl.Config, seeds int, anchors float64, viaPip
 		targets[r.Scenario] = map[string]float64{"start_reward": r.Start, "target_reward": r.Target}
 	}
 	doc["scenarios"], doc["targets"] = scs, targets
+	if at != nil {
+		doc["rank_corr"] = at
+	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(doc)

@@ -1,6 +1,11 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -42,5 +47,46 @@ func TestCalibrationLine(t *testing.T) {
 	cfg.Debiaser.MinPairs, cfg.Debiaser.RefitEvery, cfg.Debiaser.BeforeFit = 32, 0, calibrate.BeforeFitIdentity
 	if got, want := calibrationLine(cfg), "first isotonic fit at 64 anchor pairs, then every 64; until then the map is the identity (raw world-model scores)"; got != want {
 		t.Errorf("--min-pairs 32 --refit-every 0 --before-fit identity: %q, want %q", got, want)
+	}
+}
+
+// TestSimAtARankCorrelation: --rank-corr trains grpo, grpo-anchors, wm and
+// wmrl on a world model placed at that within-group rank correlation, with
+// the shape the flags give, and says where it placed it; it refuses what
+// it cannot place and the flags it replaces.
+func TestSimAtARankCorrelation(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	out, err := wmrl(ctx, "sim", "--rank-corr", "0.4", "--seeds", "2", "--steps", "40", "--groups", "4", "--group-size", "4", "--out", dir, "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var doc struct {
+		GroupSize int `json:"group_size"`
+		Scenarios map[string]map[string]struct {
+			FinalReward float64 `json:"final_reward"`
+		}
+		RankCorr *struct {
+			Sim float64 `json:"sim_rank_corr"`
+		} `json:"rank_corr"`
+	}
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &doc); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	methods := doc.Scenarios["rank-corr"]
+	if doc.GroupSize != 4 || doc.RankCorr == nil || math.Abs(doc.RankCorr.Sim-0.4) > 0.01 || len(doc.Scenarios) != 1 || len(methods) != 4 || methods["grpo-anchors"].FinalReward == 0 {
+		t.Errorf("sim --rank-corr 0.4 --group-size 4: %+v, placed %+v", doc, doc.RankCorr)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "curves-rank-corr.png")); err != nil {
+		t.Error(err)
+	}
+	for args, want := range map[string]string{
+		"--rank-corr 1.5":                  "--rank-corr 1.5: a correlation is in [-1, 1]",
+		"--rank-corr 0.4 --scenario noisy": "drop --scenario and --methods",
+		"--rank-corr 0.4 --methods wm":     "drop --scenario and --methods",
+	} {
+		if _, err := wmrl(ctx, append([]string{"sim", "--out", dir}, strings.Fields(args)...)...); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("sim %s: %v; want %q", args, err, want)
+		}
 	}
 }

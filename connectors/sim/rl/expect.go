@@ -26,8 +26,13 @@ type ExpectConfig struct {
 	Debias    bool
 	Estimator fuse.Estimator
 	Seeds     int
-	// Progress, if set, is called after each training run.
-	Progress func(done, total int)
+	// Name is the scenario's in the table and the plot's file name
+	// (default "audited").
+	Name string
+	// Progress, if set, is called after each training run. NewRewarder
+	// scores the steps (default NewCoreRewarder).
+	Progress    func(done, total int)
+	NewRewarder NewRewarder
 }
 
 // Expectation is what the benchmark says of a world model that ranks as a
@@ -93,12 +98,15 @@ func Expect(c ExpectConfig) (*Expectation, error) {
 	wmrl := Method{Name: "wmrl", Debias: c.Debias, Estimator: c.Estimator}
 	audited := cfg
 	audited.Seed = 1000
-	_, simAudited, err := TrainAudited(audited, sc, wmrl, nil)
+	_, simAudited, err := TrainAudited(audited, sc, wmrl, c.NewRewarder)
 	if err != nil {
 		return nil, fmt.Errorf("rl: expect: %w", err)
 	}
 	e.SimAuditedRankCorr = simAudited
-	sc.Name = "audited"
+	sc.Name = c.Name
+	if sc.Name == "" {
+		sc.Name = "audited"
+	}
 	reversed := ""
 	if e.Reversed {
 		reversed = ", better solutions scored lower"
@@ -108,7 +116,7 @@ func Expect(c ExpectConfig) (*Expectation, error) {
 	e.Scenario = sc
 	e.Methods = []Method{Methods[index(Methods, "grpo")], Methods[index(Methods, "grpo-anchors")], Methods[index(Methods, "wm")],
 		wmrl}
-	res, err := Run(Options{Config: c.Config, Seeds: c.Seeds, Scenarios: []Scenario{sc}, Methods: e.Methods, Progress: c.Progress})
+	res, err := Run(Options{Config: c.Config, Seeds: c.Seeds, Scenarios: []Scenario{sc}, Methods: e.Methods, Progress: c.Progress, NewRewarder: c.NewRewarder})
 	if err != nil {
 		return nil, fmt.Errorf("rl: expect: %w", err)
 	}
