@@ -20,13 +20,9 @@ import (
 func TestAuditSaysWhatToExpect(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg := pipeline.DefaultConfig()
-	cfg.DataDir, cfg.Listen, cfg.Quiet = t.TempDir(), "127.0.0.1:0", true
-	cfg.Steps, cfg.ExecLatency = 30, time.Millisecond
-	cfg.Groups, cfg.GroupSize, cfg.Anchors.Fraction = 4, 4, 0.5
-	if err := pipeline.Run(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg := finishedRun(ctx, t, 30, func(cfg *pipeline.Config) {
+		cfg.Groups, cfg.GroupSize, cfg.Anchors.Fraction = 4, 4, 0.5
+	})
 	root, report := cfg.ArchiveRoot(), filepath.Join(t.TempDir(), "report")
 	out, err := wmrl(ctx, "audit", "--archive", root, "--out", report, "--expect-seeds", "2", "--cost-exec", "50")
 	if err != nil {

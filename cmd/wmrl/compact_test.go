@@ -18,15 +18,11 @@ import (
 func TestCompactedArchiveReplaysTheSame(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg := pipeline.DefaultConfig()
-	cfg.DataDir, cfg.Listen, cfg.Quiet = t.TempDir(), "127.0.0.1:0", true
-	cfg.Steps, cfg.ExecLatency = 40, time.Millisecond
-	cfg.Debiaser.MinPairs, cfg.Debiaser.RefitEvery = 32, 16
-	cfg.ArchiveMaxAge = 5 * time.Millisecond // a file every few steps
-	cfg.ArchiveCompactAfter = 0
-	if err := pipeline.Run(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg := finishedRun(ctx, t, 40, func(cfg *pipeline.Config) {
+		cfg.Debiaser.MinPairs, cfg.Debiaser.RefitEvery = 32, 16
+		cfg.ArchiveMaxAge = 5 * time.Millisecond // a file every few steps
+		cfg.ArchiveCompactAfter = 0
+	})
 	root := cfg.ArchiveRoot()
 	files, _ := archive.Files(root, cfg.Run)
 	before, err := archive.ReadAll(root, cfg.Run)
@@ -56,4 +52,19 @@ func TestCompactedArchiveReplaysTheSame(t *testing.T) {
 	if err != nil || !strings.Contains(out, "REPRODUCED: identical") {
 		t.Errorf("replay of the merged archive (%v):\n%s", err, out)
 	}
+}
+
+// finishedRun runs the whole pipeline for steps steps on the simulator, in
+// a fresh data directory, with set applied to its configuration, and
+// returns that configuration once the run has ended.
+func finishedRun(ctx context.Context, t *testing.T, steps int64, set func(*pipeline.Config)) pipeline.Config {
+	t.Helper()
+	cfg := pipeline.DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.Quiet = t.TempDir(), "127.0.0.1:0", true
+	cfg.Steps, cfg.ExecLatency = steps, time.Millisecond
+	set(&cfg)
+	if err := pipeline.Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
