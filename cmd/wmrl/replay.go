@@ -238,7 +238,7 @@ func auditCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "audit --archive DIR --out REPORT",
-		Short: "Measure the world model's bias over an archive: HTML page with plots, and summary.json",
+		Short: "Measure the world model's bias over an archive (HTML page with plots, summary.json), and what wmrl sim expects at this world model",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -327,8 +327,12 @@ func writeExpectation(w io.Writer, e *rl.Expectation, overall float64) {
 	if rounding == "" {
 		rounding = route.RoundEven
 	}
-	fmt.Fprintf(w, "  this run's shape and settings: %d groups of %d a step, anchor fraction %.2f (%s), %d steps of a %s learner; costs in generations: world-model call %g, execution %g\n",
-		e.Groups, e.GroupSize, e.AnchorFraction, rounding, e.Steps, e.Optimizer, e.Costs.WorldModel, e.Costs.Execute)
+	est := e.Estimator
+	if est == "" {
+		est = fuse.EstimatorOff
+	}
+	fmt.Fprintf(w, "  this run's shape and settings: %d groups of %d a step, anchor fraction %.2f (%s), debias %v, rho %s; %d steps of a %s learner; costs in generations: world-model call %g, execution %g\n",
+		e.Groups, e.GroupSize, e.AnchorFraction, rounding, e.Debias, est, e.Steps, e.Optimizer, e.Costs.WorldModel, e.Costs.Execute)
 	fmt.Fprintf(w, "  over all their steps, an audit of the simulated run measures %.3f and this one %.3f (a learning policy's groups grow alike, which lowers it; the simulated policy's become copies of one solution)\n",
 		e.SimAuditedRankCorr, overall)
 	rl.WriteTable(w, e.Result, e.Methods)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/sim/rl"
 	"github.com/wmrl/wmrl/stages/archive"
+	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 // ErrNoRanking is returned by Expect for a run without an anchor group
@@ -62,7 +63,11 @@ func Expect(a *Audit, rows []archive.Row, s archive.Settings, o ExpectOptions) (
 	if o.Seeds == 0 {
 		o.Seeds = 8
 	}
-	e, err := rl.Expect(rl.ExpectConfig{Config: cfg, RankCorr: corr, Measured: measured, Debias: s.Debias, Estimator: s.Denoiser.Estimator,
+	est := s.Denoiser.Estimator
+	if est == "" { // the pipeline's default, recorded as unset; the benchmark reads "" as off
+		est = fuse.DefaultEstimator
+	}
+	e, err := rl.Expect(rl.ExpectConfig{Config: cfg, RankCorr: corr, Measured: measured, Debias: s.Debias, Estimator: est,
 		Seeds: o.Seeds, Progress: o.Progress})
 	if err != nil {
 		return nil, fmt.Errorf("expect: run %s: %w", a.Run, err)

@@ -40,6 +40,12 @@ func TestExpectTakesTheRunsShapeAndSettings(t *testing.T) {
 	if rho := e.Result.Methods["wmrl"].Rho; rho != 1 {
 		t.Errorf("the run's rho was off; wmrl trained at %.3f", rho)
 	}
+	// Settings recorded with the estimator unset are the pipeline's
+	// default, which the benchmark would read as off.
+	s.Denoiser = fuse.DenoiserConfig{}
+	if e, err := Expect(a, rows, s, ExpectOptions{Seeds: 2}); err != nil || e.Estimator != fuse.DefaultEstimator || e.Result.Methods["wmrl"].Rho <= 1 {
+		t.Errorf("an unset estimator: %v, expectation at %q", err, e.Estimator)
+	}
 
 	a.Expect = e
 	dir := t.TempDir()

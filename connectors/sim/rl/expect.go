@@ -67,6 +67,9 @@ type Expectation struct {
 	Optimizer      Optimizer `json:"optimizer"`
 	Steps          int       `json:"steps"`
 	Costs          Costs     `json:"cost_model"`
+	// Debias and Estimator are wmrl's corrections (ExpectConfig).
+	Debias    bool           `json:"debias"`
+	Estimator fuse.Estimator `json:"rho_estimator"`
 	// Methods are those run, in Result's table order.
 	Methods []Method       `json:"-"`
 	Result  ScenarioResult `json:"result"`
@@ -93,7 +96,8 @@ func Expect(c ExpectConfig) (*Expectation, error) {
 	}
 	cfg := c.Config
 	e := &Expectation{RankCorr: c.RankCorr, Measured: c.Measured, Seeds: c.Seeds, Config: cfg, Groups: cfg.Groups, GroupSize: cfg.GroupSize,
-		AnchorFraction: cfg.AnchorFraction, AnchorRounding: cfg.AnchorRounding, Optimizer: cfg.Optimizer, Steps: cfg.Steps, Costs: cfg.Costs}
+		AnchorFraction: cfg.AnchorFraction, AnchorRounding: cfg.AnchorRounding, Optimizer: cfg.Optimizer, Steps: cfg.Steps, Costs: cfg.Costs,
+		Debias: c.Debias, Estimator: c.Estimator}
 	sc := e.place(cfg)
 	wmrl := Method{Name: "wmrl", Debias: c.Debias, Estimator: c.Estimator}
 	audited := cfg
