@@ -51,13 +51,17 @@ type Expectation struct {
 	// lower than SimRankCorr where the world model trains the policy well:
 	// the simulated policy's groups converge on copies of one solution,
 	// whose scores differ by execution noise alone.
-	SimAuditedRankCorr float64  `json:"sim_audited_rank_corr"`
-	Scenario           Scenario `json:"-"`
-	Fresh              float64  `json:"fresh_noise"`
-	Persistent         float64  `json:"persistent_noise"`
-	Reversed           bool     `json:"reversed"`
-	Note               string   `json:"note,omitempty"`
-	Seeds              int      `json:"seeds"`
+	SimAuditedRankCorr float64 `json:"sim_audited_rank_corr"`
+	// Scenario is the placed world model: its fresh noise per call and
+	// error per (task, style), and Reversed for the adversarial
+	// distortion. Note says why it is not at RankCorr, if it is not.
+	Scenario   Scenario `json:"-"`
+	Fresh      float64  `json:"fresh_noise"`
+	Persistent float64  `json:"persistent_noise"`
+	Reversed   bool     `json:"reversed"`
+	Note       string   `json:"note,omitempty"`
+	// Seeds is how many seeds each method trained on (paired).
+	Seeds int `json:"seeds"`
 	// Config is the benchmark's: the run's shape and settings.
 	Config         Config    `json:"-"`
 	Groups         int       `json:"groups"`
@@ -75,7 +79,7 @@ type Expectation struct {
 	Result  ScenarioResult `json:"result"`
 }
 
-// maxExpectNoise bounds the fresh noise searched: far past where the
+// maxExpectNoise bounds the noise level place searches: far past where the
 // simulated world model's ranking is lost in it.
 const maxExpectNoise = 4.0
 
@@ -118,8 +122,7 @@ func Expect(c ExpectConfig) (*Expectation, error) {
 	sc.Doc = fmt.Sprintf("a world model ranking at %.3f within groups (fresh noise %.3f, persistent %.3f%s)",
 		e.SimRankCorr, e.Fresh, e.Persistent, reversed)
 	e.Scenario = sc
-	e.Methods = []Method{Methods[index(Methods, "grpo")], Methods[index(Methods, "grpo-anchors")], Methods[index(Methods, "wm")],
-		wmrl}
+	e.Methods = []Method{Methods[index(Methods, "grpo")], Methods[index(Methods, "grpo-anchors")], Methods[index(Methods, "wm")], wmrl}
 	res, err := Run(Options{Config: c.Config, Seeds: c.Seeds, Scenarios: []Scenario{sc}, Methods: e.Methods, Progress: c.Progress, NewRewarder: c.NewRewarder})
 	if err != nil {
 		return nil, fmt.Errorf("rl: expect: %w", err)
