@@ -38,7 +38,7 @@ type ExpectOptions struct {
 // simulated world model is placed by its ranking of uniformly drawn
 // solutions, and a run's earliest groups are its most varied, while a
 // learning policy's groups grow alike, which lowers the correlation an
-// audit measures whatever the world model (rl.TrainAudited).
+// audit measures however good the world model (rl.TrainAudited).
 func Expect(a *Audit, rows []archive.Row, s archive.Settings, o ExpectOptions) (*rl.Expectation, error) {
 	corr, measured := float64(a.Overall.Ranks.WithinSpearman), "all anchor groups"
 	if math.IsNaN(corr) || a.Overall.Ranks.Groups == 0 {

@@ -377,7 +377,7 @@ cross-fitted (the anchor groups split in two halves, each scored by the map the 
 with this run's groups per step, group size and recorded correction settings, on {{.Seeds}} seeds (paired).
 Rewards are the simulated policy's true expected reward in [0, 1]; intervals are 95%.
 Over all their steps an audit of the simulated run measures {{f3 .SimAuditedRankCorr}}, this one {{num $.A.Overall.Ranks.WithinSpearman}}:
-a learning policy's groups grow alike, which lowers the correlation whatever the world model (the simulated policy's become copies of one solution,
+a learning policy's groups grow alike, which lowers the correlation however good the world model (the simulated policy's become copies of one solution,
 whose scores differ by execution noise alone), so the run's earliest groups, its most varied, place it.</p>
 <table><tr><th class="l">method</th><th>final reward</th><th>vs grpo (paired)</th><th>cost ratio to grpo</th><th>rho</th><th>at wmrl's cost</th><th>vs grpo there</th></tr>
 {{range $.Expect}}<tr><td class="l">{{.Name}}</td><td>{{f3 .FinalReward}} ± {{f3 .CI95}}</td><td>{{sf3 .DiffGRPO.Mean}} ± {{f3 .DiffGRPO.CI95}}</td><td>{{printf "%.2f" .CostRatio}}</td><td>{{printf "%.2f" .Rho}}</td><td>{{f3 .EqualCostReward.Mean}} ± {{f3 .EqualCostReward.CI95}}</td><td>{{sf3 .EqualCostDiff.Mean}} ± {{f3 .EqualCostDiff.CI95}}</td></tr>
