@@ -29,10 +29,11 @@ type ExpectOptions struct {
 }
 
 // Expect runs wmrl sim's methods on a simulated world model that ranks
-// within groups as the audited one did on its anchors, with the run's shape (the median groups per step
-// and group size of its updates) and its recorded correction settings
-// (anchor fraction and rounding, calibration, rho estimator): what the
-// sweep of wmrl sim tells a user to expect, at their own point. The
+// within groups as the audited one did on its anchors, with the run's
+// shape (the median groups per step and group size of its updates) and
+// its recorded correction settings (anchor fraction and rounding,
+// calibration, rho estimator): what the sweep of wmrl sim tells a user to
+// expect, at their own point. The
 // within-group Spearman is the first quarter of the steps' (RankTrend; all
 // anchor groups' for a run of fewer than 8 steps that have one): the
 // simulated world model is placed by its ranking of uniformly drawn
