@@ -193,11 +193,7 @@ func TestArchiveMergesItsFilesWhileItWrites(t *testing.T) {
 	cfg.ArchiveCompactAfter = 40 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	p, err := Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
+	p := started(t, ctx, cfg)
 	if err := p.Wait(); err != nil {
 		t.Fatal(err)
 	}
@@ -242,11 +238,7 @@ func TestOneArchiveStagePerRun(t *testing.T) {
 	cfg.Source = SourceExternal
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p, err := Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
+	p := started(t, ctx, cfg)
 	second := testConfig(t)
 	second.NATSURL, second.Source, second.Stages = p.URL(), SourceExternal, []string{StageArchive}
 	second.ArchiveDir = cfg.ArchiveRoot()

@@ -103,11 +103,7 @@ func TestClusterSurvivesTheLossOfTheStreamLeader(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	p, err := Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
+	p := started(t, ctx, cfg)
 
 	nc, err := nats.Connect(urls, nats.MaxReconnects(-1))
 	if err != nil {

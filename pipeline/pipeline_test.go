@@ -46,15 +46,22 @@ func readStored(t *testing.T, dataDir, subject string) [][]byte {
 	return out
 }
 
-// startClient starts a pipeline and a client of its server; both stop when
-// the test ends.
-func startClient(t *testing.T, ctx context.Context, cfg Config) (*Pipeline, *nats.Conn, jetstream.JetStream) {
+// started starts a pipeline that stops when the test ends.
+func started(t *testing.T, ctx context.Context, cfg Config) *Pipeline {
 	t.Helper()
 	p, err := Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Stop() })
+	return p
+}
+
+// startClient starts a pipeline and a client of its server; both stop when
+// the test ends.
+func startClient(t *testing.T, ctx context.Context, cfg Config) (*Pipeline, *nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	p := started(t, ctx, cfg)
 	nc, err := nats.Connect(p.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -334,11 +341,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	cfg.MetricsAddr = addr
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p, err := Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
+	p := started(t, ctx, cfg)
 	var body string
 	waitFor(t, 30*time.Second, func() bool {
 		resp, err := http.Get("http://" + addr + "/metrics")

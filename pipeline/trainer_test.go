@@ -82,11 +82,7 @@ func TestTrainerOverHTTPAndNATS(t *testing.T) {
 	cfg.Anchors.Fraction = 0.25
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	p, err := Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
+	p := started(t, ctx, cfg)
 	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 8, GroupSize: 8}
 
@@ -185,11 +181,7 @@ func TestGatewayRejectsBadRequestsAndChangesNothing(t *testing.T) {
 	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p, err := Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
+	p := started(t, ctx, cfg)
 	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
 	small := sim.Policy{Run: "default", Tasks: 2, Groups: 1, GroupSize: 2}
 	trajs, _ := small.Step(0)
@@ -233,11 +225,7 @@ func TestPythonClient(t *testing.T) {
 	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	p, err := Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
+	p := started(t, ctx, cfg)
 	cmd := exec.CommandContext(ctx, py, "../examples/python/trainer_demo.py", "--url", p.HTTPURL(), "--token", token, "--steps", "3")
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s", out)
