@@ -51,7 +51,7 @@ func (p *Pipeline) build(ctx context.Context) error {
 			var wm predict.WorldModel
 			if wm, err = p.worldModel(); err == nil {
 				h := &predict.Handler{Run: cfg.Run, Out: p.topo.Out(StagePredict, schemas.KindPred), Pub: p.stagePublisher(stage), WM: wm,
-					LastAttempt: p.dl.lastAttempt}
+					LastAttempt: p.dl.lastAttempt, Breaker: p.breaker()}
 				err = p.subscribe(stage, schemas.KindGroup, h.Handle)
 			}
 		case StageExecute:
@@ -329,6 +329,27 @@ func (p *Pipeline) compactArchive(ctx context.Context, after time.Duration) {
 }
 
 // worldModel builds the configured world model once per process.
+// breaker gives up on the world model's groups at once while its calls
+// keep failing, and says so when it starts and stops.
+func (p *Pipeline) breaker() *predict.Breaker {
+	return &predict.Breaker{After: p.cfg.WMDownAfter, Probe: p.cfg.WMProbeEvery, OnChange: func(st predict.BreakerState) {
+		if st.Open {
+			p.metrics.WMDown.Set(1)
+			p.notef("predict: the world model is down: %d calls in a row failed, the last: %v; its groups are given up at once "+
+				"(recorded ungraded: their steps train on the anchors) until a call succeeds, tried with one group every %v",
+				st.Failures, st.Last, p.cfg.WMProbeEvery)
+			return
+		}
+		p.metrics.WMDown.Set(0)
+		down := st.At.Sub(st.Since)
+		if down >= time.Second {
+			down = down.Round(time.Second)
+		}
+		p.notef("predict: the world model is back after %v; %d groups were not asked meanwhile (wmrl dlq --stage predict)",
+			down.Round(time.Millisecond), st.Refused)
+	}}
+}
+
 func (p *Pipeline) worldModel() (predict.WorldModel, error) {
 	if p.wm != nil {
 		return p.wm, nil

@@ -75,6 +75,12 @@ type Config struct {
 	WMMaxTokens    int
 	WMConcurrency  int
 	WMAPIKey       string
+	// WMDownAfter: after this many world-model calls in a row have failed
+	// (each retried by the connector), groups are given up at once until
+	// a call succeeds again, tried once every WMProbeEvery (default 30s):
+	// see predict.Breaker. 0 never gives up early (DefaultConfig: 5).
+	WMDownAfter  int
+	WMProbeEvery time.Duration
 
 	// Executor: "sim" or "subprocess", which runs anchors for real on the
 	// task in TaskDir. Empty: subprocess when TaskDir is set, else sim.
@@ -155,6 +161,7 @@ func DefaultConfig() Config {
 	c := Config{Debias: true, Anchors: route.SchedulerConfig{Fraction: route.DefaultFraction, MinPerStep: 1, Rounding: route.RoundEven}}
 	c.Debiaser = calibrate.DefaultDebiaserConfig()
 	c.ArchiveCompactAfter = time.Hour
+	c.WMDownAfter = 5
 	c.setDefaults()
 	return c
 }
@@ -196,6 +203,7 @@ func (c *Config) setDefaults() {
 	defDur(&c.StepTimeout, 30*time.Second)
 	defDur(&c.ExecLatency, 20*time.Millisecond)
 	defDur(&c.StartupWait, time.Minute)
+	defDur(&c.WMProbeEvery, predict.DefaultProbe)
 	if c.Out == nil {
 		c.Out = os.Stdout
 	}
@@ -222,6 +230,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --pair-wait %v: want a duration > 0", ErrConfig, c.PairWait)
 	case c.WMConcurrency < 0:
 		return fmt.Errorf("%w: --wm-concurrency %d: want >= 1 requests in flight", ErrConfig, c.WMConcurrency)
+	case c.WMDownAfter < 0 || c.WMProbeEvery < 0:
+		return fmt.Errorf("%w: --wm-down-after %d and --wm-probe-every %v: want >= 0 (0 calls: never give up early)", ErrConfig, c.WMDownAfter, c.WMProbeEvery)
 	case c.Executor != "" && c.Executor != "sim" && c.Executor != "subprocess" && c.Executor != "sandbox-fusion":
 		return fmt.Errorf("%w: executor %q: want sim, subprocess or sandbox-fusion", ErrConfig, c.Executor)
 	case c.executor() != "sim" && c.TaskDir == "":

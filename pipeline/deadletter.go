@@ -15,9 +15,10 @@ import (
 )
 
 // deadLetters decides, in one place, whether a failed message is retried
-// or dead-lettered: poison (schemas.ErrInvalid, ErrUnusable) at once, an
-// outage (schemas.ErrOutage) never, anything else once it has failed on
-// its MaxAttempts-th delivery. A dead letter is stored on the dlq subject
+// or dead-lettered: poison (schemas.ErrInvalid, ErrUnusable) and what a
+// stage gave up on without trying (schemas.ErrDown) at once, an outage
+// (schemas.ErrOutage) never, anything else once it has failed on its
+// MaxAttempts-th delivery. A dead letter is stored on the dlq subject
 // with the reason before the input is acknowledged.
 type deadLetters struct {
 	pub         message.Publisher
@@ -45,12 +46,16 @@ func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			d.say(stage, "outage", "%s; retrying until it passes, nothing is dead-lettered", ofStage(stage, err.Error()))
 			return nil, err
 		}
-		if !isPoison(err) && !d.lastAttempt(msg) {
+		down := errors.Is(err, schemas.ErrDown)
+		if !isPoison(err) && !down && !d.lastAttempt(msg) {
 			d.say(stage, "retry", "%s (delivery %s of %d; retrying)", ofStage(stage, err.Error()), deliveries, d.maxAttempts)
 			return nil, err
 		}
 		reason := err.Error()
-		if !isPoison(err) {
+		switch {
+		case down:
+			reason = "gave up at once: " + reason
+		case !isPoison(err):
 			reason = fmt.Sprintf("gave up after %s deliveries: %v", deliveries, err)
 		}
 		if perr := d.send(stage, msg.Metadata.Get(natsjs.MetaSubject), reason, msg.Payload); perr != nil {

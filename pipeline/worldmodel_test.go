@@ -11,9 +11,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/wmrl/wmrl/connectors/openai"
 	"github.com/wmrl/wmrl/schemas"
 )
 
@@ -129,4 +133,117 @@ func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
 	}
 	mu.Unlock()
 	t.Logf("%d graded, %d ungraded predictions; %d null rewards in updates", graded, ungraded, nulls)
+}
+
+// A world model that goes down is given up at once after --wm-down-after
+// calls in a row failed, instead of each group waiting out its retries
+// (10 deliveries with backoff, minutes a step): the steps go on, on their
+// anchors. Once it is back, a probe finds it and its predictions return.
+// The world model is a real openai connector against a real HTTP server
+// that answers 503 while down.
+func TestPipelineGivesUpOnADownWorldModelUntilItIsBack(t *testing.T) {
+	var down atomic.Bool
+	var requests atomic.Int32
+	down.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			requests.Add(1)
+			http.Error(w, "overloaded", http.StatusServiceUnavailable)
+			return
+		}
+		content := `{"status":"scored","score":0.5,"rationale":"up"}`
+		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"content": content}}}})
+	}))
+	defer srv.Close()
+	wm, err := openai.New(openai.Config{BaseURL: srv.URL + "/v1", Model: "judge", Retries: 1, Backoff: time.Millisecond, CacheSize: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t)
+	cfg.Steps = 20
+	cfg.WorldModelImpl = wm
+	cfg.WMDownAfter, cfg.WMProbeEvery = 3, 100*time.Millisecond
+	var out syncBuffer
+	cfg.Quiet, cfg.Out = false, &out
+	var wasDown atomic.Bool
+	var p *Pipeline
+	cfg.OnUpdate = func(u schemas.Update, _ time.Duration) {
+		if u.Step == 2 {
+			wasDown.Store(p.Metrics().WMDown != nil && testutil.ToFloat64(p.Metrics().WMDown) == 1)
+			down.Store(false)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p = started(t, ctx, cfg)
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if !wasDown.Load() || testutil.ToFloat64(p.Metrics().WMDown) != 0 {
+		t.Errorf("wmrl_wm_down: %v at step 2, %v at the end; want 1 then 0", wasDown.Load(), testutil.ToFloat64(p.Metrics().WMDown))
+	}
+	p.Stop()
+
+	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	wmRewards := func(u schemas.Update) (graded, ungraded int) {
+		for _, it := range u.Items {
+			if it.Source != "world_model" {
+				continue
+			}
+			if it.Reward == nil {
+				ungraded++
+			} else {
+				graded++
+			}
+		}
+		return
+	}
+	// A group that failed before the breaker opened may come back after it
+	// closed: its step is the only one that can mix.
+	whileDown := 0
+	for _, u := range ups {
+		if g, n := wmRewards(u); g == 0 && n > 0 {
+			whileDown++
+		}
+	}
+	if len(ups) != 20 || whileDown == 0 {
+		t.Fatalf("%d updates, %d of them without world-model rewards; want 20, some", len(ups), whileDown)
+	}
+	if g, n := wmRewards(ups[19]); g == 0 || n != 0 {
+		t.Fatalf("step 19 has %d world-model rewards and %d ungraded; want all of them once it is back", g, n)
+	}
+	checkFusion(t, ups[19])
+
+	atOnce, pred := 0, 0
+	for _, b := range readStored(t, cfg.DataDir, "wmrl.default.dlq") {
+		var dl schemas.DeadLetter
+		json.Unmarshal(b, &dl)
+		if dl.Stage == StagePredict && strings.HasPrefix(dl.Reason, "gave up at once: ") &&
+			strings.Contains(dl.Reason, "the world model is down since") && strings.Contains(dl.Reason, "503") {
+			atOnce++
+		}
+	}
+	for _, b := range readStored(t, cfg.DataDir, "wmrl.default.pred") {
+		var p schemas.Prediction
+		json.Unmarshal(b, &p)
+		if strings.Contains(p.Items[0].Reason, "the world model is down since") {
+			pred++
+		}
+	}
+	// The server saw the calls before the breaker opened (3, and those
+	// already in flight) and the probes, each a request per trajectory and
+	// one retry; the other groups given up at once cost none.
+	if atOnce == 0 || pred != atOnce {
+		t.Fatalf("%d groups given up at once in the dead letters, %d recorded so; want the same, and some", atOnce, pred)
+	}
+	perCall := 2 * int32(cfg.GroupSize)
+	if n := requests.Load(); n%perCall != 0 || n/perCall >= int32(atOnce) {
+		t.Errorf("%d requests while down (%d calls of %d); %d groups were given up without one", n, n/perCall, perCall, atOnce)
+	}
+	for _, want := range []string{"predict: the world model is down: 3 calls in a row failed", "predict: the world model is back after "} {
+		if strings.Count(out.String(), want) != 1 {
+			t.Errorf("output has %q %d times, want once:\n%s", want, strings.Count(out.String(), want), out.String())
+		}
+	}
+	t.Logf("%d groups given up at once, %d requests while down", atOnce, requests.Load())
 }

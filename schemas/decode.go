@@ -23,6 +23,13 @@ var ErrUnusable = errors.New("unusable message")
 // once it is over.
 var ErrOutage = errors.New("outage")
 
+// ErrDown marks a valid message a stage gave up on without trying, because
+// what it needs has been failing for a while (a world model whose calls
+// keep failing): it goes to the dead-letter subject at once, counted with
+// the messages given up after their retries, so that its step goes on
+// without it instead of waiting out every retry.
+var ErrDown = errors.New("down")
+
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 }

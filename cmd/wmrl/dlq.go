@@ -39,9 +39,11 @@ func dlqCommand() *cobra.Command {
 		Short: "Show a run's dead letters (what no stage could use, with the reason), from a running pipeline's server or a stopped one's data",
 		Long: `Show a run's dead letters: the messages no stage could use, each with
 its stage, the subject it came on, the reason, and what it was about.
-Poison input is dead-lettered at once ("rejected"); a message whose
-handler kept failing, after its last delivery ("gave up after retries"):
-those are the ones an outage cost, worth sending again once it is over
+Poison input is dead-lettered at once ("rejected"). A message whose
+handler kept failing is dead-lettered after its last delivery ("gave up
+after N deliveries"), or at once while what it needs is down ("gave up at
+once": a world model whose calls keep failing): those are what an outage
+cost ("given up" in the summary), worth sending again once it is over
 (--json has each one's subject and payload).
 
 Reads the stream of a running pipeline with --nats URL (the embedded
@@ -92,8 +94,9 @@ stopped one from its --data directory.`,
 	return cmd
 }
 
-// givenUp tells a message whose handler kept failing from poison input.
-func givenUp(dl schemas.DeadLetter) bool { return strings.HasPrefix(dl.Reason, "gave up after") }
+// givenUp tells a message given up for an outage (after its retries, or
+// at once while what it needs is down) from poison input.
+func givenUp(dl schemas.DeadLetter) bool { return strings.HasPrefix(dl.Reason, "gave up ") }
 
 // dlqLine is one dead letter on one line: when, which stage, the subject it
 // came on, what it was about, and why.
@@ -137,7 +140,7 @@ func about(payload string) string {
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 // dlqSummary counts dead letters by stage, and within a stage those given
-// up after retries apart from those rejected.
+// up for an outage apart from those rejected.
 type dlqSummary struct {
 	n           int
 	first, last time.Time
@@ -178,7 +181,7 @@ func (s *dlqSummary) write(w io.Writer, subject string) {
 	}
 	var parts []string
 	for _, st := range s.stages {
-		parts = append(parts, fmt.Sprintf("%s %d (rejected %d, gave up after retries %d)", st, s.rejected[st]+s.gaveUp[st], s.rejected[st], s.gaveUp[st]))
+		parts = append(parts, fmt.Sprintf("%s %d (rejected %d, given up %d)", st, s.rejected[st]+s.gaveUp[st], s.rejected[st], s.gaveUp[st]))
 	}
 	span := ""
 	if !s.first.IsZero() {

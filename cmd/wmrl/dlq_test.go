@@ -87,8 +87,8 @@ func TestDeadLettersAreShownWithTheirReasons(t *testing.T) {
 		}
 	}
 	if sum := lines[3]; !strings.Contains(sum, "on wmrl.default.dlq") ||
-		!strings.Contains(sum, "route 2 (rejected 2, gave up after retries 0)") ||
-		!strings.Contains(sum, "abstain 1 (rejected 0, gave up after retries 1)") {
+		!strings.Contains(sum, "route 2 (rejected 2, given up 0)") ||
+		!strings.Contains(sum, "abstain 1 (rejected 0, given up 1)") {
 		t.Errorf("summary %q", sum)
 	}
 

@@ -41,33 +41,60 @@ type Handler struct {
 	// fused without it rather than waiting for a prediction that will never
 	// come; the error is still returned, for the dead letters.
 	LastAttempt func(*message.Message) bool
+	// Breaker, if set, stops asking a world model that keeps failing.
+	Breaker *Breaker
 }
 
-// Handle predicts one group. Invalid input wraps schemas.ErrInvalid.
+// Handle predicts one group. Invalid input wraps schemas.ErrInvalid; a
+// group the breaker does not let through, schemas.ErrDown.
 func (h *Handler) Handle(msg *message.Message) error {
 	var g schemas.Group
 	if err := schemas.Decode(msg.Payload, h.Run, &g); err != nil {
 		return fmt.Errorf("predict: %w", err)
 	}
+	call, err := h.Breaker.Ask()
+	if err != nil {
+		err = fmt.Errorf("predict: world model on group %s: not asked: %w", g.GroupID, err)
+		return h.giveUp(g, err, err.Error())
+	}
 	scores, err := h.WM.Predict(msg.Context(), g.Trajectories)
 	if err == nil && len(scores) != len(g.Trajectories) {
 		err = fmt.Errorf("returned %d scores for %d trajectories", len(scores), len(g.Trajectories))
+	}
+	switch {
+	case msg.Context().Err() != nil:
+		call.Abandoned()
+	case err != nil:
+		if down := call.Failed(err); down != nil {
+			err = fmt.Errorf("predict: world model on group %s: %w", g.GroupID, down)
+			return h.giveUp(g, err, err.Error())
+		}
+	default:
+		call.Succeeded()
 	}
 	if err != nil {
 		err = fmt.Errorf("predict: world model on group %s: %w", g.GroupID, err)
 		if h.LastAttempt == nil || !h.LastAttempt(msg) || msg.Context().Err() != nil {
 			return err
 		}
-		scores = make([]Score, len(g.Trajectories))
-		for i := range scores {
-			scores[i].Reason = "world model failed on every attempt: " + err.Error()
-		}
-		if perr := h.publish(g, scores); perr != nil {
-			return fmt.Errorf("%w (and recording the group as ungraded failed: %v)", err, perr)
-		}
-		return fmt.Errorf("%w (recorded the group as ungraded)", err)
+		return h.giveUp(g, err, "world model failed on every attempt: "+err.Error())
 	}
 	return h.publish(g, scores)
+}
+
+// giveUp records every trajectory of g as ungraded, with reason, so that
+// its step is fused without it, and returns why, for the dead letters. If
+// the record cannot be stored, the message is kept (an outage) rather than
+// dead-lettered: its step would wait for good for the group.
+func (h *Handler) giveUp(g schemas.Group, why error, reason string) error {
+	scores := make([]Score, len(g.Trajectories))
+	for i := range scores {
+		scores[i].Reason = reason
+	}
+	if err := h.publish(g, scores); err != nil {
+		return fmt.Errorf("%v (and recording the group as ungraded failed: %w: %w)", why, schemas.ErrOutage, err)
+	}
+	return fmt.Errorf("%w (recorded the group as ungraded)", why)
 }
 
 func (h *Handler) publish(g schemas.Group, scores []Score) error {

@@ -14,6 +14,10 @@ import (
 
 // Recorder is a publisher that keeps what it is given, in order.
 type Recorder struct {
+	// Err, if set, is returned by Publish, which then keeps nothing (a
+	// stream that is down).
+	Err error
+
 	mu     sync.Mutex
 	topics []string
 	msgs   []*message.Message
@@ -23,6 +27,9 @@ type Recorder struct {
 func (r *Recorder) Publish(topic string, msgs ...*message.Message) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.Err != nil {
+		return r.Err
+	}
 	for _, m := range msgs {
 		r.topics = append(r.topics, topic)
 		r.msgs = append(r.msgs, m)

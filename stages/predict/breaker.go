@@ -1,0 +1,175 @@
+package predict
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// Breaker stops asking a world model that is down. Each group's call is
+// already retried by its connector, and its message redelivered up to the
+// pipeline's attempts, so a world model down for good costs every step
+// minutes before its groups are given up. After After calls in a row have
+// failed, the breaker opens: groups are given up at once, recorded as
+// ungraded, and their steps train on the anchors, as they would after the
+// retries. While it is open one call every Probe goes through; the first
+// call that succeeds closes it. Safe for concurrent use; the zero Probe
+// probes every DefaultProbe.
+type Breaker struct {
+	After int
+	Probe time.Duration
+	Now   func() time.Time // default time.Now
+	// OnChange, if set, is told when the breaker opens and when it closes,
+	// with what it has seen (called without the breaker's lock held).
+	OnChange func(BreakerState)
+
+	mu       sync.Mutex
+	failures int // calls in a row that failed
+	last     error
+	since    time.Time // opened at; zero while closed
+	next     time.Time // the next probe may start then
+	probing  bool
+	refused  int // groups given up while open
+}
+
+// DefaultProbe is how often an open breaker lets a call through.
+const DefaultProbe = 30 * time.Second
+
+// BreakerState is what a breaker says when it opens or closes.
+type BreakerState struct {
+	Open     bool
+	Failures int       // calls in a row that failed
+	Last     error     // the last failure
+	Since    time.Time // opened at
+	Refused  int       // groups given up while it was open (on closing)
+	At       time.Time
+}
+
+// DownError says that the world model is down: a call the breaker
+// refused, or one that failed while it was open. Its group is given up at
+// once. It wraps schemas.ErrDown.
+type DownError struct {
+	Failures int
+	Last     error
+	Since    time.Time
+	Probe    time.Duration
+}
+
+func (e *DownError) Error() string {
+	return fmt.Sprintf("the world model is down since %s (%d calls in a row failed, the last: %v; one group every %v tries it)",
+		e.Since.UTC().Format(time.RFC3339), e.Failures, e.Last, e.Probe)
+}
+
+func (e *DownError) Unwrap() error { return schemas.ErrDown }
+
+// Call is one call the breaker let through. Report how it ended with
+// exactly one of its methods.
+type Call struct {
+	b     *Breaker
+	probe bool
+}
+
+// Ask lets a call through, or refuses it with a *DownError while the
+// breaker is open and the next probe is not due. A nil Breaker lets
+// every call through.
+func (b *Breaker) Ask() (Call, error) {
+	if b == nil || b.After <= 0 {
+		return Call{}, nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.since.IsZero() {
+		return Call{b: b}, nil
+	}
+	if now := b.now(); !b.probing && !now.Before(b.next) {
+		b.probing = true
+		return Call{b: b, probe: true}, nil
+	}
+	b.refused++
+	return Call{}, b.down()
+}
+
+func (b *Breaker) down() *DownError {
+	return &DownError{Failures: b.failures, Last: b.last, Since: b.since, Probe: b.probe()}
+}
+
+// Succeeded reports an answer: the world model is up.
+func (c Call) Succeeded() {
+	if c.b == nil {
+		return
+	}
+	b := c.b
+	b.mu.Lock()
+	if c.probe {
+		b.probing = false
+	}
+	closed := !b.since.IsZero()
+	st := BreakerState{Failures: b.failures, Last: b.last, Since: b.since, Refused: b.refused, At: b.now()}
+	b.failures, b.since, b.refused = 0, time.Time{}, 0
+	b.mu.Unlock()
+	if closed && b.OnChange != nil {
+		b.OnChange(st)
+	}
+}
+
+// Failed reports a call that failed after its connector's own retries.
+// If the breaker is open now (this failure opened it, or it was a probe,
+// or a call let through before it opened), it says so: the group is to
+// be given up at once rather than retried.
+func (c Call) Failed(err error) *DownError {
+	if c.b == nil {
+		return nil
+	}
+	b := c.b
+	b.mu.Lock()
+	now := b.now()
+	b.failures++
+	b.last = err
+	if c.probe {
+		b.probing = false
+	}
+	opened := b.since.IsZero() && b.failures >= b.After
+	if opened {
+		b.since = now
+	}
+	var down *DownError
+	if !b.since.IsZero() {
+		down = b.down()
+		if opened || c.probe {
+			b.next = now.Add(b.probe())
+		}
+	}
+	st := BreakerState{Open: true, Failures: b.failures, Last: err, Since: b.since, At: now}
+	b.mu.Unlock()
+	if opened && b.OnChange != nil {
+		b.OnChange(st)
+	}
+	return down
+}
+
+// Abandoned reports a call given up before an answer (the process is
+// stopping): it says nothing of the world model.
+func (c Call) Abandoned() {
+	if c.b == nil || !c.probe {
+		return
+	}
+	c.b.mu.Lock()
+	c.b.probing = false
+	c.b.mu.Unlock()
+}
+
+func (b *Breaker) now() time.Time {
+	if b.Now != nil {
+		return b.Now()
+	}
+	return time.Now()
+}
+
+func (b *Breaker) probe() time.Duration {
+	if b.Probe > 0 {
+		return b.Probe
+	}
+	return DefaultProbe
+}
