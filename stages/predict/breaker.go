@@ -1,6 +1,7 @@
 package predict
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"time"
@@ -14,9 +15,11 @@ import (
 // minutes before its groups are given up. After After calls in a row have
 // failed, the breaker opens: groups are given up at once, recorded as
 // ungraded, and their steps train on the anchors, as they would after the
-// retries. While it is open one call every Probe goes through; the first
-// call that succeeds closes it. Safe for concurrent use; the zero Probe
-// probes every DefaultProbe.
+// retries. Calls still under way when it opens (queued behind the
+// connector's limit on requests, or retrying a server that does not
+// answer) are cut short and their groups given up too. While it is open
+// one call every Probe goes through; the first call that succeeds closes
+// it. Safe for concurrent use; the zero Probe probes every DefaultProbe.
 type Breaker struct {
 	After int
 	Probe time.Duration
@@ -31,7 +34,8 @@ type Breaker struct {
 	since    time.Time // opened at; zero while closed
 	next     time.Time // the next probe may start then
 	probing  bool
-	refused  int // groups given up while open
+	refused  int           // groups given up while open
+	opening  chan struct{} // closed when it opens: cuts short the calls under way
 }
 
 // DefaultProbe is how often an open breaker lets a call through.
@@ -64,11 +68,41 @@ func (e *DownError) Error() string {
 
 func (e *DownError) Unwrap() error { return schemas.ErrDown }
 
-// Call is one call the breaker let through. Report how it ended with
-// exactly one of its methods.
+// Call is one call the breaker let through. Make it with Context's
+// context, and report how it ended with exactly one of Succeeded, Failed
+// and Abandoned.
 type Call struct {
 	b     *Breaker
 	probe bool
+	stop  chan struct{} // closed if the breaker opens while the call is out
+}
+
+// Context is parent, also cancelled if the breaker opens while the call is
+// under way. Call cancel when the call is over.
+func (c Call) Context(parent context.Context) (ctx context.Context, cancel context.CancelFunc) {
+	ctx, cancel = context.WithCancel(parent)
+	if c.stop != nil {
+		go func() {
+			select {
+			case <-c.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return ctx, cancel
+}
+
+func (c Call) cutShort() bool {
+	if c.stop == nil {
+		return false
+	}
+	select {
+	case <-c.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 // Ask lets a call through, or refuses it with a *DownError while the
@@ -81,7 +115,10 @@ func (b *Breaker) Ask() (Call, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.since.IsZero() {
-		return Call{b: b}, nil
+		if b.opening == nil {
+			b.opening = make(chan struct{})
+		}
+		return Call{b: b, stop: b.opening}, nil
 	}
 	if now := b.now(); !b.probing && !now.Before(b.next) {
 		b.probing = true
@@ -117,7 +154,8 @@ func (c Call) Succeeded() {
 // Failed reports a call that failed after its connector's own retries.
 // If the breaker is open now (this failure opened it, or it was a probe,
 // or a call let through before it opened), it says so: the group is to
-// be given up at once rather than retried.
+// be given up at once rather than retried. A call cut short by the
+// breaker's opening is not counted: its error says nothing new.
 func (c Call) Failed(err error) *DownError {
 	if c.b == nil {
 		return nil
@@ -125,14 +163,20 @@ func (c Call) Failed(err error) *DownError {
 	b := c.b
 	b.mu.Lock()
 	now := b.now()
-	b.failures++
-	b.last = err
+	if !c.cutShort() {
+		b.failures++
+		b.last = err
+	}
 	if c.probe {
 		b.probing = false
 	}
 	opened := b.since.IsZero() && b.failures >= b.After
 	if opened {
 		b.since = now
+		if b.opening != nil {
+			close(b.opening)
+			b.opening = nil
+		}
 	}
 	var down *DownError
 	if !b.since.IsZero() {

@@ -196,3 +196,47 @@ func TestHandlerGivesUpAtOnceWhileTheWorldModelIsDown(t *testing.T) {
 		t.Fatalf("prediction after the probe: %+v", p)
 	}
 }
+
+// hangingWorldModel never answers a group whose first trajectory is
+// "hang" (a server that accepts and says nothing), and refuses the rest.
+type hangingWorldModel struct{ hanging chan struct{} }
+
+func (hangingWorldModel) Name() string { return "hanging" }
+func (w hangingWorldModel) Predict(ctx context.Context, trajs []schemas.Trajectory) ([]Score, error) {
+	if trajs[0].TrajID != "hang" {
+		return nil, errors.New("connection refused")
+	}
+	close(w.hanging)
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A call under way when the breaker opens (a server that does not answer,
+// requests queued behind the connector's limit) is cut short, and its
+// group given up with the failures that opened it, not its cancellation.
+func TestCallsUnderWayAreCutShortWhenItOpens(t *testing.T) {
+	wm := hangingWorldModel{hanging: make(chan struct{})}
+	pub := &stagetest.Recorder{}
+	h := &Handler{Run: "r", Out: "pred", Pub: pub, WM: wm, Breaker: &Breaker{After: 2, Probe: time.Minute}}
+	group := func(first string) schemas.Group {
+		return schemas.Group{Schema: schemas.Version, Run: "r", Step: 1, GroupID: "g-" + first, TaskID: "t",
+			Trajectories: []schemas.Trajectory{{TrajID: first}, {TrajID: first + "-b"}}}
+	}
+	hung := make(chan error, 1)
+	go func() { hung <- h.Handle(stagetest.Message(t, context.Background(), group("hang"))) }()
+	<-wm.hanging
+	for _, first := range []string{"a", "b"} {
+		h.Handle(stagetest.Message(t, context.Background(), group(first)))
+	}
+	select {
+	case err := <-hung:
+		if !errors.Is(err, schemas.ErrDown) || !strings.Contains(err.Error(), "2 calls in a row failed, the last: connection refused") {
+			t.Fatalf("the call under way: %v; want it given up, saying the world model is down with the error that opened it", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call under way is still waiting for a world model taken for down")
+	}
+	if n := pub.Count(); n != 2 { // b's group, which opened it, and the hung one
+		t.Fatalf("%d predictions recorded; want 2", n)
+	}
+}

@@ -57,7 +57,9 @@ func (h *Handler) Handle(msg *message.Message) error {
 		err = fmt.Errorf("predict: world model on group %s: not asked: %w", g.GroupID, err)
 		return h.giveUp(g, err, err.Error())
 	}
-	scores, err := h.WM.Predict(msg.Context(), g.Trajectories)
+	ctx, cancel := call.Context(msg.Context())
+	scores, err := h.WM.Predict(ctx, g.Trajectories)
+	cancel()
 	if err == nil && len(scores) != len(g.Trajectories) {
 		err = fmt.Errorf("returned %d scores for %d trajectories", len(scores), len(g.Trajectories))
 	}
