@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,16 +40,16 @@ func (e brokenExecutor) Execute(_ context.Context, t schemas.Trajectory) (execut
 	return execute.Result{Status: schemas.ExecScored, Score: 0.5}, nil
 }
 
-// An anchor group whose execution is dead-lettered leaves its prediction in
-// the pair stage with nothing to join. It goes to the dead letters after
+// An anchor group whose execution never comes (an outside executor that
+// is gone; here, no execute stage at all) leaves its prediction in the
+// pair stage with nothing to join. It goes to the dead letters after
 // --pair-wait, saying what it waited for, instead of being held (and
-// redelivered after every restart) for good; the other anchor group pairs
-// as usual and the step is fused.
+// redelivered after every restart) for good; the step is fused at its
+// anchor deadline on the world model.
 func TestOrphanedAnchorSideIsDeadLetteredAfterPairWait(t *testing.T) {
-	pol, broken, cfg := oneBrokenGroup(t, 2)
+	pol, _, cfg := oneBrokenGroup(t, 2)
+	cfg.Stages = slices.DeleteFunc(slices.Clone(AllStages), func(s string) bool { return s == StageExecute })
 	cfg.Anchors = route.SchedulerConfig{Fraction: 1, MinPerStep: 1}
-	cfg.ExecutorImpl = brokenExecutor{group: broken}
-	cfg.MaxAttempts = 2
 	cfg.AnchorDeadline = 500 * time.Millisecond
 	cfg.PairWait = 2 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -62,33 +63,25 @@ func TestOrphanedAnchorSideIsDeadLetteredAfterPairWait(t *testing.T) {
 	defer sub.Unsubscribe()
 	publishStep(t, ctx, js, pol, 0)
 
-	byStage := map[string]schemas.DeadLetter{}
+	orphans := map[string]schemas.DeadLetter{}
 	timeout := time.After(60 * time.Second)
-	for len(byStage) < 2 {
+	for len(orphans) < 2 {
 		select {
 		case m := <-letters:
 			var d schemas.DeadLetter
+			var pred schemas.Prediction
 			json.Unmarshal(m.Data, &d)
-			byStage[d.Stage] = d
-		case <-timeout:
-			var got []string
-			for stage, d := range byStage {
-				got = append(got, stage+": "+d.Reason)
+			json.Unmarshal([]byte(d.Payload), &pred)
+			if d.Stage != StagePair || d.Subject != "wmrl.default.pred" || !strings.Contains(d.Reason, "no execution within 2s") {
+				t.Fatalf("dead letter %+v; want the pair stage's, for a prediction without an execution", d)
 			}
-			t.Fatalf("dead letters after 60s: %q; want one from execute and one from pair", got)
+			orphans[pred.GroupID] = d
+		case <-timeout:
+			t.Fatalf("%d dead letters after 60s; want one from pair for each anchor group", len(orphans))
 		}
 	}
-	ex, pr := byStage[StageExecute], byStage[StagePair]
-	if !strings.Contains(ex.Reason, "sandbox service unreachable") || ex.Subject != "wmrl.default.exec" {
-		t.Errorf("execute's dead letter: %+v", ex)
-	}
-	var pred schemas.Prediction
-	json.Unmarshal([]byte(pr.Payload), &pred)
-	if pr.Subject != "wmrl.default.pred" || pred.GroupID != broken || !strings.Contains(pr.Reason, "no execution within 2s") {
-		t.Errorf("pair's dead letter: subject %s, group %s (want %s), reason %q", pr.Subject, pred.GroupID, broken, pr.Reason)
-	}
 
-	// Nothing is held any more, the other group paired, the step fused.
+	// Nothing is held any more; the step is fused on the world model.
 	cons, err := js.Consumer(ctx, "WMRL_WMRL", consumerName(StagePair, "default", schemas.KindPred))
 	if err != nil {
 		t.Fatal(err)
@@ -97,10 +90,53 @@ func TestOrphanedAnchorSideIsDeadLetteredAfterPairWait(t *testing.T) {
 		info, err := cons.Info(ctx)
 		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
 	})
-	if n := len(scanAll(t, nc, "wmrl.default.pairs")); n != 1 {
-		t.Errorf("%d pairs messages, want 1 (the group that executed)", n)
+	var raw [][]byte
+	waitFor(t, 30*time.Second, func() bool { raw = scanAll(t, nc, "wmrl.default.update"); return len(raw) == 1 })
+	if u := decodeUpdates(t, raw)[0]; len(u.LateAnchors) != 2 || u.Anchors != 0 {
+		t.Errorf("update: late anchors %v, anchors %d; want both groups late", u.LateAnchors, u.Anchors)
 	}
-	waitFor(t, 30*time.Second, func() bool { return len(scanAll(t, nc, "wmrl.default.update")) == 1 })
+	if err := p.Stop(); err != nil {
+		t.Fatalf("pipeline: %v", err)
+	}
+}
+
+// An anchor group whose executor fails on every attempt is published with
+// its trajectories ungraded and dead-lettered, and its step is fused at
+// once on the world model for that group (a failed anchor), not held for
+// its anchor deadline (an hour here); the other anchor group is used.
+func TestStepIsFusedAtOnceWhenAnAnchorGroupFails(t *testing.T) {
+	pol, broken, cfg := oneBrokenGroup(t, 2)
+	cfg.Anchors = route.SchedulerConfig{Fraction: 1, MinPerStep: 1}
+	cfg.ExecutorImpl = brokenExecutor{group: broken}
+	cfg.MaxAttempts = 2
+	cfg.AnchorDeadline = time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, nc, js := startClient(t, ctx, cfg)
+	publishStep(t, ctx, js, pol, 0)
+
+	var raw [][]byte
+	waitFor(t, 60*time.Second, func() bool { raw = scanAll(t, nc, "wmrl.default.update"); return len(raw) == 1 })
+	u := decodeUpdates(t, raw)[0]
+	if len(u.FailedAnchors) != 1 || u.FailedAnchors[0] != broken || len(u.LateAnchors) != 0 || u.Anchors != 1 || u.Groups != 2 {
+		t.Fatalf("update: failed anchors %v, late %v, anchors %d, groups %d; want %s failed, the other an anchor",
+			u.FailedAnchors, u.LateAnchors, u.Anchors, u.Groups, broken)
+	}
+	for _, it := range u.Items {
+		if it.GroupID == broken && (it.Source != "world_model" || it.Reward == nil || it.ExecStatus != schemas.ExecSandboxError) {
+			t.Errorf("item %s of the failed group: %+v; want a world-model reward and its sandbox error", it.TrajID, it)
+		}
+	}
+	var letters [][]byte
+	waitFor(t, 30*time.Second, func() bool { letters = scanAll(t, nc, "wmrl.default.dlq"); return len(letters) > 0 })
+	for _, b := range letters {
+		var dl schemas.DeadLetter
+		json.Unmarshal(b, &dl)
+		if dl.Stage != StageExecute || !strings.Contains(dl.Reason, "sandbox service unreachable") {
+			t.Errorf("dead letter %+v; want only execute's, for the broken group", dl)
+		}
+	}
+	checkFusion(t, u)
 	if err := p.Stop(); err != nil {
 		t.Fatalf("pipeline: %v", err)
 	}

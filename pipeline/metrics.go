@@ -87,7 +87,7 @@ func NewMetrics() *Metrics {
 		}),
 	}
 	m.Lost = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "step_losses_total",
-		Help: "What of the fused steps did not reach the gradient as planned, by kind: wm_ungraded and sandbox_error (trajectories), skipped_group, late_anchor (groups)."},
+		Help: "What of the fused steps did not reach the gradient as planned, by kind: wm_ungraded and sandbox_error (trajectories), skipped_group, late_anchor, failed_anchor (groups)."},
 		[]string{"kind"})
 	for _, l := range stepLosses(schemas.Update{}) {
 		m.Lost.WithLabelValues(l.kind) // present at 0 from the start, so a rate is defined

@@ -16,9 +16,9 @@ import (
 
 // A step's losses are counted by kind, in the metrics and in its line: an
 // ungraded world-model score, an anchor whose sandbox failed, a skipped
-// group and a late anchor group each once, and nothing for a graded item,
-// an anchor scored 0 because its code crashed, or a late anchor's items
-// the world model scored.
+// group, a late anchor group and a failed one each once, and nothing for
+// a graded item, an anchor scored 0 because its code crashed, or a late
+// anchor's items the world model scored.
 func TestStepLossesAreCountedByKind(t *testing.T) {
 	score := 0.5
 	u := schemas.Update{
@@ -30,8 +30,9 @@ func TestStepLossesAreCountedByKind(t *testing.T) {
 			{Source: fuse.SourceAnchor, Reward: new(float64), ExecStatus: schemas.ExecCrashed},
 			{Source: fuse.SourceWorldModel, Reward: &score, GroupID: "late"},
 		},
-		Skipped:     []schemas.SkippedGroup{{GroupID: "g9", Reason: fuse.SkipTooFewGraded}},
-		LateAnchors: []string{"late"},
+		Skipped:       []schemas.SkippedGroup{{GroupID: "g9", Reason: fuse.SkipTooFewGraded}},
+		LateAnchors:   []string{"late"},
+		FailedAnchors: []string{"failed"},
 	}
 	m := NewMetrics()
 	for _, l := range stepLosses(schemas.Update{}) {
@@ -41,12 +42,12 @@ func TestStepLossesAreCountedByKind(t *testing.T) {
 	}
 	m.ObserveUpdate(u)
 	m.ObserveUpdate(u)
-	for _, kind := range []string{"wm_ungraded", "sandbox_error", "skipped_group", "late_anchor"} {
+	for _, kind := range []string{"wm_ungraded", "sandbox_error", "skipped_group", "late_anchor", "failed_anchor"} {
 		if got := testutil.ToFloat64(m.Lost.WithLabelValues(kind)); got != 2 {
 			t.Errorf("%s: %v after two steps that lost one each", kind, got)
 		}
 	}
-	want := "  late anchors 1  wm ungraded 1  sandbox errors 1  skipped groups 1"
+	want := "  late anchors 1  failed anchors 1  wm ungraded 1  sandbox errors 1  skipped groups 1"
 	if got := healthOf(u); got != want {
 		t.Errorf("step line ends %q, want %q", got, want)
 	}

@@ -117,7 +117,9 @@ func (p *Pipeline) sayDone() {
 // planned: trajectories the world model could not score (wm_ungraded),
 // anchor trajectories whose execution gave no score (sandbox_error), both
 // dropped and never scored as 0; groups that did not contribute
-// (skipped_group); anchor groups that missed the deadline (late_anchor).
+// (skipped_group); anchor groups that missed the deadline (late_anchor),
+// or were executed with fewer than two scores (failed_anchor), and used
+// world-model rewards.
 type loss struct {
 	kind, label string // the metric's label; the step line's words
 	n           int
@@ -135,6 +137,7 @@ func stepLosses(u schemas.Update) []loss {
 	}
 	return []loss{
 		{"late_anchor", "late anchors", len(u.LateAnchors)},
+		{"failed_anchor", "failed anchors", len(u.FailedAnchors)},
 		{"wm_ungraded", "wm ungraded", wm},
 		{"sandbox_error", "sandbox errors", sandbox},
 		{"skipped_group", "skipped groups", len(u.Skipped)},

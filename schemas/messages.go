@@ -50,6 +50,10 @@ type Update struct {
 	// LateAnchors: anchor groups whose execution missed the deadline; they
 	// used world-model rewards here, and their pairs still feed calibration.
 	LateAnchors []string `json:"late_anchors"`
+	// FailedAnchors: anchor groups executed in time whose execution scored
+	// fewer than two trajectories (sandbox errors, an executor given up
+	// on): they used world-model rewards here, as late ones do.
+	FailedAnchors []string `json:"failed_anchors,omitempty"`
 	// PairsTotal: anchor pairs the calibration had absorbed;
 	// CalibrationSeq: anchor groups it had absorbed (the calibration
 	// message's seq), which pins the map and rho used, for replays.

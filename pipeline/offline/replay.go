@@ -93,7 +93,9 @@ func Replay(rows []archive.Row, opt ReplayOptions, report func(StepReport)) (Rep
 			return sum, fmt.Errorf("replay: rows of two runs (%s, %s): replay one run at a time", sum.Run, r.Run)
 		}
 		key := fmt.Sprintf("%d/%s", r.Step, r.GroupID)
-		if r.AbsorbedSeq > 0 && (r.Source == archive.SourceAnchor || r.Source == archive.SourceLateAnchor) {
+		// Anchor groups absorbed in time (used, or executed with too few
+		// scores and fused on the world model) and late ones' pairs.
+		if r.AbsorbedSeq > 0 && (r.IsAnchor || r.Source == archive.SourceLateAnchor) {
 			a := groups[key]
 			if a == nil {
 				a = &absorption{seq: r.AbsorbedSeq, step: r.Step, group: r.GroupID}

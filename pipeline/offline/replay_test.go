@@ -2,13 +2,19 @@ package offline
 
 import (
 	"context"
+	"fmt"
+	"hash/fnv"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/execute"
 	"github.com/wmrl/wmrl/stages/fuse"
 )
 
@@ -112,4 +118,44 @@ func TestReplayReproducesLateAnchors(t *testing.T) {
 		t.Fatalf("replay differs: %+v", sum)
 	}
 	t.Logf("%d late rows of %d", sum.LateRows, len(rows))
+}
+
+// evictingExecutor scores as the simulated one, but the sandbox of every
+// third group (by ID) fails on all its trajectories but the first, as
+// evicted containers do.
+type evictingExecutor struct{ sim.Executor }
+
+func (e *evictingExecutor) Execute(ctx context.Context, t schemas.Trajectory) (execute.Result, error) {
+	h := fnv.New32a()
+	h.Write([]byte(t.GroupID))
+	if h.Sum32()%3 == 0 && !strings.HasSuffix(t.TrajID, "-t0") {
+		return execute.Result{Status: schemas.ExecSandboxError, Detail: "container evicted"}, nil
+	}
+	return e.Executor.Execute(ctx, t)
+}
+
+// Anchor groups executed with fewer than two scores are fused on the world
+// model; the replay absorbs their lone pairs at their recorded seq and
+// reproduces every step.
+func TestReplayReproducesFailedAnchors(t *testing.T) {
+	rows, settings := archiveRun(t, 20, func(c *pipeline.Config) {
+		c.ExecutorImpl = &evictingExecutor{sim.Executor{Latency: time.Millisecond, Noise: 0.02}}
+	})
+	failed := map[string]bool{}
+	for _, r := range rows {
+		if r.IsAnchor && r.Source == archive.SourceWorldModel && r.ExecStatus != nil && *r.ExecStatus == schemas.ExecSandboxError {
+			failed[fmt.Sprintf("%d/%s", r.Step, r.GroupID)] = true
+		}
+	}
+	if len(failed) == 0 {
+		t.Fatal("no failed anchor group in the archive: the test proves nothing")
+	}
+	sum, err := Replay(rows, ReplayOptions{Settings: settings}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.MaxFusedDiff > 1e-9 || sum.MaxCalibratedDiff > 1e-9 || len(sum.Gaps) != 0 || sum.AnchorGroups != 40 {
+		t.Fatalf("replay differs: %+v", sum)
+	}
+	t.Logf("%d of 40 anchor groups failed", len(failed))
 }

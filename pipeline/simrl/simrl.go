@@ -195,8 +195,8 @@ func trajID(gid string, i int) string { return fmt.Sprintf("%s-t%d", gid, i) }
 // rewardsOf reads a step's fused advantages off its update, refusing one
 // that the core packages could not have produced.
 func rewardsOf(u schemas.Update, groups [][]rl.Traj) (rl.StepRewards, error) {
-	if len(u.LateAnchors) > 0 || len(u.Skipped) > 0 {
-		return rl.StepRewards{}, fmt.Errorf("step %d: late anchors %v, skipped groups %v", u.Step, u.LateAnchors, u.Skipped)
+	if len(u.LateAnchors) > 0 || len(u.FailedAnchors) > 0 || len(u.Skipped) > 0 {
+		return rl.StepRewards{}, fmt.Errorf("step %d: late anchors %v, failed anchors %v, skipped groups %v", u.Step, u.LateAnchors, u.FailedAnchors, u.Skipped)
 	}
 	items := make(map[string]schemas.UpdateItem, len(u.Items))
 	for _, it := range u.Items {

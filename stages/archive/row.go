@@ -93,12 +93,16 @@ func FromUpdate(u schemas.Update) ([]Row, []LateGroup) {
 	for _, g := range u.LateAnchors {
 		late[g] = &LateGroup{Step: u.Step, GroupID: g, PolicyVersion: map[string]int64{}}
 	}
+	failed := map[string]bool{}
+	for _, g := range u.FailedAnchors {
+		failed[g] = true
+	}
 	rows := make([]Row, len(u.Items))
 	for i, it := range u.Items {
 		lg := late[it.GroupID]
 		r := Row{
 			Run: u.Run, Step: u.Step, GroupID: it.GroupID, TrajID: it.TrajID, TaskID: it.TaskID,
-			PolicyVersion: it.PolicyVersion, IsAnchor: it.Source == SourceAnchor || lg != nil,
+			PolicyVersion: it.PolicyVersion, IsAnchor: it.Source == SourceAnchor || lg != nil || failed[it.GroupID],
 			Predicted: it.Predicted, TrueScore: it.TrueScore, Calibrated: it.Calibrated,
 			CalibrationVersion: u.CalibrationVersion, Reward: it.Reward, Advantage: it.Advantage,
 			Weight: it.Weight, FusedAdvantage: it.FusedAdvantage, Rho: u.Rho, Source: it.Source,

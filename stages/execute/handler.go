@@ -40,11 +40,11 @@ type Handler struct {
 	Slots chan struct{}
 	// LastAttempt reports whether msg is on its last delivery before it is
 	// dead-lettered (nil: never). If the executor still fails some of the
-	// group's trajectories then, but at least two have scores, the group is
-	// published with the failed ones ungraded (and still dead-lettered, for
-	// the record): the executions already paid for are used. With fewer,
-	// nothing is published and the step falls back to the world model for
-	// the group at its anchor deadline.
+	// group's trajectories then, the group is published with the failed
+	// ones ungraded (and still dead-lettered, for the record): the
+	// executions already paid for are used, and with fewer than two scores
+	// the step uses the world model's for the group at once instead of
+	// waiting for its anchor deadline.
 	LastAttempt func(*message.Message) bool
 	// Store, if set, keeps every outcome beyond this process, so that a
 	// group taken over after a crash or restart, or by another process of
@@ -183,19 +183,16 @@ func (h *Handler) Handle(msg *message.Message) error {
 	}
 	wg.Wait()
 	var failed error
-	scored := 0
 	for i, err := range errs {
-		switch {
-		case err != nil && failed == nil:
+		if err != nil {
 			failed = fmt.Errorf("execute: %s: %w", g.Trajectories[i].TrajID, err)
-		case err == nil && items[i].Score != nil:
-			scored++
+			break
 		}
 	}
 	if failed == nil {
 		return h.publish(g, items)
 	}
-	if h.LastAttempt == nil || !h.LastAttempt(msg) || ctx.Err() != nil || scored < 2 {
+	if h.LastAttempt == nil || !h.LastAttempt(msg) || ctx.Err() != nil {
 		return failed
 	}
 	n := 0

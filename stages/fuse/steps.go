@@ -268,15 +268,21 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 		}
 		// An anchor group counts as one once executed and calibrated; at
 		// its deadline without both it is late: world-model rewards here,
-		// and its pairs reach the calibration (and the archive) later.
+		// and its pairs reach the calibration (and the archive) later. One
+		// executed with fewer than two scores cannot be ranked on them:
+		// world-model rewards too, rather than dropping the group.
 		execs := map[string]schemas.ExecItem{}
 		e := a.execs[pg.GroupID]
 		cal := s.absorbed[fmt.Sprintf("%d/%s", n, pg.GroupID)]
-		g.Anchor = pg.Anchor && e != nil && cal.seq > 0
-		if pg.Anchor && !g.Anchor {
+		executed := pg.Anchor && e != nil && cal.seq > 0
+		g.Anchor = executed && scored(e) >= 2
+		switch {
+		case executed && !g.Anchor:
+			u.FailedAnchors = append(u.FailedAnchors, pg.GroupID)
+		case pg.Anchor && !g.Anchor:
 			u.LateAnchors = append(u.LateAnchors, pg.GroupID)
 		}
-		if g.Anchor {
+		if executed {
 			for _, it := range e.Items {
 				execs[it.TrajID] = it
 			}
@@ -291,17 +297,18 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 				rec.Predicted, rec.WMStatus = p.Score, p.Status
 			}
 			item := Item{TrajID: id}
-			if g.Anchor {
-				x, ok := execs[id]
-				item.Graded = ok && x.Score != nil
-				if ok {
+			if executed {
+				if x, ok := execs[id]; ok {
 					sec := x.Seconds
 					rec.TrueScore, rec.ExecStatus, rec.ExecSeconds = x.Score, x.Status, &sec
 				}
+				rec.AbsorbedSeq = cal.seq
+			}
+			if g.Anchor {
+				item.Graded = rec.TrueScore != nil
 				if b, ok := cal.before[id]; ok {
 					rec.Calibrated = &b
 				}
-				rec.AbsorbedSeq = cal.seq
 			} else if predicted && p.Score != nil {
 				item.Graded = true
 				c := s.calibrate(*p.Score)
@@ -335,6 +342,17 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 		u.Items = append(u.Items, ui)
 	}
 	return u
+}
+
+// scored counts the trajectories of e with a score.
+func scored(e *schemas.Execution) int {
+	n := 0
+	for _, it := range e.Items {
+		if it.Score != nil {
+			n++
+		}
+	}
+	return n
 }
 
 func (s *Steps) calibrate(x float64) float64 {

@@ -87,6 +87,58 @@ func TestStepsUseExecutionOnceCalibrated(t *testing.T) {
 
 // calibrations makes n anchor-group calibrations of 4 pairs, each with the
 // map (halving scores) and counters a calibrate stage would send.
+// An anchor group executed in time with fewer than two scores (sandbox
+// errors, an executor given up on) cannot be ranked on its executions: it
+// is fused at once on its world-model rewards, as a late one is at its
+// deadline, and its executions' statuses are kept; with two scores it is
+// an anchor.
+func TestStepsFallBackForFailedAnchors(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		scores []*float64
+		anchor bool
+	}{
+		{"none scored", []*float64{nil, nil, nil}, false},
+		{"one scored", []*float64{score(0.9), nil, nil}, false},
+		{"two scored", []*float64{score(0.9), nil, score(0.1)}, true},
+	} {
+		s, _ := NewSteps(StepsConfig{Run: "r", Debias: true, AnchorDeadline: time.Hour, Denoiser: DenoiserConfig{Estimator: EstimatorOff}})
+		t0 := time.Unix(0, 0)
+		s.AddPlan(schemas.Plan{Step: 1, Groups: []schemas.PlanGroup{{GroupID: "a", Anchor: true, TrajIDs: []string{"a0", "a1", "a2"}}}}, t0)
+		s.AddPrediction(schemas.Prediction{Step: 1, GroupID: "a", Items: []schemas.PredItem{
+			{TrajID: "a0", Score: score(0.2)}, {TrajID: "a1", Score: score(0.4)}, {TrajID: "a2", Score: score(0.6)}}})
+		e := schemas.Execution{Step: 1, GroupID: "a"}
+		for i, v := range tc.scores {
+			it := schemas.ExecItem{TrajID: fmt.Sprintf("a%d", i), Score: v, Status: schemas.ExecScored}
+			if v == nil {
+				it.Status = schemas.ExecSandboxError
+			}
+			e.Items = append(e.Items, it)
+		}
+		s.AddExecution(e)
+		s.AddCalibration(schemas.Calibration{Seq: 1, Step: 1, GroupID: "a"})
+		if len(s.Ready(t0)) != 1 {
+			t.Fatalf("%s: not ready once executed and calibrated", tc.name)
+		}
+		u := s.Fuse(1, t0)
+		if tc.anchor {
+			if u.Anchors != 1 || len(u.FailedAnchors) != 0 || u.Items[0].Source != SourceAnchor || u.Items[1].Reward != nil {
+				t.Fatalf("%s: update %+v; want an anchor on its two scores", tc.name, u)
+			}
+			continue
+		}
+		if u.Anchors != 0 || u.Groups != 1 || len(u.Skipped) != 0 || len(u.LateAnchors) != 0 || len(u.FailedAnchors) != 1 || u.FailedAnchors[0] != "a" {
+			t.Fatalf("%s: update %+v; want a world-model group, listed as a failed anchor", tc.name, u)
+		}
+		for i, it := range u.Items {
+			if it.Source != SourceWorldModel || it.Reward == nil || *it.Reward != *it.Predicted || it.AbsorbedSeq != 1 ||
+				it.ExecStatus != e.Items[i].Status || (it.TrueScore == nil) != (tc.scores[i] == nil) {
+				t.Fatalf("%s: item %+v; want the world model's reward (identity map), with the execution recorded", tc.name, it)
+			}
+		}
+	}
+}
+
 func calibrations(n int) []schemas.Calibration {
 	out := make([]schemas.Calibration, n)
 	for i := range out {
