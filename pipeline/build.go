@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/wmrl/wmrl/connectors/gateway"
 	"github.com/wmrl/wmrl/connectors/natsjs"
@@ -19,6 +20,7 @@ import (
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
+	"github.com/wmrl/wmrl/stages/breaker"
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/execute"
 	"github.com/wmrl/wmrl/stages/fuse"
@@ -51,7 +53,8 @@ func (p *Pipeline) build(ctx context.Context) error {
 			var wm predict.WorldModel
 			if wm, err = p.worldModel(); err == nil {
 				h := &predict.Handler{Run: cfg.Run, Out: p.topo.Out(StagePredict, schemas.KindPred), Pub: p.stagePublisher(stage), WM: wm,
-					LastAttempt: p.dl.lastAttempt, Breaker: p.breaker()}
+					LastAttempt: p.dl.lastAttempt, Breaker: p.breaker(stage, "the world model", cfg.WMDownAfter, cfg.WMProbeEvery, p.metrics.WMDown,
+						"its groups are given up at once (recorded ungraded: their steps train on the anchors)")}
 				err = p.subscribe(stage, schemas.KindGroup, h.Handle)
 			}
 		case StageExecute:
@@ -71,6 +74,8 @@ func (p *Pipeline) build(ctx context.Context) error {
 			}
 			h := execute.NewHandler(cfg.Run, p.topo.Out(StageExecute, schemas.KindExecution), p.stagePublisher(stage), exe, cfg.ExecSlots)
 			h.LastAttempt = p.dl.lastAttempt
+			h.Breaker = p.breaker(stage, "the executor", cfg.ExecDownAfter, cfg.ExecProbeEvery, p.metrics.ExecutorDown,
+				"anchor groups are published at once with their executions ungraded (their steps use the world model for them)")
 			if store, serr := openOutcomes(ctx, p.tr.js, p.cfg); serr == nil {
 				h.Store = store
 				h.OnStoreError = func(err error) {
@@ -328,28 +333,28 @@ func (p *Pipeline) compactArchive(ctx context.Context, after time.Duration) {
 	}
 }
 
-// worldModel builds the configured world model once per process.
-// breaker gives up on the world model's groups at once while its calls
-// keep failing, and says so when it starts and stops.
-func (p *Pipeline) breaker() *predict.Breaker {
-	return &predict.Breaker{After: p.cfg.WMDownAfter, Probe: p.cfg.WMProbeEvery, OnChange: func(st predict.BreakerState) {
+// breaker gives a stage's work up at once while the service it calls keeps
+// failing (then says what becomes of the work meanwhile), shows it on
+// gauge, and says so when it starts and stops.
+func (p *Pipeline) breaker(stage, name string, after int, probe time.Duration, gauge prometheus.Gauge, then string) *breaker.Breaker {
+	return &breaker.Breaker{Name: name, After: after, Probe: probe, OnChange: func(st breaker.State) {
 		if st.Open {
-			p.metrics.WMDown.Set(1)
-			p.notef("predict: the world model is down: %d calls in a row failed, the last: %v; its groups are given up at once "+
-				"(recorded ungraded: their steps train on the anchors) until a call succeeds, tried with one group every %v",
-				st.Failures, st.Last, p.cfg.WMProbeEvery)
+			gauge.Set(1)
+			p.notef("%s: %s is down: %d calls in a row failed, the last: %v; %s until a call succeeds, tried once every %v",
+				stage, name, st.Failures, st.Last, then, probe)
 			return
 		}
-		p.metrics.WMDown.Set(0)
+		gauge.Set(0)
 		down := st.At.Sub(st.Since)
 		if down >= time.Second {
 			down = down.Round(time.Second)
 		}
-		p.notef("predict: the world model is back after %v; %d groups were not asked meanwhile (wmrl dlq --stage predict)",
-			down.Round(time.Millisecond), st.Refused)
+		p.notef("%s: %s is back after %v; %d calls were not made meanwhile (wmrl dlq --stage %s)",
+			stage, name, down.Round(time.Millisecond), st.Refused, stage)
 	}}
 }
 
+// worldModel builds the configured world model once per process.
 func (p *Pipeline) worldModel() (predict.WorldModel, error) {
 	if p.wm != nil {
 		return p.wm, nil

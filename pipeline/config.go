@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/breaker"
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/execute"
 	"github.com/wmrl/wmrl/stages/fuse"
@@ -78,7 +79,7 @@ type Config struct {
 	// WMDownAfter: after this many world-model calls in a row have failed
 	// (each retried by the connector), groups are given up at once until
 	// a call succeeds again, tried once every WMProbeEvery (default 30s):
-	// see predict.Breaker. 0 never gives up early (DefaultConfig: 5).
+	// see breaker.Breaker. 0 never gives up early (DefaultConfig: 5).
 	WMDownAfter  int
 	WMProbeEvery time.Duration
 
@@ -112,6 +113,13 @@ type Config struct {
 	// executions at once per execute process (default 16).
 	ExecLatency time.Duration
 	ExecSlots   int
+	// ExecDownAfter: after this many executions in a row have failed (the
+	// executor's own errors, not a solution's), anchor groups are published
+	// at once with their executions ungraded until one succeeds again,
+	// tried once every ExecProbeEvery (default 30s). 0 never gives up early
+	// (DefaultConfig: 5).
+	ExecDownAfter  int
+	ExecProbeEvery time.Duration
 
 	// Retention of the stream and its de-duplication window. 0 keeps the
 	// stream's, or makes a new one with DefaultRetention (7 days) and
@@ -161,7 +169,7 @@ func DefaultConfig() Config {
 	c := Config{Debias: true, Anchors: route.SchedulerConfig{Fraction: route.DefaultFraction, MinPerStep: 1, Rounding: route.RoundEven}}
 	c.Debiaser = calibrate.DefaultDebiaserConfig()
 	c.ArchiveCompactAfter = time.Hour
-	c.WMDownAfter = 5
+	c.WMDownAfter, c.ExecDownAfter = 5, 5
 	c.setDefaults()
 	return c
 }
@@ -203,7 +211,8 @@ func (c *Config) setDefaults() {
 	defDur(&c.StepTimeout, 30*time.Second)
 	defDur(&c.ExecLatency, 20*time.Millisecond)
 	defDur(&c.StartupWait, time.Minute)
-	defDur(&c.WMProbeEvery, predict.DefaultProbe)
+	defDur(&c.WMProbeEvery, breaker.DefaultProbe)
+	defDur(&c.ExecProbeEvery, breaker.DefaultProbe)
 	if c.Out == nil {
 		c.Out = os.Stdout
 	}
@@ -232,6 +241,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --wm-concurrency %d: want >= 1 requests in flight", ErrConfig, c.WMConcurrency)
 	case c.WMDownAfter < 0 || c.WMProbeEvery < 0:
 		return fmt.Errorf("%w: --wm-down-after %d and --wm-probe-every %v: want >= 0 (0 calls: never give up early)", ErrConfig, c.WMDownAfter, c.WMProbeEvery)
+	case c.ExecDownAfter < 0 || c.ExecProbeEvery < 0:
+		return fmt.Errorf("%w: --exec-down-after %d and --exec-probe-every %v: want >= 0 (0 executions: never give up early)", ErrConfig, c.ExecDownAfter, c.ExecProbeEvery)
 	case c.Executor != "" && c.Executor != "sim" && c.Executor != "subprocess" && c.Executor != "sandbox-fusion":
 		return fmt.Errorf("%w: executor %q: want sim, subprocess or sandbox-fusion", ErrConfig, c.Executor)
 	case c.executor() != "sim" && c.TaskDir == "":

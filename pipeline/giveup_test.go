@@ -6,10 +6,12 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
@@ -216,4 +218,83 @@ func TestStepIsFusedWhenTheWorldModelGivesUpOnAGroup(t *testing.T) {
 	if err := p.Stop(); err != nil {
 		t.Fatalf("pipeline: %v", err)
 	}
+}
+
+// switchedExecutor fails every execution while down, as a sandbox service
+// that is unreachable, and scores 0.5 otherwise.
+type switchedExecutor struct{ down atomic.Bool }
+
+func (e *switchedExecutor) Execute(context.Context, schemas.Trajectory) (execute.Result, error) {
+	if e.down.Load() {
+		return execute.Result{}, errors.New("sandbox service unreachable")
+	}
+	return execute.Result{Status: schemas.ExecScored, Score: 0.5}, nil
+}
+
+// An executor that goes down is given up at once after --exec-down-after
+// executions in a row failed: anchor groups are published with their
+// executions ungraded and their steps fused on the world model at once,
+// instead of each group waiting out its retries (and, with an anchor
+// deadline set for real executions, an hour here, its step waiting for
+// it). Once the executor is back, a probe finds it and anchors return.
+func TestPipelineGivesUpOnADownExecutorUntilItIsBack(t *testing.T) {
+	exe := &switchedExecutor{}
+	exe.down.Store(true)
+	cfg := testConfig(t)
+	cfg.Steps = 20
+	cfg.ExecutorImpl = exe
+	cfg.ExecDownAfter, cfg.ExecProbeEvery = 3, 100*time.Millisecond
+	cfg.AnchorDeadline = time.Hour
+	var out syncBuffer
+	cfg.Quiet, cfg.Out = false, &out
+	var p *Pipeline
+	var wasDown atomic.Bool
+	cfg.OnUpdate = func(u schemas.Update, _ time.Duration) {
+		if u.Step == 2 {
+			wasDown.Store(testutil.ToFloat64(p.Metrics().ExecutorDown) == 1)
+			exe.down.Store(false)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p = started(t, ctx, cfg)
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if !wasDown.Load() || testutil.ToFloat64(p.Metrics().ExecutorDown) != 0 {
+		t.Errorf("wmrl_executor_down: %v at step 2, %v at the end; want 1 then 0", wasDown.Load(), testutil.ToFloat64(p.Metrics().ExecutorDown))
+	}
+	p.Stop()
+
+	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	allFailed := 0
+	for _, u := range ups {
+		if len(u.FailedAnchors) == 2 && u.Anchors == 0 && len(u.LateAnchors) == 0 {
+			allFailed++
+		}
+	}
+	if len(ups) != 20 || allFailed == 0 {
+		t.Fatalf("%d updates, %d of them with both anchor groups failed; want 20, some", len(ups), allFailed)
+	}
+	if u := ups[19]; u.Anchors != 2 || len(u.FailedAnchors) != 0 {
+		t.Fatalf("step 19: %d anchors, failed %v; want both anchors used once the executor is back", u.Anchors, u.FailedAnchors)
+	}
+	atOnce := 0
+	for _, b := range readStored(t, cfg.DataDir, "wmrl.default.dlq") {
+		var dl schemas.DeadLetter
+		json.Unmarshal(b, &dl)
+		if dl.Stage == StageExecute && strings.HasPrefix(dl.Reason, "gave up at once: ") &&
+			strings.Contains(dl.Reason, "the executor is down since") && strings.Contains(dl.Reason, "sandbox service unreachable") {
+			atOnce++
+		}
+	}
+	if atOnce == 0 {
+		t.Error("no anchor group given up at once in the dead letters")
+	}
+	for _, want := range []string{"execute: the executor is down: 3 calls in a row failed", "execute: the executor is back after "} {
+		if strings.Count(out.String(), want) != 1 {
+			t.Errorf("output has %q %d times, want once:\n%s", want, strings.Count(out.String(), want), out.String())
+		}
+	}
+	t.Logf("%d steps with both anchor groups failed, %d groups given up at once", allFailed, atOnce)
 }

@@ -28,10 +28,11 @@ type Metrics struct {
 
 	Rho, D, Pairs, Version, Steps prometheus.Gauge
 	// WMDown is 1 while this process gives up on the world model's groups
-	// without asking it (predict.Breaker).
-	WMDown      prometheus.Gauge
-	StepLatency prometheus.Histogram
-	Archived    prometheus.Counter
+	// without asking it, ExecutorDown while it publishes anchor groups
+	// without running them (breaker.Breaker).
+	WMDown, ExecutorDown prometheus.Gauge
+	StepLatency          prometheus.Histogram
+	Archived             prometheus.Counter
 	// ArchiveMerged counts archive files merged away (inputs less outputs).
 	ArchiveMerged prometheus.Counter
 	// Lost counts, by kind (stepLosses), what of the fused steps did not
@@ -81,6 +82,8 @@ func NewMetrics() *Metrics {
 		Steps:   g("steps_published", "Highest step whose update was published."),
 		WMDown: g("wm_down", "1 while this process's predict stage gives up on groups without asking the world model, "+
 			"after --wm-down-after calls in a row failed; one group every --wm-probe-every tries it."),
+		ExecutorDown: g("executor_down", "1 while this process's execute stage publishes anchor groups without running them, "+
+			"after --exec-down-after executions in a row failed; one execution every --exec-probe-every tries it."),
 		StepLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "wmrl", Name: "step_latency_seconds", Help: "From a step's close (last input) to its update.",
 			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 16),

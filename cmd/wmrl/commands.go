@@ -72,6 +72,8 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.DurationVar(&cfg.PairWait, "pair-wait", cfg.PairWait, "an anchor group's prediction or execution waits at most this long for the other (their pairs calibrate even when late), then goes to the dead letters")
 	fs.DurationVar(&cfg.ExecLatency, "exec-latency", cfg.ExecLatency, "latency of the simulated executor")
 	fs.IntVar(&cfg.ExecSlots, "exec-slots", 16, "executions at once in this process's execute stage")
+	fs.IntVar(&cfg.ExecDownAfter, "exec-down-after", cfg.ExecDownAfter, "after this many executions in a row failed (the executor's errors, not a solution's), publish anchor groups at once with their executions ungraded, so that their steps use the world model for them, until one succeeds again (0: never; each group then waits out its retries)")
+	fs.DurationVar(&cfg.ExecProbeEvery, "exec-probe-every", cfg.ExecProbeEvery, "while the executor is down (--exec-down-after), let one execution through this often to see whether it is back")
 	fs.StringVar(&cfg.ArchiveDir, "archive", "", "Parquet archive root of the archive stage (default: DATA/archive; off: no archive)")
 	fs.DurationVar(&cfg.ArchiveMaxAge, "archive-max-age", 10*time.Second, "close an archive file (and acknowledge its inputs) after this long")
 	fs.IntVar(&cfg.ArchiveMaxRows, "archive-max-rows", 1_000_000, "close an archive file after this many rows")

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/breaker"
 )
 
 // Result is one execution's outcome.
@@ -53,6 +54,11 @@ type Handler struct {
 	// is used all the same, and both errors go to OnStoreError (if set).
 	Store        Outcomes
 	OnStoreError func(error)
+	// Breaker, if set, counts the executor's failures in a row; while it
+	// is open, executions are not started and their trajectories are
+	// published ungraded at once (each execution under way runs to its
+	// end: it is paid for, and may score).
+	Breaker *breaker.Breaker
 
 	// done keeps the outcomes of this process's recent executions, so that
 	// a group redelivered after one of its trajectories failed (or after
@@ -151,14 +157,22 @@ func (h *Handler) Handle(msg *message.Message) error {
 		lookups.Go(func() { items[i], have[i] = h.outcome(ctx, doneKey(g, t)) })
 	}
 	lookups.Wait()
+	downs := make([]*breaker.DownError, len(g.Trajectories)) // not run, or failed, while the executor is down
 	for i, t := range g.Trajectories {
 		if have[i] {
 			continue
 		}
 		key := doneKey(g, t)
+		call, err := h.Breaker.Ask()
+		if err != nil {
+			errs[i] = err
+			errors.As(err, &downs[i])
+			continue
+		}
 		select {
 		case h.Slots <- struct{}{}:
 		case <-ctx.Done():
+			call.Abandoned()
 			return fmt.Errorf("execute: group %s: %w", g.GroupID, ctx.Err())
 		}
 		wg.Add(1)
@@ -166,6 +180,14 @@ func (h *Handler) Handle(msg *message.Message) error {
 			defer wg.Done()
 			defer func() { <-h.Slots }()
 			r, err := h.Exe.Execute(ctx, t)
+			switch {
+			case ctx.Err() != nil:
+				call.Abandoned()
+			case err != nil:
+				downs[i] = call.Failed(err)
+			default:
+				call.Succeeded()
+			}
 			if err != nil {
 				errs[i] = err
 				return
@@ -183,28 +205,46 @@ func (h *Handler) Handle(msg *message.Message) error {
 	}
 	wg.Wait()
 	var failed error
+	var down *breaker.DownError
 	for i, err := range errs {
-		if err != nil {
+		if err != nil && failed == nil {
 			failed = fmt.Errorf("execute: %s: %w", g.Trajectories[i].TrajID, err)
-			break
+		}
+		if downs[i] != nil {
+			down = downs[i]
 		}
 	}
 	if failed == nil {
 		return h.publish(g, items)
 	}
-	if h.LastAttempt == nil || !h.LastAttempt(msg) || ctx.Err() != nil {
+	if ctx.Err() != nil {
+		return failed
+	}
+	switch {
+	case down != nil: // given up at once: the step need not wait for it
+		failed = fmt.Errorf("execute: group %s: %w", g.GroupID, down)
+	case h.LastAttempt == nil || !h.LastAttempt(msg):
 		return failed
 	}
 	n := 0
 	for i, err := range errs {
-		if err != nil {
-			items[i] = schemas.ExecItem{TrajID: g.Trajectories[i].TrajID, Status: schemas.ExecSandboxError,
-				Detail: "executor failed on every attempt: " + err.Error()}
-			n++
+		if err == nil {
+			continue
 		}
+		why := err.Error()
+		switch {
+		case errors.Is(err, schemas.ErrDown):
+			why = "not run: " + why
+		case downs[i] != nil:
+			why += "; " + downs[i].Error()
+		case down == nil:
+			why = "executor failed on every attempt: " + why
+		}
+		items[i] = schemas.ExecItem{TrajID: g.Trajectories[i].TrajID, Status: schemas.ExecSandboxError, Detail: why}
+		n++
 	}
 	if err := h.publish(g, items); err != nil {
-		return fmt.Errorf("%w (and publishing the group without them failed: %v)", failed, err)
+		return fmt.Errorf("%v (and publishing the group without them failed: %w: %w)", failed, schemas.ErrOutage, err)
 	}
 	return fmt.Errorf("%w (published the group with %d of %d ungraded)", failed, n, len(items))
 }

@@ -6,11 +6,14 @@ import (
 	"maps"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/breaker"
 	"github.com/wmrl/wmrl/stages/stagetest"
 )
 
@@ -188,5 +191,70 @@ func TestAFailingStoreIsReportedNotFatal(t *testing.T) {
 	}
 	if reads != 2 || writes != 2 {
 		t.Errorf("reported %q; want a read and a write failure for each of 2 trajectories", reported)
+	}
+}
+
+// switchedExecutor fails while down and counts its runs.
+type switchedExecutor struct {
+	down atomic.Bool
+	runs atomic.Int32
+}
+
+func (e *switchedExecutor) Execute(context.Context, schemas.Trajectory) (Result, error) {
+	e.runs.Add(1)
+	if e.down.Load() {
+		return Result{}, errors.New("sandbox service unreachable")
+	}
+	return Result{Status: schemas.ExecScored, Score: 0.5}, nil
+}
+
+// Once executions have failed After times in a row the group is published
+// at once with them ungraded (its step uses the world model for it) and
+// given up with schemas.ErrDown, not retried; later groups are not run at
+// all until a probe finds the executor back.
+func TestExecutorDownGivesGroupsUpAtOnce(t *testing.T) {
+	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	exe := &switchedExecutor{}
+	exe.down.Store(true)
+	pub := &stagetest.Recorder{}
+	h := NewHandler("r", "execution", pub, exe, 4)
+	h.Breaker = &breaker.Breaker{Name: "the executor", After: 2, Probe: time.Minute, Now: func() time.Time { return now }}
+	handle := func(ids ...string) (schemas.Execution, error) {
+		t.Helper()
+		n := pub.Count()
+		err := h.Handle(stagetest.Message(t, context.Background(), anchorGroup(ids...)))
+		var e schemas.Execution
+		if pub.Count() == n+1 {
+			pub.Decode(t, n, &e)
+		} else if pub.Count() != n {
+			t.Fatalf("%d published for one group", pub.Count()-n)
+		}
+		return e, err
+	}
+
+	e, err := handle("a", "b", "c")
+	if !errors.Is(err, schemas.ErrDown) || len(e.Items) != 3 || exe.runs.Load() != 3 {
+		t.Fatalf("the group that opened it: %v, published %+v, %d runs; want ErrDown and all three published", err, e, exe.runs.Load())
+	}
+	for _, it := range e.Items {
+		if it.Score != nil || it.Status != schemas.ExecSandboxError || !strings.Contains(it.Detail, "sandbox service unreachable") {
+			t.Fatalf("item %+v: want a sandbox error naming the executor's failure", it)
+		}
+	}
+	e, err = handle("d", "e")
+	if !errors.Is(err, schemas.ErrDown) || len(e.Items) != 2 || exe.runs.Load() != 3 ||
+		!strings.HasPrefix(e.Items[0].Detail, "not run: the executor is down since 2026-12-03T10:00:00Z") {
+		t.Fatalf("while down: %v, published %+v, %d runs; want ErrDown, both published as not run, none run", err, e, exe.runs.Load())
+	}
+
+	now = now.Add(time.Minute)
+	exe.down.Store(false)
+	e, err = handle("f", "g") // f probes; g is refused while the probe is out
+	if !errors.Is(err, schemas.ErrDown) || exe.runs.Load() != 4 || e.Items[0].Score == nil || e.Items[1].Score != nil {
+		t.Fatalf("probe: %v, published %+v, %d runs; want f scored and g not run", err, e, exe.runs.Load())
+	}
+	e, err = handle("h", "i")
+	if err != nil || exe.runs.Load() != 6 || e.Items[0].Score == nil || e.Items[1].Score == nil {
+		t.Fatalf("back: %v, published %+v, %d runs; want both run and scored", err, e, exe.runs.Load())
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/breaker"
 )
 
 // Score is the world model's verdict on one trajectory.
@@ -42,7 +43,7 @@ type Handler struct {
 	// come; the error is still returned, for the dead letters.
 	LastAttempt func(*message.Message) bool
 	// Breaker, if set, stops asking a world model that keeps failing.
-	Breaker *Breaker
+	Breaker *breaker.Breaker
 }
 
 // Handle predicts one group. Invalid input wraps schemas.ErrInvalid; a

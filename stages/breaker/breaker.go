@@ -1,4 +1,7 @@
-package predict
+// Package breaker stops a stage from asking a service that is down (a
+// world model, a sandbox service) and gives its work up at once instead,
+// so that steps go on without it rather than each waiting out every retry.
+package breaker
 
 import (
 	"context"
@@ -9,24 +12,24 @@ import (
 	"github.com/wmrl/wmrl/schemas"
 )
 
-// Breaker stops asking a world model that is down. Each group's call is
+// Breaker counts a service's calls that fail in a row. Each call is
 // already retried by its connector, and its message redelivered up to the
-// pipeline's attempts, so a world model down for good costs every step
-// minutes before its groups are given up. After After calls in a row have
-// failed, the breaker opens: groups are given up at once, recorded as
-// ungraded, and their steps train on the anchors, as they would after the
-// retries. Calls still under way when it opens (queued behind the
-// connector's limit on requests, or retrying a server that does not
-// answer) are cut short and their groups given up too. While it is open
-// one call every Probe goes through; the first call that succeeds closes
-// it. Safe for concurrent use; the zero Probe probes every DefaultProbe.
+// pipeline's attempts, so a service down for good costs every step minutes
+// before its work is given up. After After calls in a row have failed, the
+// breaker opens: Ask refuses calls, and the stage gives their work up at
+// once, as it would after the retries. Calls under way when it opens are
+// cut short if they were made with Call.Context. While it is open one call
+// every Probe goes through; the first call that succeeds closes it. Safe
+// for concurrent use; the zero Probe probes every DefaultProbe.
 type Breaker struct {
+	// Name is what the service is called in errors: "the world model".
+	Name  string
 	After int
 	Probe time.Duration
 	Now   func() time.Time // default time.Now
 	// OnChange, if set, is told when the breaker opens and when it closes,
 	// with what it has seen (called without the breaker's lock held).
-	OnChange func(BreakerState)
+	OnChange func(State)
 
 	mu       sync.Mutex
 	failures int // calls in a row that failed
@@ -34,27 +37,28 @@ type Breaker struct {
 	since    time.Time // opened at; zero while closed
 	next     time.Time // the next probe may start then
 	probing  bool
-	refused  int           // groups given up while open
+	refused  int           // calls refused while open
 	opening  chan struct{} // closed when it opens: cuts short the calls under way
 }
 
 // DefaultProbe is how often an open breaker lets a call through.
 const DefaultProbe = 30 * time.Second
 
-// BreakerState is what a breaker says when it opens or closes.
-type BreakerState struct {
+// State is what a breaker says when it opens or closes.
+type State struct {
 	Open     bool
 	Failures int       // calls in a row that failed
 	Last     error     // the last failure
 	Since    time.Time // opened at
-	Refused  int       // groups given up while it was open (on closing)
+	Refused  int       // calls refused while it was open (on closing)
 	At       time.Time
 }
 
-// DownError says that the world model is down: a call the breaker
-// refused, or one that failed while it was open. Its group is given up at
-// once. It wraps schemas.ErrDown.
+// DownError says that the service is down: a call the breaker refused,
+// or one that failed while it was open. Its work is given up at once. It
+// wraps schemas.ErrDown.
 type DownError struct {
+	Name     string
 	Failures int
 	Last     error
 	Since    time.Time
@@ -62,8 +66,8 @@ type DownError struct {
 }
 
 func (e *DownError) Error() string {
-	return fmt.Sprintf("the world model is down since %s (%d calls in a row failed, the last: %v; one group every %v tries it)",
-		e.Since.UTC().Format(time.RFC3339), e.Failures, e.Last, e.Probe)
+	return fmt.Sprintf("%s is down since %s (%d calls in a row failed, the last: %v; one call every %v tries it)",
+		e.Name, e.Since.UTC().Format(time.RFC3339), e.Failures, e.Last, e.Probe)
 }
 
 func (e *DownError) Unwrap() error { return schemas.ErrDown }
@@ -129,10 +133,10 @@ func (b *Breaker) Ask() (Call, error) {
 }
 
 func (b *Breaker) down() *DownError {
-	return &DownError{Failures: b.failures, Last: b.last, Since: b.since, Probe: b.probe()}
+	return &DownError{Name: b.name(), Failures: b.failures, Last: b.last, Since: b.since, Probe: b.probe()}
 }
 
-// Succeeded reports an answer: the world model is up.
+// Succeeded reports an answer: the service is up.
 func (c Call) Succeeded() {
 	if c.b == nil {
 		return
@@ -143,7 +147,7 @@ func (c Call) Succeeded() {
 		b.probing = false
 	}
 	closed := !b.since.IsZero()
-	st := BreakerState{Failures: b.failures, Last: b.last, Since: b.since, Refused: b.refused, At: b.now()}
+	st := State{Failures: b.failures, Last: b.last, Since: b.since, Refused: b.refused, At: b.now()}
 	b.failures, b.since, b.refused = 0, time.Time{}, 0
 	b.mu.Unlock()
 	if closed && b.OnChange != nil {
@@ -153,7 +157,7 @@ func (c Call) Succeeded() {
 
 // Failed reports a call that failed after its connector's own retries.
 // If the breaker is open now (this failure opened it, or it was a probe,
-// or a call let through before it opened), it says so: the group is to
+// or a call let through before it opened), it says so: the work is to
 // be given up at once rather than retried. A call cut short by the
 // breaker's opening is not counted: its error says nothing new.
 func (c Call) Failed(err error) *DownError {
@@ -185,7 +189,7 @@ func (c Call) Failed(err error) *DownError {
 			b.next = now.Add(b.probe())
 		}
 	}
-	st := BreakerState{Open: true, Failures: b.failures, Last: err, Since: b.since, At: now}
+	st := State{Open: true, Failures: b.failures, Last: err, Since: b.since, At: now}
 	b.mu.Unlock()
 	if opened && b.OnChange != nil {
 		b.OnChange(st)
@@ -194,7 +198,7 @@ func (c Call) Failed(err error) *DownError {
 }
 
 // Abandoned reports a call given up before an answer (the process is
-// stopping): it says nothing of the world model.
+// stopping): it says nothing of the service.
 func (c Call) Abandoned() {
 	if c.b == nil || !c.probe {
 		return
@@ -202,6 +206,13 @@ func (c Call) Abandoned() {
 	c.b.mu.Lock()
 	c.b.probing = false
 	c.b.mu.Unlock()
+}
+
+func (b *Breaker) name() string {
+	if b.Name != "" {
+		return b.Name
+	}
+	return "the service"
 }
 
 func (b *Breaker) now() time.Time {

@@ -1,0 +1,114 @@
+package breaker
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// clock is a time that moves only when told.
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time             { return c.t }
+func (c *clock) add(d time.Duration)        { c.t = c.t.Add(d) }
+func newClock() *clock                      { return &clock{t: time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)} }
+func refused(t *testing.T, b *Breaker) bool { t.Helper(); _, err := b.Ask(); return err != nil }
+
+// The breaker opens after After calls in a row have failed, not after as
+// many failures with a success between them; while open it lets one probe
+// through per Probe, and the first success closes it.
+func TestBreakerOpensOnFailuresInARowAndProbes(t *testing.T) {
+	clk := newClock()
+	var changes []State
+	b := &Breaker{Name: "the world model", After: 3, Probe: 30 * time.Second, Now: clk.now, OnChange: func(s State) { changes = append(changes, s) }}
+	down := errors.New("connection refused")
+	fail := func() *DownError {
+		t.Helper()
+		c, err := b.Ask()
+		if err != nil {
+			t.Fatalf("refused while closed: %v", err)
+		}
+		return c.Failed(down)
+	}
+
+	fail()
+	fail()
+	c, _ := b.Ask()
+	c.Succeeded() // two failures, then an answer: not in a row
+	fail()
+	if fail() != nil || refused(t, b) || len(changes) != 0 {
+		t.Fatalf("open after 2 failures in a row (After 3); changes %+v", changes)
+	}
+	if fail() == nil {
+		t.Fatal("the failure that opened it was not told so")
+	}
+	if len(changes) != 1 || !changes[0].Open || changes[0].Failures != 3 || changes[0].Last != down || !changes[0].Since.Equal(clk.t) {
+		t.Fatalf("changes after 3 failures in a row: %+v; want one, open", changes)
+	}
+	_, err := b.Ask()
+	var de *DownError
+	if !errors.As(err, &de) || !errors.Is(err, schemas.ErrDown) || !strings.Contains(err.Error(), "down since 2026-12-03T10:00:00Z") ||
+		!strings.Contains(err.Error(), "connection refused") ||
+		!strings.Contains(err.Error(), "the world model is down") ||
+		!strings.Contains(err.Error(), "3 calls in a row failed") || !strings.Contains(err.Error(), "one call every 30s") {
+		t.Fatalf("open: %v; want a DownError naming the failures, the last error and the probe", err)
+	}
+
+	// A call let through before it opened still counts.
+	clk.add(29 * time.Second)
+	if !refused(t, b) {
+		t.Fatal("a probe before Probe has passed")
+	}
+	clk.add(time.Second)
+	probe, err := b.Ask()
+	if err != nil || !probe.probe {
+		t.Fatalf("no probe after Probe: %v", err)
+	}
+	if !refused(t, b) {
+		t.Fatal("a second call let through while the probe is out")
+	}
+	if probe.Failed(down) == nil { // still down: the next probe a Probe later
+		t.Fatal("a failed probe was not told that the world model is down")
+	}
+	clk.add(29 * time.Second)
+	if !refused(t, b) {
+		t.Fatal("a probe sooner than Probe after a failed one")
+	}
+	clk.add(time.Second)
+	probe, _ = b.Ask()
+	probe.Abandoned() // the process stopped: says nothing, frees the probe
+	probe, err = b.Ask()
+	if err != nil || !probe.probe {
+		t.Fatalf("no probe after an abandoned one: %v", err)
+	}
+	clk.add(5 * time.Second)
+	probe.Succeeded()
+	if len(changes) != 2 || changes[1].Open || changes[1].Refused != 4 || changes[1].At.Sub(changes[1].Since) != 65*time.Second {
+		t.Fatalf("changes after the probe succeeded: %+v; want closed after 65s with 4 groups refused", changes)
+	}
+	if refused(t, b) {
+		t.Fatal("refused after it closed")
+	}
+	fail()
+	if fail() != nil || refused(t, b) {
+		t.Fatal("closed but still counting the failures from before")
+	}
+}
+
+// A nil breaker, or one with After 0, lets everything through.
+func TestBreakerOff(t *testing.T) {
+	var nilB *Breaker
+	off := &Breaker{}
+	for _, b := range []*Breaker{nilB, off} {
+		for range 10 {
+			c, err := b.Ask()
+			if err != nil {
+				t.Fatalf("%+v refused: %v", b, err)
+			}
+			c.Failed(errors.New("down"))
+		}
+	}
+}
