@@ -28,7 +28,9 @@ type Breaker struct {
 	Probe time.Duration
 	Now   func() time.Time // default time.Now
 	// OnChange, if set, is told when the breaker opens and when it closes,
-	// with what it has seen (called without the breaker's lock held).
+	// with what it has seen. It is called with the breaker's lock held, so
+	// that its calls come in the order of the changes; it must not call
+	// the breaker.
 	OnChange func(State)
 
 	mu       sync.Mutex
@@ -146,13 +148,11 @@ func (c Call) Succeeded() {
 	if c.probe {
 		b.probing = false
 	}
-	closed := !b.since.IsZero()
-	st := State{Failures: b.failures, Last: b.last, Since: b.since, Refused: b.refused, At: b.now()}
+	if !b.since.IsZero() && b.OnChange != nil {
+		b.OnChange(State{Failures: b.failures, Last: b.last, Since: b.since, Refused: b.refused, At: b.now()})
+	}
 	b.failures, b.since, b.refused = 0, time.Time{}, 0
 	b.mu.Unlock()
-	if closed && b.OnChange != nil {
-		b.OnChange(st)
-	}
 }
 
 // Failed reports a call that failed after its connector's own retries.
@@ -189,11 +189,10 @@ func (c Call) Failed(err error) *DownError {
 			b.next = now.Add(b.probe())
 		}
 	}
-	st := State{Open: true, Failures: b.failures, Last: err, Since: b.since, At: now}
-	b.mu.Unlock()
 	if opened && b.OnChange != nil {
-		b.OnChange(st)
+		b.OnChange(State{Open: true, Failures: b.failures, Last: err, Since: b.since, At: now})
 	}
+	b.mu.Unlock()
 	return down
 }
 
