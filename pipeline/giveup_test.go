@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/wmrl/wmrl/connectors/sim"
@@ -29,6 +30,65 @@ func oneBrokenGroup(t *testing.T, groups int) (sim.Policy, string, Config) {
 	cfg := testConfig(t)
 	cfg.Source = SourceExternal
 	return pol, trajs[0].GroupID, cfg
+}
+
+// firstUpdate starts cfg's pipeline, publishes pol's step 0 and returns
+// the pipeline, a client of its server and the step's update.
+func firstUpdate(t *testing.T, ctx context.Context, cfg Config, pol sim.Policy) (*Pipeline, *nats.Conn, schemas.Update) {
+	t.Helper()
+	p, nc, js := startClient(t, ctx, cfg)
+	publishStep(t, ctx, js, pol, 0)
+	var raw [][]byte
+	waitFor(t, 60*time.Second, func() bool { raw = scanAll(t, nc, "wmrl.default.update"); return len(raw) == 1 })
+	return p, nc, decodeUpdates(t, raw)[0]
+}
+
+// downUntilStep2 runs cfg to its end with a service that is down until
+// step 2's update, when back brings it back; gauge (wmrl_wm_down or
+// wmrl_executor_down) must read 1 then and 0 at the end. It returns the
+// run's updates and what the run printed.
+func downUntilStep2(t *testing.T, cfg Config, gauge func(*Metrics) prometheus.Gauge, back func()) (map[int64]schemas.Update, string) {
+	t.Helper()
+	var p atomic.Pointer[Pipeline]
+	var wasDown atomic.Bool
+	cfg.OnUpdate = func(u schemas.Update, _ time.Duration) {
+		if u.Step == 2 {
+			for p.Load() == nil { // Start has not returned yet
+				time.Sleep(time.Millisecond)
+			}
+			wasDown.Store(testutil.ToFloat64(gauge(p.Load().Metrics())) == 1)
+			back()
+		}
+	}
+	var out syncBuffer
+	cfg.Quiet, cfg.Out = false, &out
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p.Store(started(t, ctx, cfg))
+	if err := p.Load().Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if end := testutil.ToFloat64(gauge(p.Load().Metrics())); !wasDown.Load() || end != 0 {
+		t.Errorf("down gauge: 1 at step 2 is %v, %v at the end; want 1 then 0", wasDown.Load(), end)
+	}
+	p.Load().Stop()
+	return decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update")), out.String()
+}
+
+// givenUpAtOnce counts stage's dead letters given up at once because
+// service is down, naming cause as its last failure.
+func givenUpAtOnce(t *testing.T, dataDir, stage, service, cause string) int {
+	t.Helper()
+	n := 0
+	for _, b := range readStored(t, dataDir, "wmrl.default.dlq") {
+		var dl schemas.DeadLetter
+		json.Unmarshal(b, &dl)
+		if dl.Stage == stage && strings.HasPrefix(dl.Reason, "gave up at once: ") &&
+			strings.Contains(dl.Reason, service+" is down since") && strings.Contains(dl.Reason, cause) {
+			n++
+		}
+	}
+	return n
 }
 
 // brokenExecutor fails every trajectory of one group, as a sandbox service
@@ -114,12 +174,7 @@ func TestStepIsFusedAtOnceWhenAnAnchorGroupFails(t *testing.T) {
 	cfg.AnchorDeadline = time.Hour
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	p, nc, js := startClient(t, ctx, cfg)
-	publishStep(t, ctx, js, pol, 0)
-
-	var raw [][]byte
-	waitFor(t, 60*time.Second, func() bool { raw = scanAll(t, nc, "wmrl.default.update"); return len(raw) == 1 })
-	u := decodeUpdates(t, raw)[0]
+	p, nc, u := firstUpdate(t, ctx, cfg, pol)
 	if len(u.FailedAnchors) != 1 || u.FailedAnchors[0] != broken || len(u.LateAnchors) != 0 || u.Anchors != 1 || u.Groups != 2 {
 		t.Fatalf("update: failed anchors %v, late %v, anchors %d, groups %d; want %s failed, the other an anchor",
 			u.FailedAnchors, u.LateAnchors, u.Anchors, u.Groups, broken)
@@ -168,12 +223,7 @@ func TestStepIsFusedWhenTheWorldModelGivesUpOnAGroup(t *testing.T) {
 	cfg.Out, cfg.Quiet = &out, false
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	p, nc, js := startClient(t, ctx, cfg)
-	publishStep(t, ctx, js, pol, 0)
-
-	var raw [][]byte
-	waitFor(t, 60*time.Second, func() bool { raw = scanAll(t, nc, "wmrl.default.update"); return len(raw) == 1 })
-	u := decodeUpdates(t, raw)[0]
+	p, nc, u := firstUpdate(t, ctx, cfg, pol)
 	n := 0
 	for _, it := range u.Items {
 		if it.GroupID != broken {
@@ -245,28 +295,7 @@ func TestPipelineGivesUpOnADownExecutorUntilItIsBack(t *testing.T) {
 	cfg.ExecutorImpl = exe
 	cfg.ExecDownAfter, cfg.ExecProbeEvery = 3, 100*time.Millisecond
 	cfg.AnchorDeadline = time.Hour
-	var out syncBuffer
-	cfg.Quiet, cfg.Out = false, &out
-	var p *Pipeline
-	var wasDown atomic.Bool
-	cfg.OnUpdate = func(u schemas.Update, _ time.Duration) {
-		if u.Step == 2 {
-			wasDown.Store(testutil.ToFloat64(p.Metrics().ExecutorDown) == 1)
-			exe.down.Store(false)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	p = started(t, ctx, cfg)
-	if err := p.Wait(); err != nil {
-		t.Fatal(err)
-	}
-	if !wasDown.Load() || testutil.ToFloat64(p.Metrics().ExecutorDown) != 0 {
-		t.Errorf("wmrl_executor_down: %v at step 2, %v at the end; want 1 then 0", wasDown.Load(), testutil.ToFloat64(p.Metrics().ExecutorDown))
-	}
-	p.Stop()
-
-	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	ups, out := downUntilStep2(t, cfg, func(m *Metrics) prometheus.Gauge { return m.ExecutorDown }, func() { exe.down.Store(false) })
 	allFailed := 0
 	for _, u := range ups {
 		if len(u.FailedAnchors) == 2 && u.Anchors == 0 && len(u.LateAnchors) == 0 {
@@ -279,21 +308,13 @@ func TestPipelineGivesUpOnADownExecutorUntilItIsBack(t *testing.T) {
 	if u := ups[19]; u.Anchors != 2 || len(u.FailedAnchors) != 0 {
 		t.Fatalf("step 19: %d anchors, failed %v; want both anchors used once the executor is back", u.Anchors, u.FailedAnchors)
 	}
-	atOnce := 0
-	for _, b := range readStored(t, cfg.DataDir, "wmrl.default.dlq") {
-		var dl schemas.DeadLetter
-		json.Unmarshal(b, &dl)
-		if dl.Stage == StageExecute && strings.HasPrefix(dl.Reason, "gave up at once: ") &&
-			strings.Contains(dl.Reason, "the executor is down since") && strings.Contains(dl.Reason, "sandbox service unreachable") {
-			atOnce++
-		}
-	}
+	atOnce := givenUpAtOnce(t, cfg.DataDir, StageExecute, "the executor", "sandbox service unreachable")
 	if atOnce == 0 {
 		t.Error("no anchor group given up at once in the dead letters")
 	}
 	for _, want := range []string{"execute: the executor is down: 3 calls in a row failed", "execute: the executor is back after "} {
-		if strings.Count(out.String(), want) != 1 {
-			t.Errorf("output has %q %d times, want once:\n%s", want, strings.Count(out.String(), want), out.String())
+		if strings.Count(out, want) != 1 {
+			t.Errorf("output has %q %d times, want once:\n%s", want, strings.Count(out, want), out)
 		}
 	}
 	t.Logf("%d steps with both anchor groups failed, %d groups given up at once", allFailed, atOnce)

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/wmrl/wmrl/connectors/openai"
 	"github.com/wmrl/wmrl/schemas"
@@ -163,28 +163,7 @@ func TestPipelineGivesUpOnADownWorldModelUntilItIsBack(t *testing.T) {
 	cfg.Steps = 20
 	cfg.WorldModelImpl = wm
 	cfg.WMDownAfter, cfg.WMProbeEvery = 3, 100*time.Millisecond
-	var out syncBuffer
-	cfg.Quiet, cfg.Out = false, &out
-	var wasDown atomic.Bool
-	var p *Pipeline
-	cfg.OnUpdate = func(u schemas.Update, _ time.Duration) {
-		if u.Step == 2 {
-			wasDown.Store(p.Metrics().WMDown != nil && testutil.ToFloat64(p.Metrics().WMDown) == 1)
-			down.Store(false)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	p = started(t, ctx, cfg)
-	if err := p.Wait(); err != nil {
-		t.Fatal(err)
-	}
-	if !wasDown.Load() || testutil.ToFloat64(p.Metrics().WMDown) != 0 {
-		t.Errorf("wmrl_wm_down: %v at step 2, %v at the end; want 1 then 0", wasDown.Load(), testutil.ToFloat64(p.Metrics().WMDown))
-	}
-	p.Stop()
-
-	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	ups, out := downUntilStep2(t, cfg, func(m *Metrics) prometheus.Gauge { return m.WMDown }, func() { down.Store(false) })
 	wmRewards := func(u schemas.Update) (graded, ungraded int) {
 		for _, it := range u.Items {
 			if it.Source != "world_model" {
@@ -214,15 +193,7 @@ func TestPipelineGivesUpOnADownWorldModelUntilItIsBack(t *testing.T) {
 	}
 	checkFusion(t, ups[19])
 
-	atOnce, pred := 0, 0
-	for _, b := range readStored(t, cfg.DataDir, "wmrl.default.dlq") {
-		var dl schemas.DeadLetter
-		json.Unmarshal(b, &dl)
-		if dl.Stage == StagePredict && strings.HasPrefix(dl.Reason, "gave up at once: ") &&
-			strings.Contains(dl.Reason, "the world model is down since") && strings.Contains(dl.Reason, "503") {
-			atOnce++
-		}
-	}
+	atOnce, pred := givenUpAtOnce(t, cfg.DataDir, StagePredict, "the world model", "503"), 0
 	for _, b := range readStored(t, cfg.DataDir, "wmrl.default.pred") {
 		var p schemas.Prediction
 		json.Unmarshal(b, &p)
@@ -240,8 +211,8 @@ func TestPipelineGivesUpOnADownWorldModelUntilItIsBack(t *testing.T) {
 		t.Errorf("%d requests while down; %d groups were given up, %d trajectories", n, atOnce, atOnce*cfg.GroupSize)
 	}
 	for _, want := range []string{"predict: the world model is down: 3 calls in a row failed", "predict: the world model is back after "} {
-		if strings.Count(out.String(), want) != 1 {
-			t.Errorf("output has %q %d times, want once:\n%s", want, strings.Count(out.String(), want), out.String())
+		if strings.Count(out, want) != 1 {
+			t.Errorf("output has %q %d times, want once:\n%s", want, strings.Count(out, want), out)
 		}
 	}
 	t.Logf("%d groups given up at once, %d requests while down", atOnce, requests.Load())
