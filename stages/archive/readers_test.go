@@ -1,6 +1,7 @@
 package archive
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -34,9 +35,7 @@ func TestDuckDBReadsTheArchive(t *testing.T) {
 		skipOrFail(t, "WMRL_REQUIRE_DUCKDB", fmt.Sprintf("node (%v) or WMRL_NODE_PATH (%q) is missing; set WMRL_NODE_PATH to a node_modules holding @duckdb/node-api", nodeErr, nodePath))
 	}
 	dir, rows := writeReaderFixture(t)
-	cmd := exec.Command("node", filepath.Join("testdata", "duckdb_read.cjs"), filepath.Join(dir, "*", "*.parquet"))
-	cmd.Env = append(os.Environ(), "NODE_PATH="+nodePath)
-	got := runReader(t, cmd)
+	got := runReader(t, append(os.Environ(), "NODE_PATH="+nodePath), "node", filepath.Join("testdata", "duckdb_read.cjs"), filepath.Join(dir, "*", "*.parquet"))
 	got["first_ts"] = strings.TrimSuffix(got["first_ts"], "+00")
 	compareAggregates(t, "duckdb", got, ourAggregates(rows))
 }
@@ -52,7 +51,7 @@ func TestPandasReadsTheArchive(t *testing.T) {
 		skipOrFail(t, "WMRL_REQUIRE_PANDAS", "WMRL_PYTHON is not set; set it to a Python with pandas and pyarrow")
 	}
 	dir, rows := writeReaderFixture(t)
-	got := runReader(t, exec.Command(python, filepath.Join("testdata", "pandas_read.py"), dir))
+	got := runReader(t, nil, python, filepath.Join("testdata", "pandas_read.py"), dir)
 
 	// What pandas makes of the columns' types is part of "reads them as
 	// they are": numbers stay numbers, optional ones become NaN-able
@@ -136,9 +135,18 @@ func writeReaderFixture(t *testing.T) (string, []Row) {
 
 // runReader runs an outside reader and returns its JSON object, every
 // value as a string (numbers in their JSON spelling).
-func runReader(t *testing.T, cmd *exec.Cmd) map[string]string {
+func runReader(t *testing.T, env []string, name string, args ...string) map[string]string {
 	t.Helper()
+	// It reads a few hundred rows in about a second: one that hangs is
+	// killed, and says so, well before the package's timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = env
 	out, err := cmd.Output()
+	if ctx.Err() != nil {
+		t.Fatalf("%s did not finish in 2 minutes (killed); it printed %q", name, out)
+	}
 	if err != nil {
 		var stderr string
 		if ee, ok := err.(*exec.ExitError); ok {
@@ -148,7 +156,7 @@ func runReader(t *testing.T, cmd *exec.Cmd) map[string]string {
 	}
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(out, &raw); err != nil {
-		t.Fatalf("%s printed %q: %v", cmd.Args[0], out, err)
+		t.Fatalf("%s printed %q: %v", name, out, err)
 	}
 	got := make(map[string]string, len(raw))
 	for k, v := range raw {
