@@ -35,6 +35,11 @@ type Status struct {
 	LastCalibration *schemas.Calibration
 	LastCalibAt     time.Time
 	DeadLetters     uint64
+	// The newest dead letter (nil: none), with when it was stored: its
+	// reason says whether something is down right now ("gave up at
+	// once: ... is down since ...") or an input was bad.
+	LastDeadLetter   *schemas.DeadLetter
+	LastDeadLetterAt time.Time
 	// Consumers: every durable consumer of one of the run's subjects
 	// (the stages', and outside stages' of their own), by name.
 	Consumers []ConsumerStatus
@@ -86,6 +91,7 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 		step schemas.StepClose
 		up   schemas.Update
 		cal  schemas.Calibration
+		dl   schemas.DeadLetter
 		ok   bool
 	)
 	if st.LastStepAt, ok, err = last(schemas.KindStep, &step); err != nil {
@@ -102,6 +108,11 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 		return nil, err
 	} else if ok {
 		st.LastCalibration = &cal
+	}
+	if st.LastDeadLetterAt, ok, err = last(schemas.KindDLQ, &dl); err != nil {
+		return nil, err
+	} else if ok {
+		st.LastDeadLetter = &dl
 	}
 	consumers := stream.ListConsumers(ctx)
 	for ci := range consumers.Info() {

@@ -19,12 +19,14 @@ func statusCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show where a run is: the last step received, fused and calibrated, dead letters, and each consumer's backlog",
+		Short: "Show where a run is: the last step received, fused and calibrated, dead letters and the newest one's reason, and each consumer's backlog",
 		Long: `Show where a run is, from its stream: the newest step watermark, update
-and calibration with their age, the dead letters, and for every durable
-consumer of the run's subjects (the stages', and outside stages' own) its
-backlog, the messages in flight and redelivered, the pull requests
-waiting (0 with a backlog: nothing is reading) and its last delivery.
+and calibration with their age, the dead letters with the newest one's
+reason ("given up": a service it needs is down, "rejected": bad input),
+and for every durable consumer of the run's subjects (the stages', and
+outside stages' own) its backlog, the messages in flight and redelivered,
+the pull requests waiting (0 with a backlog: nothing is reading) and its
+last delivery.
 A stalled run shows as a consumer whose backlog grows while its last
 delivery gets old.
 
@@ -85,6 +87,19 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 		fmt.Fprint(w, " (wmrl dlq lists them)")
 	}
 	fmt.Fprintln(w)
+	// The newest one says whether a service is down now ("gave up at
+	// once: the world model is down since ...") or an input was bad.
+	if dl := st.LastDeadLetter; dl != nil {
+		kind := "rejected"
+		if givenUp(*dl) {
+			kind = "given up"
+		}
+		stage := dl.Stage
+		if stage == "" {
+			stage = "-"
+		}
+		fmt.Fprintf(w, "newest of them:  %s by %s, %s: %s\n", kind, stage, ago(st.LastDeadLetterAt), cut(oneLine(dl.Reason), 240))
+	}
 	if len(st.Consumers) == 0 {
 		fmt.Fprintln(w, "consumers:       none of the run's subjects has one")
 		return
@@ -107,4 +122,13 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 	if unread > 0 {
 		fmt.Fprintf(w, "* %d consumer(s) with a backlog and no pull request waiting: nothing reads them; is their stage running?\n", unread)
 	}
+}
+
+// cut shortens s to at most n runes, marking the cut.
+func cut(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/sim"
+	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/schemas"
 )
 
 // TestStatusShowsWhereTheRunIs: wmrl status shows the last step received
@@ -51,7 +53,8 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 		return err == nil && strings.Contains(out, "steps fused:     up to 0") && strings.Contains(out, "dead letters:    1 ")
 	})
 	t.Logf("wmrl status:\n%s", out)
-	for _, want := range []string{"steps received:  up to 0", "rho ", "groups 4, anchors 1", "(wmrl dlq lists them)"} {
+	for _, want := range []string{"steps received:  up to 0", "rho ", "groups 4, anchors 1", "(wmrl dlq lists them)",
+		"newest of them:  rejected by route, ", "malformed JSON"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status does not show %q", want)
 		}
@@ -87,5 +90,32 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 	}
 	if !strings.Contains(out, "steps fused:     up to 0") {
 		t.Errorf("the stopped run's status lost its last update:\n%s", out)
+	}
+}
+
+// TestStatusTellsAnOutageFromBadInput: the newest dead letter's line says
+// whether it was given up (a service down) or rejected, and a long reason
+// is cut to one short line.
+func TestStatusTellsAnOutageFromBadInput(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	reason := "gave up at once: the world model is down since 11:59:00 after 5 failures in a row: " + strings.Repeat("503 ", 100)
+	st := &pipeline.Status{Stream: "S", DeadLetters: 7,
+		LastDeadLetter:   &schemas.DeadLetter{Stage: "predict", Reason: reason},
+		LastDeadLetterAt: now.Add(-3 * time.Second)}
+	var b strings.Builder
+	writeStatus(&b, st, "here", "wmrl", "default", now)
+	line := regexp.MustCompile(`(?m)^newest of them:.*$`).FindString(b.String())
+	if !strings.HasPrefix(line, "newest of them:  given up by predict, 2026-12-03T11:59:57Z, 3s ago: gave up at once: the world model is down") {
+		t.Errorf("the newest dead letter's line is %q", line)
+	}
+	if n := len([]rune(line)); n > 320 || !strings.HasSuffix(line, "…") {
+		t.Errorf("a %d-rune reason makes a %d-rune line, not cut: %q", len(reason), n, line)
+	}
+
+	st.LastDeadLetter = &schemas.DeadLetter{Reason: "route: invalid message: malformed JSON"}
+	b.Reset()
+	writeStatus(&b, st, "here", "wmrl", "default", now)
+	if !strings.Contains(b.String(), "newest of them:  rejected by -, 2026-12-03T11:59:57Z, 3s ago: route: invalid message: malformed JSON\n") {
+		t.Errorf("a rejected dead letter without a stage shows as:\n%s", b.String())
 	}
 }
