@@ -53,8 +53,7 @@ func (p *Pipeline) build(ctx context.Context) error {
 			var wm predict.WorldModel
 			if wm, err = p.worldModel(); err == nil {
 				h := &predict.Handler{Run: cfg.Run, Out: p.topo.Out(StagePredict, schemas.KindPred), Pub: p.stagePublisher(stage), WM: wm,
-					LastAttempt: p.dl.lastAttempt, Breaker: p.breaker(stage, "the world model", cfg.WMDownAfter, cfg.WMProbeEvery, p.metrics.WMDown,
-						"its groups are given up at once (recorded ungraded: their steps train on the anchors)")}
+					LastAttempt: p.dl.lastAttempt, Breaker: p.worldModelBreaker()}
 				err = p.subscribe(stage, schemas.KindGroup, h.Handle)
 			}
 		case StageExecute:
@@ -333,6 +332,24 @@ func (p *Pipeline) compactArchive(ctx context.Context, after time.Duration) {
 	}
 }
 
+// worldModelBreaker is the world model's breaker, one per process: the
+// predict stage and the gateway's reward endpoints call the same world
+// model, so what one finds down is down for the other.
+func (p *Pipeline) worldModelBreaker() *breaker.Breaker {
+	if p.wmBreaker != nil {
+		return p.wmBreaker
+	}
+	stage, then := "gateway", "the gateway's reward endpoints answer 503 at once"
+	if slices.Contains(p.cfg.Stages, StagePredict) {
+		stage, then = StagePredict, "its groups are given up at once (recorded ungraded: their steps train on the anchors)"
+		if p.cfg.HTTPAddr != "" {
+			then += ", and the gateway's reward endpoints answer 503"
+		}
+	}
+	p.wmBreaker = p.breaker(stage, "the world model", p.cfg.WMDownAfter, p.cfg.WMProbeEvery, p.metrics.WMDown, then)
+	return p.wmBreaker
+}
+
 // breaker gives a stage's work up at once while the service it calls keeps
 // failing (then says what becomes of the work meanwhile), shows it on
 // gauge, and says so when it starts and stops.
@@ -349,8 +366,12 @@ func (p *Pipeline) breaker(stage, name string, after int, probe time.Duration, g
 		if down >= time.Second {
 			down = down.Round(time.Second)
 		}
-		p.notef("%s: %s is back after %v; %d calls were not made meanwhile (wmrl dlq --stage %s)",
-			stage, name, down.Round(time.Millisecond), st.Refused, stage)
+		where := fmt.Sprintf(" (wmrl dlq --stage %s)", stage)
+		if stage == "gateway" {
+			where = " (answered 503)"
+		}
+		p.notef("%s: %s is back after %v; %d calls were not made meanwhile%s",
+			stage, name, down.Round(time.Millisecond), st.Refused, where)
 	}}
 }
 
@@ -390,7 +411,7 @@ func (p *Pipeline) buildGateway() error {
 		return err
 	}
 	g, err := gateway.New(gateway.Config{
-		Run: p.cfg.Run, Stream: p.tr.stream, Token: p.cfg.HTTPToken, WorldModel: wm,
+		Run: p.cfg.Run, Stream: p.tr.stream, Token: p.cfg.HTTPToken, WorldModel: wm, Breaker: p.worldModelBreaker(),
 		Subjects: gateway.Subjects{
 			Traj: p.topo.Subject(schemas.KindTraj), Step: p.topo.Subject(schemas.KindStep),
 			Update: p.topo.Out(StageFuse, schemas.KindUpdate), Calibration: p.topo.Out(StageCalibrate, schemas.KindCalibration),

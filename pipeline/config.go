@@ -77,9 +77,10 @@ type Config struct {
 	WMConcurrency  int
 	WMAPIKey       string
 	// WMDownAfter: after this many world-model calls in a row have failed
-	// (each retried by the connector), groups are given up at once until
-	// a call succeeds again, tried once every WMProbeEvery (default 30s):
-	// see breaker.Breaker. 0 never gives up early (DefaultConfig: 5).
+	// (each retried by the connector), groups are given up at once, and
+	// the gateway's reward requests answered 503, until a call succeeds
+	// again, tried once every WMProbeEvery (default 30s): see
+	// breaker.Breaker. 0 never gives up early (DefaultConfig: 5).
 	WMDownAfter  int
 	WMProbeEvery time.Duration
 

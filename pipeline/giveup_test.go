@@ -47,7 +47,7 @@ func firstUpdate(t *testing.T, ctx context.Context, cfg Config, pol sim.Policy) 
 // step 2's update, when back brings it back; gauge (wmrl_wm_down or
 // wmrl_executor_down) must read 1 then and 0 at the end. It returns the
 // run's updates and what the run printed.
-func downUntilStep2(t *testing.T, cfg Config, gauge func(*Metrics) prometheus.Gauge, back func()) (map[int64]schemas.Update, string) {
+func downUntilStep2(t *testing.T, cfg Config, gauge func(*Metrics) prometheus.Gauge, back func(*Pipeline)) (map[int64]schemas.Update, string) {
 	t.Helper()
 	var p atomic.Pointer[Pipeline]
 	var wasDown atomic.Bool
@@ -57,7 +57,7 @@ func downUntilStep2(t *testing.T, cfg Config, gauge func(*Metrics) prometheus.Ga
 				time.Sleep(time.Millisecond)
 			}
 			wasDown.Store(testutil.ToFloat64(gauge(p.Load().Metrics())) == 1)
-			back()
+			back(p.Load())
 		}
 	}
 	var out syncBuffer
@@ -295,7 +295,7 @@ func TestPipelineGivesUpOnADownExecutorUntilItIsBack(t *testing.T) {
 	cfg.ExecutorImpl = exe
 	cfg.ExecDownAfter, cfg.ExecProbeEvery = 3, 100*time.Millisecond
 	cfg.AnchorDeadline = time.Hour
-	ups, out := downUntilStep2(t, cfg, func(m *Metrics) prometheus.Gauge { return m.ExecutorDown }, func() { exe.down.Store(false) })
+	ups, out := downUntilStep2(t, cfg, func(m *Metrics) prometheus.Gauge { return m.ExecutorDown }, func(*Pipeline) { exe.down.Store(false) })
 	allFailed := 0
 	for _, u := range ups {
 		if len(u.FailedAnchors) == 2 && u.Anchors == 0 && len(u.LateAnchors) == 0 {

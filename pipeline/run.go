@@ -19,6 +19,7 @@ import (
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
+	"github.com/wmrl/wmrl/stages/breaker"
 	"github.com/wmrl/wmrl/stages/fuse"
 	"github.com/wmrl/wmrl/stages/predict"
 )
@@ -40,6 +41,7 @@ type Pipeline struct {
 	archiveWriter *archive.Writer
 	gateway       *gateway.Gateway
 	wm            predict.WorldModel
+	wmBreaker     *breaker.Breaker // the world model's, shared by predict and the gateway
 	// httpListener is bound in build, so Start fails on a busy address and
 	// HTTPURL is known as soon as Start returns.
 	httpListener net.Listener

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -163,7 +164,27 @@ func TestPipelineGivesUpOnADownWorldModelUntilItIsBack(t *testing.T) {
 	cfg.Steps = 20
 	cfg.WorldModelImpl = wm
 	cfg.WMDownAfter, cfg.WMProbeEvery = 3, 100*time.Millisecond
-	ups, out := downUntilStep2(t, cfg, func(m *Metrics) prometheus.Gauge { return m.WMDown }, func() { down.Store(false) })
+	cfg.HTTPAddr = "127.0.0.1:0"
+	// While it is down, the gateway's reward endpoints, asking the same
+	// world model through the same breaker, answer 503 at once: with a
+	// breaker of their own they would ask it and answer 502.
+	var gatewayCode int
+	var gatewayRetry, gatewayBody string
+	ups, out := downUntilStep2(t, cfg, func(m *Metrics) prometheus.Gauge { return m.WMDown }, func(p *Pipeline) {
+		resp, err := http.Post(p.HTTPURL()+"/v1/runs/default/rewards/slime", "application/json", strings.NewReader(`{"prompt":"p","response":"r"}`))
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			gatewayCode, gatewayRetry, gatewayBody = resp.StatusCode, resp.Header.Get("Retry-After"), string(b)
+		} else {
+			gatewayBody = err.Error()
+		}
+		down.Store(false)
+	})
+	if gatewayCode != http.StatusServiceUnavailable || gatewayRetry != "1" || !strings.Contains(gatewayBody, "the world model is down since") {
+		t.Errorf("the gateway's reward endpoint while predict found the world model down: %d, Retry-After %q, %s; want 503 saying it is down, Retry-After 1",
+			gatewayCode, gatewayRetry, gatewayBody)
+	}
 	wmRewards := func(u schemas.Update) (graded, ungraded int) {
 		for _, it := range u.Items {
 			if it.Source != "world_model" {

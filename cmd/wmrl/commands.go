@@ -50,7 +50,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.Float64Var(&cfg.WMTemperature, "wm-temperature", 0, "sampling temperature of the world model (use > 0 with --wm-samples > 1)")
 	fs.IntVar(&cfg.WMMaxTokens, "wm-max-tokens", 512, "max tokens of a world-model reply")
 	fs.IntVar(&cfg.WMConcurrency, "wm-concurrency", 16, "world-model requests in flight at most, per process (a vLLM or SGLang server batches many)")
-	fs.IntVar(&cfg.WMDownAfter, "wm-down-after", cfg.WMDownAfter, "after this many world-model calls in a row failed (each after the connector's own retries), give its groups up at once, recorded ungraded, until a call succeeds again (0: never; each group then waits out its retries)")
+	fs.IntVar(&cfg.WMDownAfter, "wm-down-after", cfg.WMDownAfter, "after this many world-model calls in a row failed (each after the connector's own retries), give its groups up at once, recorded ungraded, and answer the gateway's reward requests 503, until a call succeeds again (0: never; each group then waits out its retries)")
 	fs.DurationVar(&cfg.WMProbeEvery, "wm-probe-every", cfg.WMProbeEvery, "while the world model is down (--wm-down-after), let one group's call through this often to see whether it is back")
 	fs.StringVar(&cfg.Executor, "executor", "", "anchor executor: sim, subprocess (real execution of the --task here) or sandbox-fusion (on --sandbox-url)")
 	fs.StringVar(&cfg.SandboxURL, "sandbox-url", "", "Sandbox Fusion server for --executor sandbox-fusion, e.g. http://127.0.0.1:8080")

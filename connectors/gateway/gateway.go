@@ -24,6 +24,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/breaker"
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/predict"
 )
@@ -46,6 +47,11 @@ type Config struct {
 	MaxWait time.Duration
 	// WorldModel scores the reward endpoints' requests.
 	WorldModel predict.WorldModel
+	// Breaker, if set, stops asking a world model that keeps failing: the
+	// reward endpoints answer 503 with a Retry-After at once instead of
+	// each waiting out the connector's retries. In one process it is the
+	// predict stage's, so a world model either finds down is down for both.
+	Breaker *breaker.Breaker
 	// KeepUpdates whole in memory (default 256; older ones are read back
 	// from the stream).
 	KeepUpdates int

@@ -10,12 +10,15 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/wmrl/wmrl/connectors/openai"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/breaker"
 	"github.com/wmrl/wmrl/stages/calibrate"
 )
 
@@ -94,13 +97,14 @@ func (j *judge) seen() (calls, maxIn int) {
 }
 
 // newGateway serves a gateway for run "r" whose world model is an HTTP
-// judge. The reward endpoints touch neither NATS nor the publisher.
-func newGateway(t *testing.T, judgeURL string) (*Gateway, string) {
+// judge, asked through b (nil: no breaker). The reward endpoints touch
+// neither NATS nor the publisher.
+func newGateway(t *testing.T, judgeURL string, b *breaker.Breaker) (*Gateway, string) {
 	wm, err := openai.New(openai.Config{BaseURL: judgeURL + "/v1", Model: "judge", Backoff: time.Millisecond, Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := New(Config{Run: "r", WorldModel: wm}, nil, nil)
+	g, err := New(Config{Run: "r", WorldModel: wm, Breaker: b}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +133,7 @@ func post(t *testing.T, url string, body any) (int, []byte) {
 func TestOpenRLHFBatchReachesTheWorldModelAtOnce(t *testing.T) {
 	const n = 8
 	j := newJudge(t, n-1) // one of the n is an executed anchor
-	g, base := newGateway(t, j.URL)
+	g, base := newGateway(t, j.URL, nil)
 
 	// The current map doubles scores below 0.5 and caps at 1.
 	m, err := calibrate.NewIsotonic([]float64{0, 0.5, 1}, []float64{0, 1, 1})
@@ -193,7 +197,7 @@ func show(v *float64) string {
 // (slime) and at any index of a batch (OpenRLHF).
 func TestRewardsDependOnContentOnly(t *testing.T) {
 	j := newJudge(t, 1)
-	_, base := newGateway(t, j.URL)
+	_, base := newGateway(t, j.URL, nil)
 	code, one := post(t, base+"/rewards/slime", map[string]any{"prompt": "Task 9.", "response": "score=0.42", "label": "t9"})
 	if code != http.StatusOK || string(bytes.TrimSpace(one)) != "0.42" {
 		t.Fatalf("slime: %d %s, want 0.42 (no map yet: the identity)", code, one)
@@ -211,11 +215,86 @@ func TestWorldModelFailureIsABadGateway(t *testing.T) {
 	dead := httptest.NewServer(http.NotFoundHandler())
 	url := dead.URL
 	dead.Close()
-	_, base := newGateway(t, url)
+	_, base := newGateway(t, url, nil)
 	code, body := post(t, base+"/rewards/openrlhf", map[string]any{"query": []string{"a", "b"}})
 	if code != http.StatusBadGateway || !bytes.Contains(body, []byte("world model")) {
 		t.Fatalf("dead world model: %d %s; want 502 naming the world model", code, body)
 	}
+}
+
+// TestWorldModelDownAnswers503AtOnce: once a world model has failed the
+// breaker's count of requests in a row, reward requests are answered 503
+// with a Retry-After without asking it (rather than each waiting out the
+// connector's retries, minutes against a world model that hangs), and the
+// first request after the Retry-After that gets an answer brings 200s back.
+func TestWorldModelDownAnswers503AtOnce(t *testing.T) {
+	var up atomic.Bool
+	var calls atomic.Int64
+	wm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if !up.Load() {
+			http.Error(w, "overloaded", http.StatusInternalServerError)
+			return
+		}
+		content := `{"status":"scored","score":0.7,"rationale":"read"}`
+		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"role": "assistant", "content": content}}}})
+	}))
+	defer wm.Close()
+	const probe = 2 * time.Second
+	_, base := newGateway(t, wm.URL, &breaker.Breaker{Name: "the world model", After: 2, Probe: probe})
+	ask := func() (int, string, string) {
+		t.Helper()
+		resp, err := http.Post(base+"/rewards/slime", "application/json", strings.NewReader(`{"prompt":"Task 1.","response":"print(1)"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Retry-After"), string(body)
+	}
+
+	if code, _, body := ask(); code != http.StatusBadGateway {
+		t.Fatalf("first failure: %d %s; want 502", code, body)
+	}
+	code, retry, body := ask()
+	if code != http.StatusServiceUnavailable || retry != strconv.Itoa(int(probe.Seconds())) ||
+		!strings.Contains(body, "world model: the world model is down since") || !strings.Contains(body, "overloaded") {
+		t.Fatalf("second failure in a row: %d, Retry-After %q, %s; want 503 saying it is down and why, Retry-After 2", code, retry, body)
+	}
+	before := calls.Load()
+	for range 5 {
+		if code, retry, body := ask(); code != http.StatusServiceUnavailable || !within(retry, 1, 2) {
+			t.Fatalf("while down: %d, Retry-After %q, %s; want 503 with a Retry-After of at most 2", code, retry, body)
+		}
+	}
+	if n := calls.Load() - before; n != 0 {
+		t.Fatalf("the world model was asked %d times while it was known to be down", n)
+	}
+
+	up.Store(true)
+	deadline := time.Now().Add(10 * probe)
+	for {
+		code, _, body := ask()
+		if code == http.StatusOK {
+			if strings.TrimSpace(body) != "0.7" {
+				t.Fatalf("after the world model came back: %s; want 0.7", body)
+			}
+			break
+		}
+		if code != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			t.Fatalf("waiting for the probe: %d %s", code, body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code, _, body := ask(); code != http.StatusOK {
+		t.Fatalf("after a probe got an answer: %d %s; want 200", code, body)
+	}
+}
+
+// within tells whether a Retry-After is a whole number of seconds in [lo, hi].
+func within(retry string, lo, hi int) bool {
+	n, err := strconv.Atoi(retry)
+	return err == nil && n >= lo && n <= hi
 }
 
 // TestTruthsStayBounded: a run of days sends anchors forever, and some

@@ -4,11 +4,16 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/breaker"
 )
 
 // Reward endpoints for trainers that take only rewards. They return the
@@ -44,12 +49,27 @@ func (g *Gateway) rewards(ctx context.Context, asks []ask) ([]*float64, error) {
 	if len(trajs) == 0 {
 		return out, nil
 	}
-	scores, err := g.cfg.WorldModel.Predict(ctx, trajs)
+	call, err := g.cfg.Breaker.Ask()
 	if err != nil {
 		return nil, err
 	}
-	if len(scores) != len(trajs) {
-		return nil, fmt.Errorf("world model %s returned %d scores for %d solutions", g.cfg.WorldModel.Name(), len(scores), len(trajs))
+	cctx, cancel := call.Context(ctx)
+	scores, err := g.cfg.WorldModel.Predict(cctx, trajs)
+	cancel()
+	if err == nil && len(scores) != len(trajs) {
+		err = fmt.Errorf("world model %s returned %d scores for %d solutions", g.cfg.WorldModel.Name(), len(scores), len(trajs))
+	}
+	switch {
+	case err == nil:
+		call.Succeeded()
+	case ctx.Err() != nil: // the trainer hung up: says nothing of the world model
+		call.Abandoned()
+		return nil, err
+	default:
+		if down := call.Failed(err); down != nil {
+			return nil, down
+		}
+		return nil, err
 	}
 	st := g.cal.Load()
 	for j, s := range scores {
@@ -99,7 +119,7 @@ func (g *Gateway) openrlhf(w http.ResponseWriter, r *http.Request) {
 	}
 	rewards, err := g.rewards(r.Context(), asks)
 	if err != nil {
-		fail(w, http.StatusBadGateway, "world model: %v", err)
+		worldModelFailed(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"rewards": rewards})
@@ -125,8 +145,22 @@ func (g *Gateway) slime(w http.ResponseWriter, r *http.Request) {
 	}
 	v, err := g.rewards(r.Context(), []ask{a})
 	if err != nil {
-		fail(w, http.StatusBadGateway, "world model: %v", err)
+		worldModelFailed(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, v[0])
+}
+
+// worldModelFailed answers a reward request the world model could not
+// score: 502 when it failed, 503 with a Retry-After (when the breaker will
+// try it again) while it is known to be down.
+func worldModelFailed(w http.ResponseWriter, err error) {
+	var down *breaker.DownError
+	if !errors.As(err, &down) {
+		fail(w, http.StatusBadGateway, "world model: %v", err)
+		return
+	}
+	wait := max(1, int(math.Ceil(time.Until(down.Next).Seconds())))
+	w.Header().Set("Retry-After", strconv.Itoa(wait))
+	fail(w, http.StatusServiceUnavailable, "world model: %v", err)
 }

@@ -65,6 +65,9 @@ type DownError struct {
 	Last     error
 	Since    time.Time
 	Probe    time.Duration
+	// Next is when the next probe may start: a caller answering someone
+	// else (an HTTP Retry-After) can say when to ask again.
+	Next time.Time
 }
 
 func (e *DownError) Error() string {
@@ -135,7 +138,7 @@ func (b *Breaker) Ask() (Call, error) {
 }
 
 func (b *Breaker) down() *DownError {
-	return &DownError{Name: b.name(), Failures: b.failures, Last: b.last, Since: b.since, Probe: b.probe()}
+	return &DownError{Name: b.name(), Failures: b.failures, Last: b.last, Since: b.since, Probe: b.probe(), Next: b.next}
 }
 
 // Succeeded reports an answer: the service is up.
@@ -184,10 +187,10 @@ func (c Call) Failed(err error) *DownError {
 	}
 	var down *DownError
 	if !b.since.IsZero() {
-		down = b.down()
 		if opened || c.probe {
 			b.next = now.Add(b.probe())
 		}
+		down = b.down()
 	}
 	if opened && b.OnChange != nil {
 		b.OnChange(State{Open: true, Failures: b.failures, Last: err, Since: b.since, At: now})

@@ -42,8 +42,8 @@ func TestBreakerOpensOnFailuresInARowAndProbes(t *testing.T) {
 	if fail() != nil || refused(t, b) || len(changes) != 0 {
 		t.Fatalf("open after 2 failures in a row (After 3); changes %+v", changes)
 	}
-	if fail() == nil {
-		t.Fatal("the failure that opened it was not told so")
+	if opened := fail(); opened == nil || !opened.Next.Equal(clk.t.Add(30*time.Second)) {
+		t.Fatalf("the failure that opened it was told %+v; want down, the next probe 30s on", opened)
 	}
 	if len(changes) != 1 || !changes[0].Open || changes[0].Failures != 3 || changes[0].Last != down || !changes[0].Since.Equal(clk.t) {
 		t.Fatalf("changes after 3 failures in a row: %+v; want one, open", changes)
@@ -59,8 +59,8 @@ func TestBreakerOpensOnFailuresInARowAndProbes(t *testing.T) {
 
 	// A call let through before it opened still counts.
 	clk.add(29 * time.Second)
-	if !refused(t, b) {
-		t.Fatal("a probe before Probe has passed")
+	if _, err := b.Ask(); !errors.As(err, &de) || !de.Next.Equal(clk.t.Add(time.Second)) {
+		t.Fatalf("29s after opening: %v (next %v); want refused, the next probe in 1s", err, de.Next)
 	}
 	clk.add(time.Second)
 	probe, err := b.Ask()
@@ -70,8 +70,8 @@ func TestBreakerOpensOnFailuresInARowAndProbes(t *testing.T) {
 	if !refused(t, b) {
 		t.Fatal("a second call let through while the probe is out")
 	}
-	if probe.Failed(down) == nil { // still down: the next probe a Probe later
-		t.Fatal("a failed probe was not told that the world model is down")
+	if still := probe.Failed(down); still == nil || !still.Next.Equal(clk.t.Add(30*time.Second)) { // the next probe a Probe later
+		t.Fatalf("a failed probe was told %+v; want down, the next probe 30s on", still)
 	}
 	clk.add(29 * time.Second)
 	if !refused(t, b) {
