@@ -46,7 +46,7 @@ type Breaker struct {
 // DefaultProbe is how often an open breaker lets a call through.
 const DefaultProbe = 30 * time.Second
 
-// State is what a breaker says when it opens or closes.
+// State is what a breaker says when it opens or closes, or is asked.
 type State struct {
 	Open     bool
 	Failures int       // calls in a row that failed
@@ -135,6 +135,17 @@ func (b *Breaker) Ask() (Call, error) {
 	}
 	b.refused++
 	return Call{}, b.down()
+}
+
+// State is what the breaker has seen up to now: whether it is open, since
+// when, the failures in a row and the calls refused since it opened.
+func (b *Breaker) State() State {
+	if b == nil {
+		return State{}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return State{Open: !b.since.IsZero(), Failures: b.failures, Last: b.last, Since: b.since, Refused: b.refused, At: b.now()}
 }
 
 func (b *Breaker) down() *DownError {

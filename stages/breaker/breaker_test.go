@@ -57,6 +57,10 @@ func TestBreakerOpensOnFailuresInARowAndProbes(t *testing.T) {
 		t.Fatalf("open: %v; want a DownError naming the failures, the last error and the probe", err)
 	}
 
+	if st := b.State(); !st.Open || st.Failures != 3 || st.Refused != 1 || !st.Since.Equal(clk.t) {
+		t.Fatalf("state while open: %+v; want open since now, 3 failures, 1 call refused", st)
+	}
+
 	// A call let through before it opened still counts.
 	clk.add(29 * time.Second)
 	if _, err := b.Ask(); !errors.As(err, &de) || !de.Next.Equal(clk.t.Add(time.Second)) {
@@ -89,8 +93,8 @@ func TestBreakerOpensOnFailuresInARowAndProbes(t *testing.T) {
 	if len(changes) != 2 || changes[1].Open || changes[1].Refused != 4 || changes[1].At.Sub(changes[1].Since) != 65*time.Second {
 		t.Fatalf("changes after the probe succeeded: %+v; want closed after 65s with 4 groups refused", changes)
 	}
-	if refused(t, b) {
-		t.Fatal("refused after it closed")
+	if refused(t, b) || b.State().Open || b.State().Refused != 0 {
+		t.Fatalf("after it closed: %+v", b.State())
 	}
 	fail()
 	if fail() != nil || refused(t, b) {

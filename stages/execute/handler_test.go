@@ -198,14 +198,31 @@ func TestAFailingStoreIsReportedNotFatal(t *testing.T) {
 type switchedExecutor struct {
 	down atomic.Bool
 	runs atomic.Int32
+	hold chan struct{} // if set, an execution waits until it is closed
 }
 
 func (e *switchedExecutor) Execute(context.Context, schemas.Trajectory) (Result, error) {
 	e.runs.Add(1)
+	if e.hold != nil {
+		<-e.hold
+	}
 	if e.down.Load() {
 		return Result{}, errors.New("sandbox service unreachable")
 	}
 	return Result{Status: schemas.ExecScored, Score: 0.5}, nil
+}
+
+// holdUntil holds e's executions until cond holds (or 10 s have passed),
+// so that a test orders them against the breaker's calls.
+func (e *switchedExecutor) holdUntil(cond func() bool) {
+	hold := make(chan struct{})
+	e.hold = hold
+	go func() {
+		defer close(hold)
+		for deadline := time.Now().Add(10 * time.Second); !cond() && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+	}()
 }
 
 // Once executions have failed After times in a row the group is published
@@ -232,7 +249,10 @@ func TestExecutorDownGivesGroupsUpAtOnce(t *testing.T) {
 		return e, err
 	}
 
+	// All three are let through before the first fails.
+	exe.holdUntil(func() bool { return exe.runs.Load() == 3 })
 	e, err := handle("a", "b", "c")
+	exe.hold = nil
 	if !errors.Is(err, schemas.ErrDown) || len(e.Items) != 3 || exe.runs.Load() != 3 {
 		t.Fatalf("the group that opened it: %v, published %+v, %d runs; want ErrDown and all three published", err, e, exe.runs.Load())
 	}
@@ -249,7 +269,12 @@ func TestExecutorDownGivesGroupsUpAtOnce(t *testing.T) {
 
 	now = now.Add(time.Minute)
 	exe.down.Store(false)
-	e, err = handle("f", "g") // f probes; g is refused while the probe is out
+	// f probes, and its execution waits until g has been refused: the
+	// probe is out while g asks.
+	refusedBefore := h.Breaker.State().Refused
+	exe.holdUntil(func() bool { return h.Breaker.State().Refused > refusedBefore })
+	e, err = handle("f", "g")
+	exe.hold = nil
 	if !errors.Is(err, schemas.ErrDown) || exe.runs.Load() != 4 || e.Items[0].Score == nil || e.Items[1].Score != nil {
 		t.Fatalf("probe: %v, published %+v, %d runs; want f scored and g not run", err, e, exe.runs.Load())
 	}
