@@ -7,30 +7,53 @@
     adv = {it["traj_id"]: it["fused_advantage"] for it in update["items"]}
 
 Use fused_advantage where your trainer would use the GRPO advantage.
+
+A 503 (the world model or NATS is down for the moment) or 429 is asked
+again for up to `retry_for` seconds (default 120; 0: never), waiting what
+its Retry-After says; after that WMRLError is raised, with the status and
+the gateway's reason. Asking again is safe: a trajectory or watermark sent
+twice within the stream's dedup window (10 minutes) is stored once.
 """
 
 import json
+import time
 import urllib.error
 import urllib.request
 
+RETRIED = (429, 503)
+
 
 class WMRLError(Exception):
-    """An error answered by the gateway: status code and its message."""
+    """An error answered by the gateway: status code, its message, and the
+    seconds its Retry-After asked to wait (None: it did not say)."""
 
-    def __init__(self, status, message):
+    def __init__(self, status, message, retry_after=None):
         super().__init__(f"wmrl gateway {status}: {message}")
         self.status = status
         self.message = message
+        self.retry_after = retry_after
 
 
 class WMRLClient:
-    def __init__(self, base_url, run="default", token=None, timeout=30.0):
+    def __init__(self, base_url, run="default", token=None, timeout=30.0, retry_for=120.0):
         self.base = base_url.rstrip("/") + f"/v1/runs/{run}"
         self.run = run
         self.token = token
         self.timeout = timeout
+        self.retry_for = retry_for
 
     def _call(self, method, path, body=None, timeout=None):
+        deadline = time.monotonic() + self.retry_for
+        while True:
+            try:
+                return self._once(method, path, body, timeout)
+            except WMRLError as e:
+                wait = e.retry_after if e.retry_after is not None else 1.0
+                if e.status not in RETRIED or time.monotonic() + wait > deadline:
+                    raise
+                time.sleep(wait)
+
+    def _once(self, method, path, body, timeout):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base + path, data=data, method=method)
         req.add_header("Content-Type", "application/json")
@@ -44,7 +67,7 @@ class WMRLClient:
                 msg = json.loads(e.read()).get("error", e.reason)
             except ValueError:
                 msg = e.reason
-            raise WMRLError(e.code, msg) from None
+            raise WMRLError(e.code, msg, retry_after(e.headers.get("Retry-After"))) from None
 
     def submit(self, trajectories):
         """Publish a list of trajectories; returns how many were accepted."""
@@ -68,3 +91,12 @@ class WMRLClient:
 
     def slime_reward(self, prompt, response, label=None):
         return self._call("POST", "/rewards/slime", {"prompt": prompt, "response": response, "label": label})
+
+
+def retry_after(value):
+    """Seconds from a Retry-After of seconds (its HTTP-date form, which the
+    gateway does not send, is taken as unknown)."""
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,115 @@
+// Package pythonclient holds the tests of wmrl_client.py, the trainers'
+// Python client; the client itself needs no Go.
+package pythonclient
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// gateway answers the slime reward endpoint with the statuses in answers,
+// one a request (the last one from then on): 503s with a Retry-After of
+// one second, a 502, or a 200 with the reward 0.7.
+type gateway struct {
+	*httptest.Server
+	mu      sync.Mutex
+	answers []int
+	at      []time.Time
+}
+
+func newGateway(t *testing.T, answers ...int) *gateway {
+	g := &gateway{answers: answers}
+	g.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		g.mu.Lock()
+		code := g.answers[min(len(g.at), len(g.answers)-1)]
+		g.at = append(g.at, time.Now())
+		g.mu.Unlock()
+		if r.URL.Path != "/v1/runs/default/rewards/slime" {
+			code = http.StatusNotFound
+		}
+		w.Header().Set("Content-Type", "application/json")
+		switch code {
+		case http.StatusOK:
+			w.Write([]byte("0.7\n"))
+			return
+		case http.StatusServiceUnavailable:
+			w.Header().Set("Retry-After", "1")
+		}
+		w.WriteHeader(code)
+		w.Write([]byte(`{"error": "world model: the world model is down since then"}` + "\n"))
+	}))
+	t.Cleanup(g.Close)
+	return g
+}
+
+func (g *gateway) requests() []time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]time.Time(nil), g.at...)
+}
+
+// ask runs the client's slime_reward against url with retry_for and
+// prints the reward, or the error's status and retry_after.
+func ask(t *testing.T, url string, retryFor float64) string {
+	t.Helper()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	script := `
+import sys
+from wmrl_client import WMRLClient, WMRLError
+c = WMRLClient(sys.argv[1], retry_for=float(sys.argv[2]))
+try:
+    print("reward", c.slime_reward("Task 1.", "print(1)"))
+except WMRLError as e:
+    print("error", e.status, e.retry_after, e.message)
+`
+	out, err := exec.Command(py, "-c", script, url, strconv.FormatFloat(retryFor, 'f', -1, 64)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// A 503 is asked again after its Retry-After until an answer comes.
+func TestClientWaitsOutA503(t *testing.T) {
+	g := newGateway(t, 503, 503, 200)
+	if got := ask(t, g.URL, 30); got != "reward 0.7" {
+		t.Fatalf("client printed %q; want the reward after two 503s", got)
+	}
+	at := g.requests()
+	if len(at) != 3 {
+		t.Fatalf("%d requests; want 3", len(at))
+	}
+	for i := 1; i < len(at); i++ {
+		if gap := at[i].Sub(at[i-1]); gap < 900*time.Millisecond {
+			t.Errorf("request %d came %v after the one before; the Retry-After said 1 s", i+1, gap)
+		}
+	}
+}
+
+// Past retry_for, or for any other error, the error is raised with the
+// gateway's status, reason and Retry-After, after one request.
+func TestClientGivesUpAndSaysWhy(t *testing.T) {
+	down := newGateway(t, 503)
+	if got := ask(t, down.URL, 0); got != "error 503 1.0 world model: the world model is down since then" {
+		t.Errorf("with retry_for 0 the client printed %q", got)
+	}
+	if n := len(down.requests()); n != 1 {
+		t.Errorf("%d requests with retry_for 0; want 1", n)
+	}
+	bad := newGateway(t, 502, 200)
+	if got := ask(t, bad.URL, 30); !strings.HasPrefix(got, "error 502 None ") {
+		t.Errorf("on a 502 the client printed %q; want the error, not asked again", got)
+	}
+	if n := len(bad.requests()); n != 1 {
+		t.Errorf("%d requests on a 502; want 1", n)
+	}
+}
