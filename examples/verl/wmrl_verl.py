@@ -11,7 +11,9 @@ checked only for syntax.
          path: examples/verl/wmrl_verl.py
          name: compute_score
 
-   and export WMRL_URL=http://host:8080 (WMRL_RUN, WMRL_HTTP_TOKEN optional).
+   and export WMRL_URL=http://host:8080 (WMRL_RUN, WMRL_HTTP_TOKEN optional;
+   WMRL_RETRY_FOR, default 120: how many seconds a reward waits out the
+   gateway's 503s while the world model is down, before it raises).
    GRPO's per-group normalisation cancels any per-group weight, so this
    gives debiasing only.
 
@@ -38,7 +40,8 @@ def client():
     if _client is None:
         _client = WMRLClient(os.environ.get("WMRL_URL", "http://127.0.0.1:8080"),
                              run=os.environ.get("WMRL_RUN", "default"),
-                             token=os.environ.get("WMRL_HTTP_TOKEN"))
+                             token=os.environ.get("WMRL_HTTP_TOKEN"),
+                             retry_for=float(os.environ.get("WMRL_RETRY_FOR", "120")))
     return _client
 
 
