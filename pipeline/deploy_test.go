@@ -29,6 +29,7 @@ func exported(t *testing.T) map[string]exportedFamily {
 	t.Helper()
 	cfg := testConfig(t)
 	cfg.Steps = 3
+	cfg.HTTPAddr = "127.0.0.1:0" // the gateway's metrics too
 	fams, err := finished(t, cfg).Metrics().Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -265,7 +266,7 @@ func TestPrometheusEvaluatesTheDashboardAndAlerts(t *testing.T) {
 	bin := prometheusBinary(t)
 	metrics := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 	cfg := testConfig(t)
-	cfg.MetricsAddr = metrics
+	cfg.MetricsAddr, cfg.HTTPAddr = metrics, "127.0.0.1:0"
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	p, err := Start(ctx, cfg) // runs until stopped
@@ -273,6 +274,16 @@ func TestPrometheusEvaluatesTheDashboardAndAlerts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Stop()
+	// A trainer asking for rewards meanwhile, for the gateway's panels.
+	go func() {
+		for ctx.Err() == nil {
+			if resp, err := http.Post(p.HTTPURL()+"/v1/runs/default/rewards/slime", "application/json",
+				strings.NewReader(`{"prompt":"Solve task 1.","response":"print(1)"}`)); err == nil {
+				resp.Body.Close()
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
 
 	dir := t.TempDir()
 	alerts, err := filepath.Abs(filepath.Join("..", "deploy", "prometheus", "alerts.yml"))

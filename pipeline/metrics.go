@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"math"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
@@ -41,6 +43,11 @@ type Metrics struct {
 	// WithinSpearman: the world model's within-group rank correlation on
 	// each anchor group executed in time, raw scores against true ones.
 	WithinSpearman prometheus.Histogram
+	// HTTPRequests and HTTPSeconds count and time the trainer gateway's
+	// requests by endpoint (and status code): what a trainer sees of the
+	// pipeline, reward latency and 503s included.
+	HTTPRequests *prometheus.CounterVec
+	HTTPSeconds  *prometheus.HistogramVec
 }
 
 // NewMetrics registers the collectors, with the Go runtime's (go_*) and
@@ -103,8 +110,23 @@ func NewMetrics() *Metrics {
 		Help: "The world model's rank correlation with the true scores inside each anchor group (what GRPO's advantages depend on); " +
 			"rate(_sum)/rate(_count) is its mean over the window, as the audit's within_group_spearman is over the run.",
 		Buckets: prometheus.LinearBuckets(-0.8, 0.2, 10)})
-	r.MustRegister(m.Latency, m.StepLatency, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman)
+	m.HTTPRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "http_requests_total",
+		Help: "Requests the trainer gateway answered, by endpoint and status code."}, []string{"endpoint", "code"})
+	m.HTTPSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "wmrl", Name: "http_request_seconds",
+		Help:    "Time the trainer gateway took to answer, by endpoint (an update's long poll included).",
+		Buckets: prometheus.ExponentialBuckets(1e-3, 4, 10)}, []string{"endpoint"})
+	r.MustRegister(m.Latency, m.StepLatency, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds)
 	return m
+}
+
+// instrumentHTTP counts and times one gateway endpoint's requests. Its
+// series exist at 0 from the start (code 200), as initStages' do.
+func (m *Metrics) instrumentHTTP(endpoint string, h http.Handler) http.Handler {
+	m.HTTPRequests.WithLabelValues(endpoint, "200")
+	m.HTTPSeconds.WithLabelValues(endpoint)
+	l := prometheus.Labels{"endpoint": endpoint}
+	return promhttp.InstrumentHandlerDuration(m.HTTPSeconds.MustCurryWith(l),
+		promhttp.InstrumentHandlerCounter(m.HTTPRequests.MustCurryWith(l), h))
 }
 
 // initStages makes the failure counters of the stages this process runs

@@ -14,7 +14,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/wmrl/wmrl/connectors/gateway"
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
@@ -205,6 +207,22 @@ func TestGatewayRejectsBadRequestsAndChangesNothing(t *testing.T) {
 	h.want(http.StatusBadRequest, "POST", "/rewards/slime", []byte(`{"prompt":"p"}`), token, "response")
 	other := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/other"}
 	other.want(http.StatusNotFound, "GET", "/calibration", nil, token, `unknown run \"other\"`)
+
+	// Every answer is counted under its endpoint and code, the refused ones
+	// too, and timed.
+	for _, c := range []struct {
+		endpoint, code string
+		n              float64
+	}{{"trajectories", "401", 2}, {"trajectories", "400", 3}, {"trajectories", "413", 1}, {"trajectories", "200", 0},
+		{"close_step", "400", 2}, {"update", "404", 1}, {"update", "400", 1}, {"rewards_openrlhf", "400", 1},
+		{"rewards_slime", "400", 1}, {"calibration", "404", 1}} {
+		if got := testutil.ToFloat64(p.Metrics().HTTPRequests.WithLabelValues(c.endpoint, c.code)); got != c.n {
+			t.Errorf("wmrl_http_requests_total{endpoint=%q,code=%q} = %v, want %v", c.endpoint, c.code, got, c.n)
+		}
+	}
+	if n := testutil.CollectAndCount(p.Metrics().HTTPSeconds); n != len(gateway.Endpoints) {
+		t.Errorf("%d wmrl_http_request_seconds series; want one per endpoint, %d", n, len(gateway.Endpoints))
+	}
 
 	nc, _ := nats.Connect(p.URL())
 	defer nc.Close()

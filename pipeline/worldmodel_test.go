@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/wmrl/wmrl/connectors/openai"
 	"github.com/wmrl/wmrl/schemas"
@@ -170,6 +171,7 @@ func TestPipelineGivesUpOnADownWorldModelUntilItIsBack(t *testing.T) {
 	// breaker of their own they would ask it and answer 502.
 	var gatewayCode int
 	var gatewayRetry, gatewayBody string
+	var counted503 float64
 	ups, out := downUntilStep2(t, cfg, func(m *Metrics) prometheus.Gauge { return m.WMDown }, func(p *Pipeline) {
 		resp, err := http.Post(p.HTTPURL()+"/v1/runs/default/rewards/slime", "application/json", strings.NewReader(`{"prompt":"p","response":"r"}`))
 		if err == nil {
@@ -179,11 +181,15 @@ func TestPipelineGivesUpOnADownWorldModelUntilItIsBack(t *testing.T) {
 		} else {
 			gatewayBody = err.Error()
 		}
+		counted503 = testutil.ToFloat64(p.Metrics().HTTPRequests.WithLabelValues("rewards_slime", "503"))
 		down.Store(false)
 	})
 	if gatewayCode != http.StatusServiceUnavailable || gatewayRetry != "1" || !strings.Contains(gatewayBody, "the world model is down since") {
 		t.Errorf("the gateway's reward endpoint while predict found the world model down: %d, Retry-After %q, %s; want 503 saying it is down, Retry-After 1",
 			gatewayCode, gatewayRetry, gatewayBody)
+	}
+	if counted503 != 1 {
+		t.Errorf("wmrl_http_requests_total{endpoint=\"rewards_slime\",code=\"503\"} = %v after one 503; want 1", counted503)
 	}
 	wmRewards := func(u schemas.Update) (graded, ungraded int) {
 		for _, it := range u.Items {

@@ -55,6 +55,21 @@ type Config struct {
 	// KeepUpdates whole in memory (default 256; older ones are read back
 	// from the stream).
 	KeepUpdates int
+	// Instrument, if set, wraps each endpoint's handler (named as in
+	// Endpoints) to count and time its requests, refused ones included.
+	Instrument func(endpoint string, h http.Handler) http.Handler
+}
+
+// Endpoints names the API's endpoints for Config.Instrument: the route
+// patterns, and "other" for whatever matches none.
+var Endpoints = map[string]string{
+	"POST /v1/runs/{run}/trajectories":       "trajectories",
+	"POST /v1/runs/{run}/steps/{step}/close": "close_step",
+	"GET /v1/runs/{run}/steps/{step}/update": "update",
+	"GET /v1/runs/{run}/calibration":         "calibration",
+	"POST /v1/runs/{run}/rewards/openrlhf":   "rewards_openrlhf",
+	"POST /v1/runs/{run}/rewards/slime":      "rewards_slime",
+	"/":                                      "other",
 }
 
 func (c *Config) setDefaults() {
@@ -138,19 +153,27 @@ func (g *Gateway) Run(ctx context.Context) error {
 	return first
 }
 
-// Handler routes the API.
+// Handler routes the API. Each endpoint checks the token, the run and the
+// body size first (guard), inside its instrumentation.
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/runs/{run}/trajectories", g.postTrajectories)
-	mux.HandleFunc("POST /v1/runs/{run}/steps/{step}/close", g.closeStep)
-	mux.HandleFunc("GET /v1/runs/{run}/steps/{step}/update", g.getUpdate)
-	mux.HandleFunc("GET /v1/runs/{run}/calibration", g.getCalibration)
-	mux.HandleFunc("POST /v1/runs/{run}/rewards/openrlhf", g.openrlhf)
-	mux.HandleFunc("POST /v1/runs/{run}/rewards/slime", g.slime)
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	route := func(pattern string, h http.HandlerFunc) {
+		var handler http.Handler = g.guard(h)
+		if g.cfg.Instrument != nil {
+			handler = g.cfg.Instrument(Endpoints[pattern], handler)
+		}
+		mux.Handle(pattern, handler)
+	}
+	route("POST /v1/runs/{run}/trajectories", g.postTrajectories)
+	route("POST /v1/runs/{run}/steps/{step}/close", g.closeStep)
+	route("GET /v1/runs/{run}/steps/{step}/update", g.getUpdate)
+	route("GET /v1/runs/{run}/calibration", g.getCalibration)
+	route("POST /v1/runs/{run}/rewards/openrlhf", g.openrlhf)
+	route("POST /v1/runs/{run}/rewards/slime", g.slime)
+	route("/", func(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path)
 	})
-	return g.guard(mux)
+	return mux
 }
 
 // guard checks the token, the run and the body size before any handler.
