@@ -379,3 +379,87 @@ func TestPrometheusEvaluatesTheDashboardAndAlerts(t *testing.T) {
 		t.Errorf("%d rules loaded\n%s", n, promLog())
 	}
 }
+
+// promtool is the rules tester shipped beside the Prometheus server.
+func promtool(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(filepath.Dir(prometheusBinary(t)), "promtool")
+	if _, err := os.Stat(bin); err != nil {
+		if bin, err = exec.LookPath("promtool"); err != nil {
+			t.Fatalf("promtool is not beside prometheus nor on the PATH: %v", err)
+		}
+	}
+	return bin
+}
+
+// WMRLRewardRequestsFailing fires when over 5% of the reward requests of
+// an instance are answered 5xx for 10 minutes, with its summary naming the
+// share, and not at 1%, nor on a gateway nobody asks (promtool's rule
+// tests, against alerts.yml as it is).
+func TestRewardRequestsAlertFiresOnItsCondition(t *testing.T) {
+	bin := promtool(t)
+	alerts, err := filepath.Abs(filepath.Join("..", "deploy", "prometheus", "alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(alerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string
+				Annotations map[string]string
+			}
+		}
+	}
+	if err := yaml.Unmarshal(b, &rules); err != nil {
+		t.Fatal(err)
+	}
+	description := ""
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "WMRLRewardRequestsFailing" {
+				description = r.Annotations["description"]
+			}
+		}
+	}
+	if description == "" {
+		t.Fatal("alerts.yml has no WMRLRewardRequestsFailing with a description")
+	}
+	series := func(instance string, ok, failed int) string {
+		return fmt.Sprintf(`      - series: 'wmrl_http_requests_total{instance=%q,endpoint="rewards_slime",code="200"}'
+        values: '0+%dx40'
+      - series: 'wmrl_http_requests_total{instance=%q,endpoint="rewards_slime",code="503"}'
+        values: '0+%dx40'
+      - series: 'wmrl_http_requests_total{instance=%q,endpoint="update",code="404"}'
+        values: '0+50x40'
+`, instance, ok, instance, failed, instance)
+	}
+	desc, _ := json.Marshal(description) // a JSON string is a YAML string
+	tests := fmt.Sprintf(`rule_files:
+  - %q
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+%s%s%s    alert_rule_test:
+      - eval_time: 9m
+        alertname: WMRLRewardRequestsFailing
+      - eval_time: 25m
+        alertname: WMRLRewardRequestsFailing
+        exp_alerts:
+          - exp_labels: {severity: page, instance: failing}
+            exp_annotations:
+              summary: "10%% of the reward requests to failing fail"
+              description: %s
+`, alerts, series("failing", 90, 10), series("flaky", 99, 1), series("idle", 0, 0), desc)
+	file := filepath.Join(t.TempDir(), "alerts_test.yml")
+	if err := os.WriteFile(file, []byte(tests), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "test", "rules", file).CombinedOutput(); err != nil {
+		t.Fatalf("promtool test rules: %v\n%s\n%s", err, out, tests)
+	}
+}
