@@ -201,6 +201,15 @@ type apiError struct {
 	Error string `json:"error"`
 }
 
+// unavailable answers 503 for NATS failing a store or a read, with a
+// Retry-After of a second: such a failure is usually a leader election or
+// a reconnect, over in seconds, and asking again is safe (a message sent
+// twice within the dedup window is stored once).
+func unavailable(w http.ResponseWriter, format string, args ...any) {
+	w.Header().Set("Retry-After", "1")
+	fail(w, http.StatusServiceUnavailable, format, args...)
+}
+
 func fail(w http.ResponseWriter, code int, format string, args ...any) {
 	writeJSON(w, code, apiError{Error: fmt.Sprintf(format, args...)})
 }
@@ -266,7 +275,7 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 		msgs[i] = m
 	}
 	if err := g.pub.Publish(g.cfg.Subjects.Traj, msgs...); err != nil {
-		fail(w, http.StatusServiceUnavailable, "store trajectories: %v", err)
+		unavailable(w, "store trajectories: %v", err)
 		return
 	}
 	writeJSON(w, http.StatusAccepted, map[string]int{"accepted": len(msgs)})
@@ -290,7 +299,7 @@ func (g *Gateway) closeStep(w http.ResponseWriter, r *http.Request) {
 	sc := schemas.StepClose{Schema: schemas.Version, Run: g.cfg.Run, Step: step, Groups: *body.Groups}
 	m, _ := schemas.NewMessage(fmt.Sprintf("%s/step/%d", g.cfg.Run, step), sc)
 	if err := g.pub.Publish(g.cfg.Subjects.Step, m); err != nil {
-		fail(w, http.StatusServiceUnavailable, "store watermark: %v", err)
+		unavailable(w, "store watermark: %v", err)
 		return
 	}
 	writeJSON(w, http.StatusAccepted, sc)
@@ -329,7 +338,7 @@ func (g *Gateway) getUpdate(w http.ResponseWriter, r *http.Request) {
 			m, err = st.GetMsg(r.Context(), seq)
 		}
 		if err != nil {
-			fail(w, http.StatusServiceUnavailable, "read update of step %d: %v", step, err)
+			unavailable(w, "read update of step %d: %v", step, err)
 			return
 		}
 		data = m.Data

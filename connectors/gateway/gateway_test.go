@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -15,6 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmrl/wmrl/connectors/openai"
 	"github.com/wmrl/wmrl/schemas"
@@ -288,6 +291,40 @@ func TestWorldModelDownAnswers503AtOnce(t *testing.T) {
 	}
 	if code, _, body := ask(); code != http.StatusOK {
 		t.Fatalf("after a probe got an answer: %d %s; want 200", code, body)
+	}
+}
+
+// refusing is a publisher whose store is unavailable.
+type refusing struct{}
+
+func (refusing) Publish(string, ...*message.Message) error {
+	return errors.New("nats: no responders available for request")
+}
+func (refusing) Close() error { return nil }
+
+// TestStoreUnavailableIsA503WithRetryAfter: when NATS cannot store a
+// trajectory or a watermark, the gateway answers 503 with a Retry-After of
+// a second and the store's error, so a client asks again shortly.
+func TestStoreUnavailableIsA503WithRetryAfter(t *testing.T) {
+	g, err := New(Config{Run: "r", WorldModel: &openai.WorldModel{}}, nil, refusing{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(g.Handler())
+	defer srv.Close()
+	for path, body := range map[string]string{
+		"/v1/runs/r/trajectories":  `[{"schema":1,"run":"r","step":0,"group_id":"g","traj_id":"t","group_size":1,"task_id":"x","prompt":"p","response":"r","policy_version":0}]`,
+		"/v1/runs/r/steps/0/close": `{"groups":1}`,
+	} {
+		resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" || !bytes.Contains(b, []byte("no responders")) {
+			t.Errorf("POST %s with NATS refusing: %d, Retry-After %q, %s; want 503, 1, the store's error", path, resp.StatusCode, resp.Header.Get("Retry-After"), b)
+		}
 	}
 }
 
