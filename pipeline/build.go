@@ -347,6 +347,15 @@ func (p *Pipeline) worldModelBreaker() *breaker.Breaker {
 		}
 	}
 	p.wmBreaker = p.breaker(stage, "the world model", p.cfg.WMDownAfter, p.cfg.WMProbeEvery, p.metrics.WMDown, then)
+	// Requests count too (the OpenAI-compatible client reports each): a
+	// server that takes them and never answers fails calls only when
+	// every retry of every request has timed out, all at once. Two waves
+	// of the requests in flight failing, with no answer between, is down.
+	inFlight := p.cfg.WMConcurrency
+	if inFlight == 0 {
+		inFlight = openai.DefaultConcurrency
+	}
+	p.wmBreaker.AttemptsAfter = 2 * inFlight
 	return p.wmBreaker
 }
 
@@ -357,8 +366,12 @@ func (p *Pipeline) breaker(stage, name string, after int, probe time.Duration, g
 	return &breaker.Breaker{Name: name, After: after, Probe: probe, OnChange: func(st breaker.State) {
 		if st.Open {
 			gauge.Set(1)
-			p.notef("%s: %s is down: %d calls in a row failed, the last: %v; %s until a call succeeds, tried once every %v",
-				stage, name, st.Failures, st.Last, then, probe)
+			failed := fmt.Sprintf("%d calls in a row failed", st.Failures)
+			if st.Requests > 0 {
+				failed = fmt.Sprintf("%d requests in a row failed", st.Requests)
+			}
+			p.notef("%s: %s is down: %s, the last: %v; %s until a call succeeds, tried once every %v",
+				stage, name, failed, st.Last, then, probe)
 			return
 		}
 		gauge.Set(0)
@@ -386,8 +399,8 @@ func (p *Pipeline) worldModel() (predict.WorldModel, error) {
 	}
 	switch p.cfg.WorldModel {
 	case "openai":
-		cfg := openai.Config{BaseURL: p.cfg.WMURL, Model: p.cfg.WMModel, APIKey: p.cfg.WMAPIKey, Samples: p.cfg.WMSamples,
-			Temperature: p.cfg.WMTemperature, MaxTokens: p.cfg.WMMaxTokens, Concurrency: p.cfg.WMConcurrency}
+		cfg := p.cfg.openaiConfig()
+		cfg.OnAttempt = p.worldModelBreaker().Attempt
 		if p.cfg.WMTemplateFile != "" {
 			var err error
 			if cfg.Template, err = openai.LoadTemplate(p.cfg.WMTemplateFile); err != nil {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/wmrl/wmrl/connectors/openai"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/breaker"
 	"github.com/wmrl/wmrl/stages/calibrate"
@@ -76,8 +77,15 @@ type Config struct {
 	WMMaxTokens    int
 	WMConcurrency  int
 	WMAPIKey       string
+	// WMTimeout bounds each world-model request (0: 120s); WMRetries is how
+	// often a failed one is tried again (0: never; DefaultConfig: 5). A
+	// call fails, for the breaker, once its last retry has.
+	WMTimeout time.Duration
+	WMRetries int
 	// WMDownAfter: after this many world-model calls in a row have failed
-	// (each retried by the connector), groups are given up at once, and
+	// (each retried by the connector), or twice WMConcurrency requests in
+	// a row (the OpenAI-compatible client reports each), groups are given
+	// up at once, and
 	// the gateway's reward requests answered 503, until a call succeeds
 	// again, tried once every WMProbeEvery (default 30s): see
 	// breaker.Breaker. 0 never gives up early (DefaultConfig: 5).
@@ -171,6 +179,7 @@ func DefaultConfig() Config {
 	c.Debiaser = calibrate.DefaultDebiaserConfig()
 	c.ArchiveCompactAfter = time.Hour
 	c.WMDownAfter, c.ExecDownAfter = 5, 5
+	c.WMRetries = 5
 	c.setDefaults()
 	return c
 }
@@ -219,6 +228,17 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// openaiConfig is the OpenAI-compatible world model's client config.
+func (c *Config) openaiConfig() openai.Config {
+	retries := c.WMRetries
+	if retries == 0 {
+		retries = -1 // the client's 0 is its default
+	}
+	return openai.Config{BaseURL: c.WMURL, Model: c.WMModel, APIKey: c.WMAPIKey, Samples: c.WMSamples,
+		Temperature: c.WMTemperature, MaxTokens: c.WMMaxTokens, Concurrency: c.WMConcurrency,
+		Timeout: c.WMTimeout, Retries: retries}
+}
+
 // Validate reports the first invalid field.
 func (c *Config) Validate() error {
 	switch {
@@ -240,6 +260,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --pair-wait %v: want a duration > 0", ErrConfig, c.PairWait)
 	case c.WMConcurrency < 0:
 		return fmt.Errorf("%w: --wm-concurrency %d: want >= 1 requests in flight", ErrConfig, c.WMConcurrency)
+	case c.WMTimeout < 0 || c.WMRetries < 0:
+		return fmt.Errorf("%w: --wm-timeout %v and --wm-retries %d: want >= 0", ErrConfig, c.WMTimeout, c.WMRetries)
 	case c.WMDownAfter < 0 || c.WMProbeEvery < 0:
 		return fmt.Errorf("%w: --wm-down-after %d and --wm-probe-every %v: want >= 0 (0 calls: never give up early)", ErrConfig, c.WMDownAfter, c.WMProbeEvery)
 	case c.ExecDownAfter < 0 || c.ExecProbeEvery < 0:

@@ -29,6 +29,8 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		{"anchor rounding", func(c *Config) { c.Anchors.Rounding = "up" }, `rounding "up"`},
 		{"pair wait", func(c *Config) { c.PairWait = -time.Second }, "--pair-wait -1s"},
 		{"world-model concurrency", func(c *Config) { c.WMConcurrency = -4 }, "--wm-concurrency -4"},
+		{"world-model timeout", func(c *Config) { c.WMTimeout = -time.Second }, "--wm-timeout -1s"},
+		{"world-model retries", func(c *Config) { c.WMRetries = -1 }, "--wm-retries -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()
@@ -44,5 +46,20 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 				t.Fatalf("%v is neither pipeline's nor route's ErrConfig", err)
 			}
 		})
+	}
+}
+
+// The world-model flags reach its client: the timeout as it is (0: the
+// client's 120 s), and no retries as no retries, not as the client's
+// default of 5.
+func TestWorldModelClientConfig(t *testing.T) {
+	c := DefaultConfig()
+	c.WorldModel, c.WMURL, c.WMModel = "openai", "http://wm/v1", "judge"
+	if got := c.openaiConfig(); got.Retries != 5 || got.Timeout != 0 || got.BaseURL != "http://wm/v1" || got.Model != "judge" {
+		t.Errorf("defaults: %+v; want 5 retries, the client's timeout", got)
+	}
+	c.WMTimeout, c.WMRetries = 7*time.Second, 0
+	if got := c.openaiConfig(); got.Retries >= 0 || got.Timeout != 7*time.Second {
+		t.Errorf("--wm-timeout 7s --wm-retries 0: %+v; want a negative Retries (none) and 7s", got)
 	}
 }

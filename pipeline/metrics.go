@@ -88,7 +88,7 @@ func NewMetrics() *Metrics {
 		Version: g("calibration_version", "Isotonic map version."),
 		Steps:   g("steps_published", "Highest step whose update was published."),
 		WMDown: g("wm_down", "1 while this process's predict stage gives up on groups, and its gateway answers reward requests 503, "+
-			"without asking the world model, after --wm-down-after calls in a row failed; one call every --wm-probe-every tries it."),
+			"without asking the world model, after --wm-down-after calls (or twice --wm-concurrency requests) in a row failed; one call every --wm-probe-every tries it."),
 		ExecutorDown: g("executor_down", "1 while this process's execute stage publishes anchor groups without running them, "+
 			"after --exec-down-after executions in a row failed; one execution every --exec-probe-every tries it."),
 		StepLatency: prometheus.NewHistogram(prometheus.HistogramOpts{

@@ -244,3 +244,50 @@ func TestPipelineGivesUpOnADownWorldModelUntilItIsBack(t *testing.T) {
 	}
 	t.Logf("%d groups given up at once, %d requests while down", atOnce, requests.Load())
 }
+
+// TestPipelineGivesUpOnAWorldModelThatNeverAnswers: a server that takes
+// requests and never answers fails calls only once every retry of every
+// request has timed out, and with all of a step's groups sharing the
+// requests in flight they would all fail together, many timeouts later.
+// The client reports each request to the breaker, which opens after two
+// waves of them (2 x --wm-concurrency) fail with no answer between: the
+// run goes on, and once the server answers again, so does the world model.
+func TestPipelineGivesUpOnAWorldModelThatNeverAnswers(t *testing.T) {
+	var hung atomic.Bool
+	hung.Store(true)
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hung.Load() {
+			select {
+			case <-r.Context().Done(): // the client's timeout
+			case <-stop:
+			}
+			return
+		}
+		content := `{"status":"scored","score":0.5,"rationale":"up"}`
+		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"content": content}}}})
+	}))
+	defer srv.Close()
+	defer close(stop)
+	cfg := testConfig(t)
+	cfg.Steps = 12
+	cfg.WorldModel, cfg.WMURL, cfg.WMModel = "openai", srv.URL+"/v1", "judge"
+	cfg.WMTimeout, cfg.WMRetries, cfg.WMConcurrency = 200*time.Millisecond, 5, 4
+	cfg.WMProbeEvery = 100 * time.Millisecond
+	ups, out := downUntilStep2(t, cfg, func(m *Metrics) prometheus.Gauge { return m.WMDown }, func(*Pipeline) { hung.Store(false) })
+	if len(ups) != 12 {
+		t.Fatalf("%d updates; want 12", len(ups))
+	}
+	if want := "predict: the world model is down: 8 requests in a row failed, the last: "; strings.Count(out, want) != 1 || !strings.Contains(out, "deadline exceeded") {
+		t.Errorf("output does not say once %q (a timeout):\n%s", want, out)
+	}
+	graded := 0
+	for _, it := range ups[11].Items {
+		if it.Source == "world_model" && it.Reward != nil {
+			graded++
+		}
+	}
+	if graded == 0 || !strings.Contains(out, "predict: the world model is back after ") {
+		t.Errorf("step 11 has %d world-model rewards; want some once the server answers again:\n%s", graded, out)
+	}
+}

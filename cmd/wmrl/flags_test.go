@@ -2,6 +2,7 @@ package main
 
 import (
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -33,5 +34,11 @@ func TestCalibrationFlagsReachTheDebiaser(t *testing.T) {
 	}
 	if n := parse("--checkpoint-every", "8").CheckpointEvery; n != 8 {
 		t.Errorf("--checkpoint-every 8 gives %d", n)
+	}
+	if c := parse(); c.WMRetries != 5 || c.WMTimeout != 120*time.Second {
+		t.Errorf("no flags: world-model retries %d, timeout %v; want 5, 2m0s", c.WMRetries, c.WMTimeout)
+	}
+	if c := parse("--wm-retries", "0", "--wm-timeout", "20s"); c.WMRetries != 0 || c.WMTimeout != 20*time.Second {
+		t.Errorf("--wm-retries 0 --wm-timeout 20s gives %d, %v", c.WMRetries, c.WMTimeout)
 	}
 }

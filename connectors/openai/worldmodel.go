@@ -29,6 +29,10 @@ import (
 	"github.com/wmrl/wmrl/stages/predict"
 )
 
+// DefaultConcurrency is how many requests a client has in flight unless
+// told otherwise.
+const DefaultConcurrency = 16
+
 // Config configures the client. BaseURL and Model are required.
 type Config struct {
 	BaseURL string // e.g. http://127.0.0.1:8000/v1
@@ -42,14 +46,21 @@ type Config struct {
 	Samples int // default 1
 	// GuidedJSON also sends vLLM's guided_json field with the schema.
 	GuidedJSON bool
-	// Concurrency bounds requests in flight (default 16).
+	// Concurrency bounds requests in flight (default DefaultConcurrency).
 	Concurrency int
-	// Timeout per request (default 120s); Retries on 429, 5xx and
-	// connection errors (default 5), with jittered exponential backoff from
-	// Backoff (default 500ms), honouring Retry-After.
+	// Timeout per request (default 120s); Retries on 429, 5xx, timeouts
+	// and connection errors (default 5; negative: none), with jittered
+	// exponential backoff from Backoff (default 500ms), honouring
+	// Retry-After.
 	Timeout time.Duration
 	Retries int
 	Backoff time.Duration
+	// OnAttempt, if set, is told how each request ended: nil when the
+	// server answered (whatever it said), else why not (a timeout, a
+	// connection error, 429, 5xx). A request cut short by the caller's
+	// context says nothing of the server and is not told. Called from the
+	// requests' goroutines.
+	OnAttempt func(err error)
 	// CacheSize bounds the (model, prompt) cache (default 100000; -1: off).
 	CacheSize int
 	Client    *http.Client
@@ -63,13 +74,16 @@ func (c *Config) setDefaults() {
 		c.Samples = 1
 	}
 	if c.Concurrency == 0 {
-		c.Concurrency = 16
+		c.Concurrency = DefaultConcurrency
 	}
 	if c.Timeout == 0 {
 		c.Timeout = 120 * time.Second
 	}
-	if c.Retries == 0 {
+	switch {
+	case c.Retries == 0:
 		c.Retries = 5
+	case c.Retries < 0:
+		c.Retries = 0
 	}
 	if c.Backoff == 0 {
 		c.Backoff = 500 * time.Millisecond
@@ -328,6 +342,13 @@ func (w *WorldModel) request(ctx context.Context, user string, n int) ([]string,
 		replies, err := w.post(ctx, url, body)
 		<-w.slots
 		var perm permanentError
+		if w.cfg.OnAttempt != nil && ctx.Err() == nil {
+			if errors.As(err, &perm) {
+				w.cfg.OnAttempt(nil) // it answered, with something we cannot use
+			} else {
+				w.cfg.OnAttempt(err)
+			}
+		}
 		if err == nil || errors.As(err, &perm) || ctx.Err() != nil {
 			return replies, err
 		}

@@ -143,18 +143,22 @@ func TestUnreadableRepliesAreUngraded(t *testing.T) {
 	}
 }
 
+// overloadedThenScores answers the first request 503, the second 429
+// (asking again at once), and the others with a score of 0.25.
+func overloadedThenScores(n int64, w http.ResponseWriter) {
+	switch n {
+	case 1:
+		http.Error(w, "overloaded", http.StatusServiceUnavailable)
+	case 2:
+		w.Header().Set("Retry-After", "0")
+		http.Error(w, "slow down", http.StatusTooManyRequests)
+	default:
+		choices(w, `{"status":"scored","score":0.25,"rationale":"ok"}`)
+	}
+}
+
 func TestRetriesFailingAndRateLimitingServers(t *testing.T) {
-	s := newServer(t, func(n int64, _ map[string]any, w http.ResponseWriter) {
-		switch n {
-		case 1:
-			http.Error(w, "overloaded", http.StatusServiceUnavailable)
-		case 2:
-			w.Header().Set("Retry-After", "0")
-			http.Error(w, "slow down", http.StatusTooManyRequests)
-		default:
-			choices(w, `{"status":"scored","score":0.25,"rationale":"ok"}`)
-		}
-	})
+	s := newServer(t, func(n int64, _ map[string]any, w http.ResponseWriter) { overloadedThenScores(n, w) })
 	scores, err := wm(t, s.URL, nil).Predict(context.Background(), []schemas.Trajectory{traj("t", "x")})
 	if err != nil || !scores[0].Graded || scores[0].Value != 0.25 || s.calls.Load() != 3 {
 		t.Fatalf("after 503 and 429: %+v %v (%d calls)", scores, err, s.calls.Load())
@@ -165,6 +169,56 @@ func TestRetriesFailingAndRateLimitingServers(t *testing.T) {
 	_, err = wm(t, down.URL, func(c *Config) { c.Retries = 2 }).Predict(context.Background(), []schemas.Trajectory{traj("t", "x")})
 	if err == nil || !strings.Contains(err.Error(), "gave up after 3 attempts") {
 		t.Fatalf("unreachable server: %v", err)
+	}
+	// Negative Retries: one attempt, no retry.
+	once := newServer(t, func(_ int64, _ map[string]any, w http.ResponseWriter) {
+		http.Error(w, "overloaded", http.StatusServiceUnavailable)
+	})
+	_, err = wm(t, once.URL, func(c *Config) { c.Retries = -1 }).Predict(context.Background(), []schemas.Trajectory{traj("t", "x")})
+	if err == nil || !strings.Contains(err.Error(), "gave up after 1 attempts") || once.calls.Load() != 1 {
+		t.Fatalf("Retries -1: %v after %d calls; want one attempt", err, once.calls.Load())
+	}
+}
+
+// OnAttempt hears of every request: the 503 and the 429 as failures, the
+// answer, and a refusal (the server answered) as answers; a request the
+// caller cut short not at all.
+func TestEachRequestIsReported(t *testing.T) {
+	s := newServer(t, func(n int64, _ map[string]any, w http.ResponseWriter) {
+		switch {
+		case n <= 3:
+			overloadedThenScores(n, w)
+		case n == 4:
+			http.Error(w, "no such model", http.StatusNotFound)
+		default:
+			time.Sleep(time.Second) // outlives the caller's context
+		}
+	})
+	var mu sync.Mutex
+	var seen []string
+	w := wm(t, s.URL, func(c *Config) {
+		c.CacheSize = -1
+		c.OnAttempt = func(err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				seen = append(seen, "answer")
+			} else {
+				seen = append(seen, "failure")
+			}
+		}
+	})
+	if _, err := w.Predict(context.Background(), []schemas.Trajectory{traj("t", "x")}); err != nil {
+		t.Fatal(err)
+	}
+	w.Predict(context.Background(), []schemas.Trajectory{traj("u", "y")}) // refused: 404
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	w.Predict(ctx, []schemas.Trajectory{traj("v", "z")})
+	mu.Lock()
+	defer mu.Unlock()
+	if got := strings.Join(seen, " "); got != "failure failure answer answer" {
+		t.Fatalf("requests told: %q; want failure failure answer answer", got)
 	}
 }
 

@@ -21,26 +21,41 @@ import (
 // cut short if they were made with Call.Context. While it is open one call
 // every Probe goes through; the first call that succeeds closes it. Safe
 // for concurrent use; the zero Probe probes every DefaultProbe.
+//
+// A service that takes requests and never answers fails a call only once
+// each of its requests has timed out on every retry; with many calls under
+// way, sharing the client's requests in flight, they all fail at about the
+// same time, hours later at a world model's timeouts. A client that
+// reports each request (Attempt) opens the breaker after AttemptsAfter
+// requests in a row have failed, with no answer between them.
 type Breaker struct {
 	// Name is what the service is called in errors: "the world model".
 	Name  string
 	After int
-	Probe time.Duration
-	Now   func() time.Time // default time.Now
+	// AttemptsAfter: requests in a row failed (Attempt) that open it too
+	// (0: requests are not counted). Set it well above the failures a
+	// flaky service gives in a row: twice the requests in flight fails
+	// only a whole wave of them twice.
+	AttemptsAfter int
+	Probe         time.Duration
+	Now           func() time.Time // default time.Now
 	// OnChange, if set, is told when the breaker opens and when it closes,
 	// with what it has seen. It is called with the breaker's lock held, so
 	// that its calls come in the order of the changes; it must not call
 	// the breaker.
 	OnChange func(State)
 
-	mu       sync.Mutex
-	failures int // calls in a row that failed
-	last     error
-	since    time.Time // opened at; zero while closed
-	next     time.Time // the next probe may start then
-	probing  bool
-	refused  int           // calls refused while open
-	opening  chan struct{} // closed when it opens: cuts short the calls under way
+	mu         sync.Mutex
+	failures   int  // calls in a row that failed
+	attempts   int  // requests in a row that failed (Attempt)
+	byAttempts bool // it opened on requests, not calls
+	last       error
+	since      time.Time // opened at; zero while closed
+	next       time.Time // the next probe may start then
+	probing    bool
+	refused    int           // calls refused while open
+	opening    chan struct{} // closed when it opens: cuts short the calls under way
+	probeStop  chan struct{} // closed when a request of the probe fails: cuts the probe short
 }
 
 // DefaultProbe is how often an open breaker lets a call through.
@@ -50,6 +65,7 @@ const DefaultProbe = 30 * time.Second
 type State struct {
 	Open     bool
 	Failures int       // calls in a row that failed
+	Requests int       // requests in a row that failed, when it opened on them (Attempt)
 	Last     error     // the last failure
 	Since    time.Time // opened at
 	Refused  int       // calls refused while it was open (on closing)
@@ -62,6 +78,7 @@ type State struct {
 type DownError struct {
 	Name     string
 	Failures int
+	Requests int // when it opened on requests in a row (Attempt), not calls
 	Last     error
 	Since    time.Time
 	Probe    time.Duration
@@ -71,8 +88,12 @@ type DownError struct {
 }
 
 func (e *DownError) Error() string {
-	return fmt.Sprintf("%s is down since %s (%d calls in a row failed, the last: %v; one call every %v tries it)",
-		e.Name, e.Since.UTC().Format(time.RFC3339), e.Failures, e.Last, e.Probe)
+	failed := fmt.Sprintf("%d calls in a row failed", e.Failures)
+	if e.Requests > 0 {
+		failed = fmt.Sprintf("%d requests in a row failed", e.Requests)
+	}
+	return fmt.Sprintf("%s is down since %s (%s, the last: %v; one call every %v tries it)",
+		e.Name, e.Since.UTC().Format(time.RFC3339), failed, e.Last, e.Probe)
 }
 
 func (e *DownError) Unwrap() error { return schemas.ErrDown }
@@ -131,7 +152,8 @@ func (b *Breaker) Ask() (Call, error) {
 	}
 	if now := b.now(); !b.probing && !now.Before(b.next) {
 		b.probing = true
-		return Call{b: b, probe: true}, nil
+		b.probeStop = make(chan struct{})
+		return Call{b: b, probe: true, stop: b.probeStop}, nil
 	}
 	b.refused++
 	return Call{}, b.down()
@@ -145,11 +167,65 @@ func (b *Breaker) State() State {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return State{Open: !b.since.IsZero(), Failures: b.failures, Last: b.last, Since: b.since, Refused: b.refused, At: b.now()}
+	return State{Open: !b.since.IsZero(), Failures: b.failures, Requests: b.requests(), Last: b.last, Since: b.since, Refused: b.refused, At: b.now()}
 }
 
 func (b *Breaker) down() *DownError {
-	return &DownError{Name: b.name(), Failures: b.failures, Last: b.last, Since: b.since, Probe: b.probe(), Next: b.next}
+	return &DownError{Name: b.name(), Failures: b.failures, Requests: b.requests(), Last: b.last, Since: b.since, Probe: b.probe(), Next: b.next}
+}
+
+// requests is the requests in a row that opened it (0: it opened on calls,
+// or is closed).
+func (b *Breaker) requests() int {
+	if !b.byAttempts {
+		return 0
+	}
+	return b.attempts
+}
+
+// Attempt reports one request of a call, from a client that retries
+// inside its calls: nil when the service answered it, else the failure
+// (a timeout, a refused connection, a 5xx). AttemptsAfter failures in a
+// row open the breaker, and cut short the calls under way. While it is
+// open the only requests are the probe's: one that fails cuts the probe
+// short, rather than letting it wait out every retry of a service known
+// to be down; the probe's call itself says whether it is back.
+func (b *Breaker) Attempt(err error) {
+	if b == nil || b.After <= 0 || b.AttemptsAfter <= 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.since.IsZero() {
+		if err != nil && b.probeStop != nil {
+			close(b.probeStop)
+			b.probeStop = nil
+		}
+		return
+	}
+	if err == nil {
+		b.attempts = 0
+		return
+	}
+	b.attempts++
+	b.last = err
+	if b.attempts >= b.AttemptsAfter {
+		b.byAttempts = true
+		b.open(b.now(), err)
+	}
+}
+
+// open opens the closed breaker at now, on err. The lock is held.
+func (b *Breaker) open(now time.Time, err error) {
+	b.since = now
+	b.next = now.Add(b.probe())
+	if b.opening != nil {
+		close(b.opening)
+		b.opening = nil
+	}
+	if b.OnChange != nil {
+		b.OnChange(State{Open: true, Failures: b.failures, Requests: b.requests(), Last: err, Since: b.since, At: now})
+	}
 }
 
 // Succeeded reports an answer: the service is up.
@@ -160,12 +236,12 @@ func (c Call) Succeeded() {
 	b := c.b
 	b.mu.Lock()
 	if c.probe {
-		b.probing = false
+		b.probing, b.probeStop = false, nil
 	}
 	if !b.since.IsZero() && b.OnChange != nil {
-		b.OnChange(State{Failures: b.failures, Last: b.last, Since: b.since, Refused: b.refused, At: b.now()})
+		b.OnChange(State{Failures: b.failures, Requests: b.requests(), Last: b.last, Since: b.since, Refused: b.refused, At: b.now()})
 	}
-	b.failures, b.since, b.refused = 0, time.Time{}, 0
+	b.failures, b.attempts, b.byAttempts, b.since, b.refused = 0, 0, false, time.Time{}, 0
 	b.mu.Unlock()
 }
 
@@ -186,25 +262,17 @@ func (c Call) Failed(err error) *DownError {
 		b.last = err
 	}
 	if c.probe {
-		b.probing = false
+		b.probing, b.probeStop = false, nil
 	}
-	opened := b.since.IsZero() && b.failures >= b.After
-	if opened {
-		b.since = now
-		if b.opening != nil {
-			close(b.opening)
-			b.opening = nil
-		}
+	switch {
+	case b.since.IsZero() && b.failures >= b.After:
+		b.open(now, err)
+	case !b.since.IsZero() && c.probe:
+		b.next = now.Add(b.probe())
 	}
 	var down *DownError
 	if !b.since.IsZero() {
-		if opened || c.probe {
-			b.next = now.Add(b.probe())
-		}
 		down = b.down()
-	}
-	if opened && b.OnChange != nil {
-		b.OnChange(State{Open: true, Failures: b.failures, Last: err, Since: b.since, At: now})
 	}
 	b.mu.Unlock()
 	return down
@@ -217,7 +285,7 @@ func (c Call) Abandoned() {
 		return
 	}
 	c.b.mu.Lock()
-	c.b.probing = false
+	c.b.probing, c.b.probeStop = false, nil
 	c.b.mu.Unlock()
 }
 

@@ -1,6 +1,7 @@
 package breaker
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -114,5 +115,83 @@ func TestBreakerOff(t *testing.T) {
 			}
 			c.Failed(errors.New("down"))
 		}
+	}
+}
+
+// Requests reported one by one (Attempt) open it after AttemptsAfter
+// failures in a row with no answer between them, though no call has
+// failed yet; the calls under way are cut short, and requests say nothing
+// while it is open.
+func TestBreakerOpensOnRequestsInARow(t *testing.T) {
+	clk := newClock()
+	var changes []State
+	b := &Breaker{Name: "the world model", After: 5, AttemptsAfter: 4, Probe: time.Minute, Now: clk.now,
+		OnChange: func(s State) { changes = append(changes, s) }}
+	timeout := errors.New("context deadline exceeded")
+	under, err := b.Ask()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := under.Context(context.Background())
+	defer cancel()
+
+	for range 3 {
+		b.Attempt(timeout)
+	}
+	b.Attempt(nil) // an answer: not in a row
+	for range 3 {
+		b.Attempt(timeout)
+	}
+	if b.State().Open || ctx.Err() != nil {
+		t.Fatalf("open after 3 failed requests in a row (AttemptsAfter 4): %+v", b.State())
+	}
+	b.Attempt(timeout)
+	if st := b.State(); !st.Open || st.Requests != 4 || st.Failures != 0 || len(changes) != 1 || changes[0].Requests != 4 {
+		t.Fatalf("after 4 failed requests in a row: %+v, changes %+v; want open on 4 requests", st, changes)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call under way was not cut short")
+	}
+	if down := under.Failed(ctx.Err()); down == nil || !strings.Contains(down.Error(), "4 requests in a row failed, the last: context deadline exceeded") {
+		t.Fatalf("the call cut short was told %v; want down, on 4 requests", down)
+	}
+	b.Attempt(nil) // a request finishing while open: the probe decides
+	if !refused(t, b) {
+		t.Fatal("a request's answer closed it")
+	}
+	// A request of the probe that fails cuts the probe short: its call
+	// need not wait out every retry of a service known to be down.
+	clk.add(time.Minute)
+	probe, err := b.Ask()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx, pcancel := probe.Context(context.Background())
+	defer pcancel()
+	b.Attempt(timeout)
+	select {
+	case <-pctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a failed request of the probe did not cut it short")
+	}
+	if probe.Failed(pctx.Err()) == nil || !refused(t, b) {
+		t.Fatal("the probe cut short did not leave it open")
+	}
+	clk.add(time.Minute)
+	probe, err = b.Ask()
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe.Succeeded()
+	if st := b.State(); st.Open || st.Requests != 0 || st.Refused != 0 || len(changes) != 2 || changes[1].Open || changes[1].Refused != 2 {
+		t.Fatalf("after the probe: %+v, changes %+v", st, changes)
+	}
+	for range 3 {
+		b.Attempt(timeout)
+	}
+	if b.State().Open {
+		t.Fatal("closed, but still counting the requests from before")
 	}
 }
