@@ -153,39 +153,20 @@ func TestDeployMonitoringMatchesTheMetrics(t *testing.T) {
 		}
 	}
 
-	var rules struct {
-		Groups []struct {
-			Rules []struct {
-				Alert, Expr string
-				For         string
-				Annotations map[string]string
+	rules := alertRules(t)
+	for _, r := range rules {
+		if r.Alert == "" || r.Annotations["summary"] == "" || r.Annotations["description"] == "" {
+			t.Errorf("alert %q lacks a name, summary or description", r.Alert)
+		}
+		if r.For != "" {
+			if _, err := time.ParseDuration(r.For); err != nil {
+				t.Errorf("alert %s: for %q: %v", r.Alert, r.For, err)
 			}
 		}
+		checkExpr(t, "alert "+r.Alert, r.Expr, fams)
 	}
-	b, err = os.ReadFile(filepath.Join("..", "deploy", "prometheus", "alerts.yml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(b, &rules); err != nil {
-		t.Fatalf("deploy/prometheus/alerts.yml: %v", err)
-	}
-	n := 0
-	for _, g := range rules.Groups {
-		for _, r := range g.Rules {
-			n++
-			if r.Alert == "" || r.Annotations["summary"] == "" || r.Annotations["description"] == "" {
-				t.Errorf("alert %q lacks a name, summary or description", r.Alert)
-			}
-			if r.For != "" {
-				if _, err := time.ParseDuration(r.For); err != nil {
-					t.Errorf("alert %s: for %q: %v", r.Alert, r.For, err)
-				}
-			}
-			checkExpr(t, "alert "+r.Alert, r.Expr, fams)
-		}
-	}
-	if n < 4 {
-		t.Fatalf("%d alerts", n)
+	if len(rules) < 4 {
+		t.Fatalf("%d alerts", len(rules))
 	}
 
 	var prom struct {
@@ -380,6 +361,33 @@ func TestPrometheusEvaluatesTheDashboardAndAlerts(t *testing.T) {
 	}
 }
 
+// alertRule is one rule of deploy/prometheus/alerts.yml.
+type alertRule struct {
+	Alert, Expr string
+	For         string
+	Annotations map[string]string
+}
+
+// alertRules reads every rule of deploy/prometheus/alerts.yml.
+func alertRules(t *testing.T) []alertRule {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "deploy", "prometheus", "alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file struct {
+		Groups []struct{ Rules []alertRule }
+	}
+	if err := yaml.Unmarshal(b, &file); err != nil {
+		t.Fatalf("deploy/prometheus/alerts.yml: %v", err)
+	}
+	var rules []alertRule
+	for _, g := range file.Groups {
+		rules = append(rules, g.Rules...)
+	}
+	return rules
+}
+
 // promtool is the rules tester shipped beside the Prometheus server.
 func promtool(t *testing.T) string {
 	t.Helper()
@@ -402,27 +410,10 @@ func TestRewardRequestsAlertFiresOnItsCondition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(alerts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rules struct {
-		Groups []struct {
-			Rules []struct {
-				Alert       string
-				Annotations map[string]string
-			}
-		}
-	}
-	if err := yaml.Unmarshal(b, &rules); err != nil {
-		t.Fatal(err)
-	}
 	description := ""
-	for _, g := range rules.Groups {
-		for _, r := range g.Rules {
-			if r.Alert == "WMRLRewardRequestsFailing" {
-				description = r.Annotations["description"]
-			}
+	for _, r := range alertRules(t) {
+		if r.Alert == "WMRLRewardRequestsFailing" {
+			description = r.Annotations["description"]
 		}
 	}
 	if description == "" {

@@ -59,16 +59,10 @@ func (g *Gateway) rewards(ctx context.Context, asks []ask) ([]*float64, error) {
 	if err == nil && len(scores) != len(trajs) {
 		err = fmt.Errorf("world model %s returned %d scores for %d solutions", g.cfg.WorldModel.Name(), len(scores), len(trajs))
 	}
-	switch {
-	case err == nil:
-		call.Succeeded()
-	case ctx.Err() != nil: // the trainer hung up: says nothing of the world model
-		call.Abandoned()
-		return nil, err
-	default:
-		if down := call.Failed(err); down != nil {
-			return nil, down
-		}
+	if down := call.End(ctx, err); down != nil { // ctx done: the trainer hung up, which says nothing of the world model
+		return nil, down
+	}
+	if err != nil {
 		return nil, err
 	}
 	st := g.cal.Load()

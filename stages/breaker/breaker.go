@@ -278,6 +278,23 @@ func (c Call) Failed(err error) *DownError {
 	return down
 }
 
+// End reports how a call ended, for a caller whose own context is ctx:
+// abandoned when ctx is done (the caller left, which says nothing of the
+// service), else succeeded when err is nil, else failed. It returns
+// Failed's verdict: non-nil while the service is down, when the work is
+// to be given up at once.
+func (c Call) End(ctx context.Context, err error) *DownError {
+	switch {
+	case ctx.Err() != nil:
+		c.Abandoned()
+		return nil
+	case err != nil:
+		return c.Failed(err)
+	}
+	c.Succeeded()
+	return nil
+}
+
 // Abandoned reports a call given up before an answer (the process is
 // stopping): it says nothing of the service.
 func (c Call) Abandoned() {

@@ -195,3 +195,28 @@ func TestBreakerOpensOnRequestsInARow(t *testing.T) {
 		t.Fatal("closed, but still counting the requests from before")
 	}
 }
+
+// End reports a call as abandoned when its caller has gone, else as
+// succeeded or failed by its error.
+func TestEndReportsHowACallEnded(t *testing.T) {
+	clk := newClock()
+	b := &Breaker{After: 1, Probe: time.Minute, Now: clk.now}
+	c, _ := b.Ask()
+	if down := c.End(context.Background(), errors.New("503")); down == nil || !b.State().Open {
+		t.Fatalf("a failed call: %v, %+v; want it open", down, b.State())
+	}
+	clk.add(time.Minute)
+	probe, _ := b.Ask()
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	if down := probe.End(gone, nil); down != nil || !b.State().Open {
+		t.Fatalf("a probe whose caller left: %v, %+v; want nothing said, still open", down, b.State())
+	}
+	probe, err := b.Ask() // the abandoned probe freed its turn
+	if err != nil {
+		t.Fatalf("no probe after an abandoned one: %v", err)
+	}
+	if down := probe.End(context.Background(), nil); down != nil || b.State().Open {
+		t.Fatalf("a probe answered: %v, %+v; want it closed", down, b.State())
+	}
+}

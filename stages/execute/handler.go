@@ -180,14 +180,7 @@ func (h *Handler) Handle(msg *message.Message) error {
 			defer wg.Done()
 			defer func() { <-h.Slots }()
 			r, err := h.Exe.Execute(ctx, t)
-			switch {
-			case ctx.Err() != nil:
-				call.Abandoned()
-			case err != nil:
-				downs[i] = call.Failed(err)
-			default:
-				call.Succeeded()
-			}
+			downs[i] = call.End(ctx, err)
 			if err != nil {
 				errs[i] = err
 				return

@@ -64,16 +64,9 @@ func (h *Handler) Handle(msg *message.Message) error {
 	if err == nil && len(scores) != len(g.Trajectories) {
 		err = fmt.Errorf("returned %d scores for %d trajectories", len(scores), len(g.Trajectories))
 	}
-	switch {
-	case msg.Context().Err() != nil:
-		call.Abandoned()
-	case err != nil:
-		if down := call.Failed(err); down != nil {
-			err = fmt.Errorf("predict: world model on group %s: %w", g.GroupID, down)
-			return h.giveUp(g, err, err.Error())
-		}
-	default:
-		call.Succeeded()
+	if down := call.End(msg.Context(), err); down != nil {
+		err = fmt.Errorf("predict: world model on group %s: %w", g.GroupID, down)
+		return h.giveUp(g, err, err.Error())
 	}
 	if err != nil {
 		err = fmt.Errorf("predict: world model on group %s: %w", g.GroupID, err)
