@@ -66,10 +66,12 @@ func (p *Pipeline) build(ctx context.Context) error {
 				if task, err = sandbox.LoadTask(cfg.TaskDir); err != nil {
 					return err
 				}
-				exe = &sandbox.Subprocess{Task: task}
+				limits := sandbox.Limits{Timeout: cfg.ExecTimeout, MemoryBytes: int64(cfg.ExecMemoryMB) << 20, CPUSeconds: cfg.ExecCPUSeconds}
+				exe = &sandbox.Subprocess{Task: task, Limits: limits}
 				if cfg.executor() == "sandbox-fusion" {
-					exe = &sandbox.Fusion{URL: cfg.SandboxURL, Task: task}
+					exe = &sandbox.Fusion{URL: cfg.SandboxURL, Task: task, Limits: limits}
 				}
+				p.noteLimits(cfg.executor(), task, limits.For(task))
 			}
 			h := execute.NewHandler(cfg.Run, p.topo.Out(StageExecute, schemas.KindExecution), p.stagePublisher(stage), exe, cfg.ExecSlots)
 			h.LastAttempt = p.dl.lastAttempt
@@ -441,4 +443,18 @@ func (p *Pipeline) buildGateway() error {
 	}
 	p.gateway, p.httpListener = g, l
 	return nil
+}
+
+// noteLimits says what each real execution may take and, when that is
+// longer than a step waits for its anchors, what becomes of slower ones.
+func (p *Pipeline) noteLimits(executor string, task *sandbox.Task, l sandbox.Limits) {
+	limits := l.String()
+	if executor == "sandbox-fusion" {
+		limits = fmt.Sprintf("run_timeout %v, memory_limit_MB %d (enforced by the server)", l.Timeout, l.MemoryBytes>>20)
+	}
+	late := ""
+	if p.cfg.runs(StageFuse) && l.Timeout > p.cfg.AnchorDeadline {
+		late = fmt.Sprintf("; a step waits %v for its anchors (--anchor-deadline): slower ones are fused on the world model (late anchors)", p.cfg.AnchorDeadline)
+	}
+	p.notef("execute: %s on task %s, each execution: %s%s", executor, task.Name, limits, late)
 }

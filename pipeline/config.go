@@ -98,6 +98,13 @@ type Config struct {
 	TaskDir  string
 	// SandboxURL is the Sandbox Fusion server of Executor "sandbox-fusion".
 	SandboxURL string
+	// ExecTimeout, ExecMemoryMB and ExecCPUSeconds bound each real
+	// execution (sandbox-fusion is sent the first two). 0 takes the task's
+	// time_limit_seconds and memory_mb, else 60 s and 1024 MiB; CPU time
+	// defaults to the wall clock times the cores, plus 1 (sandbox.Limits).
+	ExecTimeout    time.Duration
+	ExecMemoryMB   int
+	ExecCPUSeconds int
 
 	// Anchors is the anchor choice. Its MaxInFlight caps anchor groups
 	// sent for execution and not yet executed, counted on ExecConsumer
@@ -272,6 +279,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --executor %s needs --task DIR (its data and grader)", ErrConfig, c.executor())
 	case c.executor() == "sandbox-fusion" && c.SandboxURL == "":
 		return fmt.Errorf("%w: --executor sandbox-fusion needs --sandbox-url URL", ErrConfig)
+	case c.ExecTimeout < 0 || c.ExecMemoryMB < 0 || c.ExecCPUSeconds < 0:
+		return fmt.Errorf("%w: --exec-timeout %v, --exec-memory-mb %d and --exec-cpu-seconds %d: want >= 0 (0: the task's, else the defaults)",
+			ErrConfig, c.ExecTimeout, c.ExecMemoryMB, c.ExecCPUSeconds)
 	case c.ExecSlots < 1:
 		return fmt.Errorf("%w: exec slots %d < 1", ErrConfig, c.ExecSlots)
 	case c.MaxAge < 0 || c.Duplicates < 0 || (c.MaxAge > 0 && c.Duplicates > c.MaxAge):

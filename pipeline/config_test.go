@@ -30,6 +30,8 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		{"pair wait", func(c *Config) { c.PairWait = -time.Second }, "--pair-wait -1s"},
 		{"world-model concurrency", func(c *Config) { c.WMConcurrency = -4 }, "--wm-concurrency -4"},
 		{"world-model timeout", func(c *Config) { c.WMTimeout = -time.Second }, "--wm-timeout -1s"},
+		{"execution memory", func(c *Config) { c.ExecMemoryMB = -1 }, "--exec-memory-mb -1"},
+		{"execution timeout", func(c *Config) { c.ExecTimeout = -time.Second }, "--exec-timeout -1s"},
 		{"world-model retries", func(c *Config) { c.WMRetries = -1 }, "--wm-retries -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,11 +1,14 @@
 package pipeline
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,21 +21,7 @@ import (
 // anchors on the example task: every anchor reward must be the sandbox's
 // grading of that same solution, computed here independently.
 func TestPipelineExecutesARealTask(t *testing.T) {
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 not installed")
-	}
-	dir := t.TempDir()
-	src := "../examples/tasks/housing"
-	os.MkdirAll(filepath.Join(dir, "solutions"), 0o755)
-	files, _ := filepath.Glob(filepath.Join(src, "solutions", "*.py"))
-	for _, f := range append(files, filepath.Join(src, "generate.py"), filepath.Join(src, "task.json")) {
-		b, _ := os.ReadFile(f)
-		rel, _ := filepath.Rel(src, f)
-		os.WriteFile(filepath.Join(dir, rel), b, 0o644)
-	}
-	if out, err := exec.Command("python3", filepath.Join(dir, "generate.py")).CombinedOutput(); err != nil {
-		t.Fatalf("generate: %v\n%s", err, out)
-	}
+	dir, files := housingTask(t)
 	cfg := testConfig(t)
 	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = dir, 3, 4, 4
 	cfg.Anchors.Fraction = 0.5
@@ -81,5 +70,68 @@ func TestPipelineExecutesARealTask(t *testing.T) {
 	}
 	if anchors != 3*2*4 || len(distinct) < 2 {
 		t.Fatalf("%d anchor items with %d distinct rewards", anchors, len(distinct))
+	}
+}
+
+// housingTask generates the example task, with its candidate solutions,
+// into a temporary directory.
+func housingTask(t *testing.T) (dir string, solutions []string) {
+	t.Helper()
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	dir = t.TempDir()
+	src := "../examples/tasks/housing"
+	os.MkdirAll(filepath.Join(dir, "solutions"), 0o755)
+	files, _ := filepath.Glob(filepath.Join(src, "solutions", "*.py"))
+	for _, f := range append(files, filepath.Join(src, "generate.py"), filepath.Join(src, "task.json")) {
+		b, _ := os.ReadFile(f)
+		rel, _ := filepath.Rel(src, f)
+		os.WriteFile(filepath.Join(dir, rel), b, 0o644)
+	}
+	if out, err := exec.Command("python3", filepath.Join(dir, "generate.py")).CombinedOutput(); err != nil {
+		t.Fatalf("generate: %v\n%s", err, out)
+	}
+	return dir, files
+}
+
+// TestExecutionLimitsReachTheExecutor: --exec-timeout and friends bound
+// the real executions, and the run says what they are.
+func TestExecutionLimitsReachTheExecutor(t *testing.T) {
+	dir, files := housingTask(t)
+	for _, f := range files {
+		os.Remove(filepath.Join(dir, "solutions", filepath.Base(f)))
+	}
+	os.WriteFile(filepath.Join(dir, "solutions", "slow.py"), []byte("import time\ntime.sleep(60)\n"), 0o644)
+	cfg := testConfig(t)
+	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = dir, 1, 4, 2
+	cfg.Anchors.Fraction = 0.5
+	cfg.ExecTimeout, cfg.ExecMemoryMB, cfg.ExecCPUSeconds = time.Second, 2048, 30
+	var out bytes.Buffer
+	cfg.Quiet, cfg.Out = false, &out
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	want := "execute: subprocess on task housing, each execution: wall clock 1s, CPU time 30 s, address space 2048 MiB"
+	if !strings.Contains(out.String(), want+"\n") {
+		t.Errorf("the run said:\n%s\nwant a line %q", out.String(), want)
+	}
+	items := 0
+	for _, raw := range readStored(t, cfg.DataDir, "wmrl.default.execution") {
+		var e schemas.Execution
+		if err := json.Unmarshal(raw, &e); err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range e.Items {
+			items++
+			if it.Status != schemas.ExecTimedOut || it.Detail != "killed after 1s, its wall-clock limit" || it.Seconds > 10 {
+				t.Errorf("%s: %+v; want timed out after the 1 s of --exec-timeout", it.TrajID, it)
+			}
+		}
+	}
+	if items != 2*2 {
+		t.Fatalf("%d executions; want 2 anchor groups of 2", items)
 	}
 }

@@ -25,9 +25,10 @@ import (
 type Fusion struct {
 	URL  string // e.g. http://127.0.0.1:8080 (run_code is appended)
 	Task *Task
-	// RunTimeout per execution (default 60s); MemoryMB (default 1024).
-	RunTimeout time.Duration
-	MemoryMB   int
+	// Limits: the server is asked for Timeout as run_timeout and
+	// MemoryBytes as memory_limit_MB (zero: the task's, else 60 s and
+	// 1024 MiB); it enforces them itself, so the rest do not apply.
+	Limits Limits
 	// Retries on 5xx and connection errors (default 3).
 	Retries int
 	Client  *http.Client
@@ -79,13 +80,8 @@ func (f *Fusion) files() (map[string]string, error) {
 // schemas.ExecSandboxError, an unreachable server as an error so the group
 // is retried later.
 func (f *Fusion) Execute(ctx context.Context, t schemas.Trajectory) (execute.Result, error) {
-	timeout, mem, retries := f.RunTimeout, f.MemoryMB, f.Retries
-	if timeout == 0 {
-		timeout = 60 * time.Second
-	}
-	if mem == 0 {
-		mem = 1024
-	}
+	l, retries := f.Limits.For(f.Task), f.Retries
+	timeout, mem := l.Timeout, int(l.MemoryBytes>>20)
 	if retries == 0 {
 		retries = 3
 	}
@@ -119,7 +115,7 @@ func (f *Fusion) judge(resp fusionResponse, timeout time.Duration) (execute.Resu
 	case resp.Status == "SandboxError" || rr == nil:
 		return execute.Result{Status: schemas.ExecSandboxError, Detail: strings.TrimSpace("sandbox error: " + resp.Message)}, nil
 	case rr.Status == "TimeLimitExceeded":
-		return execute.Result{Status: schemas.ExecTimedOut, Seconds: rr.ExecutionTime, Detail: fmt.Sprintf("killed after %v", timeout)}, nil
+		return execute.Result{Status: schemas.ExecTimedOut, Seconds: rr.ExecutionTime, Detail: fmt.Sprintf("killed after %v, its wall-clock limit", timeout)}, nil
 	case rr.ReturnCode == nil || *rr.ReturnCode != 0 || rr.Status == "Error":
 		code := -1
 		if rr.ReturnCode != nil {

@@ -79,7 +79,7 @@ func fusionServer(t *testing.T, failFirst int64) (*httptest.Server, *atomic.Int6
 func TestSandboxFusionExecutor(t *testing.T) {
 	task := housing(t)
 	srv, calls := fusionServer(t, 1) // the first request gets a 503
-	f := &Fusion{URL: srv.URL, Task: task, RunTimeout: 2 * time.Second}
+	f := &Fusion{URL: srv.URL, Task: task, Limits: Limits{Timeout: 2 * time.Second}}
 	local := exe(task)
 	for _, tc := range []struct{ file, status string }{
 		{"03_interactions.py", schemas.ExecScored},
@@ -119,5 +119,33 @@ func TestSandboxFusionFailures(t *testing.T) {
 	down.Close()
 	if _, err := (&Fusion{URL: down.URL, Task: task, Retries: 1}).Execute(context.Background(), schemas.Trajectory{Response: "print(1)"}); err == nil {
 		t.Fatal("an unreachable sandbox gave a result; want an error so the group is retried")
+	}
+}
+
+func TestSandboxFusionIsSentTheLimits(t *testing.T) {
+	task := housing(t)
+	task.TimeLimitSeconds, task.MemoryMB = 1200, 8192
+	var got fusionRequest
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = fusionRequest{}
+		json.NewDecoder(r.Body).Decode(&got)
+		w.Write([]byte(`{"status":"Failed","run_result":{"status":"TimeLimitExceeded","execution_time":1200.2,"return_code":null}}`))
+	}))
+	defer srv.Close()
+	for _, tc := range []struct {
+		limits  Limits
+		timeout float64
+		mb      int
+		detail  string
+	}{
+		{Limits{}, 1200, 8192, "killed after 20m0s, its wall-clock limit"},
+		{Limits{Timeout: 90 * time.Second}, 90, 8192, "killed after 1m30s, its wall-clock limit"},
+		{Limits{MemoryBytes: 2 << 30}, 1200, 2048, "killed after 20m0s, its wall-clock limit"},
+	} {
+		r, err := (&Fusion{URL: srv.URL, Task: task, Limits: tc.limits}).Execute(context.Background(), schemas.Trajectory{Response: "print(1)"})
+		if err != nil || got.RunTimeout != tc.timeout || got.MemoryLimitMB != tc.mb || r.Status != schemas.ExecTimedOut || r.Detail != tc.detail {
+			t.Errorf("limits %v: sent run_timeout %v, memory_limit_MB %d, got %+v %v; want %v, %d, timed out: %s",
+				tc.limits, got.RunTimeout, got.MemoryLimitMB, r, err, tc.timeout, tc.mb, tc.detail)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -102,7 +103,8 @@ func TestSandboxContainsHostileCode(t *testing.T) {
 	if r := run1(t, s, "while True:\n    pass\n"); r.status != schemas.ExecTimedOut {
 		t.Fatalf("infinite loop: %+v", r)
 	}
-	if r := run1(t, s, "x = bytearray(2 * 1024**3)\n"); r.status != schemas.ExecCrashed || !strings.Contains(r.detail, "MemoryError") {
+	if r := run1(t, s, "x = bytearray(2 * 1024**3)\n"); r.status != schemas.ExecCrashed || !strings.Contains(r.detail, "MemoryError") ||
+		!strings.Contains(r.detail, "address space is limited to 512 MiB") {
 		t.Fatalf("memory hog: %+v", r)
 	}
 	bomb := "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)\n"
@@ -160,6 +162,85 @@ raise SystemExit(" ".join(res))
 	}
 	if !strings.Contains(r.detail, "network not isolated") && strings.Contains(r.detail, "network=ok") {
 		t.Errorf("network reachable although isolated: %s", r.detail)
+	}
+}
+
+func TestLimitsComeFromTheRunTheTaskOrTheDefaults(t *testing.T) {
+	task := &Task{TimeLimitSeconds: 1200, MemoryMB: 8192}
+	cores := runtime.NumCPU()
+	for _, tc := range []struct {
+		name string
+		l    Limits
+		task *Task
+		want Limits
+	}{
+		{"defaults", Limits{}, nil, Limits{Timeout: time.Minute, MemoryBytes: 1 << 30, CPUSeconds: 60*cores + 1}},
+		{"the task's", Limits{}, task, Limits{Timeout: 20 * time.Minute, MemoryBytes: 8 << 30, CPUSeconds: 1200*cores + 1}},
+		{"the run's over the task's", Limits{Timeout: 90 * time.Second, MemoryBytes: 2 << 30, CPUSeconds: 7}, task,
+			Limits{Timeout: 90 * time.Second, MemoryBytes: 2 << 30, CPUSeconds: 7}},
+		{"the CPU time follows the wall clock", Limits{Timeout: 1500 * time.Millisecond}, task,
+			Limits{Timeout: 1500 * time.Millisecond, MemoryBytes: 8 << 30, CPUSeconds: 2*cores + 1}},
+	} {
+		got := tc.l.For(tc.task)
+		if got.Timeout != tc.want.Timeout || got.MemoryBytes != tc.want.MemoryBytes || got.CPUSeconds != tc.want.CPUSeconds {
+			t.Errorf("%s: %v; want %v", tc.name, got, tc.want)
+		}
+	}
+
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "task.json"), []byte(`{"name":"x","metric":"rmse","time_limit_seconds":-1}`), 0o644)
+	if _, err := LoadTask(dir); err == nil || !strings.Contains(err.Error(), "time_limit_seconds -1") {
+		t.Errorf("a negative time limit: %v; want an error naming it", err)
+	}
+}
+
+// TestExecutionsTakeTheTasksLimitsAndSayWhichOneEndedThem runs code into
+// each limit: the task's wall clock, the CPU time, the address space.
+func TestExecutionsTakeTheTasksLimitsAndSayWhichOneEndedThem(t *testing.T) {
+	task := housing(t)
+	task.TimeLimitSeconds = 1
+	start := time.Now()
+	r := run1(t, &Subprocess{Task: task}, "import time\ntime.sleep(30)\n")
+	if r.status != schemas.ExecTimedOut || r.detail != "killed after 1s, its wall-clock limit" || time.Since(start) > 20*time.Second {
+		t.Fatalf("the task's 1 s: %+v after %v", r, time.Since(start))
+	}
+
+	r = run1(t, &Subprocess{Task: task, Limits: Limits{Timeout: 20 * time.Second, CPUSeconds: 1}}, "while True:\n    pass\n")
+	if r.status != schemas.ExecTimedOut || !strings.HasPrefix(r.detail, "killed after 1 s of CPU time, its limit") {
+		t.Fatalf("1 s of CPU time: %+v; want timed out, saying it was the CPU time", r)
+	}
+	t.Logf("1 s of CPU time: %s", r.detail)
+
+	r = run1(t, &Subprocess{Task: task, Limits: Limits{Timeout: 20 * time.Second}}, "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+	if r.status != schemas.ExecCrashed || !strings.HasPrefix(r.detail, "killed by signal 11 (segmentation fault)") {
+		t.Fatalf("a segmentation fault: %+v; want crashed, naming the signal", r)
+	}
+}
+
+// TestCodeOnEveryCoreMeetsItsWallClockFirst: the CPU limit counts all of a
+// process's threads, so code that trains on every core (BLAS, n_jobs) must
+// not be cut at a fraction of its wall clock.
+func TestCodeOnEveryCoreMeetsItsWallClockFirst(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("one core")
+	}
+	task := housing(t)
+	// Two threads hashing (hashlib lets go of the GIL) for 2.5 s of wall
+	// clock: up to 5 s of CPU time, over a limit of the 3 s wall clock + 1.
+	code := `import hashlib, threading, time
+buf = b"x" * (1 << 20)
+def burn():
+    end = time.time() + 2.5
+    while time.time() < end:
+        hashlib.sha256(buf).digest()
+ts = [threading.Thread(target=burn) for _ in range(2)]
+[x.start() for x in ts]
+[x.join() for x in ts]
+open("submission.csv", "w").write("id,price\n")
+`
+	r := run1(t, &Subprocess{Task: task, Limits: Limits{Timeout: 3 * time.Second}}, code)
+	if r.status != schemas.ExecInvalid || !strings.Contains(r.detail, "0 of 200 rows") {
+		t.Fatalf("%+v; want it to run to its end (and write an empty submission)", r)
 	}
 }
 

@@ -10,9 +10,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -21,17 +23,30 @@ import (
 	"github.com/wmrl/wmrl/stages/execute"
 )
 
-// Limits bound one execution. Zero values take the defaults.
+// Limits bound one execution. Zero values take the task's own limits
+// (task.json's time_limit_seconds and memory_mb), else the defaults.
 type Limits struct {
 	Timeout     time.Duration // wall clock (default 60s)
 	MemoryBytes int64         // address space (default 1 GiB)
-	CPUSeconds  int           // CPU time (default: the timeout, rounded up, plus 1)
-	OpenFiles   int           // default 256
-	Processes   int           // per user (default 64); enforced for a non-root user only
-	OutputBytes int           // kept per stream (default 64 KiB)
+	// CPUSeconds is the code's CPU time, all its threads together (default:
+	// the timeout times the cores, plus 1, so that code using every core
+	// meets its wall clock first; the CPU limit is what stops code that
+	// outlives its wall clock, as when wmrl itself is killed).
+	CPUSeconds  int
+	OpenFiles   int // default 256
+	Processes   int // per user (default 64); enforced for a non-root user only
+	OutputBytes int // kept per stream (default 64 KiB)
 }
 
-func (l *Limits) setDefaults() {
+// For is l with what it leaves at zero taken from the task, else from the
+// defaults. t may be nil.
+func (l Limits) For(t *Task) Limits {
+	if l.Timeout == 0 && t != nil && t.TimeLimitSeconds > 0 {
+		l.Timeout = time.Duration(t.TimeLimitSeconds * float64(time.Second))
+	}
+	if l.MemoryBytes == 0 && t != nil && t.MemoryMB > 0 {
+		l.MemoryBytes = int64(t.MemoryMB) << 20
+	}
 	if l.Timeout == 0 {
 		l.Timeout = 60 * time.Second
 	}
@@ -39,7 +54,7 @@ func (l *Limits) setDefaults() {
 		l.MemoryBytes = 1 << 30
 	}
 	if l.CPUSeconds == 0 {
-		l.CPUSeconds = int(l.Timeout.Seconds()+0.999) + 1
+		l.CPUSeconds = int(math.Ceil(l.Timeout.Seconds()))*runtime.NumCPU() + 1
 	}
 	if l.OpenFiles == 0 {
 		l.OpenFiles = 256
@@ -50,6 +65,12 @@ func (l *Limits) setDefaults() {
 	if l.OutputBytes == 0 {
 		l.OutputBytes = 64 << 10
 	}
+	return l
+}
+
+// String names the limits a run's executions get, for its log.
+func (l Limits) String() string {
+	return fmt.Sprintf("wall clock %v, CPU time %d s, address space %d MiB", l.Timeout, l.CPUSeconds, l.MemoryBytes>>20)
 }
 
 // Subprocess executes trajectories' code as local processes.
@@ -67,8 +88,12 @@ var _ execute.Executor = (*Subprocess)(nil)
 
 // Run is one execution's outcome before grading.
 type Run struct {
-	ExitCode        int
-	TimedOut        bool
+	ExitCode int // 128 + the signal for code killed by one
+	TimedOut bool
+	// Signal killed the code (0: it exited); CPUSeconds is the CPU time it
+	// used, user and system, all threads.
+	Signal          syscall.Signal
+	CPUSeconds      float64
 	Stdout, Stderr  string
 	Seconds         float64
 	Submission      []byte // nil: none written
@@ -85,12 +110,23 @@ func (s *Subprocess) Execute(ctx context.Context, t schemas.Trajectory) (execute
 		return execute.Result{Status: schemas.ExecSandboxError, Detail: err.Error()}, nil
 	}
 	res := execute.Result{Seconds: run.Seconds}
+	l := s.limits()
 	tail := lastLines(run.Stderr, 5)
 	switch {
 	case run.TimedOut:
-		res.Status, res.Detail = schemas.ExecTimedOut, fmt.Sprintf("killed after %v", s.limits().Timeout)
+		res.Status, res.Detail = schemas.ExecTimedOut, fmt.Sprintf("killed after %v, its wall-clock limit", l.Timeout)
+	case run.Signal != 0 && run.CPUSeconds >= float64(l.CPUSeconds)-0.5:
+		// The kernel kills code at its CPU limit with SIGKILL (soft and
+		// hard limit are the same): a time limit, not a crash.
+		res.Status, res.Detail = schemas.ExecTimedOut, fmt.Sprintf("killed after %.0f s of CPU time, its limit (%v of wall clock)",
+			run.CPUSeconds, time.Duration(run.Seconds*float64(time.Second)).Round(time.Millisecond))
+	case run.Signal != 0:
+		res.Status, res.Detail = schemas.ExecCrashed, fmt.Sprintf("killed by signal %d (%v): %s", int(run.Signal), run.Signal, tail)
 	case run.ExitCode != 0:
 		res.Status, res.Detail = schemas.ExecCrashed, fmt.Sprintf("exit code %d: %s", run.ExitCode, tail)
+		if strings.Contains(run.Stderr, "MemoryError") {
+			res.Detail += fmt.Sprintf(" (its address space is limited to %d MiB)", l.MemoryBytes>>20)
+		}
 	case run.Submission == nil:
 		res.Status, res.Detail = schemas.ExecInvalid, "no "+s.Task.Submission+" written"
 	default:
@@ -174,13 +210,10 @@ func (s *Subprocess) prepare(dir, code string) error {
 	return nil
 }
 
-// limits are the configured limits with defaults filled in. The executor is
-// shared by concurrent executions: nothing here writes to it.
-func (s *Subprocess) limits() Limits {
-	l := s.Limits
-	l.setDefaults()
-	return l
-}
+// limits are the configured limits with the task's and the defaults filled
+// in. The executor is shared by concurrent executions: nothing here writes
+// to it.
+func (s *Subprocess) limits() Limits { return s.Limits.For(s.Task) }
 
 func (s *Subprocess) runAs() uint32 {
 	if s.RunAs == 0 {
@@ -259,12 +292,14 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 	case werr == nil:
 	case errors.As(werr, &exit):
 		run.ExitCode = exit.ExitCode()
-		if run.ExitCode < 0 {
-			run.ExitCode = 128 + int(exit.Sys().(syscall.WaitStatus).Signal())
+		if ws := exit.Sys().(syscall.WaitStatus); ws.Signaled() {
+			run.Signal = ws.Signal()
+			run.ExitCode = 128 + int(run.Signal)
 		}
 	default:
 		return Run{}, fmt.Errorf("sandbox: wait: %w", werr)
 	}
+	run.CPUSeconds = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
 	return run, nil
 }
 

@@ -18,7 +18,8 @@ var ErrInvalidSubmission = errors.New("invalid submission")
 
 // Task is a prediction task on disk:
 //
-//	task.json             name, metric, id_column, target, submission
+//	task.json             name, metric, id_column, target, submission,
+//	                      and optionally time_limit_seconds, memory_mb
 //	public/               data the code sees (copied read-only)
 //	private/answers.csv   id, target, board (public | private)
 //	leaderboard.csv       public_score, private_score of reference entries
@@ -32,6 +33,12 @@ type Task struct {
 	IDColumn   string `json:"id_column"`
 	Target     string `json:"target"`
 	Submission string `json:"submission"`
+	// TimeLimitSeconds and MemoryMB are what one execution of a solution
+	// may take: wall-clock seconds and address space. 0 leaves them to the
+	// executor (60 s and 1024 MiB unless the run says otherwise): a task
+	// whose solutions train a model for minutes says so here.
+	TimeLimitSeconds float64 `json:"time_limit_seconds"`
+	MemoryMB         int     `json:"memory_mb"`
 
 	answers     map[string]answer
 	leaderboard [2][]float64 // public, private
@@ -57,6 +64,9 @@ func LoadTask(dir string) (*Task, error) {
 	}
 	if t.Submission == "" {
 		t.Submission = "submission.csv"
+	}
+	if t.TimeLimitSeconds < 0 || t.MemoryMB < 0 {
+		return nil, fmt.Errorf("task %s: time_limit_seconds %v and memory_mb %d: want >= 0 (0: the executor's defaults)", dir, t.TimeLimitSeconds, t.MemoryMB)
 	}
 	rows, err := readCSV(filepath.Join(dir, "private", "answers.csv"))
 	if err != nil {
