@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/wmrl/wmrl/schemas"
@@ -32,6 +33,9 @@ type Fusion struct {
 	// Retries on 5xx and connection errors (default 3).
 	Retries int
 	Client  *http.Client
+
+	mu        sync.Mutex
+	filesJSON []byte // publicFiles
 }
 
 var _ execute.Executor = (*Fusion)(nil)
@@ -43,7 +47,7 @@ type fusionRequest struct {
 	RunTimeout     float64           `json:"run_timeout"`
 	MemoryLimitMB  int               `json:"memory_limit_MB"`
 	Stdin          string            `json:"stdin"`
-	Files          map[string]string `json:"files"`
+	Files          map[string]string `json:"files,omitempty"` // spliced in: see publicFiles
 	FetchFiles     []string          `json:"fetch_files"`
 }
 
@@ -59,20 +63,57 @@ type fusionResponse struct {
 	Files map[string]string `json:"files"`
 }
 
-func (f *Fusion) files() (map[string]string, error) {
-	out := map[string]string{}
+// publicFiles is the task's public data as the JSON object run_code takes
+// for files (name to base64), read and encoded once per executor: it is
+// the bulk of every request, and encoding it for each execution made about
+// ten times its size in garbage (BenchmarkLargePublicData). Data changed
+// on disk during a run is therefore not seen until the process restarts.
+func (f *Fusion) publicFiles() ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.filesJSON != nil {
+		return f.filesJSON, nil
+	}
 	entries, err := os.ReadDir(f.Task.PublicDir())
 	if err != nil {
 		return nil, fmt.Errorf("sandbox fusion: public data: %w", err)
 	}
+	var size int64
 	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(f.Task.PublicDir(), e.Name()))
-		if err != nil {
-			return nil, err
+		if info, err := e.Info(); err == nil {
+			size += info.Size()
 		}
-		out["data/"+e.Name()] = base64.StdEncoding.EncodeToString(b)
 	}
-	return out, nil
+	buf := bytes.NewBuffer(make([]byte, 0, base64.StdEncoding.EncodedLen(int(size))+64*len(entries)+2))
+	buf.WriteByte('{')
+	for i, e := range entries {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		name, _ := json.Marshal("data/" + e.Name())
+		buf.Write(name)
+		buf.WriteString(`:"`) // base64 needs no JSON escaping
+		if err := encodeFile(buf, filepath.Join(f.Task.PublicDir(), e.Name())); err != nil {
+			return nil, fmt.Errorf("sandbox fusion: public data: %w", err)
+		}
+		buf.WriteByte('"')
+	}
+	buf.WriteByte('}')
+	f.filesJSON = buf.Bytes()
+	return f.filesJSON, nil
+}
+
+func encodeFile(w io.Writer, path string) error {
+	file, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	enc := base64.NewEncoder(base64.StdEncoding, w)
+	if _, err := io.Copy(enc, file); err != nil {
+		return err
+	}
+	return enc.Close()
 }
 
 // Execute runs one trajectory. A sandbox that fails (SandboxError, or
@@ -85,12 +126,15 @@ func (f *Fusion) Execute(ctx context.Context, t schemas.Trajectory) (execute.Res
 	if retries == 0 {
 		retries = 3
 	}
-	files, err := f.files()
+	files, err := f.publicFiles()
 	if err != nil {
 		return execute.Result{Status: schemas.ExecSandboxError, Detail: err.Error()}, nil
 	}
-	body, _ := json.Marshal(fusionRequest{Code: t.Response, Language: "python", CompileTimeout: 10,
-		RunTimeout: timeout.Seconds(), MemoryLimitMB: mem, Files: files, FetchFiles: []string{f.Task.Submission}})
+	// The request is this execution's fields with the shared files spliced
+	// in, never copied into a body of its own.
+	head, _ := json.Marshal(fusionRequest{Code: t.Response, Language: "python", CompileTimeout: 10,
+		RunTimeout: timeout.Seconds(), MemoryLimitMB: mem, FetchFiles: []string{f.Task.Submission}})
+	body := [][]byte{head[:len(head)-1], []byte(`,"files":`), files, []byte("}")}
 	var resp fusionResponse
 	var last error
 	for attempt := 0; attempt <= retries; attempt++ {
@@ -139,13 +183,18 @@ func (f *Fusion) judge(resp fusionResponse, timeout time.Duration) (execute.Resu
 	return execute.Result{Status: schemas.ExecScored, Score: score, Seconds: rr.ExecutionTime}, nil
 }
 
-func (f *Fusion) post(ctx context.Context, body []byte, timeout time.Duration) (fusionResponse, error) {
+func (f *Fusion) post(ctx context.Context, body [][]byte, timeout time.Duration) (fusionResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout+30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(f.URL, "/")+"/run_code", bytes.NewReader(body))
+	parts, n := make([]io.Reader, len(body)), 0
+	for i, b := range body {
+		parts[i], n = bytes.NewReader(b), n+len(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(f.URL, "/")+"/run_code", io.MultiReader(parts...))
 	if err != nil {
 		return fusionResponse{}, err
 	}
+	req.ContentLength = int64(n)
 	req.Header.Set("Content-Type", "application/json")
 	client := f.Client
 	if client == nil {

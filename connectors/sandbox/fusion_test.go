@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -100,6 +101,18 @@ func TestSandboxFusionExecutor(t *testing.T) {
 	if calls.Load() != 5 {
 		t.Fatalf("%d calls: the 503 was not retried once", calls.Load())
 	}
+	// Executions at once share the encoded public data.
+	want, _ := local.Execute(context.Background(), schemas.Trajectory{Response: solution(t, "02_one_feature.py")})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			r, err := f.Execute(context.Background(), schemas.Trajectory{Response: solution(t, "02_one_feature.py")})
+			if err != nil || r.Status != schemas.ExecScored || r.Score != want.Score {
+				t.Errorf("at once: %+v %v; want %v", r, err, want.Score)
+			}
+		})
+	}
+	wg.Wait()
 	if r, _ := f.Execute(context.Background(), schemas.Trajectory{Response: "while True:\n    pass\n"}); r.Status != schemas.ExecTimedOut {
 		t.Fatalf("infinite loop: %+v", r)
 	}

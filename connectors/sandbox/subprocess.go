@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -190,11 +191,7 @@ func (s *Subprocess) prepare(dir, code string) error {
 		return fmt.Errorf("sandbox: public data: %w", err)
 	}
 	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(s.Task.PublicDir(), e.Name()))
-		if err != nil {
-			return fmt.Errorf("sandbox: public data: %w", err)
-		}
-		if err := os.WriteFile(filepath.Join(data, e.Name()), b, 0o444); err != nil {
+		if err := copyFile(filepath.Join(data, e.Name()), filepath.Join(s.Task.PublicDir(), e.Name())); err != nil {
 			return fmt.Errorf("sandbox: public data: %w", err)
 		}
 	}
@@ -208,6 +205,26 @@ func (s *Subprocess) prepare(dir, code string) error {
 		}
 	}
 	return nil
+}
+
+// copyFile copies src to a new read-only dst in the kernel
+// (copy_file_range), never holding the file in memory: an ML task's data
+// can be gigabytes, and every execution slot copies it.
+func copyFile(dst, src string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o444)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // limits are the configured limits with the task's and the defaults filled
