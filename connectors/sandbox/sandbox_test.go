@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -279,4 +280,66 @@ func TestMetrics(t *testing.T) {
 	if v, _ := metric("auc", []string{"0.1", "0.4", "0.35", "0.8"}, []string{"0", "0", "1", "1"}); v != 0.75 {
 		t.Errorf("auc %v (sklearn's roc_auc_score gives 0.75)", v)
 	}
+}
+
+// TestWorkDirsAreRemovedAsAnyUser: a user other than root cannot unlink
+// from the read-only data/ of a work directory (nor from read-only
+// directories the code makes), so every execution used to leave its
+// directory, with a copy of the task's data, behind. Run as root, the test
+// runs itself again as nobody.
+func TestWorkDirsAreRemovedAsAnyUser(t *testing.T) {
+	if os.Geteuid() == 0 {
+		asNobody(t, "TestWorkDirsAreRemovedAsAnyUser")
+		return
+	}
+	task := housing(t)
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	readOnly := "import os\nos.makedirs('out/deep')\nopen('out/deep/x', 'w').write('x')\nos.chmod('out/deep', 0o500)\nos.chmod('out', 0o500)\n"
+	for _, code := range []string{solution(t, "01_mean.py"), readOnly} {
+		if r := run1(t, exe(task), code); strings.Contains(r.detail, "left behind") {
+			t.Errorf("%s", r.detail)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmp, "wmrl-exec-*")); len(left) > 0 {
+		t.Fatalf("work directories left behind: %v", left)
+	}
+}
+
+// asNobody runs the test named, from a copy of this test binary, as the
+// user nobody, and fails with its output if it fails.
+func asNobody(t *testing.T, test string) {
+	runuser, err := exec.LookPath("runuser")
+	if err != nil {
+		t.Skip("running as root, and no runuser to run as nobody")
+	}
+	dir, err := os.MkdirTemp("", "wmrl-as-nobody-") // t.TempDir's parent is private
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	bin := filepath.Join(dir, "sandbox.test")
+	src, err := os.Open(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(dst, src); err != nil || dst.Close() != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, "tmp")
+	os.Mkdir(tmp, 0o777)
+	os.Chmod(tmp, 0o1777)
+	cmd := exec.Command(runuser, "-u", "nobody", "--", bin, "-test.run=^"+test+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "HOME="+tmp)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: "+test) {
+		t.Fatalf("as nobody: %v\n%s", err, out)
+	}
+	t.Logf("as nobody:\n%s", out)
 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"os/exec"
@@ -93,8 +94,10 @@ type Run struct {
 	TimedOut bool
 	// Signal killed the code (0: it exited); CPUSeconds is the CPU time it
 	// used, user and system, all threads.
-	Signal          syscall.Signal
-	CPUSeconds      float64
+	Signal     syscall.Signal
+	CPUSeconds float64
+	// Leftover: the work directory could not be removed, and why.
+	Leftover        error
 	Stdout, Stderr  string
 	Seconds         float64
 	Submission      []byte // nil: none written
@@ -141,17 +144,20 @@ func (s *Subprocess) Execute(ctx context.Context, t schemas.Trajectory) (execute
 	if !run.NetworkIsolated {
 		res.Detail = strings.TrimSpace(res.Detail + " (network not isolated: no permission for a network namespace)")
 	}
+	if run.Leftover != nil {
+		res.Detail = strings.TrimSpace(res.Detail + " (its work directory is left behind: " + run.Leftover.Error() + ")")
+	}
 	return res, nil
 }
 
 // Run executes code in a fresh directory and returns what happened. An
 // error means the sandbox itself failed (not the code).
-func (s *Subprocess) Run(ctx context.Context, code string) (Run, error) {
+func (s *Subprocess) Run(ctx context.Context, code string) (run Run, err error) {
 	dir, err := os.MkdirTemp("", "wmrl-exec-")
 	if err != nil {
 		return Run{}, fmt.Errorf("sandbox: work dir: %w", err)
 	}
-	defer os.RemoveAll(dir)
+	defer func() { run.Leftover = removeWorkDir(dir) }()
 	if err := s.prepare(dir, code); err != nil {
 		return Run{}, err
 	}
@@ -164,7 +170,7 @@ func (s *Subprocess) Run(ctx context.Context, code string) (Run, error) {
 	// nothing the code starts escapes them.
 	script := fmt.Sprintf(`ulimit -v %d && ulimit -t %d && ulimit -n %d && ulimit -p %d && exec "$@"`,
 		l.MemoryBytes/1024, l.CPUSeconds, l.OpenFiles, l.Processes)
-	run, err := s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), true)
+	run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), true)
 	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL) {
 		run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), false)
 	}
@@ -205,6 +211,20 @@ func (s *Subprocess) prepare(dir, code string) error {
 		}
 	}
 	return nil
+}
+
+// removeWorkDir removes an execution's directory. Its data/ is read-only,
+// the code may have made read-only directories of its own, and a user
+// other than root cannot unlink from a read-only directory: every
+// directory is made writable first (as it is reached, before it is read).
+func removeWorkDir(dir string) error {
+	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			os.Chmod(path, 0o700)
+		}
+		return nil
+	})
+	return os.RemoveAll(dir)
 }
 
 // copyFile copies src to a new read-only dst in the kernel
