@@ -11,7 +11,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -74,26 +73,30 @@ func (f *Fusion) publicFiles() ([]byte, error) {
 	if f.filesJSON != nil {
 		return f.filesJSON, nil
 	}
-	entries, err := os.ReadDir(f.Task.PublicDir())
+	var files [][2]string // path, relative path
+	var size int64
+	err := f.Task.walkPublic(func(path, rel string, dir bool) error {
+		if !dir {
+			files = append(files, [2]string{path, rel})
+			if info, err := os.Stat(path); err == nil {
+				size += info.Size()
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox fusion: public data: %w", err)
 	}
-	var size int64
-	for _, e := range entries {
-		if info, err := e.Info(); err == nil {
-			size += info.Size()
-		}
-	}
-	buf := bytes.NewBuffer(make([]byte, 0, base64.StdEncoding.EncodedLen(int(size))+64*len(entries)+2))
+	buf := bytes.NewBuffer(make([]byte, 0, base64.StdEncoding.EncodedLen(int(size))+64*len(files)+2))
 	buf.WriteByte('{')
-	for i, e := range entries {
+	for i, file := range files {
 		if i > 0 {
 			buf.WriteByte(',')
 		}
-		name, _ := json.Marshal("data/" + e.Name())
+		name, _ := json.Marshal("data/" + file[1])
 		buf.Write(name)
 		buf.WriteString(`:"`) // base64 needs no JSON escaping
-		if err := encodeFile(buf, filepath.Join(f.Task.PublicDir(), e.Name())); err != nil {
+		if err := encodeFile(buf, file[0]); err != nil {
 			return nil, fmt.Errorf("sandbox fusion: public data: %w", err)
 		}
 		buf.WriteByte('"')

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/execute"
 )
 
 // housing generates the example task into a temporary directory.
@@ -342,4 +343,33 @@ func asNobody(t *testing.T, test string) {
 		t.Fatalf("as nobody: %v\n%s", err, out)
 	}
 	t.Logf("as nobody:\n%s", out)
+}
+
+// TestDataInDirectoriesReachesTheCode: an image task keeps its data in
+// directories under public/; both executors hand them to the code whole
+// (the subprocess executor read-only; Sandbox Fusion's server decides).
+func TestDataInDirectoriesReachesTheCode(t *testing.T) {
+	task := housing(t)
+	os.MkdirAll(filepath.Join(task.PublicDir(), "images", "train"), 0o755)
+	os.WriteFile(filepath.Join(task.PublicDir(), "images", "train", "a.txt"), []byte("hello"), 0o644)
+	read := "assert open('data/images/train/a.txt').read() == 'hello', 'data/images/train/a.txt'\n"
+	write := `try:
+    open("data/images/train/b.txt", "w").write("x")
+    raise SystemExit("wrote into data/images/train")
+except PermissionError:
+    pass
+`
+	srv, _ := fusionServer(t, 0)
+	for name, tc := range map[string]struct {
+		exe  execute.Executor
+		code string
+	}{
+		"subprocess":     {exe(task), read + write},
+		"sandbox fusion": {&Fusion{URL: srv.URL, Task: task}, read},
+	} {
+		r, err := tc.exe.Execute(context.Background(), schemas.Trajectory{Response: tc.code + solution(t, "01_mean.py")})
+		if err != nil || r.Status != schemas.ExecScored {
+			t.Errorf("%s: %+v %v; want the code to find its data and be scored", name, r, err)
+		}
+	}
 }

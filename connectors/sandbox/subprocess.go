@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -192,17 +193,22 @@ func (s *Subprocess) prepare(dir, code string) error {
 	if err := os.Mkdir(data, 0o755); err != nil {
 		return fmt.Errorf("sandbox: data dir: %w", err)
 	}
-	entries, err := os.ReadDir(s.Task.PublicDir())
+	dirs := []string{data}
+	err := s.Task.walkPublic(func(path, rel string, dir bool) error {
+		dst := filepath.Join(data, filepath.FromSlash(rel))
+		if dir {
+			dirs = append(dirs, dst)
+			return os.Mkdir(dst, 0o755)
+		}
+		return copyFile(dst, path)
+	})
 	if err != nil {
 		return fmt.Errorf("sandbox: public data: %w", err)
 	}
-	for _, e := range entries {
-		if err := copyFile(filepath.Join(data, e.Name()), filepath.Join(s.Task.PublicDir(), e.Name())); err != nil {
-			return fmt.Errorf("sandbox: public data: %w", err)
+	for _, d := range slices.Backward(dirs) {
+		if err := os.Chmod(d, 0o555); err != nil {
+			return err
 		}
-	}
-	if err := os.Chmod(data, 0o555); err != nil {
-		return err
 	}
 	if os.Geteuid() == 0 {
 		uid := int(s.runAs())

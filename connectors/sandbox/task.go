@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -97,6 +98,26 @@ func LoadTask(dir string) (*Task, error) {
 
 // PublicDir holds the data the code sees.
 func (t *Task) PublicDir() string { return filepath.Join(t.Dir, "public") }
+
+// walkPublic calls fn for everything under PublicDir, directories before
+// what they hold, with its path and its slash-separated path relative to
+// PublicDir (an image task keeps its images in directories).
+func (t *Task) walkPublic(fn func(path, rel string, dir bool) error) error {
+	root := t.PublicDir()
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if path == root {
+			return nil
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil {
+			return err
+		}
+		return fn(path, filepath.ToSlash(rel), d.IsDir())
+	})
+}
 
 func readCSV(path string) ([]map[string]string, error) {
 	f, err := os.ReadFile(path)
