@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os/exec"
 	"slices"
 	"time"
 
@@ -57,21 +58,9 @@ func (p *Pipeline) build(ctx context.Context) error {
 				err = p.subscribe(stage, schemas.KindGroup, h.Handle)
 			}
 		case StageExecute:
-			var exe execute.Executor = &sim.Executor{Latency: cfg.ExecLatency, Noise: 0.02}
-			switch {
-			case cfg.ExecutorImpl != nil:
-				exe = cfg.ExecutorImpl
-			case cfg.executor() != "sim":
-				var task *sandbox.Task
-				if task, err = sandbox.LoadTask(cfg.TaskDir); err != nil {
-					return err
-				}
-				limits := sandbox.Limits{Timeout: cfg.ExecTimeout, MemoryBytes: int64(cfg.ExecMemoryMB) << 20, CPUSeconds: cfg.ExecCPUSeconds}
-				exe = &sandbox.Subprocess{Task: task, Limits: limits}
-				if cfg.executor() == "sandbox-fusion" {
-					exe = &sandbox.Fusion{URL: cfg.SandboxURL, Task: task, Limits: limits}
-				}
-				p.noteLimits(cfg.executor(), task, limits.For(task))
+			var exe execute.Executor
+			if exe, err = p.executor(ctx); err != nil {
+				return err
 			}
 			h := execute.NewHandler(cfg.Run, p.topo.Out(StageExecute, schemas.KindExecution), p.stagePublisher(stage), exe, cfg.ExecSlots)
 			h.LastAttempt = p.dl.lastAttempt
@@ -445,15 +434,47 @@ func (p *Pipeline) buildGateway() error {
 	return nil
 }
 
+// executor builds the configured executor: the simulated one, or real
+// execution of the task, and says what each execution may take.
+func (p *Pipeline) executor(ctx context.Context) (execute.Executor, error) {
+	cfg := &p.cfg
+	switch {
+	case cfg.ExecutorImpl != nil:
+		return cfg.ExecutorImpl, nil
+	case cfg.executor() == "sim":
+		return &sim.Executor{Latency: cfg.ExecLatency, Noise: 0.02}, nil
+	}
+	task, err := sandbox.LoadTask(cfg.TaskDir)
+	if err != nil {
+		return nil, err
+	}
+	limits := sandbox.Limits{Timeout: cfg.ExecTimeout, MemoryBytes: int64(cfg.ExecMemoryMB) << 20, CPUSeconds: cfg.ExecCPUSeconds}
+	if cfg.executor() == "sandbox-fusion" {
+		p.noteLimits("sandbox-fusion", task, fmt.Sprintf("run_timeout %v, memory_limit_MB %d (enforced by the server)",
+			limits.For(task).Timeout, limits.For(task).MemoryBytes>>20), limits.For(task).Timeout)
+		return &sandbox.Fusion{URL: cfg.SandboxURL, Task: task, Limits: limits}, nil
+	}
+	exe := &sandbox.Subprocess{Task: task, Limits: limits, Env: cfg.ExecEnv}
+	if cfg.ExecPython != "" {
+		python, err := exec.LookPath(cfg.ExecPython)
+		if err != nil {
+			return nil, fmt.Errorf("--exec-python: %w", err)
+		}
+		exe.Command = []string{python, "solution.py"}
+	}
+	python, err := exe.Check(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("--executor subprocess: %w (--exec-python names another)", err)
+	}
+	p.noteLimits("subprocess ("+python+")", task, limits.For(task).String(), limits.For(task).Timeout)
+	return exe, nil
+}
+
 // noteLimits says what each real execution may take and, when that is
 // longer than a step waits for its anchors, what becomes of slower ones.
-func (p *Pipeline) noteLimits(executor string, task *sandbox.Task, l sandbox.Limits) {
-	limits := l.String()
-	if executor == "sandbox-fusion" {
-		limits = fmt.Sprintf("run_timeout %v, memory_limit_MB %d (enforced by the server)", l.Timeout, l.MemoryBytes>>20)
-	}
+func (p *Pipeline) noteLimits(executor string, task *sandbox.Task, limits string, timeout time.Duration) {
 	late := ""
-	if p.cfg.runs(StageFuse) && l.Timeout > p.cfg.AnchorDeadline {
+	if p.cfg.runs(StageFuse) && timeout > p.cfg.AnchorDeadline {
 		late = fmt.Sprintf("; a step waits %v for its anchors (--anchor-deadline): slower ones are fused on the world model (late anchors)", p.cfg.AnchorDeadline)
 	}
 	p.notef("execute: %s on task %s, each execution: %s%s", executor, task.Name, limits, late)

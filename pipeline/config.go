@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/wmrl/wmrl/connectors/openai"
@@ -105,6 +106,12 @@ type Config struct {
 	ExecTimeout    time.Duration
 	ExecMemoryMB   int
 	ExecCPUSeconds int
+	// ExecPython runs the subprocess executor's solutions (default: python3
+	// on /usr/local/bin:/usr/bin:/bin); a path puts its directory first on
+	// the code's PATH, as a virtualenv would. ExecEnv (KEY=VALUE) is added
+	// to the code's environment.
+	ExecPython string
+	ExecEnv    []string
 
 	// Anchors is the anchor choice. Its MaxInFlight caps anchor groups
 	// sent for execution and not yet executed, counted on ExecConsumer
@@ -282,6 +289,8 @@ func (c *Config) Validate() error {
 	case c.ExecTimeout < 0 || c.ExecMemoryMB < 0 || c.ExecCPUSeconds < 0:
 		return fmt.Errorf("%w: --exec-timeout %v, --exec-memory-mb %d and --exec-cpu-seconds %d: want >= 0 (0: the task's, else the defaults)",
 			ErrConfig, c.ExecTimeout, c.ExecMemoryMB, c.ExecCPUSeconds)
+	case badEnv(c.ExecEnv) >= 0:
+		return fmt.Errorf("%w: --exec-env %q: want KEY=VALUE", ErrConfig, c.ExecEnv[badEnv(c.ExecEnv)])
 	case c.ExecSlots < 1:
 		return fmt.Errorf("%w: exec slots %d < 1", ErrConfig, c.ExecSlots)
 	case c.MaxAge < 0 || c.Duplicates < 0 || (c.MaxAge > 0 && c.Duplicates > c.MaxAge):
@@ -304,6 +313,12 @@ func (c *Config) Validate() error {
 		return err
 	}
 	return nil
+}
+
+// badEnv is the index of the first entry of env that is not KEY=VALUE,
+// or -1.
+func badEnv(env []string) int {
+	return slices.IndexFunc(env, func(kv string) bool { k, _, ok := strings.Cut(kv, "="); return !ok || k == "" })
 }
 
 // executor is the executor in force: an explicit choice, else subprocess

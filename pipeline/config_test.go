@@ -32,6 +32,7 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		{"world-model timeout", func(c *Config) { c.WMTimeout = -time.Second }, "--wm-timeout -1s"},
 		{"execution memory", func(c *Config) { c.ExecMemoryMB = -1 }, "--exec-memory-mb -1"},
 		{"execution timeout", func(c *Config) { c.ExecTimeout = -time.Second }, "--exec-timeout -1s"},
+		{"execution environment", func(c *Config) { c.ExecEnv = []string{"A=1", "OMP_NUM_THREADS"} }, `--exec-env "OMP_NUM_THREADS": want KEY=VALUE`},
 		{"world-model retries", func(c *Config) { c.WMRetries = -1 }, "--wm-retries -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -95,18 +95,48 @@ func housingTask(t *testing.T) (dir string, solutions []string) {
 	return dir, files
 }
 
-// TestExecutionLimitsReachTheExecutor: --exec-timeout and friends bound
-// the real executions, and the run says what they are.
-func TestExecutionLimitsReachTheExecutor(t *testing.T) {
+// TestExecutionSettingsReachTheExecutor: --exec-timeout and friends bound
+// the real executions, --exec-python and --exec-env run them, and the run
+// says what each gets.
+func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	dir, files := housingTask(t)
 	for _, f := range files {
 		os.Remove(filepath.Join(dir, "solutions", filepath.Base(f)))
 	}
-	os.WriteFile(filepath.Join(dir, "solutions", "slow.py"), []byte("import time\ntime.sleep(60)\n"), 0o644)
+	// The solution sleeps for as long as its environment says, run by a
+	// "virtualenv" python that marks it.
+	os.WriteFile(filepath.Join(dir, "solutions", "slow.py"),
+		[]byte("import os, time\nassert os.environ['VIA'] == 'venv'\ntime.sleep(int(os.environ['SLEEP_FOR']))\n"), 0o644)
+	venv, err := os.MkdirTemp("", "wmrl-venv-") // readable by the user the code runs as
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(venv) })
+	os.Chmod(venv, 0o755)
+	python := filepath.Join(venv, "python")
+	os.WriteFile(python, []byte("#!/bin/sh\nexport VIA=venv\nexec python3 \"$@\"\n"), 0o755)
 	cfg := testConfig(t)
 	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = dir, 1, 4, 2
 	cfg.Anchors.Fraction = 0.5
 	cfg.ExecTimeout, cfg.ExecMemoryMB, cfg.ExecCPUSeconds = time.Second, 2048, 30
+	// A python the code's user cannot run stops the run before it starts:
+	// as root, one in a directory only root can enter (the code runs as
+	// nobody); else one that is not executable.
+	cfg.ExecPython = python
+	refusal := "python does not run as the code's user"
+	if os.Geteuid() == 0 {
+		os.Chmod(venv, 0o700)
+	} else {
+		os.Chmod(python, 0o644)
+		refusal = "--exec-python"
+	}
+	if err := Run(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), refusal) {
+		t.Fatalf("a python that cannot run: %v; want the run refused (%s)", err, refusal)
+	}
+	os.Chmod(venv, 0o755)
+	os.Chmod(python, 0o755)
+	cfg.DataDir = t.TempDir()
+	cfg.ExecEnv = []string{"SLEEP_FOR=60"}
 	var out bytes.Buffer
 	cfg.Quiet, cfg.Out = false, &out
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -114,9 +144,9 @@ func TestExecutionLimitsReachTheExecutor(t *testing.T) {
 	if err := Run(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	want := "execute: subprocess on task housing, each execution: wall clock 1s, CPU time 30 s, address space 2048 MiB"
-	if !strings.Contains(out.String(), want+"\n") {
-		t.Errorf("the run said:\n%s\nwant a line %q", out.String(), want)
+	want := ") on task housing, each execution: wall clock 1s, CPU time 30 s, address space 2048 MiB\n"
+	if !strings.HasPrefix(out.String(), "execute: subprocess (") || !strings.Contains(out.String(), want) {
+		t.Errorf("the run said:\n%s\nwant a line ending %q", out.String(), want)
 	}
 	items := 0
 	for _, raw := range readStored(t, cfg.DataDir, "wmrl.default.execution") {
@@ -127,7 +157,7 @@ func TestExecutionLimitsReachTheExecutor(t *testing.T) {
 		for _, it := range e.Items {
 			items++
 			if it.Status != schemas.ExecTimedOut || it.Detail != "killed after 1s, its wall-clock limit" || it.Seconds > 10 {
-				t.Errorf("%s: %+v; want timed out after the 1 s of --exec-timeout", it.TrajID, it)
+				t.Errorf("%s: %+v; want timed out after the 1 s of --exec-timeout (it sleeps 60 s when run by --exec-python with --exec-env)", it.TrajID, it)
 			}
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -371,5 +372,43 @@ except PermissionError:
 		if err != nil || r.Status != schemas.ExecScored {
 			t.Errorf("%s: %+v %v; want the code to find its data and be scored", name, r, err)
 		}
+	}
+}
+
+func TestTheCodesEnvironment(t *testing.T) {
+	s := &Subprocess{Command: []string{"/opt/ml/bin/python", "solution.py"}, Env: []string{"OMP_NUM_THREADS=4", "LANG=en_US.UTF-8"}}
+	got := s.environ("/w")
+	want := []string{"PATH=/opt/ml/bin:/usr/local/bin:/usr/bin:/bin", "HOME=/w", "PYTHONDONTWRITEBYTECODE=1", "OMP_NUM_THREADS=4", "LANG=en_US.UTF-8"}
+	if !slices.Equal(got, want) {
+		t.Errorf("environment %q; want %q (the python's directory first on PATH, LANG as given)", got, want)
+	}
+	if got := (&Subprocess{}).environ("/w"); got[0] != "PATH=/usr/local/bin:/usr/bin:/bin" || len(got) != 4 {
+		t.Errorf("default environment %q", got)
+	}
+}
+
+// TestAnInterpreterThatCannotStartIsNotAScore: a python the code's user
+// cannot run is the sandbox's failure, not a crash scored 0.
+func TestAnInterpreterThatCannotStartIsNotAScore(t *testing.T) {
+	task := housing(t)
+	dir, err := os.MkdirTemp("", "wmrl-python-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	notExecutable := filepath.Join(dir, "python")
+	os.WriteFile(notExecutable, []byte("#!/bin/sh\nexec python3 \"$@\"\n"), 0o644)
+	for _, python := range []string{filepath.Join(dir, "missing"), notExecutable} {
+		s := exe(task)
+		s.Command = []string{python, "solution.py"}
+		if r := run1(t, s, solution(t, "01_mean.py")); r.status != schemas.ExecSandboxError || !strings.Contains(r.detail, python) {
+			t.Errorf("%s: %+v; want a sandbox error naming it", python, r)
+		} else {
+			t.Logf("%s", r.detail)
+		}
+	}
+	if r := run1(t, exe(task), "raise SystemExit(127)"); r.status != schemas.ExecCrashed {
+		t.Errorf("code that exits 127 itself: %+v; want crashed", r)
 	}
 }

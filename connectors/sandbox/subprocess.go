@@ -80,7 +80,12 @@ func (l Limits) String() string {
 type Subprocess struct {
 	Task    *Task
 	Command []string // default: python3 solution.py
-	Limits  Limits
+	// Env is added to the code's environment (KEY=VALUE; it wins over the
+	// base: PATH, HOME, PYTHONDONTWRITEBYTECODE, LANG). When Command's
+	// first word is a path, its directory leads PATH, as a virtualenv's
+	// activation would have it.
+	Env    []string
+	Limits Limits
 	// RunAs is the uid/gid the code runs as when wmrl runs as root
 	// (default 65534, nobody): root ignores the process limit and can write
 	// anywhere. Not root: the code runs as the current user.
@@ -125,6 +130,10 @@ func (s *Subprocess) Execute(ctx context.Context, t schemas.Trajectory) (execute
 		// hard limit are the same): a time limit, not a crash.
 		res.Status, res.Detail = schemas.ExecTimedOut, fmt.Sprintf("killed after %.0f s of CPU time, its limit (%v of wall clock)",
 			run.CPUSeconds, time.Duration(run.Seconds*float64(time.Second)).Round(time.Millisecond))
+	case (run.ExitCode == 126 || run.ExitCode == 127) && strings.HasPrefix(run.Stderr, "sandbox: "):
+		// The shell could not start the command (not found, not
+		// executable by the code's user): no fault of the code's.
+		return execute.Result{Status: schemas.ExecSandboxError, Detail: "could not start the code: " + lastLines(run.Stderr, 2)}, nil
 	case run.Signal != 0:
 		res.Status, res.Detail = schemas.ExecCrashed, fmt.Sprintf("killed by signal %d (%v): %s", int(run.Signal), run.Signal, tail)
 	case run.ExitCode != 0:
@@ -149,6 +158,21 @@ func (s *Subprocess) Execute(ctx context.Context, t schemas.Trajectory) (execute
 		res.Detail = strings.TrimSpace(res.Detail + " (its work directory is left behind: " + run.Leftover.Error() + ")")
 	}
 	return res, nil
+}
+
+// Check runs a line of Python the way solutions are run, as their user,
+// and returns what it printed (the interpreter's version), or why it did
+// not run: a python that user cannot start would otherwise fail every
+// execution.
+func (s *Subprocess) Check(ctx context.Context) (string, error) {
+	run, err := s.Run(ctx, "import sys; print(sys.executable, sys.version.split()[0])")
+	switch {
+	case err != nil:
+		return "", err
+	case run.TimedOut || run.ExitCode != 0:
+		return "", fmt.Errorf("sandbox: python does not run as the code's user (exit code %d): %s", run.ExitCode, lastLines(run.Stderr, 3))
+	}
+	return strings.TrimSpace(run.Stdout), nil
 }
 
 // Run executes code in a fresh directory and returns what happened. An
@@ -233,6 +257,21 @@ func removeWorkDir(dir string) error {
 	return os.RemoveAll(dir)
 }
 
+// environ is the code's environment in work directory dir.
+func (s *Subprocess) environ(dir string) []string {
+	path := "/usr/local/bin:/usr/bin:/bin"
+	if len(s.Command) > 0 && strings.Contains(s.Command[0], "/") {
+		path = filepath.Dir(s.Command[0]) + ":" + path
+	}
+	env := []string{"PATH=" + path, "HOME=" + dir, "PYTHONDONTWRITEBYTECODE=1", "LANG=C.UTF-8"}
+	for _, kv := range s.Env {
+		key, _, _ := strings.Cut(kv, "=")
+		env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, key+"=") })
+		env = append(env, kv)
+	}
+	return env
+}
+
 // copyFile copies src to a new read-only dst in the kernel
 // (copy_file_range), never holding the file in memory: an ML task's data
 // can be gigabytes, and every execution slot copies it.
@@ -292,7 +331,7 @@ func (c *capped) String() string {
 func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolateNet bool) (Run, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
-	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, "PYTHONDONTWRITEBYTECODE=1", "LANG=C.UTF-8"}
+	cmd.Env = s.environ(dir)
 	l := s.limits()
 	stdout, stderr := &capped{n: l.OutputBytes}, &capped{n: l.OutputBytes}
 	cmd.Stdout, cmd.Stderr, cmd.Stdin = stdout, stderr, nil
