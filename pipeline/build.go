@@ -450,8 +450,9 @@ func (p *Pipeline) executor(ctx context.Context) (execute.Executor, error) {
 	}
 	limits := sandbox.Limits{Timeout: cfg.ExecTimeout, MemoryBytes: int64(cfg.ExecMemoryMB) << 20, CPUSeconds: cfg.ExecCPUSeconds}
 	if cfg.executor() == "sandbox-fusion" {
+		l := limits.For(task)
 		p.noteLimits("sandbox-fusion", task, fmt.Sprintf("run_timeout %v, memory_limit_MB %d (enforced by the server)",
-			limits.For(task).Timeout, limits.For(task).MemoryBytes>>20), limits.For(task).Timeout)
+			l.Timeout, max(l.MemoryBytes>>20, -1)), l.Timeout)
 		return &sandbox.Fusion{URL: cfg.SandboxURL, Task: task, Limits: limits}, nil
 	}
 	exe := &sandbox.Subprocess{Task: task, Limits: limits, Env: cfg.ExecEnv}

@@ -101,7 +101,8 @@ type Config struct {
 	SandboxURL string
 	// ExecTimeout, ExecMemoryMB and ExecCPUSeconds bound each real
 	// execution (sandbox-fusion is sent the first two). 0 takes the task's
-	// time_limit_seconds and memory_mb, else 60 s and 1024 MiB; CPU time
+	// time_limit_seconds and memory_mb, else 60 s and 1024 MiB (memory -1:
+	// no address-space limit); CPU time
 	// defaults to the wall clock times the cores, plus 1 (sandbox.Limits).
 	ExecTimeout    time.Duration
 	ExecMemoryMB   int
@@ -286,8 +287,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --executor %s needs --task DIR (its data and grader)", ErrConfig, c.executor())
 	case c.executor() == "sandbox-fusion" && c.SandboxURL == "":
 		return fmt.Errorf("%w: --executor sandbox-fusion needs --sandbox-url URL", ErrConfig)
-	case c.ExecTimeout < 0 || c.ExecMemoryMB < 0 || c.ExecCPUSeconds < 0:
-		return fmt.Errorf("%w: --exec-timeout %v, --exec-memory-mb %d and --exec-cpu-seconds %d: want >= 0 (0: the task's, else the defaults)",
+	case c.ExecTimeout < 0 || c.ExecMemoryMB < -1 || c.ExecCPUSeconds < 0:
+		return fmt.Errorf("%w: --exec-timeout %v, --exec-memory-mb %d and --exec-cpu-seconds %d: want >= 0 (0: the task's, else the defaults; --exec-memory-mb -1: no limit)",
 			ErrConfig, c.ExecTimeout, c.ExecMemoryMB, c.ExecCPUSeconds)
 	case badEnv(c.ExecEnv) >= 0:
 		return fmt.Errorf("%w: --exec-env %q: want KEY=VALUE", ErrConfig, c.ExecEnv[badEnv(c.ExecEnv)])

@@ -27,7 +27,8 @@ type Fusion struct {
 	Task *Task
 	// Limits: the server is asked for Timeout as run_timeout and
 	// MemoryBytes as memory_limit_MB (zero: the task's, else 60 s and
-	// 1024 MiB); it enforces them itself, so the rest do not apply.
+	// 1024 MiB; negative: -1, no limit); it enforces them itself, so the
+	// rest do not apply.
 	Limits Limits
 	// Retries on 5xx and connection errors (default 3).
 	Retries int
@@ -126,6 +127,9 @@ func encodeFile(w io.Writer, path string) error {
 func (f *Fusion) Execute(ctx context.Context, t schemas.Trajectory) (execute.Result, error) {
 	l, retries := f.Limits.For(f.Task), f.Retries
 	timeout, mem := l.Timeout, int(l.MemoryBytes>>20)
+	if l.MemoryBytes < 0 {
+		mem = -1 // Sandbox Fusion's "no limit"
+	}
 	if retries == 0 {
 		retries = 3
 	}

@@ -154,6 +154,7 @@ func TestSandboxFusionIsSentTheLimits(t *testing.T) {
 		{Limits{}, 1200, 8192, "killed after 20m0s, its wall-clock limit"},
 		{Limits{Timeout: 90 * time.Second}, 90, 8192, "killed after 1m30s, its wall-clock limit"},
 		{Limits{MemoryBytes: 2 << 30}, 1200, 2048, "killed after 20m0s, its wall-clock limit"},
+		{Limits{MemoryBytes: -1}, 1200, -1, "killed after 20m0s, its wall-clock limit"},
 	} {
 		r, err := (&Fusion{URL: srv.URL, Task: task, Limits: tc.limits}).Execute(context.Background(), schemas.Trajectory{Response: "print(1)"})
 		if err != nil || got.RunTimeout != tc.timeout || got.MemoryLimitMB != tc.mb || r.Status != schemas.ExecTimedOut || r.Detail != tc.detail {

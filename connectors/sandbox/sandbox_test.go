@@ -183,6 +183,7 @@ func TestLimitsComeFromTheRunTheTaskOrTheDefaults(t *testing.T) {
 			Limits{Timeout: 90 * time.Second, MemoryBytes: 2 << 30, CPUSeconds: 7}},
 		{"the CPU time follows the wall clock", Limits{Timeout: 1500 * time.Millisecond}, task,
 			Limits{Timeout: 1500 * time.Millisecond, MemoryBytes: 8 << 30, CPUSeconds: 2*cores + 1}},
+		{"no address-space limit, from the task", Limits{}, &Task{MemoryMB: -1}, Limits{Timeout: time.Minute, MemoryBytes: -1 << 20, CPUSeconds: 60*cores + 1}},
 	} {
 		got := tc.l.For(tc.task)
 		if got.Timeout != tc.want.Timeout || got.MemoryBytes != tc.want.MemoryBytes || got.CPUSeconds != tc.want.CPUSeconds {
@@ -190,6 +191,9 @@ func TestLimitsComeFromTheRunTheTaskOrTheDefaults(t *testing.T) {
 		}
 	}
 
+	if s := (Limits{MemoryBytes: -1}).For(nil).String(); !strings.HasSuffix(s, "address space unlimited") {
+		t.Errorf("no address-space limit reads %q", s)
+	}
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "task.json"), []byte(`{"name":"x","metric":"rmse","time_limit_seconds":-1}`), 0o644)
 	if _, err := LoadTask(dir); err == nil || !strings.Contains(err.Error(), "time_limit_seconds -1") {
@@ -206,6 +210,17 @@ func TestExecutionsTakeTheTasksLimitsAndSayWhichOneEndedThem(t *testing.T) {
 	r := run1(t, &Subprocess{Task: task}, "import time\ntime.sleep(30)\n")
 	if r.status != schemas.ExecTimedOut || r.detail != "killed after 1s, its wall-clock limit" || time.Since(start) > 20*time.Second {
 		t.Fatalf("the task's 1 s: %+v after %v", r, time.Since(start))
+	}
+
+	// 1.2 GiB: over the default address-space limit, and fine without one.
+	hog := "x = bytearray(1200 * 1024**2)\n" + solution(t, "01_mean.py")
+	roomy := Limits{Timeout: 20 * time.Second}
+	if r := run1(t, &Subprocess{Task: task, Limits: roomy}, hog); r.status != schemas.ExecCrashed || !strings.Contains(r.detail, "limited to 1024 MiB") {
+		t.Fatalf("1.2 GiB under the default limit: %+v", r)
+	}
+	task.MemoryMB = -1
+	if r := run1(t, &Subprocess{Task: task, Limits: roomy}, hog); r.status != schemas.ExecScored {
+		t.Fatalf("1.2 GiB with memory_mb -1: %+v; want it scored", r)
 	}
 
 	r = run1(t, &Subprocess{Task: task, Limits: Limits{Timeout: 20 * time.Second, CPUSeconds: 1}}, "while True:\n    pass\n")

@@ -30,7 +30,7 @@ import (
 // (task.json's time_limit_seconds and memory_mb), else the defaults.
 type Limits struct {
 	Timeout     time.Duration // wall clock (default 60s)
-	MemoryBytes int64         // address space (default 1 GiB)
+	MemoryBytes int64         // address space (default 1 GiB; < 0: none, as CUDA needs)
 	// CPUSeconds is the code's CPU time, all its threads together (default:
 	// the timeout times the cores, plus 1, so that code using every core
 	// meets its wall clock first; the CPU limit is what stops code that
@@ -47,7 +47,7 @@ func (l Limits) For(t *Task) Limits {
 	if l.Timeout == 0 && t != nil && t.TimeLimitSeconds > 0 {
 		l.Timeout = time.Duration(t.TimeLimitSeconds * float64(time.Second))
 	}
-	if l.MemoryBytes == 0 && t != nil && t.MemoryMB > 0 {
+	if l.MemoryBytes == 0 && t != nil && t.MemoryMB != 0 {
 		l.MemoryBytes = int64(t.MemoryMB) << 20
 	}
 	if l.Timeout == 0 {
@@ -73,7 +73,16 @@ func (l Limits) For(t *Task) Limits {
 
 // String names the limits a run's executions get, for its log.
 func (l Limits) String() string {
-	return fmt.Sprintf("wall clock %v, CPU time %d s, address space %d MiB", l.Timeout, l.CPUSeconds, l.MemoryBytes>>20)
+	return fmt.Sprintf("wall clock %v, CPU time %d s, address space %s", l.Timeout, l.CPUSeconds, l.addressSpace())
+}
+
+// addressSpace is the address-space limit as ulimit -v takes it, and
+// people read it.
+func (l Limits) addressSpace() string {
+	if l.MemoryBytes < 0 {
+		return "unlimited"
+	}
+	return fmt.Sprintf("%d MiB", l.MemoryBytes>>20)
 }
 
 // Subprocess executes trajectories' code as local processes.
@@ -138,7 +147,7 @@ func (s *Subprocess) Execute(ctx context.Context, t schemas.Trajectory) (execute
 		res.Status, res.Detail = schemas.ExecCrashed, fmt.Sprintf("killed by signal %d (%v): %s", int(run.Signal), run.Signal, tail)
 	case run.ExitCode != 0:
 		res.Status, res.Detail = schemas.ExecCrashed, fmt.Sprintf("exit code %d: %s", run.ExitCode, tail)
-		if strings.Contains(run.Stderr, "MemoryError") {
+		if strings.Contains(run.Stderr, "MemoryError") && l.MemoryBytes > 0 {
 			res.Detail += fmt.Sprintf(" (its address space is limited to %d MiB)", l.MemoryBytes>>20)
 		}
 	case run.Submission == nil:
@@ -193,8 +202,12 @@ func (s *Subprocess) Run(ctx context.Context, code string) (run Run, err error) 
 	l := s.limits()
 	// The limits are set by the shell before it execs the command, so
 	// nothing the code starts escapes them.
-	script := fmt.Sprintf(`ulimit -v %d && ulimit -t %d && ulimit -n %d && ulimit -p %d && exec "$@"`,
-		l.MemoryBytes/1024, l.CPUSeconds, l.OpenFiles, l.Processes)
+	kib := "unlimited"
+	if l.MemoryBytes > 0 {
+		kib = fmt.Sprint(l.MemoryBytes / 1024)
+	}
+	script := fmt.Sprintf(`ulimit -v %s && ulimit -t %d && ulimit -n %d && ulimit -p %d && exec "$@"`,
+		kib, l.CPUSeconds, l.OpenFiles, l.Processes)
 	run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), true)
 	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL) {
 		run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), false)

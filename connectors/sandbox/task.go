@@ -35,9 +35,10 @@ type Task struct {
 	Target     string `json:"target"`
 	Submission string `json:"submission"`
 	// TimeLimitSeconds and MemoryMB are what one execution of a solution
-	// may take: wall-clock seconds and address space. 0 leaves them to the
-	// executor (60 s and 1024 MiB unless the run says otherwise): a task
-	// whose solutions train a model for minutes says so here.
+	// may take: wall-clock seconds and address space (MiB; -1: no limit,
+	// as CUDA needs). 0 leaves them to the executor (60 s and 1024 MiB
+	// unless the run says otherwise): a task whose solutions train a model
+	// for minutes says so here.
 	TimeLimitSeconds float64 `json:"time_limit_seconds"`
 	MemoryMB         int     `json:"memory_mb"`
 
@@ -66,8 +67,8 @@ func LoadTask(dir string) (*Task, error) {
 	if t.Submission == "" {
 		t.Submission = "submission.csv"
 	}
-	if t.TimeLimitSeconds < 0 || t.MemoryMB < 0 {
-		return nil, fmt.Errorf("task %s: time_limit_seconds %v and memory_mb %d: want >= 0 (0: the executor's defaults)", dir, t.TimeLimitSeconds, t.MemoryMB)
+	if t.TimeLimitSeconds < 0 || t.MemoryMB < -1 {
+		return nil, fmt.Errorf("task %s: time_limit_seconds %v and memory_mb %d: want >= 0 (0: the executor's defaults; memory_mb -1: no limit)", dir, t.TimeLimitSeconds, t.MemoryMB)
 	}
 	rows, err := readCSV(filepath.Join(dir, "private", "answers.csv"))
 	if err != nil {
