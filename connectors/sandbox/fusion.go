@@ -30,8 +30,11 @@ type Fusion struct {
 	// 1024 MiB; negative: -1, no limit); it enforces them itself, so the
 	// rest do not apply.
 	Limits Limits
-	// Retries on 5xx and connection errors (default 3).
+	// Retries on 5xx and connection errors (default 3); a request the
+	// server has not answered within the run timeout and Slack (default
+	// 30s) is not retried.
 	Retries int
+	Slack   time.Duration
 	Client  *http.Client
 
 	mu        sync.Mutex
@@ -153,6 +156,13 @@ func (f *Fusion) Execute(ctx context.Context, t schemas.Trajectory) (execute.Res
 		if resp, last = f.post(ctx, body, timeout); last == nil {
 			break
 		}
+		if errors.Is(last, context.DeadlineExceeded) && ctx.Err() == nil {
+			// No answer within the run timeout and the slack: a server
+			// that hangs would hang again, each time for as long. The
+			// stage retries the group later, and its breaker counts this.
+			last = fmt.Errorf("no answer within %v (the run timeout and %v of slack): %w", timeout+f.slack(), f.slack(), last)
+			break
+		}
 	}
 	if last != nil {
 		return execute.Result{}, fmt.Errorf("sandbox fusion at %s: %w", f.URL, last)
@@ -191,7 +201,7 @@ func (f *Fusion) judge(resp fusionResponse, timeout time.Duration) (execute.Resu
 }
 
 func (f *Fusion) post(ctx context.Context, body [][]byte, timeout time.Duration) (fusionResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout+30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, timeout+f.slack())
 	defer cancel()
 	parts, n := make([]io.Reader, len(body)), 0
 	for i, b := range body {
@@ -221,6 +231,13 @@ func (f *Fusion) post(ctx context.Context, body [][]byte, timeout time.Duration)
 		return fusionResponse{}, errors.New("response is not run_code JSON: " + err.Error())
 	}
 	return resp, nil
+}
+
+func (f *Fusion) slack() time.Duration {
+	if f.Slack == 0 {
+		return 30 * time.Second
+	}
+	return f.Slack
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

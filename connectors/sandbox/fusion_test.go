@@ -5,11 +5,13 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -127,6 +129,20 @@ func TestSandboxFusionFailures(t *testing.T) {
 	r, err := (&Fusion{URL: broken.URL, Task: task}).Execute(context.Background(), schemas.Trajectory{Response: "print(1)"})
 	if err != nil || r.Status != schemas.ExecSandboxError {
 		t.Fatalf("sandbox error: %+v %v; want ungraded, not a score", r, err)
+	}
+	// A server that takes requests and never answers is asked once: each
+	// retry would wait as long again.
+	var asked atomic.Int64
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		io.Copy(io.Discard, r.Body) // then the server sees the client hang up
+		<-r.Context().Done()
+	}))
+	defer hung.Close()
+	_, err = (&Fusion{URL: hung.URL, Task: task, Limits: Limits{Timeout: 200 * time.Millisecond}, Slack: 300 * time.Millisecond}).
+		Execute(context.Background(), schemas.Trajectory{Response: "print(1)"})
+	if err == nil || !strings.Contains(err.Error(), "no answer within 500ms") || asked.Load() != 1 {
+		t.Fatalf("a hung sandbox: %v after %d requests; want an error after one", err, asked.Load())
 	}
 	down := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	down.Close()
