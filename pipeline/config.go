@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/wmrl/wmrl/connectors/openai"
@@ -241,6 +242,21 @@ func (c *Config) setDefaults() {
 	if c.Out == nil {
 		c.Out = os.Stdout
 	}
+	if _, ok := c.Out.(*lockedWriter); !ok {
+		c.Out = &lockedWriter{w: c.Out} // stages write their lines from goroutines of their own
+	}
+}
+
+// lockedWriter writes one line at a time to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // openaiConfig is the OpenAI-compatible world model's client config.

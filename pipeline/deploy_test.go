@@ -405,20 +405,6 @@ func promtool(t *testing.T) string {
 // share, and not at 1%, nor on a gateway nobody asks (promtool's rule
 // tests, against alerts.yml as it is).
 func TestRewardRequestsAlertFiresOnItsCondition(t *testing.T) {
-	bin := promtool(t)
-	alerts, err := filepath.Abs(filepath.Join("..", "deploy", "prometheus", "alerts.yml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	description := ""
-	for _, r := range alertRules(t) {
-		if r.Alert == "WMRLRewardRequestsFailing" {
-			description = r.Annotations["description"]
-		}
-	}
-	if description == "" {
-		t.Fatal("alerts.yml has no WMRLRewardRequestsFailing with a description")
-	}
 	series := func(instance string, ok, failed int) string {
 		return fmt.Sprintf(`      - series: 'wmrl_http_requests_total{instance=%q,endpoint="rewards_slime",code="200"}'
         values: '0+%dx40'
@@ -428,6 +414,78 @@ func TestRewardRequestsAlertFiresOnItsCondition(t *testing.T) {
         values: '0+50x40'
 `, instance, ok, instance, failed, instance)
 	}
+	promtoolRuleTest(t, "WMRLRewardRequestsFailing", series("failing", 90, 10)+series("flaky", 99, 1)+series("idle", 0, 0),
+		func(desc string) string {
+			return `      - eval_time: 9m
+        alertname: WMRLRewardRequestsFailing
+      - eval_time: 25m
+        alertname: WMRLRewardRequestsFailing
+        exp_alerts:
+          - exp_labels: {severity: page, instance: failing}
+            exp_annotations:
+              summary: "10% of the reward requests to failing fail"
+              description: ` + desc + "\n"
+		})
+}
+
+// WMRLExecutionsScoreNothing fires when an hour's executions (32 or more)
+// all failed, and not when one in a hundred scored, nor on an instance
+// that executed too few to say.
+func TestExecutionsAlertFiresOnItsCondition(t *testing.T) {
+	series := func(instance string, scored, crashed int) string {
+		return fmt.Sprintf(`      - series: 'wmrl_executions_total{instance=%q,status="scored"}'
+        values: '0+%dx120'
+      - series: 'wmrl_executions_total{instance=%q,status="crashed"}'
+        values: '0+%dx120'
+      - series: 'wmrl_executions_total{instance=%q,status="sandbox_error"}'
+        values: '0+5x120'
+`, instance, scored, instance, crashed, instance)
+	}
+	// Per minute: broken 2 crashed and none scored; learning the same but
+	// one scored at minute 50; few 1 crashed every 4 minutes (15 an hour).
+	promtoolRuleTest(t, "WMRLExecutionsScoreNothing", series("broken", 0, 2)+series("idle", 0, 0)+
+		`      - series: 'wmrl_executions_total{instance="learning",status="crashed"}'
+        values: '0+2x120'
+      - series: 'wmrl_executions_total{instance="learning",status="scored"}'
+        values: '0+0x50 1+0x70'
+      - series: 'wmrl_executions_total{instance="few",status="crashed"}'
+        values: '0+0.25x120'
+      - series: 'wmrl_executions_total{instance="few",status="scored"}'
+        values: '0+0x120'
+`,
+		func(desc string) string {
+			return `      - eval_time: 10m
+        alertname: WMRLExecutionsScoreNothing
+      - eval_time: 70m
+        alertname: WMRLExecutionsScoreNothing
+        exp_alerts:
+          - exp_labels: {severity: ticket, instance: broken}
+            exp_annotations:
+              summary: "None of the 120 executions in the last hour scored on broken"
+              description: ` + desc + "\n"
+		})
+}
+
+// promtoolRuleTest runs promtool's rule tests of alert name against
+// alerts.yml as it is: input holds input_series entries, checks(desc) the
+// alert_rule_test entries, desc being the alert's description as a YAML
+// string.
+func promtoolRuleTest(t *testing.T, name, input string, checks func(desc string) string) {
+	t.Helper()
+	bin := promtool(t)
+	alerts, err := filepath.Abs(filepath.Join("..", "deploy", "prometheus", "alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	description := ""
+	for _, r := range alertRules(t) {
+		if r.Alert == name {
+			description = r.Annotations["description"]
+		}
+	}
+	if description == "" {
+		t.Fatalf("alerts.yml has no %s with a description", name)
+	}
 	desc, _ := json.Marshal(description) // a JSON string is a YAML string
 	tests := fmt.Sprintf(`rule_files:
   - %q
@@ -435,17 +493,8 @@ evaluation_interval: 1m
 tests:
   - interval: 1m
     input_series:
-%s%s%s    alert_rule_test:
-      - eval_time: 9m
-        alertname: WMRLRewardRequestsFailing
-      - eval_time: 25m
-        alertname: WMRLRewardRequestsFailing
-        exp_alerts:
-          - exp_labels: {severity: page, instance: failing}
-            exp_annotations:
-              summary: "10%% of the reward requests to failing fail"
-              description: %s
-`, alerts, series("failing", 90, 10), series("flaky", 99, 1), series("idle", 0, 0), desc)
+%s    alert_rule_test:
+%s`, alerts, input, checks(string(desc)))
 	file := filepath.Join(t.TempDir(), "alerts_test.yml")
 	if err := os.WriteFile(file, []byte(tests), 0o644); err != nil {
 		t.Fatal(err)

@@ -48,6 +48,10 @@ type Metrics struct {
 	// pipeline, reward latency and 503s included.
 	HTTPRequests *prometheus.CounterVec
 	HTTPSeconds  *prometheus.HistogramVec
+	// Executions counts the anchor executions this process ran, by
+	// status; ExecutionSeconds times them.
+	Executions       *prometheus.CounterVec
+	ExecutionSeconds prometheus.Histogram
 }
 
 // NewMetrics registers the collectors, with the Go runtime's (go_*) and
@@ -115,7 +119,17 @@ func NewMetrics() *Metrics {
 	m.HTTPSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "wmrl", Name: "http_request_seconds",
 		Help:    "Time the trainer gateway took to answer, by endpoint (an update's long poll included).",
 		Buckets: prometheus.ExponentialBuckets(1e-3, 4, 10)}, []string{"endpoint"})
-	r.MustRegister(m.Latency, m.StepLatency, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds)
+	m.Executions = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "executions_total",
+		Help: "Anchor executions this process ran, by status: scored, invalid_submission, crashed and timed_out (all scores; the last three 0), " +
+			"sandbox_error (no score)."}, []string{"status"})
+	for _, s := range []string{schemas.ExecScored, schemas.ExecInvalid, schemas.ExecCrashed, schemas.ExecTimedOut, schemas.ExecSandboxError} {
+		m.Executions.WithLabelValues(s)
+	}
+	m.ExecutionSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "wmrl", Name: "execution_seconds",
+		Help:    "How long the anchor executions this process ran took (the executor's own timing).",
+		Buckets: prometheus.ExponentialBuckets(0.1, 2, 16)})
+	r.MustRegister(m.Latency, m.StepLatency, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
+		m.Executions, m.ExecutionSeconds)
 	return m
 }
 

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/wmrl/wmrl/connectors/sandbox"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
@@ -163,5 +165,37 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	}
 	if items != 2*2 {
 		t.Fatalf("%d executions; want 2 anchor groups of 2", items)
+	}
+}
+
+// TestExecutionsThatAllFailAreNoticed: solutions that all fail alike (here
+// an import the sandbox's Python lacks) score 0 and would train the
+// calibration silently; the run says so, and the metrics count them.
+func TestExecutionsThatAllFailAreNoticed(t *testing.T) {
+	dir, files := housingTask(t)
+	for _, f := range files {
+		os.Remove(filepath.Join(dir, "solutions", filepath.Base(f)))
+	}
+	os.WriteFile(filepath.Join(dir, "solutions", "needs.py"), []byte("import a_package_not_installed\n"), 0o644)
+	cfg := testConfig(t)
+	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = dir, 2, 4, 8
+	cfg.Anchors.Fraction = 0.5 // 2 groups of 8 a step: 32 executions
+	var out bytes.Buffer
+	cfg.Quiet, cfg.Out = false, &out
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("execute: none of the last %d executions scored (crashed %d); the newest: exit code 1: ", FailedInARow, FailedInARow)
+	if !strings.Contains(out.String(), want) || !strings.Contains(out.String(), "ModuleNotFoundError: No module named 'a_package_not_installed'") {
+		t.Errorf("the run said:\n%s\nwant a line starting %q, naming the missing module", out.String(), want)
+	}
+	if n := testutil.ToFloat64(p.Metrics().Executions.WithLabelValues(schemas.ExecCrashed)); n != 32 {
+		t.Errorf("wmrl_executions_total{status=crashed} %v; want 32", n)
+	}
+	if n := testutil.ToFloat64(p.Metrics().Executions.WithLabelValues(schemas.ExecScored)); n != 0 {
+		t.Errorf("wmrl_executions_total{status=scored} %v; want 0", n)
 	}
 }

@@ -59,6 +59,10 @@ type Handler struct {
 	// published ungraded at once (each execution under way runs to its
 	// end: it is paid for, and may score).
 	Breaker *breaker.Breaker
+	// Executed, if set, is told of every execution the executor ran to an
+	// outcome (not those it failed on, nor those not run): for metrics, and
+	// to notice when none of them scores.
+	Executed func(schemas.ExecItem)
 
 	// done keeps the outcomes of this process's recent executions, so that
 	// a group redelivered after one of its trajectories failed (or after
@@ -191,6 +195,9 @@ func (h *Handler) Handle(msg *message.Message) error {
 				it.Score = &v
 			}
 			items[i] = it
+			if h.Executed != nil {
+				h.Executed(it)
+			}
 			if it.Score != nil { // a sandbox error is no outcome: a rerun may score
 				h.remember(ctx, key, it)
 			}
