@@ -174,7 +174,7 @@ func (s *Subprocess) Execute(ctx context.Context, t schemas.Trajectory) (execute
 // not run: a python that user cannot start would otherwise fail every
 // execution.
 func (s *Subprocess) Check(ctx context.Context) (string, error) {
-	run, err := s.Run(ctx, "import sys; print(sys.executable, sys.version.split()[0])")
+	run, err := s.run(ctx, "import sys; print(sys.executable, sys.version.split()[0])", false)
 	switch {
 	case err != nil:
 		return "", err
@@ -186,13 +186,18 @@ func (s *Subprocess) Check(ctx context.Context) (string, error) {
 
 // Run executes code in a fresh directory and returns what happened. An
 // error means the sandbox itself failed (not the code).
-func (s *Subprocess) Run(ctx context.Context, code string) (run Run, err error) {
+func (s *Subprocess) Run(ctx context.Context, code string) (Run, error) {
+	return s.run(ctx, code, true)
+}
+
+// run is Run, with the task's public data copied in or not.
+func (s *Subprocess) run(ctx context.Context, code string, data bool) (run Run, err error) {
 	dir, err := os.MkdirTemp("", "wmrl-exec-")
 	if err != nil {
 		return Run{}, fmt.Errorf("sandbox: work dir: %w", err)
 	}
 	defer func() { run.Leftover = removeWorkDir(dir) }()
-	if err := s.prepare(dir, code); err != nil {
+	if err := s.prepare(dir, code, data); err != nil {
 		return Run{}, err
 	}
 	cmdline := s.Command
@@ -221,8 +226,9 @@ func (s *Subprocess) Run(ctx context.Context, code string) (run Run, err error) 
 	return run, nil
 }
 
-// prepare writes the code and a read-only copy of the public data.
-func (s *Subprocess) prepare(dir, code string) error {
+// prepare writes the code and a read-only copy of the public data (an
+// empty data/ without withData).
+func (s *Subprocess) prepare(dir, code string, withData bool) error {
 	if err := os.WriteFile(filepath.Join(dir, "solution.py"), []byte(code), 0o644); err != nil {
 		return fmt.Errorf("sandbox: write solution: %w", err)
 	}
@@ -231,16 +237,18 @@ func (s *Subprocess) prepare(dir, code string) error {
 		return fmt.Errorf("sandbox: data dir: %w", err)
 	}
 	dirs := []string{data}
-	err := s.Task.walkPublic(func(path, rel string, dir bool) error {
-		dst := filepath.Join(data, filepath.FromSlash(rel))
-		if dir {
-			dirs = append(dirs, dst)
-			return os.Mkdir(dst, 0o755)
+	if withData {
+		err := s.Task.walkPublic(func(path, rel string, dir bool) error {
+			dst := filepath.Join(data, filepath.FromSlash(rel))
+			if dir {
+				dirs = append(dirs, dst)
+				return os.Mkdir(dst, 0o755)
+			}
+			return copyFile(dst, path)
+		})
+		if err != nil {
+			return fmt.Errorf("sandbox: public data: %w", err)
 		}
-		return copyFile(dst, path)
-	})
-	if err != nil {
-		return fmt.Errorf("sandbox: public data: %w", err)
 	}
 	for _, d := range slices.Backward(dirs) {
 		if err := os.Chmod(d, 0o555); err != nil {
