@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/wmrl/wmrl/connectors/sim/rl"
 	"github.com/wmrl/wmrl/pipeline/offline"
+	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/fuse"
 	"github.com/wmrl/wmrl/stages/route"
@@ -279,6 +281,14 @@ func auditCommand() *cobra.Command {
 				}
 				fmt.Fprintf(stdout, "within-group Spearman on the anchors: %.3f over the first quarter of the steps, %.3f over the last (± %.3f): %s\n",
 					first, last, 2*se, verdict)
+			}
+			if len(a.Outcomes) > 1 || len(a.Outcomes) == 1 && a.Outcomes[0].Status != schemas.ExecScored {
+				var parts []string
+				for _, o := range a.Outcomes {
+					parts = append(parts, fmt.Sprintf("%s %d (%.0f%%; mean predicted %.3f, true %.3f)", o.Status, o.Pairs, 100*o.Share, float64(o.MeanPredicted), float64(o.MeanTrue)))
+				}
+				fmt.Fprintf(stdout, "anchor executions: %s; the world model tells those that failed from those that scored with AUC %.3f (0.5: not at all)\n",
+					strings.Join(parts, ", "), float64(a.FailureAUC))
 			}
 			verdicts := map[string]int{}
 			for _, t := range a.Tasks {

@@ -10,8 +10,9 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
+
+	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 // ErrInvalidSubmission marks a submission the grader cannot score.
@@ -277,32 +278,15 @@ func metric(name string, pred, truth []string) (float64, error) {
 	return 0, fmt.Errorf("unknown metric %q", name)
 }
 
-// auc is the probability that a random positive outranks a random negative
-// (ties count half): the Mann-Whitney form of ROC AUC.
+// auc is ROC AUC of the scores p for truth "1" against the rest; 0.5 when
+// truth has one class only.
 func auc(p []float64, truth []string) float64 {
-	idx := make([]int, len(p))
-	for i := range idx {
-		idx[i] = i
+	positive := make([]bool, len(truth))
+	for i, t := range truth {
+		positive[i] = t == "1"
 	}
-	sort.Slice(idx, func(a, b int) bool { return p[idx[a]] < p[idx[b]] })
-	var rankSum, pos float64
-	for i := 0; i < len(idx); {
-		j := i
-		for j+1 < len(idx) && p[idx[j+1]] == p[idx[i]] {
-			j++
-		}
-		r := float64(i+j)/2 + 1
-		for k := i; k <= j; k++ {
-			if truth[idx[k]] == "1" {
-				rankSum += r
-				pos++
-			}
-		}
-		i = j + 1
+	if a := fuse.AUC(p, positive); !math.IsNaN(a) {
+		return a
 	}
-	neg := float64(len(p)) - pos
-	if pos == 0 || neg == 0 {
-		return 0.5
-	}
-	return (rankSum - pos*(pos+1)/2) / (pos * neg)
+	return 0.5
 }

@@ -12,6 +12,7 @@ import (
 	"gonum.org/v1/gonum/stat"
 
 	"github.com/wmrl/wmrl/connectors/sim/rl"
+	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/fuse"
@@ -127,6 +128,17 @@ type StepPoint struct {
 	WithinSpearman Num `json:"within_group_spearman"`
 }
 
+// Outcome is what the world model predicted for the anchors whose
+// execution ended one way.
+type Outcome struct {
+	Status string `json:"status"`
+	Pairs  int    `json:"pairs"`
+	// Share of the anchor pairs; MeanPredicted and MeanTrue over them.
+	Share         float64 `json:"share"`
+	MeanPredicted Num     `json:"mean_predicted"`
+	MeanTrue      Num     `json:"mean_true"`
+}
+
 // Audit is the whole report's data (its JSON summary).
 type Audit struct {
 	Run       string       `json:"run"`
@@ -139,6 +151,14 @@ type Audit struct {
 	Overall   TaskAudit    `json:"overall"`
 	Tasks     []TaskAudit  `json:"tasks"`
 	Drift     []StepPoint  `json:"drift"`
+	// Outcomes are the anchor pairs by how their execution ended (scored,
+	// invalid_submission, crashed, timed_out: the last three score 0), and
+	// FailureAUC how well the world model's score tells those that failed
+	// from those that scored: 0.5 is chance, 1 every failure predicted
+	// below every success (NaN: either kind missing). A world model that
+	// does not see failures coming scores them as if they ran.
+	Outcomes   []Outcome `json:"outcomes"`
+	FailureAUC Num       `json:"failure_auc"`
 	// Map is an isotonic map fitted on every anchor pair, the reference
 	// the reliability diagram draws.
 	MapX []float64 `json:"map_x"`
@@ -191,6 +211,9 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 		groups                []*groupAcc
 	}
 	steps := map[int64]*stepAcc{}
+	outcomes := map[string]*Outcome{}
+	var failPred []float64
+	var failed []bool
 	for _, r := range rows {
 		t := tasks[r.TaskID]
 		if t == nil {
@@ -226,6 +249,17 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 		if r.Source == archive.SourceLateAnchor {
 			a.LatePairs++
 		}
+		if r.ExecStatus != nil {
+			o := outcomes[*r.ExecStatus]
+			if o == nil {
+				o = &Outcome{Status: *r.ExecStatus}
+				outcomes[o.Status] = o
+			}
+			o.Pairs++
+			o.MeanPredicted += Num(p.pred)
+			o.MeanTrue += Num(p.truth)
+			failPred, failed = append(failPred, p.pred), append(failed, *r.ExecStatus != schemas.ExecScored)
+		}
 		all.pairs = append(all.pairs, p)
 		t.pairs = append(t.pairs, p)
 		for _, m := range []map[string]*groupAcc{all.groups, t.groups} {
@@ -246,6 +280,20 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 		}
 	}
 	a.Steps = len(steps)
+	for _, s := range []string{schemas.ExecScored, schemas.ExecInvalid, schemas.ExecCrashed, schemas.ExecTimedOut} {
+		if o := outcomes[s]; o != nil {
+			n := float64(o.Pairs)
+			o.Share, o.MeanPredicted, o.MeanTrue = n/float64(len(failed)), o.MeanPredicted/Num(n), o.MeanTrue/Num(n)
+			a.Outcomes = append(a.Outcomes, *o)
+		}
+	}
+	// Failures are the positives: a world model that sees them coming
+	// scores them lower, so the AUC is of the negated score.
+	neg := make([]float64, len(failPred))
+	for i, x := range failPred {
+		neg[i] = -x
+	}
+	a.FailureAUC = Num(fuse.AUC(neg, failed))
 	// The run-wide map, cross-fitted on the anchor groups, and each task's
 	// own map likewise on its pairs alone.
 	runMaps := crossFit(all.pairs)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/fuse"
@@ -220,7 +221,18 @@ func TestDriftShowsAWorldModelThatStopsRanking(t *testing.T) {
 }
 
 func TestWriteReport(t *testing.T) {
-	a, err := RunAudit(biasedRows(t, 200, 0.05), AuditOptions{})
+	rows := biasedRows(t, 200, 0.05)
+	scored, crashed := schemas.ExecScored, schemas.ExecCrashed
+	for i, r := range rows {
+		if r.TrueScore != nil {
+			rows[i].ExecStatus = &scored
+			if i%7 == 0 { // some anchors fail, and score 0
+				zero := 0.0
+				rows[i].ExecStatus, rows[i].TrueScore = &crashed, &zero
+			}
+		}
+	}
+	a, err := RunAudit(rows, AuditOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +244,7 @@ func TestWriteReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"data:image/png;base64,", VerdictNonMonotone, "<td class=\"l\">squash</td>"} {
+	for _, want := range []string{"data:image/png;base64,", VerdictNonMonotone, "<td class=\"l\">squash</td>", "<h2>Execution outcomes</h2>", "<td class=\"l\">crashed</td>"} {
 		if !strings.Contains(string(html), want) {
 			t.Errorf("index.html lacks %q", want)
 		}
@@ -275,5 +287,48 @@ func BenchmarkAudit(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.ReportMetric(time.Since(start).Seconds(), "s/Mrows")
+	}
+}
+
+// TestAuditSaysWhetherTheWorldModelSeesFailuresComing: the anchors by
+// how their execution ended, and how well the world model's score tells
+// those that failed (scored 0) from those that scored.
+func TestAuditSaysWhetherTheWorldModelSeesFailuresComing(t *testing.T) {
+	var rows []archive.Row
+	for i, x := range []struct {
+		status      string
+		pred, truth float64
+	}{
+		{schemas.ExecScored, 0.8, 0.9},
+		{schemas.ExecScored, 0.5, 0.6},
+		{schemas.ExecCrashed, 0.6, 0},
+		{schemas.ExecTimedOut, 0.2, 0},
+	} {
+		status := x.status
+		rows = append(rows, archive.Row{Step: 1, GroupID: "g", TrajID: fmt.Sprint(i), TaskID: "t", IsAnchor: true, Source: archive.SourceAnchor,
+			Predicted: &x.pred, TrueScore: &x.truth, ExecStatus: &status})
+	}
+	a, err := RunAudit(rows, AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Outcome{
+		{Status: schemas.ExecScored, Pairs: 2, Share: 0.5, MeanPredicted: 0.65, MeanTrue: 0.75},
+		{Status: schemas.ExecCrashed, Pairs: 1, Share: 0.25, MeanPredicted: 0.6, MeanTrue: 0},
+		{Status: schemas.ExecTimedOut, Pairs: 1, Share: 0.25, MeanPredicted: 0.2, MeanTrue: 0},
+	}
+	if len(a.Outcomes) != len(want) {
+		t.Fatalf("outcomes %+v; want %+v", a.Outcomes, want)
+	}
+	for i, o := range a.Outcomes {
+		w := want[i]
+		if o.Status != w.Status || o.Pairs != w.Pairs || math.Abs(o.Share-w.Share) > 1e-12 ||
+			math.Abs(float64(o.MeanPredicted-w.MeanPredicted)) > 1e-12 || math.Abs(float64(o.MeanTrue-w.MeanTrue)) > 1e-12 {
+			t.Errorf("outcome %d: %+v; want %+v", i, o, w)
+		}
+	}
+	// Of the 4 (failed, scored) pairs the failure is predicted lower in 3.
+	if a.FailureAUC != 0.75 {
+		t.Errorf("failure AUC %v; want 0.75", a.FailureAUC)
 	}
 }

@@ -387,7 +387,14 @@ wm trains on the raw world model. The simulated learner is not your model: the b
 differ in how much the world-model groups add (README, "What the corrections buy"). Read this as what a world model that ranks this well does in that
 benchmark, and settle it on your setup by training on the same executions with and without the world-model groups.</p>
 {{end}}
-<h2>Plots</h2>
+{{if .A.Outcomes}}<h2>Execution outcomes</h2>
+<p class="note">The anchor pairs by how their execution ended; invalid_submission, crashed and timed_out all score 0.
+The world model tells those that failed from those that scored with AUC {{num .A.FailureAUC}} (0.5: not at all, 1: every failure predicted below every success).
+A world model that does not see failures coming scores them as if they ran, and its error on them is no monotone distortion a map can remove.</p>
+<table><tr><th class="l">status</th><th>anchor pairs</th><th>share</th><th>mean predicted</th><th>mean true</th></tr>
+{{range .A.Outcomes}}<tr><td class="l">{{.Status}}</td><td>{{.Pairs}}</td><td>{{pct .Share}}</td><td>{{num .MeanPredicted}}</td><td>{{num .MeanTrue}}</td></tr>
+{{end}}</table>
+{{end}}<h2>Plots</h2>
 <div class="grid">{{range .Imgs}}<figure><img alt="{{.Title}}" src="data:image/png;base64,{{.Data}}"><figcaption>{{.Title}} ({{.Name}})</figcaption></figure>
 {{end}}</div>
 

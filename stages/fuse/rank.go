@@ -21,6 +21,24 @@ func Spearman(x, y []float64) float64 {
 	return stat.Correlation(rx, ry, nil)
 }
 
+// AUC is the probability that x of a random positive exceeds x of a random
+// negative, ties counting half (the Mann-Whitney form of ROC AUC); NaN when
+// either class is empty.
+func AUC(x []float64, positive []bool) float64 {
+	var rankSum, pos float64
+	for i, r := range ranks(x) {
+		if positive[i] {
+			rankSum += r
+			pos++
+		}
+	}
+	neg := float64(len(x)) - pos
+	if pos == 0 || neg == 0 {
+		return math.NaN()
+	}
+	return (rankSum - pos*(pos+1)/2) / (pos * neg)
+}
+
 func ranks(x []float64) []float64 {
 	idx := make([]int, len(x))
 	for i := range idx {

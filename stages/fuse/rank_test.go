@@ -61,3 +61,40 @@ func TestSpearman(t *testing.T) {
 		t.Fatal("constant side must give NaN")
 	}
 }
+
+// TestAUCMatchesTheDefinition: AUC against counting every (positive,
+// negative) pair, ties half, on random scores with many ties.
+func TestAUCMatchesTheDefinition(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for trial := range 50 {
+		n := 2 + r.IntN(40)
+		x, pos := make([]float64, n), make([]bool, n)
+		for i := range x {
+			x[i], pos[i] = float64(r.IntN(6)), r.IntN(3) == 0
+		}
+		var wins, pairs float64
+		for i := range x {
+			for j := range x {
+				if pos[i] && !pos[j] {
+					pairs++
+					switch {
+					case x[i] > x[j]:
+						wins++
+					case x[i] == x[j]:
+						wins += 0.5
+					}
+				}
+			}
+		}
+		got := AUC(x, pos)
+		if pairs == 0 {
+			if !math.IsNaN(got) {
+				t.Fatalf("trial %d: one class only, AUC %v; want NaN", trial, got)
+			}
+			continue
+		}
+		if math.Abs(got-wins/pairs) > 1e-12 {
+			t.Fatalf("trial %d: AUC %v, counted %v", trial, got, wins/pairs)
+		}
+	}
+}
