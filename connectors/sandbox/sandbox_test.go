@@ -313,9 +313,11 @@ func TestWorkDirsAreRemovedAsAnyUser(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	readOnly := "import os\nos.makedirs('out/deep')\nopen('out/deep/x', 'w').write('x')\nos.chmod('out/deep', 0o500)\nos.chmod('out', 0o500)\n"
-	for _, code := range []string{solution(t, "01_mean.py"), readOnly} {
-		if r := run1(t, exe(task), code); strings.Contains(r.detail, "left behind") {
-			t.Errorf("%s", r.detail)
+	// Temporary files go with the work directory, not into a shared /tmp.
+	temp := "import os, tempfile\nf = tempfile.NamedTemporaryFile(delete=False)\nassert f.name.startswith(os.getcwd() + '/'), f.name\n"
+	for _, code := range []string{solution(t, "01_mean.py"), readOnly, temp} {
+		if r := run1(t, exe(task), code); strings.Contains(r.detail, "left behind") || r.status == schemas.ExecCrashed {
+			t.Errorf("%s: %s", r.status, r.detail)
 		}
 	}
 	if left, _ := filepath.Glob(filepath.Join(tmp, "wmrl-exec-*")); len(left) > 0 {
@@ -393,11 +395,11 @@ except PermissionError:
 func TestTheCodesEnvironment(t *testing.T) {
 	s := &Subprocess{Command: []string{"/opt/ml/bin/python", "solution.py"}, Env: []string{"OMP_NUM_THREADS=4", "LANG=en_US.UTF-8"}}
 	got := s.environ("/w")
-	want := []string{"PATH=/opt/ml/bin:/usr/local/bin:/usr/bin:/bin", "HOME=/w", "PYTHONDONTWRITEBYTECODE=1", "OMP_NUM_THREADS=4", "LANG=en_US.UTF-8"}
+	want := []string{"PATH=/opt/ml/bin:/usr/local/bin:/usr/bin:/bin", "HOME=/w", "TMPDIR=/w", "PYTHONDONTWRITEBYTECODE=1", "OMP_NUM_THREADS=4", "LANG=en_US.UTF-8"}
 	if !slices.Equal(got, want) {
 		t.Errorf("environment %q; want %q (the python's directory first on PATH, LANG as given)", got, want)
 	}
-	if got := (&Subprocess{}).environ("/w"); got[0] != "PATH=/usr/local/bin:/usr/bin:/bin" || len(got) != 4 {
+	if got := (&Subprocess{}).environ("/w"); got[0] != "PATH=/usr/local/bin:/usr/bin:/bin" || len(got) != 5 {
 		t.Errorf("default environment %q", got)
 	}
 }

@@ -90,7 +90,8 @@ type Subprocess struct {
 	Task    *Task
 	Command []string // default: python3 solution.py
 	// Env is added to the code's environment (KEY=VALUE; it wins over the
-	// base: PATH, HOME, PYTHONDONTWRITEBYTECODE, LANG). When Command's
+	// base: PATH, HOME and TMPDIR (its work directory),
+	// PYTHONDONTWRITEBYTECODE, LANG). When Command's
 	// first word is a path, its directory leads PATH, as a virtualenv's
 	// activation would have it.
 	Env    []string
@@ -284,7 +285,10 @@ func (s *Subprocess) environ(dir string) []string {
 	if len(s.Command) > 0 && strings.Contains(s.Command[0], "/") {
 		path = filepath.Dir(s.Command[0]) + ":" + path
 	}
-	env := []string{"PATH=" + path, "HOME=" + dir, "PYTHONDONTWRITEBYTECODE=1", "LANG=C.UTF-8"}
+	// TMPDIR: what the code's libraries put in temporary files (tempfile,
+	// joblib's memory maps) goes with its directory, not into a /tmp that
+	// every execution shares and none cleans.
+	env := []string{"PATH=" + path, "HOME=" + dir, "TMPDIR=" + dir, "PYTHONDONTWRITEBYTECODE=1", "LANG=C.UTF-8"}
 	for _, kv := range s.Env {
 		key, _, _ := strings.Cut(kv, "=")
 		env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, key+"=") })
