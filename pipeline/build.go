@@ -59,7 +59,7 @@ func (p *Pipeline) build(ctx context.Context) error {
 			}
 		case StageExecute:
 			var exe execute.Executor
-			if exe, err = p.executor(ctx); err != nil {
+			if exe, err = p.buildExecutor(ctx); err != nil {
 				return err
 			}
 			h := execute.NewHandler(cfg.Run, p.topo.Out(StageExecute, schemas.KindExecution), p.stagePublisher(stage), exe, cfg.ExecSlots)
@@ -435,9 +435,9 @@ func (p *Pipeline) buildGateway() error {
 	return nil
 }
 
-// executor builds the configured executor: the simulated one, or real
-// execution of the task, and says what each execution may take.
-func (p *Pipeline) executor(ctx context.Context) (execute.Executor, error) {
+// buildExecutor builds the configured executor: the simulated one, or
+// real execution of the task, and says what each execution may take.
+func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) {
 	cfg := &p.cfg
 	switch {
 	case cfg.ExecutorImpl != nil:

@@ -102,9 +102,9 @@ type Config struct {
 	SandboxURL string
 	// ExecTimeout, ExecMemoryMB and ExecCPUSeconds bound each real
 	// execution (sandbox-fusion is sent the first two). 0 takes the task's
-	// time_limit_seconds and memory_mb, else 60 s and 1024 MiB (memory -1:
-	// no address-space limit); CPU time
-	// defaults to the wall clock times the cores, plus 1 (sandbox.Limits).
+	// time_limit_seconds and memory_mb, else 60 s and 1024 MiB; memory -1
+	// sets no address-space limit. CPU time defaults to the wall clock
+	// times the cores, plus 1 (sandbox.Limits).
 	ExecTimeout    time.Duration
 	ExecMemoryMB   int
 	ExecCPUSeconds int
@@ -247,7 +247,8 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// lockedWriter writes one line at a time to w.
+// lockedWriter lets one Write at a time through to w, so that lines
+// printed at once do not interleave.
 type lockedWriter struct {
 	mu sync.Mutex
 	w  io.Writer
