@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
 )
 
@@ -43,6 +44,32 @@ type Status struct {
 	// Consumers: every durable consumer of one of the run's subjects
 	// (the stages', and outside stages' of their own), by name.
 	Consumers []ConsumerStatus
+	// Executions: the anchor executions stored over the last
+	// ExecutionsWindow, whichever process ran them, or over about the
+	// newest ExecutionsMax groups of it.
+	Executions ExecutionsStatus
+}
+
+// ExecutionsWindow is how far back Status looks at executions, and
+// ExecutionsMax about how many groups at most it reads: a simulated run
+// stores tens of thousands an hour, which took 20 s to read.
+const (
+	ExecutionsWindow = time.Hour
+	ExecutionsMax    = 2000
+)
+
+// ExecutionsStatus is how the anchor executions of a window ended.
+type ExecutionsStatus struct {
+	// Since: where the window starts; later than ExecutionsWindow ago when
+	// it held more than ExecutionsMax groups.
+	Since    time.Time
+	Capped   bool
+	Groups   int
+	ByStatus map[string]int // execution status to trajectories
+	// The newest execution that failed or gave no score (zero: none),
+	// its status and detail, and when its group was stored.
+	NewestFailure   schemas.ExecItem
+	NewestFailureAt time.Time
 }
 
 // ConsumerStatus is how far one durable consumer has got.
@@ -130,5 +157,55 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 		return nil, fmt.Errorf("pipeline: status: consumers: %w", err)
 	}
 	slices.SortFunc(st.Consumers, func(a, b ConsumerStatus) int { return strings.Compare(a.Name, b.Name) })
+	if st.Executions, err = readExecutions(ctx, c, stream, st, schemas.Subject(src.Prefix, run, schemas.KindExecution)); err != nil {
+		return nil, err
+	}
 	return st, nil
+}
+
+// readExecutions sums up the executions stored on subject over the last
+// ExecutionsWindow, or about its newest ExecutionsMax groups.
+func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream, st *Status, subject string) (ExecutionsStatus, error) {
+	es := ExecutionsStatus{ByStatus: map[string]int{}, Since: time.Now().Add(-ExecutionsWindow)}
+	kept := st.Subjects[subject]
+	if kept == 0 {
+		return es, nil
+	}
+	if kept > ExecutionsMax {
+		// Start at the stream message about ExecutionsMax executions
+		// before the last, by the subject's share of the stream.
+		if last, err := stream.GetLastMsgForSubject(ctx, subject); err == nil {
+			back := uint64(float64(ExecutionsMax) * float64(st.Messages) / float64(kept))
+			if last.Sequence > back {
+				if m, err := stream.GetMsg(ctx, last.Sequence-back); err == nil && m.Time.After(es.Since) {
+					es.Since, es.Capped = m.Time, true
+				}
+			}
+		}
+	}
+	r, err := natsjs.NewReaderSince(ctx, c.js, c.stream, subject, es.Since)
+	if err != nil {
+		return es, fmt.Errorf("pipeline: status: executions: %w", err)
+	}
+	defer r.Close()
+	for n := uint64(0); n < r.Backlog; n++ {
+		rec, err := r.Next(ctx)
+		if err != nil {
+			return es, fmt.Errorf("pipeline: status: executions: %w", err)
+		}
+		var e schemas.Execution
+		if json.Unmarshal(rec.Data, &e) == nil {
+			es.Groups++
+			for _, it := range e.Items {
+				es.ByStatus[it.Status]++
+				if it.Status != schemas.ExecScored {
+					es.NewestFailure, es.NewestFailureAt = it, rec.Time
+				}
+			}
+		}
+		if rec.Pending == 0 {
+			break
+		}
+	}
+	return es, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -100,6 +101,7 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 		}
 		fmt.Fprintf(w, "newest of them:  %s by %s, %s: %s\n", kind, stage, ago(st.LastDeadLetterAt), cut(oneLine(dl.Reason), 240))
 	}
+	writeExecutions(w, st.Executions, ago)
 	if len(st.Consumers) == 0 {
 		fmt.Fprintln(w, "consumers:       none of the run's subjects has one")
 		return
@@ -121,6 +123,34 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 	tw.Flush()
 	if unread > 0 {
 		fmt.Fprintf(w, "* %d consumer(s) with a backlog and no pull request waiting: nothing reads them; is their stage running?\n", unread)
+	}
+}
+
+// writeExecutions says how the last hour's anchor executions ended (all
+// processes'), and the newest that did not score: a run of them failing
+// alike is more often the sandbox's setup than the policy.
+func writeExecutions(w io.Writer, es pipeline.ExecutionsStatus, ago func(time.Time) string) {
+	window := strings.TrimSuffix(strings.TrimSuffix(pipeline.ExecutionsWindow.String(), "0s"), "0m") // 1h, not 1h0m0s
+	if es.Groups == 0 {
+		fmt.Fprintf(w, "executions:      none in the last %s\n", window)
+		return
+	}
+
+	var parts []string
+	total := 0
+	for _, s := range []string{schemas.ExecScored, schemas.ExecInvalid, schemas.ExecCrashed, schemas.ExecTimedOut, schemas.ExecSandboxError} {
+		if n := es.ByStatus[s]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", s, n))
+			total += n
+		}
+	}
+	if es.Capped {
+		fmt.Fprintf(w, "executions:      %d in the newest %d anchor groups (since %s): %s\n", total, es.Groups, ago(es.Since), strings.Join(parts, ", "))
+	} else {
+		fmt.Fprintf(w, "executions:      %d in the last %s (%d anchor groups): %s\n", total, window, es.Groups, strings.Join(parts, ", "))
+	}
+	if f := es.NewestFailure; f.Status != "" {
+		fmt.Fprintf(w, "newest failure:  %s, %s: %s\n", f.Status, ago(es.NewestFailureAt), cut(oneLine(f.Detail), 240))
 	}
 }
 

@@ -54,7 +54,7 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 	})
 	t.Logf("wmrl status:\n%s", out)
 	for _, want := range []string{"steps received:  up to 0", "rho ", "groups 4, anchors 1", "(wmrl dlq lists them)",
-		"newest of them:  rejected by route, ", "malformed JSON"} {
+		"newest of them:  rejected by route, ", "malformed JSON", "executions:      4 in the last 1h (1 anchor groups): scored 4\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status does not show %q", want)
 		}
@@ -110,6 +110,26 @@ func TestStatusTellsAnOutageFromBadInput(t *testing.T) {
 	}
 	if n := len([]rune(line)); n > 320 || !strings.HasSuffix(line, "…") {
 		t.Errorf("a %d-rune reason makes a %d-rune line, not cut: %q", len(reason), n, line)
+	}
+
+	if !strings.Contains(b.String(), "executions:      none in the last 1h\n") {
+		t.Errorf("no executions show as:\n%s", b.String())
+	}
+
+	st.Executions = pipeline.ExecutionsStatus{Groups: 5, ByStatus: map[string]int{schemas.ExecScored: 30, schemas.ExecCrashed: 9, schemas.ExecSandboxError: 1},
+		NewestFailure:   schemas.ExecItem{Status: schemas.ExecCrashed, Detail: "exit code 1: ModuleNotFoundError: No module named 'lightgbm'"},
+		NewestFailureAt: now.Add(-time.Minute)}
+	b.Reset()
+	writeStatus(&b, st, "here", "wmrl", "default", now)
+	if !strings.Contains(b.String(), "executions:      40 in the last 1h (5 anchor groups): scored 30, crashed 9, sandbox_error 1\n"+
+		"newest failure:  crashed, 2026-12-03T11:59:00Z, 1m0s ago: exit code 1: ModuleNotFoundError: No module named 'lightgbm'\n") {
+		t.Errorf("the hour's executions show as:\n%s", b.String())
+	}
+	st.Executions.Capped, st.Executions.Since = true, now.Add(-90*time.Second)
+	b.Reset()
+	writeStatus(&b, st, "here", "wmrl", "default", now)
+	if !strings.Contains(b.String(), "executions:      40 in the newest 5 anchor groups (since 2026-12-03T11:58:30Z, 1m30s ago): scored 30, crashed 9, sandbox_error 1\n") {
+		t.Errorf("the newest groups of a busy hour show as:\n%s", b.String())
 	}
 
 	st.LastDeadLetter = &schemas.DeadLetter{Reason: "route: invalid message: malformed JSON"}

@@ -16,6 +16,7 @@ type Record struct {
 	Seq     uint64 // stream sequence
 	Pending uint64 // messages after this one on the subject, when it was read
 	MsgID   string
+	Time    time.Time // when the stream stored it
 }
 
 // Reader reads one subject of a stream in order from its first retained
@@ -30,7 +31,8 @@ type Reader struct {
 	stream      string
 	subject     string
 	headersOnly bool
-	next        uint64 // stream sequence to resume at; 0: the beginning
+	since       time.Time // the first message stored at or after it; zero: the first retained
+	next        uint64    // stream sequence to resume at; 0: the beginning (since)
 	mu          sync.Mutex
 	it          jetstream.MessagesContext // nil between a loss and the next open
 	cons        jetstream.Consumer        // the newest consumer made, deleted on Close
@@ -48,7 +50,17 @@ type Reader struct {
 // for the moment (a lost server, a meta leader being elected) is asked
 // again for up to ReaderSetUpWait.
 func NewReader(ctx context.Context, js jetstream.JetStream, stream, subject string, headersOnly bool) (*Reader, error) {
-	r := &Reader{js: js, stream: stream, subject: subject, headersOnly: headersOnly}
+	return newReader(ctx, &Reader{js: js, stream: stream, subject: subject, headersOnly: headersOnly})
+}
+
+// NewReaderSince opens a reader on subject that starts at the first
+// message stored at or after since (its Backlog counts from there).
+func NewReaderSince(ctx context.Context, js jetstream.JetStream, stream, subject string, since time.Time) (*Reader, error) {
+	return newReader(ctx, &Reader{js: js, stream: stream, subject: subject, since: since})
+}
+
+func newReader(ctx context.Context, r *Reader) (*Reader, error) {
+	subject := r.subject
 	setUp, cancel := context.WithTimeout(ctx, ReaderSetUpWait)
 	defer cancel()
 	var cons jetstream.Consumer
@@ -83,8 +95,11 @@ func (r *Reader) open(ctx context.Context) (jetstream.Consumer, error) {
 		// retries here, where the context is honoured and OnRetry hears.
 		MaxResetAttempts: 1,
 	}
-	if r.next > 0 {
+	switch {
+	case r.next > 0:
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, r.next
+	case !r.since.IsZero():
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &r.since
 	}
 	cons, err := r.js.OrderedConsumer(ctx, r.stream, cfg)
 	if err != nil {
@@ -129,7 +144,7 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 			if err == nil {
 				rec := Record{Subject: m.Subject(), Data: m.Data(), MsgID: m.Headers().Get(HeaderMsgID)}
 				if md, err := m.Metadata(); err == nil {
-					rec.Seq, rec.Pending = md.Sequence.Stream, md.NumPending
+					rec.Seq, rec.Pending, rec.Time = md.Sequence.Stream, md.NumPending, md.Timestamp
 					r.next = rec.Seq + 1
 				}
 				return rec, nil
