@@ -32,6 +32,22 @@ func connect(t testing.TB, srv *Server) *nats.Conn {
 	return nc
 }
 
+// streamS starts a server with a stream S of subjects s.>, for one test.
+func streamS(t *testing.T, ctx context.Context) (jetstream.JetStream, jetstream.Stream) {
+	t.Helper()
+	nc := connect(t, startServer(t))
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, st
+}
+
 func newPubSub(t *testing.T, srv *Server, group string) (message.Publisher, message.Subscriber) {
 	pub, err := NewPublisher(PublisherConfig{Conn: connect(t, srv), CloseConn: true})
 	if err != nil {
@@ -75,19 +91,9 @@ func TestPubSub(t *testing.T) {
 // it ends, so that polling a subject (as tests and restarts do) does not
 // pile consumers up until the server's inactivity threshold.
 func TestScansLeaveNoConsumerBehind(t *testing.T) {
-	srv := startServer(t)
-	nc := connect(t, srv)
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, st := streamS(t, ctx)
 	for i := range 3 {
 		if _, err := js.Publish(ctx, "s.a", []byte{byte(i)}); err != nil {
 			t.Fatal(err)

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // TestReaderSinceStartsAtItsTime: a reader since t reads the messages
@@ -15,16 +13,7 @@ import (
 func TestReaderSinceStartsAtItsTime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv := startServer(t)
-	nc := connect(t, srv)
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
-		t.Fatal(err)
-	}
+	js, _ := streamS(t, ctx)
 	publish := func(from, to int) {
 		for i := from; i < to; i++ {
 			if _, err := js.Publish(ctx, "s.a", fmt.Appendf(nil, "%d", i)); err != nil {
