@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -449,7 +450,8 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 	if err != nil {
 		return nil, err
 	}
-	limits := sandbox.Limits{Timeout: cfg.ExecTimeout, MemoryBytes: int64(cfg.ExecMemoryMB) << 20, CPUSeconds: cfg.ExecCPUSeconds}
+	limits := sandbox.Limits{Timeout: cfg.ExecTimeout, MemoryBytes: int64(cfg.ExecMemoryMB) << 20, CPUSeconds: cfg.ExecCPUSeconds,
+		Processes: cmp.Or(cfg.ExecProcesses, sandbox.DefaultProcesses(cfg.ExecSlots))}
 	if cfg.executor() == "sandbox-fusion" {
 		l := limits.For(task)
 		p.noteLimits("sandbox-fusion", task, fmt.Sprintf("run_timeout %v, memory_limit_MB %d (enforced by the server)",

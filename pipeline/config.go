@@ -108,6 +108,10 @@ type Config struct {
 	ExecTimeout    time.Duration
 	ExecMemoryMB   int
 	ExecCPUSeconds int
+	// ExecProcesses bounds the processes and threads of all the process's
+	// executions together, as they run as one user (default:
+	// sandbox.DefaultProcesses(ExecSlots)).
+	ExecProcesses int
 	// ExecPython runs the subprocess executor's solutions (default: python3
 	// on /usr/local/bin:/usr/bin:/bin); a path puts its directory first on
 	// the code's PATH, as a virtualenv would. ExecEnv (KEY=VALUE) is added
@@ -304,9 +308,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --executor %s needs --task DIR (its data and grader)", ErrConfig, c.executor())
 	case c.executor() == "sandbox-fusion" && c.SandboxURL == "":
 		return fmt.Errorf("%w: --executor sandbox-fusion needs --sandbox-url URL", ErrConfig)
-	case c.ExecTimeout < 0 || c.ExecMemoryMB < -1 || c.ExecCPUSeconds < 0:
-		return fmt.Errorf("%w: --exec-timeout %v, --exec-memory-mb %d and --exec-cpu-seconds %d: want >= 0 (0: the task's, else the defaults; --exec-memory-mb -1: no limit)",
-			ErrConfig, c.ExecTimeout, c.ExecMemoryMB, c.ExecCPUSeconds)
+	case c.ExecTimeout < 0 || c.ExecMemoryMB < -1 || c.ExecCPUSeconds < 0 || c.ExecProcesses < 0:
+		return fmt.Errorf("%w: --exec-timeout %v, --exec-memory-mb %d, --exec-cpu-seconds %d and --exec-processes %d: want >= 0 (0: the task's, else the defaults; --exec-memory-mb -1: no limit)",
+			ErrConfig, c.ExecTimeout, c.ExecMemoryMB, c.ExecCPUSeconds, c.ExecProcesses)
 	case badEnv(c.ExecEnv) >= 0:
 		return fmt.Errorf("%w: --exec-env %q: want KEY=VALUE", ErrConfig, c.ExecEnv[badEnv(c.ExecEnv)])
 	case c.ExecSlots < 1:

@@ -120,7 +120,7 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = dir, 1, 4, 2
 	cfg.Anchors.Fraction = 0.5
-	cfg.ExecTimeout, cfg.ExecMemoryMB, cfg.ExecCPUSeconds = time.Second, 2048, 30
+	cfg.ExecTimeout, cfg.ExecMemoryMB, cfg.ExecCPUSeconds, cfg.ExecProcesses = time.Second, 2048, 30, 500
 	// A python the code's user cannot run stops the run before it starts:
 	// as root, one in a directory only root can enter (the code runs as
 	// nobody); else one that is not executable.
@@ -146,7 +146,7 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	if err := Run(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	want := ") on task housing, each execution: wall clock 1s, CPU time 30 s, address space 2048 MiB\n"
+	want := ") on task housing, each execution: wall clock 1s, CPU time 30 s, address space 2048 MiB, 500 processes and threads for all at once\n"
 	if !strings.HasPrefix(out.String(), "execute: subprocess (") || !strings.Contains(out.String(), want) {
 		t.Errorf("the run said:\n%s\nwant a line ending %q", out.String(), want)
 	}
@@ -191,6 +191,11 @@ func TestExecutionsThatAllFailAreNoticed(t *testing.T) {
 	want := fmt.Sprintf("execute: none of the last %d executions scored (crashed %d); the newest: exit code 1: ", FailedInARow, FailedInARow)
 	if !strings.Contains(out.String(), want) || !strings.Contains(out.String(), "ModuleNotFoundError: No module named 'a_package_not_installed'") {
 		t.Errorf("the run said:\n%s\nwant a line starting %q, naming the missing module", out.String(), want)
+	}
+	// All of a process's executions run as one user: their process limit
+	// is for all its slots together.
+	if want := fmt.Sprintf(", %d processes and threads for all at once", sandbox.DefaultProcesses(cfg.ExecSlots)); !strings.Contains(out.String(), want) {
+		t.Errorf("the run said:\n%s\nwant the limit of its %d slots: %q", out.String(), cfg.ExecSlots, want)
 	}
 	if n := testutil.ToFloat64(p.Metrics().Executions.WithLabelValues(schemas.ExecCrashed)); n != 32 {
 		t.Errorf("wmrl_executions_total{status=crashed} %v; want 32", n)

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -191,7 +192,7 @@ func TestLimitsComeFromTheRunTheTaskOrTheDefaults(t *testing.T) {
 		}
 	}
 
-	if s := (Limits{MemoryBytes: -1}).For(nil).String(); !strings.HasSuffix(s, "address space unlimited") {
+	if s := (Limits{MemoryBytes: -1}).For(nil).String(); !strings.Contains(s, "address space unlimited,") {
 		t.Errorf("no address-space limit reads %q", s)
 	}
 	dir := t.TempDir()
@@ -427,5 +428,33 @@ func TestAnInterpreterThatCannotStartIsNotAScore(t *testing.T) {
 	}
 	if r := run1(t, exe(task), "raise SystemExit(127)"); r.status != schemas.ExecCrashed {
 		t.Errorf("code that exits 127 itself: %+v; want crashed", r)
+	}
+}
+
+// TestConcurrentExecutionsEachStartThreads: executions at once run as one
+// user, whose processes and threads the kernel counts together. With the
+// process limit of 16 slots, 16 executions that each start 8 threads all
+// run to their end; a flat 64 had 12 of them crash ("can't start new
+// thread") and score 0.
+func TestConcurrentExecutionsEachStartThreads(t *testing.T) {
+	task := housing(t)
+	s := &Subprocess{Task: task, Limits: Limits{Timeout: 30 * time.Second, Processes: DefaultProcesses(16)}}
+	code := "import threading, time\nts = [threading.Thread(target=time.sleep, args=(1,)) for _ in range(8)]\n" +
+		"[x.start() for x in ts]\n[x.join() for x in ts]\nopen('submission.csv', 'w').write('id,price\\n')\n"
+	var wg sync.WaitGroup
+	results := make([]execute.Result, 16)
+	for i := range results {
+		wg.Go(func() {
+			var err error
+			if results[i], err = s.Execute(context.Background(), schemas.Trajectory{Response: code}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for i, r := range results {
+		if r.Status != schemas.ExecInvalid || !strings.Contains(r.Detail, "0 of 200 rows") {
+			t.Errorf("execution %d of 16 at once: %s: %s", i, r.Status, r.Detail)
+		}
 	}
 }

@@ -35,11 +35,24 @@ type Limits struct {
 	// the timeout times the cores, plus 1, so that code using every core
 	// meets its wall clock first; the CPU limit is what stops code that
 	// outlives its wall clock, as when wmrl itself is killed).
-	CPUSeconds  int
-	OpenFiles   int // default 256
-	Processes   int // per user (default 64); enforced for a non-root user only
+	CPUSeconds int
+	OpenFiles  int // default 256
+	// Processes bounds the processes and threads of the user the code runs
+	// as (RLIMIT_NPROC), which stops a fork bomb. The kernel counts all of
+	// that user's: every execution running at once, and wmrl's own threads
+	// when it is not root (as root the code runs as nobody). Default:
+	// DefaultProcesses(1); a process running several executions at once
+	// wants DefaultProcesses of that many.
+	Processes   int
 	OutputBytes int // kept per stream (default 64 KiB)
 }
+
+// DefaultProcesses is the process limit for slots executions at once
+// as one user: 64 and 8 threads a core for each (BLAS, joblib and data
+// loaders start a thread or a process per core). A flat 64 for everyone
+// had 12 of 16 executions that each started 8 threads crash with "can't
+// start new thread".
+func DefaultProcesses(slots int) int { return max(1, slots) * (64 + 8*runtime.NumCPU()) }
 
 // For is l with what it leaves at zero taken from the task, else from the
 // defaults. t may be nil.
@@ -63,7 +76,7 @@ func (l Limits) For(t *Task) Limits {
 		l.OpenFiles = 256
 	}
 	if l.Processes == 0 {
-		l.Processes = 64
+		l.Processes = DefaultProcesses(1)
 	}
 	if l.OutputBytes == 0 {
 		l.OutputBytes = 64 << 10
@@ -73,7 +86,7 @@ func (l Limits) For(t *Task) Limits {
 
 // String names the limits a run's executions get, for its log.
 func (l Limits) String() string {
-	return fmt.Sprintf("wall clock %v, CPU time %d s, address space %s", l.Timeout, l.CPUSeconds, l.addressSpace())
+	return fmt.Sprintf("wall clock %v, CPU time %d s, address space %s, %d processes and threads for all at once", l.Timeout, l.CPUSeconds, l.addressSpace(), l.Processes)
 }
 
 // addressSpace is the address-space limit as ulimit -v takes it, and
