@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"slices"
 	"time"
@@ -459,6 +460,20 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 		return &sandbox.Fusion{URL: cfg.SandboxURL, Task: task, Limits: limits}, nil
 	}
 	exe := &sandbox.Subprocess{Task: task, Limits: limits, Env: cfg.ExecEnv}
+	user := "as nobody"
+	if os.Geteuid() != 0 {
+		user = "as this process's user"
+	}
+	if cfg.ExecUIDs != "" {
+		if os.Geteuid() != 0 {
+			return nil, errors.New("--exec-uids: running executions as other users needs wmrl to run as root")
+		}
+		exe.UIDs, _ = uidRange(cfg.ExecUIDs) // checked by Validate
+		user = fmt.Sprintf("each as a user of its own (uids %s)", cfg.ExecUIDs)
+		if len(exe.UIDs) < cfg.ExecSlots {
+			user += fmt.Sprintf(", %d at once: fewer than the %d --exec-slots", len(exe.UIDs), cfg.ExecSlots)
+		}
+	}
 	if cfg.ExecPython != "" {
 		python, err := exec.LookPath(cfg.ExecPython)
 		if err != nil {
@@ -470,7 +485,7 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 	if err != nil {
 		return nil, fmt.Errorf("--executor subprocess: %w (--exec-python names another)", err)
 	}
-	p.noteLimits("subprocess ("+python+")", task, limits.For(task).String(), limits.For(task).Timeout)
+	p.noteLimits("subprocess ("+python+")", task, user+"; "+limits.For(task).String(), limits.For(task).Timeout)
 	return exe, nil
 }
 

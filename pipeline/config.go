@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -118,6 +119,11 @@ type Config struct {
 	// to the code's environment.
 	ExecPython string
 	ExecEnv    []string
+	// ExecUIDs, "FIRST-LAST", gives each execution at once a user of its
+	// own from that range, as root (sandbox.Subprocess.UIDs): executions
+	// cannot then read or overwrite each other's directories or signal
+	// each other's processes. Empty: all run as nobody.
+	ExecUIDs string
 
 	// Anchors is the anchor choice. Its MaxInFlight caps anchor groups
 	// sent for execution and not yet executed, counted on ExecConsumer
@@ -311,6 +317,8 @@ func (c *Config) Validate() error {
 	case c.ExecTimeout < 0 || c.ExecMemoryMB < -1 || c.ExecCPUSeconds < 0 || c.ExecProcesses < 0:
 		return fmt.Errorf("%w: --exec-timeout %v, --exec-memory-mb %d, --exec-cpu-seconds %d and --exec-processes %d: want >= 0 (0: the task's, else the defaults; --exec-memory-mb -1: no limit)",
 			ErrConfig, c.ExecTimeout, c.ExecMemoryMB, c.ExecCPUSeconds, c.ExecProcesses)
+	case c.ExecUIDs != "" && uidRangeErr(c.ExecUIDs) != nil:
+		return fmt.Errorf("%w: --exec-uids %q: %v", ErrConfig, c.ExecUIDs, uidRangeErr(c.ExecUIDs))
 	case badEnv(c.ExecEnv) >= 0:
 		return fmt.Errorf("%w: --exec-env %q: want KEY=VALUE", ErrConfig, c.ExecEnv[badEnv(c.ExecEnv)])
 	case c.ExecSlots < 1:
@@ -336,6 +344,28 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+// uidRange parses "FIRST-LAST" into the uids from FIRST to LAST.
+func uidRange(s string) ([]uint32, error) {
+	a, b, ok := strings.Cut(s, "-")
+	first, err1 := strconv.ParseUint(a, 10, 32)
+	last, err2 := strconv.ParseUint(b, 10, 32)
+	switch {
+	case !ok || err1 != nil || err2 != nil:
+		return nil, errors.New("want FIRST-LAST, two user ids")
+	case first == 0 || last < first:
+		return nil, errors.New("want 0 < FIRST <= LAST (root is not a sandbox user)")
+	case last-first >= 1<<16:
+		return nil, errors.New("want at most 65536 users")
+	}
+	uids := make([]uint32, 0, last-first+1)
+	for u := first; u <= last; u++ {
+		uids = append(uids, uint32(u))
+	}
+	return uids, nil
+}
+
+func uidRangeErr(s string) error { _, err := uidRange(s); return err }
 
 // badEnv is the index of the first entry of env that is not KEY=VALUE,
 // or -1.

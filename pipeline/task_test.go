@@ -139,6 +139,9 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	os.Chmod(python, 0o755)
 	cfg.DataDir = t.TempDir()
 	cfg.ExecEnv = []string{"SLEEP_FOR=60"}
+	if os.Geteuid() == 0 {
+		cfg.ExecUIDs = "2000000201-2000000216"
+	}
 	var out bytes.Buffer
 	cfg.Quiet, cfg.Out = false, &out
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -146,7 +149,10 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	if err := Run(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	want := ") on task housing, each execution: wall clock 1s, CPU time 30 s, address space 2048 MiB, 500 processes and threads for all at once\n"
+	want := ") on task housing, each execution: as this process's user; wall clock 1s, CPU time 30 s, address space 2048 MiB, 500 processes and threads for all at once\n"
+	if os.Geteuid() == 0 {
+		want = strings.Replace(want, "as this process's user", "each as a user of its own (uids 2000000201-2000000216)", 1)
+	}
 	if !strings.HasPrefix(out.String(), "execute: subprocess (") || !strings.Contains(out.String(), want) {
 		t.Errorf("the run said:\n%s\nwant a line ending %q", out.String(), want)
 	}

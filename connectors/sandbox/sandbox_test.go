@@ -458,3 +458,74 @@ func TestConcurrentExecutionsEachStartThreads(t *testing.T) {
 		}
 	}
 }
+
+// TestExecutionsWithUsersOfTheirOwnCannotReachEachOther: a solution that
+// looks for another execution's directory while it runs, to read its
+// submission, finds and reads it when both run as nobody, and cannot when
+// each has a user of its own; a process left running under a user of its
+// own outside its process group is killed when the execution ends.
+func TestExecutionsWithUsersOfTheirOwnCannotReachEachOther(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("users of their own need root")
+	}
+	task := housing(t)
+	victim := "import time\nopen('submission.csv', 'w').write('id,price\\n')\ntime.sleep(2)\n"
+	thief := `import glob, os, time
+time.sleep(0.5)
+mine = os.getcwd()
+for d in glob.glob(os.path.dirname(mine) + "/wmrl-exec-*"):
+    if d != mine:
+        try:
+            open(d + "/submission.csv").read()
+            raise SystemExit("read " + d + "/submission.csv")
+        except (PermissionError, FileNotFoundError):
+            pass
+`
+	steal := func(s *Subprocess) execute.Result {
+		var wg sync.WaitGroup
+		var r execute.Result
+		wg.Go(func() { s.Execute(context.Background(), schemas.Trajectory{Response: victim}) })
+		wg.Go(func() {
+			var err error
+			if r, err = s.Execute(context.Background(), schemas.Trajectory{Response: thief}); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Wait()
+		return r
+	}
+	limits := Limits{Timeout: 20 * time.Second}
+	if r := steal(&Subprocess{Task: task, Limits: limits}); r.Status != schemas.ExecCrashed || !strings.Contains(r.Detail, "read /") {
+		t.Fatalf("both as nobody: %s: %s; want the thief to read the other's submission (else this test proves nothing)", r.Status, r.Detail)
+	}
+	own := &Subprocess{Task: task, Limits: limits, UIDs: []uint32{2000000101, 2000000102}}
+	if r := steal(own); r.Status != schemas.ExecInvalid {
+		t.Fatalf("users of their own: %s: %s; want the thief kept out (then no submission of its own: invalid)", r.Status, r.Detail)
+	}
+
+	// A daemon that leaves its process group outlives the execution's
+	// group kill, but not its user's.
+	daemon := "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
+	own.UIDs = []uint32{2000000103}
+	own.uidsOnce, own.uids = sync.Once{}, nil
+	run1(t, own, daemon)
+	out, _ := exec.Command("ps", "-u", "2000000103", "-o", "pid=,stat=").Output()
+	for line := range strings.Lines(string(out)) {
+		if f := strings.Fields(line); len(f) == 2 && !strings.HasPrefix(f[1], "Z") { // a zombie is dead, waiting to be reaped
+			t.Fatalf("a process of the execution's user left running: %s", line)
+		}
+	}
+}
+
+// TestADaemonDoesNotHoldTheExecution: code that leaves a process behind,
+// outside its process group and holding its output open, used to hold
+// the execution (and its slot) for as long as that process lived.
+func TestADaemonDoesNotHoldTheExecution(t *testing.T) {
+	task := housing(t)
+	daemon := "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\n"
+	start := time.Now()
+	r := run1(t, &Subprocess{Task: task, Limits: Limits{Timeout: 60 * time.Second}}, daemon)
+	if took := time.Since(start); took > 20*time.Second || r.status != schemas.ExecInvalid {
+		t.Fatalf("%s after %v: %s; want the execution over when its own process is, not after the daemon's 30 s", r.status, took, r.detail)
+	}
+}

@@ -18,7 +18,9 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -113,6 +115,16 @@ type Subprocess struct {
 	// (default 65534, nobody): root ignores the process limit and can write
 	// anywhere. Not root: the code runs as the current user.
 	RunAs uint32
+	// UIDs, as root, are users for the executions at once, one each (RunAs
+	// is then unused; an execution waits for a free one). Sharing one user,
+	// an execution can read and overwrite another's directory (its
+	// submission) and signal its processes: a policy can learn to. With a
+	// user of its own it cannot, and every process left under that user
+	// when it ends is killed, even one that left its process group.
+	UIDs []uint32
+
+	uidsOnce sync.Once
+	uids     chan uint32
 }
 
 var _ execute.Executor = (*Subprocess)(nil)
@@ -206,12 +218,17 @@ func (s *Subprocess) Run(ctx context.Context, code string) (Run, error) {
 
 // run is Run, with the task's public data copied in or not.
 func (s *Subprocess) run(ctx context.Context, code string, data bool) (run Run, err error) {
+	uid, free, err := s.user(ctx)
+	if err != nil {
+		return Run{}, err
+	}
+	defer free()
 	dir, err := os.MkdirTemp("", "wmrl-exec-")
 	if err != nil {
 		return Run{}, fmt.Errorf("sandbox: work dir: %w", err)
 	}
 	defer func() { run.Leftover = removeWorkDir(dir) }()
-	if err := s.prepare(dir, code, data); err != nil {
+	if err := s.prepare(dir, code, data, uid); err != nil {
 		return Run{}, err
 	}
 	cmdline := s.Command
@@ -227,9 +244,9 @@ func (s *Subprocess) run(ctx context.Context, code string, data bool) (run Run, 
 	}
 	script := fmt.Sprintf(`ulimit -v %s && ulimit -t %d && ulimit -n %d && ulimit -p %d && exec "$@"`,
 		kib, l.CPUSeconds, l.OpenFiles, l.Processes)
-	run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), true)
+	run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), true, uid)
 	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL) {
-		run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), false)
+		run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), false, uid)
 	}
 	if err != nil {
 		return Run{}, err
@@ -242,7 +259,7 @@ func (s *Subprocess) run(ctx context.Context, code string, data bool) (run Run, 
 
 // prepare writes the code and a read-only copy of the public data (an
 // empty data/ without withData).
-func (s *Subprocess) prepare(dir, code string, withData bool) error {
+func (s *Subprocess) prepare(dir, code string, withData bool, uid uint32) error {
 	if err := os.WriteFile(filepath.Join(dir, "solution.py"), []byte(code), 0o644); err != nil {
 		return fmt.Errorf("sandbox: write solution: %w", err)
 	}
@@ -270,8 +287,7 @@ func (s *Subprocess) prepare(dir, code string, withData bool) error {
 		}
 	}
 	if os.Geteuid() == 0 {
-		uid := int(s.runAs())
-		if err := os.Chown(dir, uid, uid); err != nil {
+		if err := os.Chown(dir, int(uid), int(uid)); err != nil {
 			return fmt.Errorf("sandbox: hand the work dir to uid %d: %w", uid, err)
 		}
 	}
@@ -335,11 +351,73 @@ func copyFile(dst, src string) error {
 // to it.
 func (s *Subprocess) limits() Limits { return s.Limits.For(s.Task) }
 
-func (s *Subprocess) runAs() uint32 {
-	if s.RunAs == 0 {
-		return 65534
+// user is the uid an execution runs as (as root), and gives it back with
+// free: one of UIDs to itself, else RunAs.
+func (s *Subprocess) user(ctx context.Context) (uid uint32, free func(), err error) {
+	if len(s.UIDs) == 0 || os.Geteuid() != 0 {
+		if s.RunAs == 0 {
+			return 65534, func() {}, nil
+		}
+		return s.RunAs, func() {}, nil
 	}
-	return s.RunAs
+	s.uidsOnce.Do(func() {
+		s.uids = make(chan uint32, len(s.UIDs))
+		for _, u := range s.UIDs {
+			s.uids <- u
+		}
+	})
+	select {
+	case uid = <-s.uids:
+		return uid, func() { killUser(uid); s.uids <- uid }, nil
+	case <-ctx.Done():
+		return 0, nil, ctx.Err()
+	}
+}
+
+// killUser kills every process of uid, until none is left: what an
+// execution with a user of its own left running (a process that left its
+// group with setsid, say) must not meet the next execution as that user.
+func killUser(uid uint32) {
+	for range 50 {
+		found := false
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			// Its real uid, from status: /proc/PID itself belongs to root
+			// for a process that changed its user, as the code's did.
+			status, err := os.ReadFile("/proc/" + e.Name() + "/status")
+			if err != nil || !hasUID(status, uid) {
+				continue // gone, or another user's
+			}
+			// A zombie is dead already, and waits for a parent (wmrl, in a
+			// container where it is PID 1) to reap it.
+			stat, _ := os.ReadFile("/proc/" + e.Name() + "/stat")
+			if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) && (stat[i+2] == 'Z' || stat[i+2] == 'X') {
+				continue
+			}
+			found = true
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		if !found {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// hasUID reports whether a /proc/PID/status names uid as the process's
+// real user ("Uid:\treal\teffective\tsaved\tfs").
+func hasUID(status []byte, uid uint32) bool {
+	for line := range bytes.Lines(status) {
+		if rest, ok := bytes.CutPrefix(line, []byte("Uid:")); ok {
+			f := bytes.Fields(rest)
+			return len(f) > 0 && string(f[0]) == strconv.FormatUint(uint64(uid), 10)
+		}
+	}
+	return false
 }
 
 // capped keeps the first n bytes written and counts the rest.
@@ -366,16 +444,18 @@ func (c *capped) String() string {
 	return c.buf.String()
 }
 
-func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolateNet bool) (Run, error) {
+func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolateNet bool, uid uint32) (Run, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
 	cmd.Env = s.environ(dir)
 	l := s.limits()
 	stdout, stderr := &capped{n: l.OutputBytes}, &capped{n: l.OutputBytes}
 	cmd.Stdout, cmd.Stderr, cmd.Stdin = stdout, stderr, nil
+	// A process that leaves the group with the output still open (a
+	// daemon) would hold Wait until it ends: its output is cut instead.
+	cmd.WaitDelay = time.Second
 	attr := &syscall.SysProcAttr{Setpgid: true}
 	if os.Geteuid() == 0 {
-		uid := s.runAs()
 		attr.Credential = &syscall.Credential{Uid: uid, Gid: uid, NoSetGroups: true}
 	}
 	if isolateNet {
@@ -409,7 +489,7 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 	run.Stdout, run.Stderr = stdout.String(), stderr.String()
 	var exit *exec.ExitError
 	switch {
-	case werr == nil:
+	case werr == nil || errors.Is(werr, exec.ErrWaitDelay):
 	case errors.As(werr, &exit):
 		run.ExitCode = exit.ExitCode()
 		if ws := exit.Sys().(syscall.WaitStatus); ws.Signaled() {
