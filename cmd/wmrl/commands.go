@@ -62,7 +62,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.ExecPython, "exec-python", "", "Python that runs the solutions of --executor subprocess, e.g. a virtualenv's /opt/ml/bin/python with the task's packages (its directory leads the code's PATH; default: python3 on /usr/local/bin:/usr/bin:/bin)")
 	fs.StringVar(&cfg.ExecUIDs, "exec-uids", "", "FIRST-LAST: as root, run each execution at once as a user of its own from this range (unused ids, no account needed), so that executions cannot read or overwrite each other's files or signal each other's processes (default: all as nobody)")
 	fs.StringArrayVar(&cfg.ExecEnv, "exec-env", nil, "KEY=VALUE added to the environment of --executor subprocess's solutions (repeat it), e.g. OMP_NUM_THREADS=4")
-	fs.IntVar(&cfg.ExecProcesses, "exec-processes", 0, "processes and threads of all this process's executions together, which run as one user (0: (64 + 8 per core) per --exec-slots)")
+	fs.IntVar(&cfg.ExecProcesses, "exec-processes", 0, "processes and threads of the user executions run as: all of this process's executions at once share it, unless --exec-uids gives each its own (0: (64 + 8 per core) per --exec-slots)")
 	fs.IntVar(&cfg.ExecCPUSeconds, "exec-cpu-seconds", 0, "CPU time of one real execution, all its threads (0: the wall-clock limit times this machine's cores, plus 1); subprocess only")
 	fs.Float64Var(&cfg.Anchors.Fraction, "anchor-fraction", cfg.Anchors.Fraction, "share of groups executed for real")
 	fs.IntVar(&cfg.Anchors.MinPerStep, "anchor-min", cfg.Anchors.MinPerStep, "minimum anchor groups per step")
