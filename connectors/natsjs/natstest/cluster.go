@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -69,20 +70,33 @@ func MetaLeader(t testing.TB, nodes []*Node) *Node {
 	}
 }
 
+var (
+	handedMu sync.Mutex
+	handed   = map[int]bool{} // ports FreePort gave out
+)
+
 // FreePort is a TCP port on 127.0.0.1 nothing listens on now, drawn below
 // Linux's ephemeral range (32768 and up). A port the kernel hands out for
 // ":0" is free only until the kernel hands it out again, as the source port
 // of some outgoing connection (the cluster's own routes, say) before the
 // node that was given it binds it: that failed a cluster test with
 // "address already in use". Ports below the range are only ever taken by a
-// listener asking for them by number.
+// listener asking for them by number. A port is handed out once per test
+// process: two calls before either port is bound drew the same one, and a
+// node's configuration had "Duplicate route entry detected".
 func FreePort(t testing.TB) int {
 	t.Helper()
+	handedMu.Lock()
+	defer handedMu.Unlock()
 	for range 1000 {
 		port := 20000 + rand.IntN(12000)
+		if handed[port] {
+			continue
+		}
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err == nil {
 			l.Close()
+			handed[port] = true
 			return port
 		}
 	}
