@@ -453,8 +453,8 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 	}
 	limits := sandbox.Limits{Timeout: cfg.ExecTimeout, MemoryBytes: int64(cfg.ExecMemoryMB) << 20, CPUSeconds: cfg.ExecCPUSeconds,
 		Processes: cmp.Or(cfg.ExecProcesses, sandbox.DefaultProcesses(cfg.ExecSlots))}
+	l := limits.For(task) // as the executor will resolve them, for the note
 	if cfg.executor() == "sandbox-fusion" {
-		l := limits.For(task)
 		p.noteLimits("sandbox-fusion", task, fmt.Sprintf("run_timeout %v, memory_limit_MB %d (enforced by the server)",
 			l.Timeout, max(l.MemoryBytes>>20, -1)), l.Timeout)
 		return &sandbox.Fusion{URL: cfg.SandboxURL, Task: task, Limits: limits}, nil
@@ -485,7 +485,7 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 	if err != nil {
 		return nil, fmt.Errorf("--executor subprocess: %w (--exec-python names another)", err)
 	}
-	p.noteLimits("subprocess ("+python+")", task, user+"; "+limits.For(task).String(), limits.For(task).Timeout)
+	p.noteLimits("subprocess ("+python+")", task, user+"; "+l.String(), l.Timeout)
 	return exe, nil
 }
 

@@ -317,10 +317,6 @@ func (c *Config) Validate() error {
 	case c.ExecTimeout < 0 || c.ExecMemoryMB < -1 || c.ExecCPUSeconds < 0 || c.ExecProcesses < 0:
 		return fmt.Errorf("%w: --exec-timeout %v, --exec-memory-mb %d, --exec-cpu-seconds %d and --exec-processes %d: want >= 0 (0: the task's, else the defaults; --exec-memory-mb -1: no limit)",
 			ErrConfig, c.ExecTimeout, c.ExecMemoryMB, c.ExecCPUSeconds, c.ExecProcesses)
-	case c.ExecUIDs != "" && uidRangeErr(c.ExecUIDs) != nil:
-		return fmt.Errorf("%w: --exec-uids %q: %v", ErrConfig, c.ExecUIDs, uidRangeErr(c.ExecUIDs))
-	case badEnv(c.ExecEnv) >= 0:
-		return fmt.Errorf("%w: --exec-env %q: want KEY=VALUE", ErrConfig, c.ExecEnv[badEnv(c.ExecEnv)])
 	case c.ExecSlots < 1:
 		return fmt.Errorf("%w: exec slots %d < 1", ErrConfig, c.ExecSlots)
 	case c.MaxAge < 0 || c.Duplicates < 0 || (c.MaxAge > 0 && c.Duplicates > c.MaxAge):
@@ -337,6 +333,16 @@ func (c *Config) Validate() error {
 	for _, s := range c.Stages {
 		if !slices.Contains(AllStages, s) {
 			return fmt.Errorf("%w: unknown stage %q (stages: %v)", ErrConfig, s, AllStages)
+		}
+	}
+	if c.ExecUIDs != "" {
+		if _, err := uidRange(c.ExecUIDs); err != nil {
+			return fmt.Errorf("%w: --exec-uids %q: %v", ErrConfig, c.ExecUIDs, err)
+		}
+	}
+	for _, kv := range c.ExecEnv {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return fmt.Errorf("%w: --exec-env %q: want KEY=VALUE", ErrConfig, kv)
 		}
 	}
 	if err := c.Anchors.Validate(); err != nil {
@@ -363,14 +369,6 @@ func uidRange(s string) ([]uint32, error) {
 		uids = append(uids, uint32(u))
 	}
 	return uids, nil
-}
-
-func uidRangeErr(s string) error { _, err := uidRange(s); return err }
-
-// badEnv is the index of the first entry of env that is not KEY=VALUE,
-// or -1.
-func badEnv(env []string) int {
-	return slices.IndexFunc(env, func(kv string) bool { k, _, ok := strings.Cut(kv, "="); return !ok || k == "" })
 }
 
 // executor is the executor in force: an explicit choice, else subprocess

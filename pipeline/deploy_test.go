@@ -406,13 +406,9 @@ func promtool(t *testing.T) string {
 // tests, against alerts.yml as it is).
 func TestRewardRequestsAlertFiresOnItsCondition(t *testing.T) {
 	series := func(instance string, ok, failed int) string {
-		return fmt.Sprintf(`      - series: 'wmrl_http_requests_total{instance=%q,endpoint="rewards_slime",code="200"}'
-        values: '0+%dx40'
-      - series: 'wmrl_http_requests_total{instance=%q,endpoint="rewards_slime",code="503"}'
-        values: '0+%dx40'
-      - series: 'wmrl_http_requests_total{instance=%q,endpoint="update",code="404"}'
-        values: '0+50x40'
-`, instance, ok, instance, failed, instance)
+		return inputSeries(fmt.Sprintf(`wmrl_http_requests_total{instance=%q,endpoint="rewards_slime",code="200"}`, instance), fmt.Sprintf("0+%dx40", ok)) +
+			inputSeries(fmt.Sprintf(`wmrl_http_requests_total{instance=%q,endpoint="rewards_slime",code="503"}`, instance), fmt.Sprintf("0+%dx40", failed)) +
+			inputSeries(fmt.Sprintf(`wmrl_http_requests_total{instance=%q,endpoint="update",code="404"}`, instance), "0+50x40")
 	}
 	promtoolRuleTest(t, "WMRLRewardRequestsFailing", series("failing", 90, 10)+series("flaky", 99, 1)+series("idle", 0, 0),
 		func(desc string) string {
@@ -429,30 +425,24 @@ func TestRewardRequestsAlertFiresOnItsCondition(t *testing.T) {
 }
 
 // WMRLExecutionsScoreNothing fires when an hour's executions (32 or more)
-// all failed, and not when one in a hundred scored, nor on an instance
-// that executed too few to say.
+// all failed, and not when one of them scored, nor on an instance that
+// executed too few to say.
 func TestExecutionsAlertFiresOnItsCondition(t *testing.T) {
-	series := func(instance string, scored, crashed int) string {
-		return fmt.Sprintf(`      - series: 'wmrl_executions_total{instance=%q,status="scored"}'
-        values: '0+%dx120'
-      - series: 'wmrl_executions_total{instance=%q,status="crashed"}'
-        values: '0+%dx120'
-      - series: 'wmrl_executions_total{instance=%q,status="sandbox_error"}'
-        values: '0+5x120'
-`, instance, scored, instance, crashed, instance)
+	executions := func(instance, status, values string) string {
+		return inputSeries(fmt.Sprintf(`wmrl_executions_total{instance=%q,status=%q}`, instance, status), values)
 	}
 	// Per minute: broken 2 crashed and none scored; learning the same but
-	// one scored at minute 50; few 1 crashed every 4 minutes (15 an hour).
-	promtoolRuleTest(t, "WMRLExecutionsScoreNothing", series("broken", 0, 2)+series("idle", 0, 0)+
-		`      - series: 'wmrl_executions_total{instance="learning",status="crashed"}'
-        values: '0+2x120'
-      - series: 'wmrl_executions_total{instance="learning",status="scored"}'
-        values: '0+0x50 1+0x70'
-      - series: 'wmrl_executions_total{instance="few",status="crashed"}'
-        values: '0+0.25x120'
-      - series: 'wmrl_executions_total{instance="few",status="scored"}'
-        values: '0+0x120'
-`,
+	// one scored at minute 50; few 1 crashed every 4 minutes (15 an hour);
+	// idle nothing. Sandbox errors are no scores, and no failures either.
+	var input string
+	for _, instance := range []string{"broken", "learning", "few", "idle"} {
+		input += executions(instance, "sandbox_error", "0+5x120")
+	}
+	input += executions("broken", "crashed", "0+2x120") + executions("broken", "scored", "0+0x120") +
+		executions("learning", "crashed", "0+2x120") + executions("learning", "scored", "0+0x50 1+0x70") +
+		executions("few", "crashed", "0+0.25x120") + executions("few", "scored", "0+0x120") +
+		executions("idle", "crashed", "0+0x120") + executions("idle", "scored", "0+0x120")
+	promtoolRuleTest(t, "WMRLExecutionsScoreNothing", input,
 		func(desc string) string {
 			return `      - eval_time: 10m
         alertname: WMRLExecutionsScoreNothing
@@ -464,6 +454,11 @@ func TestExecutionsAlertFiresOnItsCondition(t *testing.T) {
               summary: "None of the 120 executions in the last hour scored on broken"
               description: ` + desc + "\n"
 		})
+}
+
+// inputSeries is one of promtool's input_series entries.
+func inputSeries(series, values string) string {
+	return fmt.Sprintf("      - series: '%s'\n        values: '%s'\n", series, values)
 }
 
 // promtoolRuleTest runs promtool's rule tests of alert name against
