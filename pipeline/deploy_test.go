@@ -411,17 +411,8 @@ func TestRewardRequestsAlertFiresOnItsCondition(t *testing.T) {
 			inputSeries(fmt.Sprintf(`wmrl_http_requests_total{instance=%q,endpoint="update",code="404"}`, instance), "0+50x40")
 	}
 	promtoolRuleTest(t, "WMRLRewardRequestsFailing", series("failing", 90, 10)+series("flaky", 99, 1)+series("idle", 0, 0),
-		func(desc string) string {
-			return `      - eval_time: 9m
-        alertname: WMRLRewardRequestsFailing
-      - eval_time: 25m
-        alertname: WMRLRewardRequestsFailing
-        exp_alerts:
-          - exp_labels: {severity: page, instance: failing}
-            exp_annotations:
-              summary: "10% of the reward requests to failing fail"
-              description: ` + desc + "\n"
-		})
+		alertCheck{quietAt: "9m", firesAt: "25m", severity: "page", instance: "failing",
+			summary: "10% of the reward requests to failing fail"})
 }
 
 // WMRLExecutionsScoreNothing fires when an hour's executions (32 or more)
@@ -443,17 +434,8 @@ func TestExecutionsAlertFiresOnItsCondition(t *testing.T) {
 		executions("few", "crashed", "0+0.25x120") + executions("few", "scored", "0+0x120") +
 		executions("idle", "crashed", "0+0x120") + executions("idle", "scored", "0+0x120")
 	promtoolRuleTest(t, "WMRLExecutionsScoreNothing", input,
-		func(desc string) string {
-			return `      - eval_time: 10m
-        alertname: WMRLExecutionsScoreNothing
-      - eval_time: 70m
-        alertname: WMRLExecutionsScoreNothing
-        exp_alerts:
-          - exp_labels: {severity: ticket, instance: broken}
-            exp_annotations:
-              summary: "None of the 120 executions in the last hour scored on broken"
-              description: ` + desc + "\n"
-		})
+		alertCheck{quietAt: "10m", firesAt: "70m", severity: "ticket", instance: "broken",
+			summary: "None of the 120 executions in the last hour scored on broken"})
 }
 
 // inputSeries is one of promtool's input_series entries.
@@ -461,11 +443,16 @@ func inputSeries(series, values string) string {
 	return fmt.Sprintf("      - series: '%s'\n        values: '%s'\n", series, values)
 }
 
+// alertCheck is what promtool is to find: no alert at quietAt, and at
+// firesAt exactly one, for instance, with its severity, summary and
+// description.
+type alertCheck struct {
+	quietAt, firesAt, severity, instance, summary string
+}
+
 // promtoolRuleTest runs promtool's rule tests of alert name against
-// alerts.yml as it is: input holds input_series entries, checks(desc) the
-// alert_rule_test entries, desc being the alert's description as a YAML
-// string.
-func promtoolRuleTest(t *testing.T, name, input string, checks func(desc string) string) {
+// alerts.yml as it is, on input (input_series entries).
+func promtoolRuleTest(t *testing.T, name, input string, want alertCheck) {
 	t.Helper()
 	bin := promtool(t)
 	alerts, err := filepath.Abs(filepath.Join("..", "deploy", "prometheus", "alerts.yml"))
@@ -489,7 +476,16 @@ tests:
   - interval: 1m
     input_series:
 %s    alert_rule_test:
-%s`, alerts, input, checks(string(desc)))
+      - eval_time: %s
+        alertname: %s
+      - eval_time: %s
+        alertname: %s
+        exp_alerts:
+          - exp_labels: {severity: %s, instance: %s}
+            exp_annotations:
+              summary: %q
+              description: %s
+`, alerts, input, want.quietAt, name, want.firesAt, name, want.severity, want.instance, want.summary, desc)
 	file := filepath.Join(t.TempDir(), "alerts_test.yml")
 	if err := os.WriteFile(file, []byte(tests), 0o644); err != nil {
 		t.Fatal(err)
