@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -233,6 +234,51 @@ func TestExecutionsTakeTheTasksLimitsAndSayWhichOneEndedThem(t *testing.T) {
 	r = run1(t, &Subprocess{Task: task, Limits: Limits{Timeout: 20 * time.Second}}, "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
 	if r.status != schemas.ExecCrashed || !strings.HasPrefix(r.detail, "killed by signal 11 (segmentation fault)") {
 		t.Fatalf("a segmentation fault: %+v; want crashed, naming the signal", r)
+	}
+}
+
+// What ended an execution is at the end of its stderr, after whatever the
+// code logged first (training progress, warnings): the detail must say it,
+// whatever came before and however long a line.
+func TestTheDetailIsTheEndOfALongStderr(t *testing.T) {
+	s := exe(housing(t))
+	logged := "import sys\nfor i in range(20000):\n    print('epoch', i, 'loss 0.123456', file=sys.stderr)\nimport lightgbm_not_installed\n"
+	r := run1(t, s, logged)
+	if r.status != schemas.ExecCrashed || !strings.HasSuffix(r.detail, "ModuleNotFoundError: No module named 'lightgbm_not_installed'") {
+		t.Fatalf("480 kB of log, then an import error: %+v", r)
+	}
+	wide := "import sys\nsys.stderr.write('x' * 3000000 + '\\n')\nraise ValueError('bad input')\n"
+	r = run1(t, s, wide)
+	if r.status != schemas.ExecCrashed || !strings.HasSuffix(r.detail, "ValueError: bad input") || len(r.detail) > 5*(lineBytes+3)+40 {
+		t.Fatalf("a 3 MB line, then an error: %s, %d bytes ending %q", r.status, len(r.detail), r.detail[max(0, len(r.detail)-60):])
+	}
+}
+
+// capped keeps exactly the first and last halves of what was written,
+// however the writes are cut, and says how much it dropped between.
+func TestCappedKeepsTheStartAndTheEnd(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 2000 {
+		n := 1 + rng.IntN(64)
+		all := make([]byte, rng.IntN(400))
+		for i := range all {
+			all[i] = byte('a' + rng.IntN(26))
+		}
+		c := &capped{n: n}
+		for rest := all; len(rest) > 0; {
+			k := 1 + rng.IntN(min(len(rest), 1+rng.IntN(3*n)))
+			if w, err := c.Write(rest[:k]); w != k || err != nil {
+				t.Fatalf("Write(%d bytes) = %d, %v", k, w, err)
+			}
+			rest = rest[k:]
+		}
+		want := string(all)
+		if head, keep := n/2, n-n/2; len(all) > n {
+			want = fmt.Sprintf("%s\n[%d bytes dropped]\n%s", all[:head], len(all)-n, all[len(all)-keep:])
+		}
+		if got := c.String(); got != want {
+			t.Fatalf("n %d, %d bytes written: %q, want %q", n, len(all), got, want)
+		}
 	}
 }
 

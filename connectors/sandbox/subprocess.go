@@ -46,7 +46,7 @@ type Limits struct {
 	// DefaultProcesses(1); a process running several executions at once
 	// wants DefaultProcesses of that many.
 	Processes   int
-	OutputBytes int // kept per stream (default 64 KiB)
+	OutputBytes int // kept per stream, half its start and half its end (default 64 KiB)
 }
 
 // DefaultProcesses is the process limit for slots executions at once
@@ -420,28 +420,50 @@ func hasUID(status []byte, uid uint32) bool {
 	return false
 }
 
-// capped keeps the first n bytes written and counts the rest.
+// capped keeps the first and the last n/2 bytes written and counts what
+// lies between: a solution's output is anyone's size, and what says why it
+// failed (a traceback) comes last, after however many lines of training
+// log it wrote to stderr first.
 type capped struct {
-	buf     bytes.Buffer
 	n       int
+	head    []byte
+	tail    []byte // the newest bytes; at most n - n/2 once trimmed
 	dropped int
 }
 
 func (c *capped) Write(p []byte) (int, error) {
-	if room := c.n - c.buf.Len(); room > 0 {
-		c.buf.Write(p[:min(room, len(p))])
+	written := len(p)
+	if room := c.n/2 - len(c.head); room > 0 {
+		k := min(room, len(p))
+		c.head = append(c.head, p[:k]...)
+		p = p[k:]
 	}
-	if len(p) > c.n-c.buf.Len() {
-		c.dropped += len(p) - max(0, min(len(p), c.n-c.buf.Len()))
+	keep := c.n - c.n/2
+	if len(p) >= keep {
+		c.dropped += len(c.tail) + len(p) - keep
+		c.tail = append(c.tail[:0], p[len(p)-keep:]...)
+		return written, nil
 	}
-	return len(p), nil
+	c.tail = append(c.tail, p...)
+	if len(c.tail) >= 2*keep { // trim now and then, not on every write
+		cut := len(c.tail) - keep
+		c.dropped += cut
+		c.tail = c.tail[:copy(c.tail, c.tail[cut:])]
+	}
+	return written, nil
 }
 
 func (c *capped) String() string {
-	if c.dropped > 0 {
-		return c.buf.String() + fmt.Sprintf("\n[%d bytes dropped]", c.dropped)
+	keep := c.n - c.n/2
+	tail, dropped := c.tail, c.dropped
+	if len(tail) > keep {
+		dropped += len(tail) - keep
+		tail = tail[len(tail)-keep:]
 	}
-	return c.buf.String()
+	if dropped == 0 {
+		return string(c.head) + string(tail)
+	}
+	return fmt.Sprintf("%s\n[%d bytes dropped]\n%s", c.head, dropped, tail)
 }
 
 func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolateNet bool, uid uint32) (Run, error) {
@@ -514,10 +536,10 @@ func killGroup(pgid int) {
 	}
 }
 
+// lineBytes bounds each line of output quoted in a detail.
+const lineBytes = 300
+
+// lastLines is the end of a solution's output, for a detail.
 func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, " | ")
+	return execute.LastLines(s, n, lineBytes)
 }

@@ -1,0 +1,59 @@
+package execute
+
+import (
+	"strings"
+	"unicode/utf8"
+)
+
+// MaxDetail bounds an execution's detail as it travels (the execution
+// message, the outcome store, the step's update, the archive): what ended
+// it, in a line or two. A solution's stderr is anyone's size, and one
+// line of it can be megabytes (a printed array); NATS refuses messages
+// over its max payload (1 MB by default).
+const MaxDetail = 2000
+
+// Clip shortens s to at most n bytes, keeping both ends around " … ": how
+// an execution ended is stated at the start ("exit code 1:") and its cause
+// at the end (the traceback's last line). It never cuts a character in two.
+func Clip(s string, n int) string {
+	const mark = " … "
+	if len(s) <= n {
+		return s
+	}
+	if n <= len(mark) {
+		return cutBefore(s, n)
+	}
+	keep := n - len(mark)
+	head := cutBefore(s, keep/3)
+	tail := s[len(s)-(keep-len(head)):]
+	for len(tail) > 0 && !utf8.RuneStart(tail[0]) {
+		tail = tail[1:]
+	}
+	return head + mark + tail
+}
+
+// cutBefore is s's longest prefix of at most n bytes that ends on a
+// character boundary.
+func cutBefore(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// LastLines joins the last n lines of out with " | ", each
+// clipped to lineBytes (see Clip): the end of a solution's stderr, where a
+// traceback says what failed.
+func LastLines(out string, n, lineBytes int) string {
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	for i, l := range lines {
+		lines[i] = Clip(l, lineBytes)
+	}
+	return strings.Join(lines, " | ")
+}

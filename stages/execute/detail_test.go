@@ -1,0 +1,83 @@
+package execute
+
+import (
+	"context"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/stagetest"
+)
+
+// Clip keeps within its bound, keeps both ends of what it cuts, and never
+// splits a character.
+func TestClipKeepsBothEndsWithinTheBound(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	alphabet := []rune("ab \n|é€😀")
+	for range 5000 {
+		rs := make([]rune, rng.IntN(300))
+		for i := range rs {
+			rs[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		s, n := string(rs), rng.IntN(200)
+		got := Clip(s, n)
+		if len(s) <= n {
+			if got != s {
+				t.Fatalf("Clip(%q, %d) = %q: changed what fits", s, n, got)
+			}
+			continue
+		}
+		if len(got) > n || !utf8.ValidString(got) {
+			t.Fatalf("Clip(%q, %d) = %q: %d bytes, valid UTF-8 %v", s, n, got, len(got), utf8.ValidString(got))
+		}
+		head, tail, cut := strings.Cut(got, " … ")
+		if n <= len(" … ") {
+			head, tail = got, ""
+		} else if !cut {
+			t.Fatalf("Clip(%q, %d) = %q: no mark where it cut", s, n, got)
+		}
+		if !strings.HasPrefix(s, head) || !strings.HasSuffix(s, tail) {
+			t.Fatalf("Clip(%q, %d) = %q: not s's start and end", s, n, got)
+		}
+		// Nothing left out that fitted: at most a character's worth short
+		// at each end.
+		if n > len(" … ") && len(got) < n-2*(utf8.UTFMax-1) {
+			t.Fatalf("Clip(%q, %d) = %q: only %d bytes", s, n, got, len(got))
+		}
+	}
+}
+
+func TestLastLinesClipsEachLine(t *testing.T) {
+	out := "epoch 1\n" + strings.Repeat("x", 5000) + "\nTraceback (most recent call last):\nValueError: bad\n"
+	got := LastLines(out, 3, 100)
+	parts := strings.Split(got, " | ")
+	if len(parts) != 3 || len(parts[0]) > 100 || parts[2] != "ValueError: bad" || parts[1] != "Traceback (most recent call last):" {
+		t.Fatalf("LastLines = %q", got)
+	}
+}
+
+// bigDetail fails every trajectory with a detail of n bytes.
+type bigDetail int
+
+func (n bigDetail) Execute(context.Context, schemas.Trajectory) (Result, error) {
+	return Result{Status: schemas.ExecInvalid, Detail: "grader: " + strings.Repeat("y", int(n)) + " (the cause)"}, nil
+}
+
+// Whatever an executor says, what the stage publishes is bounded: a
+// message over NATS's max payload would never be published.
+func TestDetailsArePublishedClipped(t *testing.T) {
+	pub := &stagetest.Recorder{}
+	h := NewHandler("r", "execution", pub, bigDetail(4<<20), 2)
+	if err := h.Handle(stagetest.Message(t, context.Background(), anchorGroup("a", "b"))); err != nil {
+		t.Fatal(err)
+	}
+	var e schemas.Execution
+	pub.Decode(t, 0, &e)
+	for _, it := range e.Items {
+		if len(it.Detail) > MaxDetail || !strings.HasPrefix(it.Detail, "grader: y") || !strings.HasSuffix(it.Detail, "y (the cause)") {
+			t.Fatalf("detail of %d bytes: %.80q … %q", len(it.Detail), it.Detail, it.Detail[max(0, len(it.Detail)-40):])
+		}
+	}
+}
