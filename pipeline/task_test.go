@@ -16,7 +16,9 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/sandbox"
 	"github.com/wmrl/wmrl/connectors/sim"
+	"github.com/wmrl/wmrl/pipeline/offline"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/archive"
 )
 
 // TestPipelineExecutesARealTask runs the pipeline with real execution of
@@ -208,5 +210,29 @@ func TestExecutionsThatAllFailAreNoticed(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(p.Metrics().Executions.WithLabelValues(schemas.ExecScored)); n != 0 {
 		t.Errorf("wmrl_executions_total{status=scored} %v; want 0", n)
+	}
+
+	// The archive keeps what each execution said, and the audit counts the
+	// failures by it.
+	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	detailed := 0
+	for _, r := range rows {
+		if r.ExecDetail != nil && strings.HasSuffix(*r.ExecDetail, "ModuleNotFoundError: No module named 'a_package_not_installed'") {
+			detailed++
+		}
+	}
+	if detailed != 32 {
+		t.Errorf("%d archived rows have the executions' detail; want all 32", detailed)
+	}
+	a, err := offline.RunAudit(rows, offline.AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Causes) != 1 || a.Causes[0].Cause != "ModuleNotFoundError: No module named 'a_package_not_installed'" ||
+		a.Causes[0].Pairs != a.Pairs || a.Pairs < 24 || a.Causes[0].Share != 1 {
+		t.Errorf("audit of %d anchor pairs: causes %+v; want all of them the missing module", a.Pairs, a.Causes)
 	}
 }

@@ -95,10 +95,12 @@ type UpdateItem struct {
 	// group's pairs were absorbed). Null when not known.
 	Calibrated *float64 `json:"calibrated"`
 	// TrueScore, ExecStatus, ExecSeconds: the execution of an anchor
-	// executed in time (null and empty otherwise).
+	// executed in time (null and empty otherwise); ExecDetail what ended
+	// it, when the executor said (the end of a failure's stderr).
 	TrueScore   *float64 `json:"true_score"`
 	ExecStatus  string   `json:"exec_status"`
 	ExecSeconds *float64 `json:"exec_seconds"`
+	ExecDetail  string   `json:"exec_detail,omitempty"`
 	// AbsorbedSeq: for an anchor, the calibration seq at which its group's
 	// pairs were absorbed (0 for others).
 	AbsorbedSeq int64 `json:"absorbed_seq"`

@@ -289,6 +289,7 @@ func auditCommand() *cobra.Command {
 				}
 				fmt.Fprintf(stdout, "anchor executions: %s; the world model tells those that failed from those that scored with AUC %.3f (0.5: not at all)\n",
 					strings.Join(parts, ", "), float64(a.FailureAUC))
+				printCauses(stdout, a)
 			}
 			verdicts := map[string]int{}
 			for _, t := range a.Tasks {
@@ -362,7 +363,12 @@ func compactCommand() *cobra.Command {
 Files recorded with other settings (a restart with other flags) are kept
 apart. Safe while the pipeline runs and after a crash at any point: no row
 is lost or, for wmrl's readers, read twice. A replay or audit reading the
-run is waited for.`,
+run is waited for.
+
+Files written before a column was added to the archive (exec_detail) are
+rewritten with it, null throughout, even alone: pandas (pyarrow) takes a
+directory's columns from its first file, and would leave the new column
+out of the whole archive.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -380,6 +386,7 @@ run is waited for.`,
 				start := time.Now()
 				bar := newProgressBar(stderr)
 				c := cfg
+				c.Upgrade = true
 				c.Progress = bar.set("run " + r)
 				rep, err := archive.Compact(root, r, c)
 				if errors.Is(err, archive.ErrBusy) {
@@ -391,8 +398,12 @@ run is waited for.`,
 				if err != nil {
 					return fmt.Errorf("run %s: %w", r, err)
 				}
-				fmt.Fprintf(stdout, "run %s: %d files -> %d (%d merged files, %d rows) in %s\n", r, rep.FilesBefore, rep.FilesAfter,
-					rep.Merged, rep.Rows, time.Since(start).Round(time.Millisecond))
+				var upgraded string
+				if len(rep.Added) > 0 {
+					upgraded = fmt.Sprintf("; added column %s, rewriting %d files alone for it", strings.Join(rep.Added, ", "), rep.Upgraded)
+				}
+				fmt.Fprintf(stdout, "run %s: %d files -> %d (%d merged files, %d rows%s) in %s\n", r, rep.FilesBefore, rep.FilesAfter,
+					rep.Merged, rep.Rows, upgraded, time.Since(start).Round(time.Millisecond))
 			}
 			return nil
 		},
@@ -404,4 +415,21 @@ run is waited for.`,
 	fs.DurationVar(&cfg.MinAge, "min-age", 0, "merge only files closed at least this long ago")
 	_ = cmd.MarkFlagRequired("archive")
 	return cmd
+}
+
+// printCauses lists the most frequent causes of failed anchor executions.
+func printCauses(w io.Writer, a *offline.Audit) {
+	const show = 5
+	for i, c := range a.Causes[:min(show, len(a.Causes))] {
+		if i == 0 {
+			fmt.Fprintln(w, "failures by cause (the report lists more, with an example of each):")
+		}
+		fmt.Fprintf(w, "  %5d %3.0f%%  %-18s %s (mean predicted %.3f)\n", c.Pairs, 100*c.Share, c.Status, c.Cause, float64(c.MeanPredicted))
+	}
+	if n := len(a.Causes) - show + a.OtherCauses; n > 0 {
+		fmt.Fprintf(w, "  and %d more kinds\n", n)
+	}
+	if a.FailuresWithoutDetail > 0 {
+		fmt.Fprintf(w, "  %d failures have no detail recorded (an archive written before exec_detail, or an executor that said nothing)\n", a.FailuresWithoutDetail)
+	}
 }

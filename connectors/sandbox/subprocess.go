@@ -187,10 +187,10 @@ func (s *Subprocess) Execute(ctx context.Context, t schemas.Trajectory) (execute
 		}
 	}
 	if !run.NetworkIsolated {
-		res.Detail = strings.TrimSpace(res.Detail + " (network not isolated: no permission for a network namespace)")
+		res.Detail = strings.TrimSpace(res.Detail + " (" + execute.NoteSharedNetwork + ")")
 	}
 	if run.Leftover != nil {
-		res.Detail = strings.TrimSpace(res.Detail + " (its work directory is left behind: " + run.Leftover.Error() + ")")
+		res.Detail = strings.TrimSpace(res.Detail + " (" + execute.NoteLeftover + run.Leftover.Error() + ")")
 	}
 	return res, nil
 }

@@ -159,6 +159,13 @@ type Audit struct {
 	// does not see failures coming scores them as if they ran.
 	Outcomes   []Outcome `json:"outcomes"`
 	FailureAUC Num       `json:"failure_auc"`
+	// Causes are the failed pairs by what their executions' details say
+	// went wrong, most frequent first (OtherCauses kinds left out);
+	// FailuresWithoutDetail failed with none recorded (an archive from
+	// before the exec_detail column, or an executor that says nothing).
+	Causes                []Cause `json:"failure_causes"`
+	OtherCauses           int     `json:"other_failure_causes"`
+	FailuresWithoutDetail int     `json:"failures_without_detail"`
 	// Map is an isotonic map fitted on every anchor pair, the reference
 	// the reliability diagram draws.
 	MapX []float64 `json:"map_x"`
@@ -212,6 +219,7 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 	}
 	steps := map[int64]*stepAcc{}
 	outcomes := map[string]*Outcome{}
+	var causes causeCounter
 	var failPred []float64
 	var failed []bool
 	for _, r := range rows {
@@ -259,6 +267,9 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 			o.MeanPredicted += Num(p.pred)
 			o.MeanTrue += Num(p.truth)
 			failPred, failed = append(failPred, p.pred), append(failed, *r.ExecStatus != schemas.ExecScored)
+			if *r.ExecStatus != schemas.ExecScored {
+				causes.add(r, p.pred)
+			}
 		}
 		all.pairs = append(all.pairs, p)
 		t.pairs = append(t.pairs, p)
@@ -294,6 +305,8 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 		neg[i] = -x
 	}
 	a.FailureAUC = Num(fuse.AUC(neg, failed))
+	a.Causes, a.OtherCauses = causes.result()
+	a.FailuresWithoutDetail = causes.noDetail
 	// The run-wide map, cross-fitted on the anchor groups, and each task's
 	// own map likewise on its pairs alone.
 	runMaps := crossFit(all.pairs)

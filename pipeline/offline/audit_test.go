@@ -332,3 +332,78 @@ func TestAuditSaysWhetherTheWorldModelSeesFailuresComing(t *testing.T) {
 		t.Errorf("failure AUC %v; want 0.75", a.FailureAUC)
 	}
 }
+
+// TestAuditCountsFailuresByCause: failures whose details say the same
+// thing with other numbers count as one cause, most frequent first, with
+// the first as the example; failures without a detail are counted apart.
+func TestAuditCountsFailuresByCause(t *testing.T) {
+	var rows []archive.Row
+	add := func(status, detail string, pred float64) {
+		truth := 0.0
+		if status == schemas.ExecScored {
+			truth = 0.5
+		}
+		r := archive.Row{Step: int64(len(rows)), GroupID: "g", TrajID: fmt.Sprint(len(rows)), TaskID: "t", IsAnchor: true,
+			Source: archive.SourceAnchor, Predicted: &pred, TrueScore: &truth, ExecStatus: &status}
+		if detail != "" {
+			r.ExecDetail = &detail
+		}
+		rows = append(rows, r)
+	}
+	add(schemas.ExecScored, "", 0.9)
+	missing := "exit code 1: Traceback (most recent call last): | import lightgbm | ModuleNotFoundError: No module named 'lightgbm'"
+	add(schemas.ExecCrashed, missing, 0.7)
+	add(schemas.ExecTimedOut, "killed after 61 s of CPU time, its limit (30.2s of wall clock)", 0.4)
+	add(schemas.ExecCrashed, missing, 0.5)
+	add(schemas.ExecTimedOut, "killed after 64 s of CPU time, its limit (31.9s of wall clock)", 0.2)
+	add(schemas.ExecCrashed, missing+" (network not isolated: no permission for a network namespace)", 0.6)
+	add(schemas.ExecInvalid, "", 0.3)
+	a, err := RunAudit(rows, AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Cause{
+		{Cause: "ModuleNotFoundError: No module named 'lightgbm'", Status: schemas.ExecCrashed, Pairs: 3, Share: 0.5, MeanPredicted: 0.6,
+			Example: missing, Step: 1, GroupID: "g", TrajID: "1"},
+		{Cause: "killed after N s of CPU time, its limit (N of wall clock)", Status: schemas.ExecTimedOut, Pairs: 2, Share: 2.0 / 6, MeanPredicted: 0.3,
+			Example: "killed after 61 s of CPU time, its limit (30.2s of wall clock)", Step: 2, GroupID: "g", TrajID: "2"},
+	}
+	if len(a.Causes) != len(want) || a.OtherCauses != 0 || a.FailuresWithoutDetail != 1 {
+		t.Fatalf("causes %+v, %d others, %d without detail; want %+v, 0, 1", a.Causes, a.OtherCauses, a.FailuresWithoutDetail, want)
+	}
+	for i, c := range a.Causes {
+		w := want[i]
+		if math.Abs(c.Share-w.Share) > 1e-12 || math.Abs(float64(c.MeanPredicted-w.MeanPredicted)) > 1e-12 {
+			t.Errorf("cause %d: %+v; want %+v", i, c, w)
+		}
+		c.Share, c.MeanPredicted, w.Share, w.MeanPredicted = 0, 0, 0, 0
+		if c != w {
+			t.Errorf("cause %d: %+v; want %+v", i, c, w)
+		}
+	}
+	dir := t.TempDir()
+	if err := WriteReport(a, dir); err != nil {
+		t.Fatal(err)
+	}
+	html, err := os.ReadFile(filepath.Join(dir, "index.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(html), "<td class=\"l\">ModuleNotFoundError: No module named &#39;lightgbm&#39;</td><td class=\"l\">crashed</td><td>3</td><td>50.0%</td>") ||
+		!strings.Contains(string(html), "1 failed anchor pairs have no detail recorded") {
+		t.Errorf("the report lacks the causes table or the count without detail")
+	}
+
+	// More kinds than are listed: the rarest are counted, not listed.
+	rows = rows[:0]
+	for i := range maxCauses + 3 {
+		add(schemas.ExecInvalid, fmt.Sprintf("column %c missing", 'A'+i), 0.1)
+	}
+	add(schemas.ExecInvalid, "column A missing", 0.1)
+	if a, err = RunAudit(rows, AuditOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Causes) != maxCauses || a.OtherCauses != 3 || a.Causes[0].Cause != "column A missing" || a.Causes[0].Pairs != 2 {
+		t.Errorf("%d causes listed (first %+v), %d others; want %d, column A twice first, 3 others", len(a.Causes), a.Causes[0], a.OtherCauses, maxCauses)
+	}
+}

@@ -248,6 +248,9 @@ func replayStep(asm *fuse.Steps, run string, s *stepRows, keep func(int64, strin
 			if r.ExecSeconds != nil {
 				it.Seconds = *r.ExecSeconds
 			}
+			if r.ExecDetail != nil {
+				it.Detail = *r.ExecDetail
+			}
 			e.Items = append(e.Items, it)
 		}
 	}

@@ -394,7 +394,15 @@ A world model that does not see failures coming scores them as if they ran, and 
 <table><tr><th class="l">status</th><th>anchor pairs</th><th>share</th><th>mean predicted</th><th>mean true</th></tr>
 {{range .A.Outcomes}}<tr><td class="l">{{.Status}}</td><td>{{.Pairs}}</td><td>{{pct .Share}}</td><td>{{num .MeanPredicted}}</td><td>{{num .MeanTrue}}</td></tr>
 {{end}}</table>
-{{end}}<h2>Plots</h2>
+{{if .A.Causes}}<h3>Failures by cause</h3>
+<p class="note">The failed anchor pairs by what their executions' details say went wrong (a crash's last line of stderr, the signal or limit that ended it, what the grader refused), numbers as N;
+most frequent first{{if .A.OtherCauses}}, {{.A.OtherCauses}} rarer kinds left out{{end}}. A cause the world model scores high is one it does not see coming:
+a missing package or a limit belongs to the sandbox, not the policy, and a fix there is worth more than any map.</p>
+<table><tr><th class="l">cause</th><th class="l">status</th><th>pairs</th><th>share of failures</th><th>mean predicted</th><th class="l">first seen (step, group, trajectory): detail as recorded</th></tr>
+{{range .A.Causes}}<tr><td class="l">{{.Cause}}</td><td class="l">{{.Status}}</td><td>{{.Pairs}}</td><td>{{pct .Share}}</td><td>{{num .MeanPredicted}}</td><td class="l"><small>{{.Step}}, {{.GroupID}}, {{.TrajID}}: {{.Example}}</small></td></tr>
+{{end}}</table>
+{{end}}{{if .A.FailuresWithoutDetail}}<p class="note">{{.A.FailuresWithoutDetail}} failed anchor pairs have no detail recorded (an archive written before the exec_detail column, or an executor that says nothing).</p>
+{{end}}{{end}}<h2>Plots</h2>
 <div class="grid">{{range .Imgs}}<figure><img alt="{{.Title}}" src="data:image/png;base64,{{.Data}}"><figcaption>{{.Title}} ({{.Name}})</figcaption></figure>
 {{end}}</div>
 

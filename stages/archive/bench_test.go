@@ -16,7 +16,12 @@ func syntheticRows(n int) []Row {
 	rng := rand.New(rand.NewPCG(1, 2))
 	rows := make([]Row, n)
 	t0 := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
-	status := "scored"
+	status, crashed := "scored", "crashed"
+	details := []string{
+		"exit code 1: Traceback (most recent call last): | File \"/tmp/w/solution.py\", line 12, in <module> | import lightgbm | ModuleNotFoundError: No module named 'lightgbm'",
+		"exit code 1: File \"/tmp/w/solution.py\", line 40, in <module> | df['area'] | KeyError: 'area'",
+		"killed after 20m0s, its wall-clock limit",
+	}
 	for i := range rows {
 		step, g := int64(i/128), (i%128)/8
 		pred, truth, cal, rew := rng.Float64(), rng.Float64(), rng.Float64(), rng.Float64()
@@ -26,6 +31,9 @@ func syntheticRows(n int) []Row {
 			WMStatus: "ok", TS: t0.Add(time.Duration(step) * time.Second), CalibrationSeq: 2 * step}
 		if g < 2 {
 			r.IsAnchor, r.Source, r.TrueScore, r.ExecStatus, r.AbsorbedSeq = true, SourceAnchor, &truth, &status, 2*step+int64(g)
+			if i%3 == 0 { // a third of the executions fail, and say why
+				r.ExecStatus, r.ExecDetail = &crashed, &details[rng.IntN(len(details))]
+			}
 		}
 		rows[i] = r
 	}

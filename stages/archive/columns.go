@@ -75,6 +75,30 @@ var columns = []column{
 	{"calibration_seq", func(r []Row, i int, v parquet.Value, _ *colState) { r[i].CalibrationSeq = v.Int64() }},
 	{"absorbed_seq", func(r []Row, i int, v parquet.Value, _ *colState) { r[i].AbsorbedSeq = v.Int64() }},
 	{"d", func(r []Row, i int, v parquet.Value, _ *colState) { r[i].D = v.Double() }},
+	{"exec_detail", func(r []Row, i int, v parquet.Value, c *colState) {
+		if v.IsNull() {
+			r[i].ExecDetail = nil
+			return
+		}
+		c.status[i] = string(v.ByteArray())
+		r[i].ExecDetail = &c.status[i]
+	}},
+}
+
+// laterColumns were added to Row after archives were first written: a file
+// without one reads it as null (its zero value), and a merge (Compact)
+// rewrites such a file with the column.
+var laterColumns = map[string]bool{"exec_detail": true}
+
+// missingColumns lists the later columns schema lacks.
+func missingColumns(schema *parquet.Schema) []string {
+	var missing []string
+	for _, col := range columns {
+		if _, ok := schema.Lookup(col.name); !ok && laterColumns[col.name] {
+			missing = append(missing, col.name)
+		}
+	}
+	return missing
 }
 
 // readRowGroup decodes a row group into rows, which must hold exactly its
@@ -87,7 +111,7 @@ func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, r
 	chunks := rg.ColumnChunks()
 	for _, col := range columns {
 		leaf, ok := pf.Schema().Lookup(col.name)
-		if !ok {
+		if !ok && !laterColumns[col.name] {
 			return fmt.Errorf("no column %q", col.name)
 		}
 		st := &colState{}
@@ -97,8 +121,16 @@ func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, r
 		case "exec_status":
 			st.status = make([]string, n)
 			st.strs = map[string]string{}
+		case "exec_detail":
+			st.status = make([]string, n)
 		default:
 			st.strs = map[string]string{}
+		}
+		if !ok { // a file from before the column: null throughout
+			for i := range rows {
+				col.set(rows, i, parquet.NullValue(), st)
+			}
+			continue
 		}
 		pages := chunks[leaf.ColumnIndex].Pages()
 		i := 0

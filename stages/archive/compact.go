@@ -54,6 +54,12 @@ type CompactConfig struct {
 	RowGroupRows int64
 	// Wait for readers holding the directory instead of returning ErrBusy.
 	Wait bool
+	// Upgrade also rewrites files, alone or of MaxRows, that lack a column
+	// added to the archive since they were written (merged files always
+	// have every column), so that readers which take one file's columns
+	// for all (pyarrow's dataset) see it. Off in the archive stage's
+	// background merges: it rewrites a whole archive once.
+	Upgrade bool
 	// Progress, if set, hears how many of the run's files were looked at.
 	Progress func(done, total int)
 }
@@ -63,6 +69,17 @@ type CompactReport struct {
 	FilesBefore, FilesAfter int
 	Merged                  int   // merged files written
 	Rows                    int64 // rows in the merged files
+	// Upgraded files were rewritten alone to add the columns Added.
+	Upgraded int
+	Added    []string
+}
+
+func (r *CompactReport) added(cols []string) {
+	for _, c := range cols {
+		if !slices.Contains(r.Added, c) {
+			r.Added = append(r.Added, c)
+		}
+	}
 }
 
 // ErrBusy is returned by Compact when a reader holds the directory.
@@ -109,6 +126,7 @@ func Compact(root, run string, cfg CompactConfig) (CompactReport, error) {
 		rows     int64
 		settings string
 		old      bool
+		missing  []string // later columns it lacks
 	}
 	infos := make([]info, len(files))
 	for i, path := range files {
@@ -122,10 +140,11 @@ func Compact(root, run string, cfg CompactConfig) (CompactReport, error) {
 			return rep, fmt.Errorf("archive: %w", err)
 		}
 		settings, _ := pf.Lookup(metaSettings)
-		infos[i] = info{path: path, rows: pf.NumRows(), settings: settings, old: time.Since(st.ModTime()) >= cfg.MinAge}
+		infos[i] = info{path: path, rows: pf.NumRows(), settings: settings, old: time.Since(st.ModTime()) >= cfg.MinAge,
+			missing: missingColumns(pf.Schema())}
 	}
 	for i := 0; i < len(infos); {
-		if !infos[i].old || infos[i].rows >= cfg.MaxRows {
+		if !infos[i].old {
 			i++
 			continue
 		}
@@ -134,7 +153,14 @@ func Compact(root, run string, cfg CompactConfig) (CompactReport, error) {
 			rows += infos[j].rows
 			j++
 		}
-		if j-i >= 2 {
+		switch {
+		case j-i == 1 && cfg.Upgrade && len(infos[i].missing) > 0:
+			if err := merge(dir, []string{infos[i].path}, infos[i].settings, cfg.RowGroupRows); err != nil {
+				return rep, err
+			}
+			rep.Upgraded++
+			rep.added(infos[i].missing)
+		case j-i >= 2:
 			batch := make([]string, 0, j-i)
 			for _, in := range infos[i:j] {
 				batch = append(batch, in.path)
@@ -145,6 +171,9 @@ func Compact(root, run string, cfg CompactConfig) (CompactReport, error) {
 			rep.Merged++
 			rep.Rows += rows
 			rep.FilesAfter -= j - i - 1
+			for _, in := range infos[i:j] {
+				rep.added(in.missing)
+			}
 		}
 		i = j
 		if cfg.Progress != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
@@ -29,15 +30,21 @@ import (
 //	npm install --prefix /tmp/duck @duckdb/node-api
 //	WMRL_NODE_PATH=/tmp/duck/node_modules go test -run DuckDB ./stages/archive
 func TestDuckDBReadsTheArchive(t *testing.T) {
+	dir, rows := writeReaderFixture(t)
+	compareAggregates(t, "duckdb", duckdbRead(t, dir), ourAggregates(rows))
+}
+
+// duckdbRead runs testdata/duckdb_read.cjs on an archive root.
+func duckdbRead(t *testing.T, root string) map[string]string {
+	t.Helper()
 	nodePath := os.Getenv("WMRL_NODE_PATH")
 	_, nodeErr := exec.LookPath("node")
 	if nodePath == "" || nodeErr != nil {
 		skipOrFail(t, "WMRL_REQUIRE_DUCKDB", fmt.Sprintf("node (%v) or WMRL_NODE_PATH (%q) is missing; set WMRL_NODE_PATH to a node_modules holding @duckdb/node-api", nodeErr, nodePath))
 	}
-	dir, rows := writeReaderFixture(t)
-	got := runReader(t, append(os.Environ(), "NODE_PATH="+nodePath), "node", filepath.Join("testdata", "duckdb_read.cjs"), filepath.Join(dir, "*", "*.parquet"))
+	got := runReader(t, append(os.Environ(), "NODE_PATH="+nodePath), "node", filepath.Join("testdata", "duckdb_read.cjs"), filepath.Join(root, "*", "*.parquet"))
 	got["first_ts"] = strings.TrimSuffix(got["first_ts"], "+00")
-	compareAggregates(t, "duckdb", got, ourAggregates(rows))
+	return got
 }
 
 // TestPandasReadsTheArchive uses pandas.read_parquet (pyarrow engine) on the
@@ -46,12 +53,8 @@ func TestDuckDBReadsTheArchive(t *testing.T) {
 // from Debian's packages (see .ci/pandas-python). Locally, with pandas
 // installed: WMRL_PYTHON=python3 go test -run Pandas ./stages/archive
 func TestPandasReadsTheArchive(t *testing.T) {
-	python := os.Getenv("WMRL_PYTHON")
-	if python == "" {
-		skipOrFail(t, "WMRL_REQUIRE_PANDAS", "WMRL_PYTHON is not set; set it to a Python with pandas and pyarrow")
-	}
 	dir, rows := writeReaderFixture(t)
-	got := runReader(t, nil, python, filepath.Join("testdata", "pandas_read.py"), dir)
+	got := pandasRead(t, dir)
 
 	// What pandas makes of the columns' types is part of "reads them as
 	// they are": numbers stay numbers, optional ones become NaN-able
@@ -76,10 +79,27 @@ func TestPandasReadsTheArchive(t *testing.T) {
 		t.Errorf("pandas read %s files alone holding %s rows; the archive has %d files, %d rows",
 			got["files_alone"], got["rows_alone"], len(files), len(rows))
 	}
+	compareAggregates(t, "pandas", withoutFileCounts(got), ourAggregates(rows))
+}
+
+// pandasRead runs testdata/pandas_read.py on an archive root.
+func pandasRead(t *testing.T, root string) map[string]string {
+	t.Helper()
+	python := os.Getenv("WMRL_PYTHON")
+	if python == "" {
+		skipOrFail(t, "WMRL_REQUIRE_PANDAS", "WMRL_PYTHON is not set; set it to a Python with pandas and pyarrow")
+	}
+	return runReader(t, nil, python, filepath.Join("testdata", "pandas_read.py"), root)
+}
+
+// withoutFileCounts is what pandas_read.py printed but for what only its
+// own test compares.
+func withoutFileCounts(got map[string]string) map[string]string {
+	got = maps.Clone(got)
 	delete(got, "dtypes")
 	delete(got, "files_alone")
 	delete(got, "rows_alone")
-	compareAggregates(t, "pandas", got, ourAggregates(rows))
+	return got
 }
 
 func skipOrFail(t *testing.T, require, why string) {
@@ -173,8 +193,8 @@ func runReader(t *testing.T, env []string, name string, args ...string) map[stri
 // reader prints. Sums are compared as numbers, the rest as strings.
 func ourAggregates(rows []Row) map[string]string {
 	steps := map[int64]bool{}
-	tasks := map[string]bool{}
-	var predicted, truth, status, anchors, late int
+	tasks, runs := map[string]bool{}, map[string]bool{}
+	var predicted, truth, status, details, anchors, late int
 	var fusedByStep, calibrated float64
 	first := rows[0].TS
 	for _, r := range rows {
@@ -187,6 +207,9 @@ func ourAggregates(rows []Row) map[string]string {
 		}
 		if r.ExecStatus != nil {
 			status++
+		}
+		if r.ExecDetail != nil {
+			details++
 		}
 		if r.IsAnchor {
 			anchors++
@@ -202,17 +225,14 @@ func ourAggregates(rows []Row) map[string]string {
 			first = r.TS
 		}
 		tasks[r.TaskID] = true
+		runs[r.Run] = true
 	}
-	taskList := make([]string, 0, len(tasks))
-	for k := range tasks {
-		taskList = append(taskList, k)
-	}
-	slices.Sort(taskList)
 	itoa := strconv.Itoa
 	return map[string]string{
 		"rows": itoa(len(rows)), "steps": itoa(len(steps)), "predicted": itoa(predicted),
-		"true_scores": itoa(truth), "exec_statuses": itoa(status), "anchors": itoa(anchors),
-		"late": itoa(late), "runs": "r", "tasks": strings.Join(taskList, ","),
+		"true_scores": itoa(truth), "exec_statuses": itoa(status), "exec_details": itoa(details), "anchors": itoa(anchors),
+		"late": itoa(late), "runs": strings.Join(slices.Sorted(maps.Keys(runs)), ","),
+		"tasks":         strings.Join(slices.Sorted(maps.Keys(tasks)), ","),
 		"first_ts":      first.UTC().Format("2006-01-02 15:04:05"),
 		"fused_by_step": strconv.FormatFloat(fusedByStep, 'g', -1, 64),
 		"calibrated":    strconv.FormatFloat(calibrated, 'g', -1, 64),

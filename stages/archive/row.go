@@ -68,6 +68,12 @@ type Row struct {
 	AbsorbedSeq    int64 `parquet:"absorbed_seq"`
 	// D is the tracked world-model disagreement when the step was fused.
 	D float64 `parquet:"d"`
+
+	// ExecDetail is what ended an execution, as the executor said (the end
+	// of a failure's stderr, the limit that killed it), or null. Added
+	// after the first archives: files without the column read it as null
+	// (see laterColumns).
+	ExecDetail *string `parquet:"exec_detail,optional"`
 }
 
 // UpdateKey and LateKey name what a file holds, so that a redelivered
@@ -111,6 +117,9 @@ func FromUpdate(u schemas.Update) ([]Row, []LateGroup) {
 		}
 		if it.ExecStatus != "" {
 			r.ExecStatus = &it.ExecStatus
+		}
+		if it.ExecDetail != "" {
+			r.ExecDetail = &it.ExecDetail
 		}
 		if lg != nil {
 			s := ExecLate

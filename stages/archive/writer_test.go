@@ -1,6 +1,7 @@
 package archive
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -24,6 +25,9 @@ func testUpdate(step int64, late ...string) schemas.Update {
 				FusedAdvantage: (float64(i) - 1) / 3}
 			if group == "a" {
 				it.Source, it.TrueScore, it.ExecStatus, it.ExecSeconds, it.AbsorbedSeq = SourceAnchor, f64(0.3), schemas.ExecScored, f64(0.02), 5
+				if i == 1 {
+					it.ExecDetail = fmt.Sprintf("step %d: (network not isolated: no permission for a network namespace)", step)
+				}
 			}
 			if i == 2 && group == "b" {
 				it.Predicted, it.WMStatus, it.Calibrated, it.Reward = nil, schemas.PredUngraded, nil, nil

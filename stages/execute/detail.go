@@ -1,6 +1,7 @@
 package execute
 
 import (
+	"regexp"
 	"strings"
 	"unicode/utf8"
 )
@@ -56,4 +57,52 @@ func LastLines(out string, n, lineBytes int) string {
 		lines[i] = Clip(l, lineBytes)
 	}
 	return strings.Join(lines, " | ")
+}
+
+// Notes an executor appends to a detail, in parentheses, about where the
+// code ran rather than how it ended (Cause leaves them out).
+const (
+	NoteSharedNetwork = "network not isolated: no permission for a network namespace"
+	NoteLeftover      = "its work directory is left behind: "
+)
+
+// numbers matches a number, or a Go duration, standing alone: the sizes,
+// counts and times that differ between two failures of the same kind.
+var numbers = regexp.MustCompile(`\b(?:\d+(?:\.\d+)?(?:ns|µs|ms|s|m|h)?)+\b`)
+
+// Cause is what a detail says went wrong, as a key to count failures by:
+// the last line of a crash's stderr (a Python exception: "ModuleNotFoundError:
+// No module named 'lightgbm'"), the signal that killed it, the limit that
+// ended it, or what the grader refused; with numbers as N, so that one
+// kind of failure with other sizes counts once.
+func Cause(detail string) string {
+	d := " " + strings.TrimSpace(detail) // a note may be all there is
+	for {
+		trimmed := strings.TrimSuffix(d, " ("+NoteSharedNetwork+")")
+		if i := strings.LastIndex(trimmed, " ("+NoteLeftover); i >= 0 && strings.HasSuffix(trimmed, ")") {
+			trimmed = trimmed[:i]
+		}
+		if trimmed == d {
+			break
+		}
+		d = trimmed
+	}
+	d = strings.TrimSpace(d)
+	switch rest, signal := strings.CutPrefix(d, "killed by signal "); {
+	case signal:
+		if i := strings.Index(rest, "): "); i >= 0 {
+			d = d[:len("killed by signal ")+i+1]
+		}
+	case strings.Contains(d, " | "):
+		d = d[strings.LastIndex(d, " | ")+3:]
+	case strings.HasPrefix(d, "exit code "):
+		if _, msg, ok := strings.Cut(d, ": "); ok && strings.TrimSpace(msg) != "" {
+			d = msg
+		}
+	}
+	d = strings.TrimSuffix(strings.TrimSpace(d), ":")
+	if d == "" {
+		return "(no detail)"
+	}
+	return numbers.ReplaceAllString(d, "N")
 }

@@ -81,3 +81,26 @@ func TestDetailsArePublishedClipped(t *testing.T) {
 		}
 	}
 }
+
+func TestCauseIsWhatWentWrongWithoutItsNumbers(t *testing.T) {
+	for _, c := range []struct{ detail, want string }{
+		{"exit code 1: Traceback (most recent call last): | File \"/w/solution.py\", line 4, in <module> | import lightgbm | ModuleNotFoundError: No module named 'lightgbm'",
+			"ModuleNotFoundError: No module named 'lightgbm'"},
+		{"exit code 1: ValueError: Found input variables with inconsistent numbers of samples: [100, 250]",
+			"ValueError: Found input variables with inconsistent numbers of samples: [N, N]"},
+		{"exit code 1: x | MemoryError (its address space is limited to 1024 MiB) (" + NoteSharedNetwork + ")",
+			"MemoryError (its address space is limited to N MiB)"},
+		{"exit code 2: ", "exit code N"},
+		{"killed by signal 11 (segmentation fault): Fatal Python error | more", "killed by signal N (segmentation fault)"},
+		{"killed after 1m0s, its wall-clock limit", "killed after N, its wall-clock limit"},
+		{"killed after 61 s of CPU time, its limit (30.512s of wall clock)", "killed after N s of CPU time, its limit (N of wall clock)"},
+		{"no submission.csv written (" + NoteLeftover + "unlinkat /w/x: permission denied)", "no submission.csv written"},
+		{"(" + NoteSharedNetwork + ")", "(no detail)"},
+		{"", "(no detail)"},
+		{"ModuleNotFoundError: No module named 'sklearn2'", "ModuleNotFoundError: No module named 'sklearn2'"},
+	} {
+		if got := Cause(c.detail); got != c.want {
+			t.Errorf("Cause(%q)\n = %q\nwant %q", c.detail, got, c.want)
+		}
+	}
+}

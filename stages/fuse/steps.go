@@ -300,7 +300,7 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 			if executed {
 				if x, ok := execs[id]; ok {
 					sec := x.Seconds
-					rec.TrueScore, rec.ExecStatus, rec.ExecSeconds = x.Score, x.Status, &sec
+					rec.TrueScore, rec.ExecStatus, rec.ExecSeconds, rec.ExecDetail = x.Score, x.Status, &sec, x.Detail
 				}
 				rec.AbsorbedSeq = cal.seq
 			}

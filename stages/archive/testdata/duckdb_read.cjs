@@ -1,6 +1,8 @@
 // Reads an archive with DuckDB (@duckdb/node-api), an independent Parquet
 // reader, and prints aggregates the Go test compares with its own reader.
 // Usage: NODE_PATH=<dir with node_modules> node duckdb_read.cjs '<glob>'
+// union_by_name: an archive's older files may lack a column added since
+// (exec_detail); without it DuckDB takes the first file's columns for all.
 const { DuckDBInstance } = require('@duckdb/node-api');
 
 (async () => {
@@ -13,13 +15,14 @@ const { DuckDBInstance } = require('@duckdb/node-api');
            count(predicted)::BIGINT AS predicted,
            count(true_score)::BIGINT AS true_scores,
            count(exec_status)::BIGINT AS exec_statuses,
+           count(exec_detail)::BIGINT AS exec_details,
            sum(CASE WHEN is_anchor THEN 1 ELSE 0 END)::BIGINT AS anchors,
            sum(CASE WHEN source = 'late_anchor' THEN 1 ELSE 0 END)::BIGINT AS late,
            round(sum(fused_advantage * step), 6)::DOUBLE AS fused_by_step,
            round(sum(coalesce(calibrated, 0)), 6)::DOUBLE AS calibrated,
            min(ts)::VARCHAR AS first_ts,
-           string_agg(DISTINCT run::VARCHAR, ',') AS runs,
+           string_agg(DISTINCT run::VARCHAR, ',' ORDER BY run::VARCHAR) AS runs,
            string_agg(DISTINCT task_id, ',' ORDER BY task_id) AS tasks
-    FROM read_parquet('${glob}', hive_partitioning = true)`);
+    FROM read_parquet('${glob}', hive_partitioning = true, union_by_name = true)`);
   console.log(JSON.stringify(r.getRowObjectsJson()[0]));
 })().catch((e) => { console.error(String(e)); process.exit(1); });

@@ -22,6 +22,7 @@ print(json.dumps({
     "predicted": str(int(df["predicted"].notna().sum())),
     "true_scores": str(int(df["true_score"].notna().sum())),
     "exec_statuses": str(int(df["exec_status"].notna().sum())),
+    "exec_details": str(int(df["exec_detail"].notna().sum())) if "exec_detail" in df else "no column",
     "anchors": str(int(df["is_anchor"].sum())),
     "late": str(int((df["source"] == "late_anchor").sum())),
     "fused_by_step": round(float((df["fused_advantage"] * df["step"]).sum()), 6),
