@@ -236,16 +236,9 @@ func TestWriteReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	if err := WriteReport(a, dir); err != nil {
-		t.Fatal(err)
-	}
-	html, err := os.ReadFile(filepath.Join(dir, "index.html"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, html := reportHTML(t, a)
 	for _, want := range []string{"data:image/png;base64,", VerdictNonMonotone, "<td class=\"l\">squash</td>", "<h2>Execution outcomes</h2>", "<td class=\"l\">crashed</td>"} {
-		if !strings.Contains(string(html), want) {
+		if !strings.Contains(html, want) {
 			t.Errorf("index.html lacks %q", want)
 		}
 	}
@@ -381,16 +374,9 @@ func TestAuditCountsFailuresByCause(t *testing.T) {
 			t.Errorf("cause %d: %+v; want %+v", i, c, w)
 		}
 	}
-	dir := t.TempDir()
-	if err := WriteReport(a, dir); err != nil {
-		t.Fatal(err)
-	}
-	html, err := os.ReadFile(filepath.Join(dir, "index.html"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(html), "<td class=\"l\">ModuleNotFoundError: No module named &#39;lightgbm&#39;</td><td class=\"l\">crashed</td><td>3</td><td>50.0%</td>") ||
-		!strings.Contains(string(html), "1 failed anchor pairs have no detail recorded") {
+	_, html := reportHTML(t, a)
+	if !strings.Contains(html, "<td class=\"l\">ModuleNotFoundError: No module named &#39;lightgbm&#39;</td><td class=\"l\">crashed</td><td>3</td><td>50.0%</td>") ||
+		!strings.Contains(html, "1 failed anchor pairs have no detail recorded") {
 		t.Errorf("the report lacks the causes table or the count without detail")
 	}
 
@@ -406,4 +392,18 @@ func TestAuditCountsFailuresByCause(t *testing.T) {
 	if len(a.Causes) != maxCauses || a.OtherCauses != 3 || a.Causes[0].Cause != "column A missing" || a.Causes[0].Pairs != 2 {
 		t.Errorf("%d causes listed (first %+v), %d others; want %d, column A twice first, 3 others", len(a.Causes), a.Causes[0], a.OtherCauses, maxCauses)
 	}
+}
+
+// reportHTML writes a's report and returns its directory and index.html.
+func reportHTML(t *testing.T, a *Audit) (dir, html string) {
+	t.Helper()
+	dir = t.TempDir()
+	if err := WriteReport(a, dir); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "index.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, string(b)
 }
