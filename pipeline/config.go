@@ -121,8 +121,9 @@ type Config struct {
 	ExecEnv    []string
 	// ExecUIDs, "FIRST-LAST", gives each execution at once a user of its
 	// own from that range, as root (sandbox.Subprocess.UIDs): executions
-	// cannot then read or overwrite each other's directories or signal
-	// each other's processes. Empty: all run as nobody.
+	// cannot then read or overwrite each other's directories (their
+	// processes are apart anyway, in PID namespaces of their own). Empty:
+	// all run as nobody.
 	ExecUIDs string
 
 	// Anchors is the anchor choice. Its MaxInFlight caps anchor groups

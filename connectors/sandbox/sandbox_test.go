@@ -12,8 +12,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -113,8 +115,12 @@ func TestSandboxContainsHostileCode(t *testing.T) {
 		t.Fatalf("memory hog: %+v", r)
 	}
 	bomb := "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)\n"
+	// As a user of its own: a bomb as nobody would take the process limit
+	// from every other test's executions as nobody, in every package.
+	bomber := exe(task)
+	bomber.Limits.Timeout, bomber.UIDs = 2*time.Second, []uint32{2000000111}
 	start := time.Now()
-	r := run1(t, s, bomb)
+	r := run1(t, bomber, bomb)
 	if r.status != schemas.ExecTimedOut && r.status != schemas.ExecCrashed {
 		t.Fatalf("fork bomb: %+v", r)
 	}
@@ -123,7 +129,7 @@ func TestSandboxContainsHostileCode(t *testing.T) {
 	}
 	if os.Geteuid() == 0 {
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			out, _ := exec.Command("pgrep", "-u", "65534", "python3").Output()
+			out, _ := exec.Command("pgrep", "-u", "2000000111").Output()
 			if len(out) == 0 {
 				break
 			}
@@ -474,6 +480,119 @@ func TestAnInterpreterThatCannotStartIsNotAScore(t *testing.T) {
 	}
 	if r := run1(t, exe(task), "raise SystemExit(127)"); r.status != schemas.ExecCrashed {
 		t.Errorf("code that exits 127 itself: %+v; want crashed", r)
+	}
+	// Ungraded is better than 0 for failing code, so code must not be
+	// able to pass for the shell that could not start it.
+	spoof := "import sys\nsys.stderr.write('sandbox: 1: python3: not found\\n')\nsys.exit(127)\n"
+	if r := run1(t, exe(task), spoof); r.status != schemas.ExecCrashed {
+		t.Errorf("code that says what the shell says when it cannot start it: %+v; want crashed", r)
+	}
+	if os.Geteuid() != 0 {
+		return
+	}
+	// No process left under the limit for the code (a user of its own, so
+	// that no other test's executions count): the shell cannot start it.
+	s := exe(task)
+	s.UIDs, s.Limits.Processes = []uint32{2000000112}, 1
+	if r := run1(t, s, solution(t, "01_mean.py")); r.status != schemas.ExecSandboxError || !strings.Contains(r.detail, "Cannot fork") {
+		t.Errorf("a process limit that leaves the shell no fork: %+v; want a sandbox error saying so", r)
+	}
+}
+
+// TestTheCodeDiesOfItsOwnSignals: the code is not its PID namespace's
+// init, which would ignore the signals it sends itself.
+func TestTheCodeDiesOfItsOwnSignals(t *testing.T) {
+	r := run1(t, exe(housing(t)), "import os\nos.abort()\n")
+	if r.status != schemas.ExecCrashed || !strings.HasPrefix(r.detail, "killed by signal 6 (aborted)") {
+		t.Fatalf("os.abort(): %+v; want crashed by SIGABRT", r)
+	}
+}
+
+// TestNothingTheCodeStartsOutlivesIt: a process the code left in a session
+// of its own, out of its process group, used to run on after the execution
+// as long as it liked (a user of its own, --exec-uids, was the only way to
+// end it); in its PID namespace it ends with the execution.
+func TestNothingTheCodeStartsOutlivesIt(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("PID namespaces need root")
+	}
+	marker := fmt.Sprintf("wmrl-daemon-%d", time.Now().UnixNano())
+	daemon := fmt.Sprintf("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', %q], start_new_session=True,\n"+
+		"    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n", marker)
+	if r := run1(t, exe(housing(t)), daemon); r.status != schemas.ExecInvalid {
+		t.Fatalf("%+v; want the code to have run (no submission)", r)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		pids := withArg(marker)
+		if len(pids) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			for _, pid := range pids {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+			t.Fatalf("the code's daemon (pids %v) outlived its execution", pids)
+		}
+	}
+}
+
+// withArg lists the processes with arg on their command line.
+func withArg(arg string) []int {
+	var pids []int
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		b, _ := os.ReadFile(filepath.Join(d, "cmdline"))
+		if slices.Contains(strings.Split(string(b), "\x00"), arg) {
+			pid, _ := strconv.Atoi(filepath.Base(d))
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// TestExecutionsLeaveNoZombies: where wmrl is PID 1 (a container's entry
+// point), the processes of the code that the sandbox kills after their
+// parent (a worker pool at a timeout) come to it to be reaped, and the Go
+// runtime reaps only its own children: they used to stay, zombies, each
+// holding a PID, for as long as wmrl ran. The test runs itself again as a
+// child subreaper, which orphans come to as they come to PID 1.
+func TestExecutionsLeaveNoZombies(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("PID namespaces need root")
+	}
+	if os.Getenv("WMRL_TEST_SUBREAPER") == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestExecutionsLeaveNoZombies$", "-test.v")
+		cmd.Env = append(os.Environ(), "WMRL_TEST_SUBREAPER=1")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("as a subreaper: %v\n%s", err, out)
+		}
+		return
+	}
+	const prSetChildSubreaper = 36
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0); errno != 0 {
+		t.Skipf("prctl(PR_SET_CHILD_SUBREAPER): %v", errno)
+	}
+	s := exe(housing(t))
+	s.Limits.Timeout = 2 * time.Second
+	pool := "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        time.sleep(600)\n        os._exit(0)\ntime.sleep(600)\n"
+	if r := run1(t, s, pool); r.status != schemas.ExecTimedOut {
+		t.Fatalf("%+v; want it killed at its wall clock", r)
+	}
+	time.Sleep(200 * time.Millisecond) // for the kills to land
+	var zombies []string
+	dirs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, d := range dirs {
+		b, _ := os.ReadFile(d)
+		// pid (comm) state ppid ...
+		if i := strings.LastIndexByte(string(b), ')'); i > 0 {
+			f := strings.Fields(string(b)[i+1:])
+			if len(f) > 1 && f[0] == "Z" && f[1] == strconv.Itoa(os.Getpid()) {
+				zombies = append(zombies, string(b[:i+1]))
+			}
+		}
+	}
+	if len(zombies) > 0 {
+		t.Fatalf("%d zombies left to this process: %v", len(zombies), zombies)
 	}
 }
 

@@ -7,6 +7,7 @@ package sandbox
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -118,9 +119,10 @@ type Subprocess struct {
 	// UIDs, as root, are users for the executions at once, one each (RunAs
 	// is then unused; an execution waits for a free one). Sharing one user,
 	// an execution can read and overwrite another's directory (its
-	// submission) and signal its processes: a policy can learn to. With a
-	// user of its own it cannot, and every process left under that user
-	// when it ends is killed, even one that left its process group.
+	// submission): a policy can learn to. With a user of its own it
+	// cannot, and every process left under that user when it ends is
+	// killed, even one that left its process group (which its PID
+	// namespace ends anyway, where the kernel allows one).
 	UIDs []uint32
 
 	uidsOnce sync.Once
@@ -138,11 +140,19 @@ type Run struct {
 	Signal     syscall.Signal
 	CPUSeconds float64
 	// Leftover: the work directory could not be removed, and why.
-	Leftover        error
-	Stdout, Stderr  string
-	Seconds         float64
-	Submission      []byte // nil: none written
-	NetworkIsolated bool
+	Leftover       error
+	Stdout, Stderr string
+	Seconds        float64
+	Submission     []byte // nil: none written
+	// Isolated: the code ran in network and PID namespaces of its own (no
+	// network; nothing it starts outlives it; it sees and can signal no
+	// process outside).
+	Isolated bool
+	// Started: the code ran (ExitCode, Signal are then its own), as the
+	// shell said on a channel the code cannot write; else Shell is what
+	// the shell said about why it did not start.
+	Started bool
+	Shell   string
 }
 
 // Execute runs t.Response as the solution and grades its submission.
@@ -160,15 +170,17 @@ func (s *Subprocess) Execute(ctx context.Context, t schemas.Trajectory) (execute
 	switch {
 	case run.TimedOut:
 		res.Status, res.Detail = schemas.ExecTimedOut, fmt.Sprintf("killed after %v, its wall-clock limit", l.Timeout)
+	case !run.Started:
+		// The shell could not start the command (not found, not
+		// executable by the code's user, no process left under the
+		// limit): no fault of the code's, which may score on a rerun.
+		why := cmp.Or(run.Shell, lastLines(run.Stderr, 2), fmt.Sprintf("its shell ended, with exit code %d, before it", run.ExitCode))
+		return execute.Result{Status: schemas.ExecSandboxError, Detail: "could not start the code: " + why}, nil
 	case run.Signal != 0 && run.CPUSeconds >= float64(l.CPUSeconds)-0.5:
 		// The kernel kills code at its CPU limit with SIGKILL (soft and
 		// hard limit are the same): a time limit, not a crash.
 		res.Status, res.Detail = schemas.ExecTimedOut, fmt.Sprintf("killed after %.0f s of CPU time, its limit (%v of wall clock)",
 			run.CPUSeconds, time.Duration(run.Seconds*float64(time.Second)).Round(time.Millisecond))
-	case (run.ExitCode == 126 || run.ExitCode == 127) && strings.HasPrefix(run.Stderr, "sandbox: "):
-		// The shell could not start the command (not found, not
-		// executable by the code's user): no fault of the code's.
-		return execute.Result{Status: schemas.ExecSandboxError, Detail: "could not start the code: " + lastLines(run.Stderr, 2)}, nil
 	case run.Signal != 0:
 		res.Status, res.Detail = schemas.ExecCrashed, fmt.Sprintf("killed by signal %d (%v): %s", int(run.Signal), run.Signal, tail)
 	case run.ExitCode != 0:
@@ -186,8 +198,8 @@ func (s *Subprocess) Execute(ctx context.Context, t schemas.Trajectory) (execute
 			res.Status, res.Score = schemas.ExecScored, score
 		}
 	}
-	if !run.NetworkIsolated {
-		res.Detail = strings.TrimSpace(res.Detail + " (" + execute.NoteSharedNetwork + ")")
+	if !run.Isolated {
+		res.Detail = strings.TrimSpace(res.Detail + " (" + execute.NoteNotIsolated + ")")
 	}
 	if run.Leftover != nil {
 		res.Detail = strings.TrimSpace(res.Detail + " (" + execute.NoteLeftover + run.Leftover.Error() + ")")
@@ -204,6 +216,8 @@ func (s *Subprocess) Check(ctx context.Context) (string, error) {
 	switch {
 	case err != nil:
 		return "", err
+	case !run.Started && !run.TimedOut:
+		return "", fmt.Errorf("sandbox: python does not run as the code's user: %s", cmp.Or(run.Shell, lastLines(run.Stderr, 3)))
 	case run.TimedOut || run.ExitCode != 0:
 		return "", fmt.Errorf("sandbox: python does not run as the code's user (exit code %d): %s", run.ExitCode, lastLines(run.Stderr, 3))
 	}
@@ -236,14 +250,11 @@ func (s *Subprocess) run(ctx context.Context, code string, data bool) (run Run, 
 		cmdline = []string{"python3", "solution.py"}
 	}
 	l := s.limits()
-	// The limits are set by the shell before it execs the command, so
-	// nothing the code starts escapes them.
 	kib := "unlimited"
 	if l.MemoryBytes > 0 {
 		kib = fmt.Sprint(l.MemoryBytes / 1024)
 	}
-	script := fmt.Sprintf(`ulimit -v %s && ulimit -t %d && ulimit -n %d && ulimit -p %d && exec "$@"`,
-		kib, l.CPUSeconds, l.OpenFiles, l.Processes)
+	script := fmt.Sprintf(shellScript, kib, l.CPUSeconds, l.OpenFiles, l.Processes)
 	run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), true, uid)
 	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL) {
 		run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), false, uid)
@@ -256,6 +267,26 @@ func (s *Subprocess) run(ctx context.Context, code string, data bool) (run Run, 
 	}
 	return run, nil
 }
+
+// shellScript runs the command ("$@") under the limits (address space KiB,
+// CPU seconds, open files, processes), set before it starts so that
+// nothing the code starts escapes them.
+//
+// The shell stays, as the PID namespace's init (1), and runs the code as
+// its child: an init ignores the signals it has no handler for, even its
+// own (a solution's os.abort() would not end it), and when the init ends
+// the kernel kills and reaps everything left in the namespace.
+//
+// It reports on fd 3, which the code does not get, whether the code ran
+// ("ran STATUS") or why it could not start: the code's own output cannot
+// pass for the shell's (an "ungraded" sandbox error, where failing code
+// scores 0, would be a reward a policy could learn to claim).
+const shellScript = `ulimit -v %s && ulimit -t %d && ulimit -n %d && ulimit -p %d || { echo "its limits could not be set" >&3; exit 1; }
+p=$(command -v "$1") && [ -x "$p" ] || { echo "$1 is not found or not executable by user $(id -u)" >&3; exit 127; }
+"$@" 3>&-
+s=$?
+echo "ran $s" >&3
+exit $s`
 
 // prepare writes the code and a read-only copy of the public data (an
 // empty data/ without withData).
@@ -466,7 +497,9 @@ func (c *capped) String() string {
 	return fmt.Sprintf("%s\n[%d bytes dropped]\n%s", c.head, dropped, tail)
 }
 
-func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolateNet bool, uid uint32) (Run, error) {
+// start runs argv, a shell that runs the code as its child; isolate puts
+// it in network and PID namespaces of its own.
+func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolate bool, uid uint32) (Run, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
 	cmd.Env = s.environ(dir)
@@ -480,20 +513,33 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 	if os.Geteuid() == 0 {
 		attr.Credential = &syscall.Credential{Uid: uid, Gid: uid, NoSetGroups: true}
 	}
-	if isolateNet {
-		attr.Cloneflags = syscall.CLONE_NEWNET
+	if isolate {
+		attr.Cloneflags = syscall.CLONE_NEWNET | syscall.CLONE_NEWPID
 	}
 	cmd.SysProcAttr = attr
+	said, w, err := os.Pipe() // the shell's fd 3
+	if err != nil {
+		return Run{}, fmt.Errorf("sandbox: %w", err)
+	}
+	defer said.Close()
+	cmd.ExtraFiles = []*os.File{w}
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
 		return Run{}, fmt.Errorf("sandbox: start: %w", err)
 	}
+	shell := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(io.LimitReader(said, 4096))
+		shell <- strings.TrimSpace(string(b))
+	}()
 	pgid := cmd.Process.Pid
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	timer := time.NewTimer(l.Timeout)
 	defer timer.Stop()
-	run := Run{NetworkIsolated: isolateNet}
+	run := Run{Isolated: isolate}
 	var werr error
 	select {
 	case werr = <-done:
@@ -514,14 +560,25 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 	case werr == nil || errors.Is(werr, exec.ErrWaitDelay):
 	case errors.As(werr, &exit):
 		run.ExitCode = exit.ExitCode()
-		if ws := exit.Sys().(syscall.WaitStatus); ws.Signaled() {
+		ws := exit.Sys().(syscall.WaitStatus)
+		switch {
+		case ws.Signaled(): // the shell itself (killed at a limit)
 			run.Signal = ws.Signal()
 			run.ExitCode = 128 + int(run.Signal)
+		case run.ExitCode > 128 && run.ExitCode <= 128+64:
+			// The shell's report of the code killed by a signal (a
+			// solution exiting with such a code reads as one).
+			run.Signal = syscall.Signal(run.ExitCode - 128)
 		}
 	default:
 		return Run{}, fmt.Errorf("sandbox: wait: %w", werr)
 	}
 	run.CPUSeconds = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+	// The shell and all it started are gone: the pipe is at its end.
+	run.Shell = <-shell
+	if strings.HasPrefix(run.Shell, "ran ") {
+		run.Started, run.Shell = true, ""
+	}
 	return run, nil
 }
 

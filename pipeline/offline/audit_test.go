@@ -349,7 +349,7 @@ func TestAuditCountsFailuresByCause(t *testing.T) {
 	add(schemas.ExecTimedOut, "killed after 61 s of CPU time, its limit (30.2s of wall clock)", 0.4)
 	add(schemas.ExecCrashed, missing, 0.5)
 	add(schemas.ExecTimedOut, "killed after 64 s of CPU time, its limit (31.9s of wall clock)", 0.2)
-	add(schemas.ExecCrashed, missing+" (network not isolated: no permission for a network namespace)", 0.6)
+	add(schemas.ExecCrashed, missing+" (not isolated: no permission for network and PID namespaces)", 0.6)
 	add(schemas.ExecInvalid, "", 0.3)
 	a, err := RunAudit(rows, AuditOptions{})
 	if err != nil {

@@ -26,7 +26,7 @@ func testUpdate(step int64, late ...string) schemas.Update {
 			if group == "a" {
 				it.Source, it.TrueScore, it.ExecStatus, it.ExecSeconds, it.AbsorbedSeq = SourceAnchor, f64(0.3), schemas.ExecScored, f64(0.02), 5
 				if i == 1 {
-					it.ExecDetail = fmt.Sprintf("step %d: (network not isolated: no permission for a network namespace)", step)
+					it.ExecDetail = fmt.Sprintf("step %d: (not isolated: no permission for network and PID namespaces)", step)
 				}
 			}
 			if i == 2 && group == "b" {

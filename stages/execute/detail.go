@@ -62,8 +62,8 @@ func LastLines(out string, n, lineBytes int) string {
 // Notes an executor appends to a detail, in parentheses, about where the
 // code ran rather than how it ended (Cause leaves them out).
 const (
-	NoteSharedNetwork = "network not isolated: no permission for a network namespace"
-	NoteLeftover      = "its work directory is left behind: "
+	NoteNotIsolated = "not isolated: no permission for network and PID namespaces"
+	NoteLeftover    = "its work directory is left behind: "
 )
 
 // numbers matches a number, or a Go duration, standing alone: the sizes,
@@ -78,7 +78,7 @@ var numbers = regexp.MustCompile(`\b(?:\d+(?:\.\d+)?(?:ns|µs|ms|s|m|h)?)+\b`)
 func Cause(detail string) string {
 	d := " " + strings.TrimSpace(detail) // a note may be all there is
 	for {
-		trimmed := strings.TrimSuffix(d, " ("+NoteSharedNetwork+")")
+		trimmed := strings.TrimSuffix(d, " ("+NoteNotIsolated+")")
 		if i := strings.LastIndex(trimmed, " ("+NoteLeftover); i >= 0 && strings.HasSuffix(trimmed, ")") {
 			trimmed = trimmed[:i]
 		}
