@@ -13,6 +13,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/execute"
 )
 
 // Status is a run's state as its stream shows it, read from outside the
@@ -66,6 +67,9 @@ type ExecutionsStatus struct {
 	Capped   bool
 	Groups   int
 	ByStatus map[string]int // execution status to trajectories
+	// ByCause counts the executions that did not score by execute.Cause
+	// of their detail.
+	ByCause map[string]int
 	// The newest execution that failed or gave no score (zero: none),
 	// its status and detail, and when its group was stored.
 	NewestFailure   schemas.ExecItem
@@ -166,7 +170,7 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 // readExecutions sums up the executions stored on subject over the last
 // ExecutionsWindow, or about its newest ExecutionsMax groups.
 func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream, st *Status, subject string) (ExecutionsStatus, error) {
-	es := ExecutionsStatus{ByStatus: map[string]int{}, Since: time.Now().Add(-ExecutionsWindow)}
+	es := ExecutionsStatus{ByStatus: map[string]int{}, ByCause: map[string]int{}, Since: time.Now().Add(-ExecutionsWindow)}
 	kept := st.Subjects[subject]
 	if kept == 0 {
 		return es, nil
@@ -200,6 +204,7 @@ func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream,
 				es.ByStatus[it.Status]++
 				if it.Status != schemas.ExecScored {
 					es.NewestFailure, es.NewestFailureAt = it, rec.Time
+					es.ByCause[execute.Cause(it.Detail)]++
 				}
 			}
 		}

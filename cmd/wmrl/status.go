@@ -1,8 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -151,6 +154,16 @@ func writeExecutions(w io.Writer, es pipeline.ExecutionsStatus, ago func(time.Ti
 	}
 	if f := es.NewestFailure; f.Status != "" {
 		fmt.Fprintf(w, "newest failure:  %s, %s: %s\n", f.Status, ago(es.NewestFailureAt), cut(oneLine(f.Detail), 240))
+	}
+	causes := slices.SortedFunc(maps.Keys(es.ByCause), func(a, b string) int {
+		return cmp.Or(cmp.Compare(es.ByCause[b], es.ByCause[a]), cmp.Compare(a, b))
+	})
+	for i, c := range causes[:min(3, len(causes))] {
+		label := strings.Repeat(" ", 17)
+		if i == 0 {
+			label = "failure causes:  "
+		}
+		fmt.Fprintf(w, "%s%d %s\n", label, es.ByCause[c], cut(oneLine(c), 160))
 	}
 }
 

@@ -118,11 +118,16 @@ func TestStatusTellsAnOutageFromBadInput(t *testing.T) {
 
 	st.Executions = pipeline.ExecutionsStatus{Groups: 5, ByStatus: map[string]int{schemas.ExecScored: 30, schemas.ExecCrashed: 9, schemas.ExecSandboxError: 1},
 		NewestFailure:   schemas.ExecItem{Status: schemas.ExecCrashed, Detail: "exit code 1: ModuleNotFoundError: No module named 'lightgbm'"},
-		NewestFailureAt: now.Add(-time.Minute)}
+		NewestFailureAt: now.Add(-time.Minute),
+		ByCause: map[string]int{"ModuleNotFoundError: No module named 'lightgbm'": 6, "KeyError: 'area'": 2, "killed by signal N (killed)": 1,
+			"could not start the code: python3 is not found or not executable by user N": 1}}
 	b.Reset()
 	writeStatus(&b, st, "here", "wmrl", "default", now)
 	if !strings.Contains(b.String(), "executions:      40 in the last 1h (5 anchor groups): scored 30, crashed 9, sandbox_error 1\n"+
-		"newest failure:  crashed, 2026-12-03T11:59:00Z, 1m0s ago: exit code 1: ModuleNotFoundError: No module named 'lightgbm'\n") {
+		"newest failure:  crashed, 2026-12-03T11:59:00Z, 1m0s ago: exit code 1: ModuleNotFoundError: No module named 'lightgbm'\n"+
+		"failure causes:  6 ModuleNotFoundError: No module named 'lightgbm'\n"+
+		"                 2 KeyError: 'area'\n"+
+		"                 1 could not start the code: python3 is not found or not executable by user N\n") {
 		t.Errorf("the hour's executions show as:\n%s", b.String())
 	}
 	st.Executions.Capped, st.Executions.Since = true, now.Add(-90*time.Second)
