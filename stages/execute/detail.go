@@ -2,6 +2,7 @@ package execute
 
 import (
 	"regexp"
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -47,9 +48,15 @@ func cutBefore(s string, n int) string {
 
 // LastLines joins the last n lines of out with " | ", each
 // clipped to lineBytes (see Clip): the end of a solution's stderr, where a
-// traceback says what failed.
+// traceback says what failed. Python's markers under the failing
+// expression (lines of ^ and ~ alone) say nothing without their columns,
+// and are left out.
 func LastLines(out string, n, lineBytes int) string {
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	lines = slices.DeleteFunc(lines, func(l string) bool {
+		l = strings.TrimSpace(l)
+		return l != "" && strings.Trim(l, "^~") == ""
+	})
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}

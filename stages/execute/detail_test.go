@@ -56,6 +56,12 @@ func TestLastLinesClipsEachLine(t *testing.T) {
 	if len(parts) != 3 || len(parts[0]) > 100 || parts[2] != "ValueError: bad" || parts[1] != "Traceback (most recent call last):" {
 		t.Fatalf("LastLines = %q", got)
 	}
+	// Python 3.11's markers under the failing expression are left out.
+	tb := "  File \"/w/solution.py\", line 5, in <genexpr>\n    print(sum(float(r[\"area\"]) for r in rows))\n" +
+		"                    ~^^^^^^^^\n              ^^^^^^^\nKeyError: 'area'\n"
+	if got, want := LastLines(tb, 3, 300), "  File \"/w/solution.py\", line 5, in <genexpr> |     print(sum(float(r[\"area\"]) for r in rows)) | KeyError: 'area'"; got != want {
+		t.Fatalf("LastLines of a traceback with markers = %q, want %q", got, want)
+	}
 }
 
 // bigDetail fails every trajectory with a detail of n bytes.
