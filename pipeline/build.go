@@ -221,6 +221,7 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 		return err
 	}
 	st.OnUpdate = p.onUpdate
+	st.MaxPayload = int(p.tr.nc.MaxPayload())
 	p.fuse = st
 	for _, k := range []schemas.Kind{schemas.KindPlan, schemas.KindPred, schemas.KindExecution} {
 		h := map[schemas.Kind]message.NoPublishHandlerFunc{

@@ -53,6 +53,8 @@ type Config struct {
 	// Listen is the embedded server's client address (default
 	// 127.0.0.1:4222; port 0 picks a free one).
 	Listen string
+	// MaxPayloadMB is the embedded server's max_payload in MiB (0: 8).
+	MaxPayloadMB int
 	// Stages run in this process: nil means all, an empty slice none (a
 	// gateway alone).
 	Stages []string
@@ -293,6 +295,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: source %q: want sim or external", ErrConfig, c.Source)
 	case c.Steps < 0:
 		return fmt.Errorf("%w: steps %d < 0", ErrConfig, c.Steps)
+	case c.MaxPayloadMB < 0 || c.MaxPayloadMB > 64:
+		return fmt.Errorf("%w: nats-max-payload-mb %d: want 1 to 64 (MiB; NATS takes no larger messages)", ErrConfig, c.MaxPayloadMB)
 	case c.Groups < 1 || c.GroupSize < 2 || c.Tasks < 1:
 		return fmt.Errorf("%w: policy needs groups >= 1, group size >= 2, tasks >= 1", ErrConfig)
 	case c.WorldModel != "sim" && c.WorldModel != "openai":

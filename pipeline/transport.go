@@ -33,7 +33,7 @@ func connect(ctx context.Context, cfg *Config) (*transport, error) {
 	t := &transport{}
 	var err error
 	if cfg.NATSURL == "" {
-		t.srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: cfg.storeDir(), Listen: cfg.Listen})
+		t.srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: cfg.storeDir(), Listen: cfg.Listen, MaxPayload: cfg.MaxPayloadMB << 20})
 		if err != nil {
 			return nil, err
 		}

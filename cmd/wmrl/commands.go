@@ -35,6 +35,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.NATSURL, "nats", "", "external NATS URL or cluster (default: embedded server)")
 	fs.StringVar(&cfg.DataDir, "data", cfg.DataDir, "data directory of the embedded server")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client address of the embedded server (port 0: any free one)")
+	fs.IntVar(&cfg.MaxPayloadMB, "nats-max-payload-mb", 8, "largest message the embedded server takes, in MiB (1-64): a step's update is one message, about 400 bytes a trajectory")
 	fs.StringVar(&cfg.TopologyFile, "topology", "", "YAML file re-pointing stage subjects")
 	fs.DurationVar(&cfg.MaxAge, "retention", 0, "how long the stream keeps every message (trajectories, stage messages, updates); 0: the stream's own, or 7 days for a new one")
 	fs.DurationVar(&cfg.Duplicates, "dedup-window", 0, "the stream's de-duplication window, whose message IDs the server holds in memory; 0: the stream's own, or 10 minutes for a new one")

@@ -1,6 +1,7 @@
 package natsjs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,7 +26,15 @@ type ServerConfig struct {
 	Listen string
 	// Logs turns the server's own log on (stderr).
 	Logs bool
+	// MaxPayload is the largest message it takes (0: DefaultMaxPayload;
+	// NATS allows up to 64 MiB).
+	MaxPayload int
 }
+
+// DefaultMaxPayload is the embedded server's max_payload: a step's update,
+// and calibrate's checkpoint, are single messages (an update is about 400
+// bytes a trajectory).
+const DefaultMaxPayload = 8 << 20
 
 // Server is an in-process NATS server.
 type Server struct {
@@ -113,8 +122,7 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		StoreDir:   cfg.StoreDir,
 		NoSigs:     true,
 		NoLog:      !cfg.Logs,
-		// Large enough for a step's worth of trajectories in one message.
-		MaxPayload: 8 << 20,
+		MaxPayload: int32(cmp.Or(cfg.MaxPayload, DefaultMaxPayload)),
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {

@@ -39,12 +39,19 @@ type Stage struct {
 	Save            func(ctx context.Context, c Checkpoint) error
 	CheckpointEvery int
 	OnSaveError     func(error)
+	// MaxPayload, if set, is the largest message the server takes (its
+	// max_payload): an update over it is ErrUpdateTooLarge.
+	MaxPayload int
 
 	mu       sync.Mutex
 	steps    *Steps
 	done     map[int64]chan struct{}
 	caughtUp bool
 }
+
+// ErrUpdateTooLarge is a step's update over the server's max_payload. The
+// run cannot go on: no later step is published before it. Run returns it.
+var ErrUpdateTooLarge = errors.New("fuse: update over the server's max_payload")
 
 // NewStage builds the stage.
 func NewStage(cfg StepsConfig, out string, pub message.Publisher) (*Stage, error) {
@@ -162,6 +169,11 @@ func (s *Stage) Flush(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		if s.MaxPayload > 0 && len(m.Payload) > s.MaxPayload {
+			return fmt.Errorf("%w: step %d's update is %s (%d trajectories), and the NATS server takes at most %s: "+
+				"raise its max_payload (deploy/nats sets 8MB; --nats-max-payload-mb for the embedded server, up to 64), or use fewer trajectories a step",
+				ErrUpdateTooLarge, n, mib(len(m.Payload)), len(u.Items), mib(s.MaxPayload))
+		}
 		if err := s.Pub.Publish(s.Out, m); err != nil {
 			return fmt.Errorf("fuse: publish update %d: %w", n, err)
 		}
@@ -188,7 +200,9 @@ func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
 	}
 	saved := s.checkpointSeq()
 	errc, done := make(chan error, 1), make(chan struct{})
+	ctx, stop := context.WithCancel(ctx) // Run may end before ctx does
 	defer func() {
+		stop()
 		<-done // the reader has stopped: saved is ours
 		s.checkpoint(context.WithoutCancel(ctx), &saved)
 	}()
@@ -215,7 +229,10 @@ func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
 			if read+1 >= backlog {
 				s.setCaughtUp()
 			}
-			_ = s.Flush(ctx)
+			if err := s.Flush(ctx); errors.Is(err, ErrUpdateTooLarge) {
+				errc <- err
+				return
+			}
 			if c.Seq > 0 && c.Seq%every == 0 {
 				s.checkpoint(ctx, &saved)
 			}
@@ -230,7 +247,9 @@ func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
 		case err := <-errc:
 			return err
 		case <-t.C:
-			_ = s.Flush(ctx)
+			if err := s.Flush(ctx); errors.Is(err, ErrUpdateTooLarge) {
+				return err
+			}
 		}
 	}
 }
@@ -268,3 +287,6 @@ func (s *Stage) setCaughtUp() {
 	s.caughtUp = true
 	s.mu.Unlock()
 }
+
+// mib formats a size in bytes as MiB.
+func mib(n int) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }

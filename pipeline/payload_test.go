@@ -1,0 +1,44 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/stages/fuse"
+)
+
+// TestAStepTooLargeForTheServerStopsTheRun: a step's update is one
+// message. One over the server's max_payload used to be retried for ever,
+// every later step waiting behind it, the run hanging with nothing but
+// "maximum payload exceeded" in its dead letters; the run now stops at
+// once and says what to change.
+func TestAStepTooLargeForTheServerStopsTheRun(t *testing.T) {
+	cfg := testConfig(t)
+	// 64 groups of 48: 3,072 trajectories, about 1.2 MB of update, over a
+	// max_payload of 1 MiB.
+	cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.MaxPayloadMB = 2, 64, 48, 1
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := Run(ctx, cfg)
+	if ctx.Err() != nil {
+		t.Fatal("the run hung on a step too large for the server")
+	}
+	if !errors.Is(err, fuse.ErrUpdateTooLarge) || !strings.Contains(err.Error(), "step 0's update is ") ||
+		!strings.Contains(err.Error(), "(3072 trajectories), and the NATS server takes at most 1.0 MiB") || !strings.Contains(err.Error(), "--nats-max-payload-mb") {
+		t.Fatalf("the run ended with %v; want the update too large, said with its size, the limit and what to change", err)
+	}
+	t.Log(err)
+
+	// With room for it, the same step is published.
+	cfg.DataDir, cfg.MaxPayloadMB, cfg.Steps = t.TempDir(), 4, 1
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	if len(ups) != 1 || len(ups[0].Items) != 3072 {
+		t.Fatalf("%d updates; want 1 of 3072 items", len(ups))
+	}
+}
