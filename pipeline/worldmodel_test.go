@@ -21,6 +21,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/openai"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/archive"
 )
 
 // TestPipelineWithAnOpenAIWorldModel runs every stage with the world model
@@ -134,6 +135,26 @@ func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
 		t.Fatalf("%d world-model requests in flight at most; want --wm-concurrency %d", maxIn, concurrency)
 	}
 	mu.Unlock()
+	// The archive has what the world model said: its verdict on every
+	// graded row, its reason on the anchor groups' only.
+	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := 0
+	for _, r := range rows {
+		verdict, reason := r.WMVerdict != nil && *r.WMVerdict == schemas.ExecScored, r.WMRationale != nil && *r.WMRationale == "by hash"
+		switch {
+		case r.Source == archive.SourceLateAnchor:
+		case verdict != (r.Predicted != nil) || reason != (r.Predicted != nil && r.IsAnchor):
+			t.Fatalf("archived row %s/%s (%s, anchor %v, predicted %v): verdict %v, reason %v", r.GroupID, r.TrajID, r.Source, r.IsAnchor, r.Predicted != nil, verdict, reason)
+		case reason:
+			reasons++
+		}
+	}
+	if reasons == 0 {
+		t.Fatal("no anchor row has the world model's reason")
+	}
 	t.Logf("%d graded, %d ungraded predictions; %d null rewards in updates", graded, ungraded, nulls)
 }
 

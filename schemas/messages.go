@@ -101,6 +101,12 @@ type UpdateItem struct {
 	ExecStatus  string   `json:"exec_status"`
 	ExecSeconds *float64 `json:"exec_seconds"`
 	ExecDetail  string   `json:"exec_detail,omitempty"`
+	// WMVerdict: the status the world model predicted (all items, when it
+	// says one); WMRationale its reason, on anchors only (where there is
+	// a truth to set it against; a sentence on every item would add a
+	// third to the update).
+	WMVerdict   string `json:"wm_verdict,omitempty"`
+	WMRationale string `json:"wm_rationale,omitempty"`
 	// AbsorbedSeq: for an anchor, the calibration seq at which its group's
 	// pairs were absorbed (0 for others).
 	AbsorbedSeq int64 `json:"absorbed_seq"`
@@ -190,6 +196,10 @@ type PredItem struct {
 	Reason string   `json:"reason,omitempty"`
 	// Spread: standard deviation over the world model's samples.
 	Spread float64 `json:"spread,omitempty"`
+	// Verdict: the execution status the world model predicted, and
+	// Rationale its reason, when it gives them.
+	Verdict   string `json:"verdict,omitempty"`
+	Rationale string `json:"rationale,omitempty"`
 	// ResponseChars: the response's length, for shaping stages.
 	ResponseChars int `json:"response_chars"`
 }

@@ -291,6 +291,7 @@ func auditCommand() *cobra.Command {
 					strings.Join(parts, ", "), float64(a.FailureAUC))
 				printCauses(stdout, a)
 			}
+			printMisses(stdout, a)
 			verdicts := map[string]int{}
 			for _, t := range a.Tasks {
 				verdicts[t.Verdict]++
@@ -365,8 +366,8 @@ apart. Safe while the pipeline runs and after a crash at any point: no row
 is lost or, for wmrl's readers, read twice. A replay or audit reading the
 run is waited for.
 
-Files written before a column was added to the archive (exec_detail) are
-rewritten with it, null throughout, even alone: pandas (pyarrow) takes a
+Files written before a column was added to the archive (exec_detail,
+wm_verdict, wm_rationale) are rewritten with it, null throughout, even alone: pandas (pyarrow) takes a
 directory's columns from its first file, and would leave the new column
 out of the whole archive.`,
 		Args: cobra.NoArgs,
@@ -431,5 +432,27 @@ func printCauses(w io.Writer, a *offline.Audit) {
 	}
 	if a.FailuresWithoutDetail > 0 {
 		fmt.Fprintf(w, "  %d failures have no detail recorded (an archive written before exec_detail, or an executor that said nothing)\n", a.FailuresWithoutDetail)
+	}
+}
+
+// printMisses lists the anchor pairs the world model missed most.
+func printMisses(w io.Writer, a *offline.Audit) {
+	const show = 3
+	for i, m := range a.Misses[:min(show, len(a.Misses))] {
+		if i == 0 {
+			fmt.Fprintf(w, "largest misses of the world model (the report lists %d, and what it predicted against how executions ended):\n", len(a.Misses))
+		}
+		ended := m.ExecStatus
+		if m.Cause != "" {
+			ended += ": " + m.Cause
+		}
+		said := ""
+		if m.WMVerdict != "" {
+			said = "; it said " + m.WMVerdict
+			if m.WMRationale != "" {
+				said += ": " + m.WMRationale
+			}
+		}
+		fmt.Fprintf(w, "  step %d, %s, %s: predicted %.3f, true %.3f (%s)%s\n", m.Step, m.GroupID, m.TrajID, m.Predicted, m.True, ended, cut(oneLine(said), 200))
 	}
 }

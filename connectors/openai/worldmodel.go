@@ -227,19 +227,21 @@ func (w *WorldModel) one(ctx context.Context, t schemas.Trajectory) (predict.Sco
 	}
 	var scores []float64
 	var reasons []string
+	var verdicts []Verdict
 	for _, r := range replies {
 		v, err := ParseVerdict(r)
 		if err != nil {
 			reasons = append(reasons, err.Error())
 			continue
 		}
-		scores = append(scores, v.Score)
+		scores, verdicts = append(scores, v.Score), append(verdicts, v)
 	}
 	if len(scores) == 0 {
 		return predict.Score{Reason: "no usable reply: " + strings.Join(reasons, "; ")}, nil
 	}
 	mean, sd := stat.PopMeanStdDev(scores, nil)
-	s := predict.Score{Value: mean, Graded: true, Spread: sd}
+	v := majority(verdicts)
+	s := predict.Score{Value: mean, Graded: true, Spread: sd, Verdict: v.Status, Rationale: v.Rationale}
 	w.store(key, s)
 	return s, nil
 }
@@ -431,4 +433,20 @@ func snippet(b []byte) string {
 		s = s[:200] + "..."
 	}
 	return s
+}
+
+// majority is the first of the verdicts whose status the most of them
+// share (on a tie, the status that came first).
+func majority(vs []Verdict) Verdict {
+	count := map[string]int{}
+	for _, v := range vs {
+		count[v.Status]++
+	}
+	best := vs[0]
+	for _, v := range vs {
+		if count[v.Status] > count[best.Status] {
+			best = v
+		}
+	}
+	return best
 }

@@ -97,6 +97,11 @@ func TestPredictsFromStructuredReplies(t *testing.T) {
 	if !got.Graded || math.Abs(got.Value-wantMean) > 1e-12 || math.Abs(got.Spread-wantSD) > 1e-12 {
 		t.Fatalf("score %+v, want mean %v spread %v", got, wantMean, wantSD)
 	}
+	// The verdict is the status most replies give, with the first such
+	// reply's reason.
+	if got.Verdict != "scored" || got.Rationale != "a {reasonable} model" {
+		t.Errorf("verdict %q, %q; want scored, the first scored reply's reason", got.Verdict, got.Rationale)
+	}
 	req := s.last
 	msg := req["messages"].([]any)[0].(map[string]any)["content"].(string)
 	rf, _ := req["response_format"].(map[string]any)
@@ -288,5 +293,26 @@ func TestParseVerdict(t *testing.T) {
 	v, err = ParseVerdict("```\n{\"status\": \"timed_out\", \"rationale\": \"loops { forever\"}\n```")
 	if err != nil || v.Status != "timed_out" || v.Score != 0 {
 		t.Fatalf("fenced failure verdict: %+v %v", v, err)
+	}
+}
+
+func TestTheVerdictIsTheMostFrequentStatus(t *testing.T) {
+	for _, c := range []struct {
+		statuses []string
+		want     string
+		from     int // the reply whose rationale it takes
+	}{
+		{[]string{"scored"}, "scored", 0},
+		{[]string{"scored", "crashed", "crashed"}, "crashed", 1},
+		{[]string{"timed_out", "scored", "scored", "timed_out"}, "timed_out", 0}, // a tie: the first reply's
+		{[]string{"crashed", "scored", "invalid_submission", "scored"}, "scored", 1},
+	} {
+		var vs []Verdict
+		for i, s := range c.statuses {
+			vs = append(vs, Verdict{Status: s, Rationale: fmt.Sprint("reply ", i)})
+		}
+		if got := majority(vs); got.Status != c.want || got.Rationale != fmt.Sprint("reply ", c.from) {
+			t.Errorf("majority of %v = %+v; want %s from reply %d", c.statuses, got, c.want, c.from)
+		}
 	}
 }

@@ -166,6 +166,11 @@ type Audit struct {
 	Causes                []Cause `json:"failure_causes"`
 	OtherCauses           int     `json:"other_failure_causes"`
 	FailuresWithoutDetail int     `json:"failures_without_detail"`
+	// Verdicts count the statuses the world model predicted for the
+	// anchor pairs against how their executions ended (empty when it
+	// predicted none); Misses are the pairs it got furthest wrong.
+	Verdicts []VerdictCount `json:"verdicts"`
+	Misses   []Miss         `json:"largest_misses"`
 	// Map is an isotonic map fitted on every anchor pair, the reference
 	// the reliability diagram draws.
 	MapX []float64 `json:"map_x"`
@@ -306,6 +311,7 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 	}
 	a.FailureAUC = Num(fuse.AUC(neg, failed))
 	a.Causes, a.OtherCauses = causes.result()
+	a.Misses, a.Verdicts = missesAndVerdicts(rows)
 	a.FailuresWithoutDetail = causes.noDetail
 	// The run-wide map, cross-fitted on the anchor groups, and each task's
 	// own map likewise on its pairs alone.

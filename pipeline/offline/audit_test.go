@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -406,4 +407,60 @@ func reportHTML(t *testing.T, a *Audit) (dir, html string) {
 		t.Fatal(err)
 	}
 	return dir, string(b)
+}
+
+// TestAuditSetsWhatTheWorldModelSaidAgainstTheExecutions: the statuses it
+// predicted against the executions', and the pairs it missed most, with
+// its reasons; a late anchor's pair takes them from its world-model row.
+func TestAuditSetsWhatTheWorldModelSaidAgainstTheExecutions(t *testing.T) {
+	str := func(s string) *string { return &s }
+	f := func(x float64) *float64 { return &x }
+	rows := []archive.Row{
+		{Step: 1, GroupID: "g", TrajID: "a", TaskID: "t", IsAnchor: true, Source: archive.SourceAnchor, Predicted: f(0.9), TrueScore: f(0),
+			ExecStatus: str(schemas.ExecCrashed), ExecDetail: str("exit code 1: x | KeyError: 'area'"), WMVerdict: str(schemas.ExecScored), WMRationale: str("uses every feature")},
+		{Step: 1, GroupID: "g", TrajID: "b", TaskID: "t", IsAnchor: true, Source: archive.SourceAnchor, Predicted: f(0.5), TrueScore: f(0.6),
+			ExecStatus: str(schemas.ExecScored), WMVerdict: str(schemas.ExecScored)},
+		{Step: 1, GroupID: "g", TrajID: "c", TaskID: "t", IsAnchor: true, Source: archive.SourceAnchor, Predicted: f(0), TrueScore: f(0),
+			ExecStatus: str(schemas.ExecInvalid), WMVerdict: str(schemas.ExecInvalid), WMRationale: str("writes no id column")},
+		// A late anchor: its world-model row has the verdict, its pair the truth.
+		{Step: 2, GroupID: "h", TrajID: "d", TaskID: "t", IsAnchor: true, Source: archive.SourceWorldModel, Predicted: f(0.2),
+			ExecStatus: str(archive.ExecLate), WMVerdict: str(schemas.ExecCrashed), WMRationale: str("imports a missing package")},
+		{Step: 2, GroupID: "h", TrajID: "d", TaskID: "t", IsAnchor: true, Source: archive.SourceLateAnchor, Predicted: f(0.2), TrueScore: f(0.8),
+			ExecStatus: str(schemas.ExecScored)},
+		// A world-model row of another group: not an anchor, no verdict counted.
+		{Step: 2, GroupID: "w", TrajID: "e", TaskID: "t", Source: archive.SourceWorldModel, Predicted: f(0.4), WMVerdict: str(schemas.ExecScored)},
+	}
+	a, err := RunAudit(rows, AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantVerdicts := []VerdictCount{
+		{schemas.ExecScored, schemas.ExecScored, 1}, {schemas.ExecScored, schemas.ExecCrashed, 1},
+		{schemas.ExecInvalid, schemas.ExecInvalid, 1}, {schemas.ExecCrashed, schemas.ExecScored, 1},
+	}
+	if !slices.Equal(a.Verdicts, wantVerdicts) {
+		t.Errorf("verdicts %+v; want %+v", a.Verdicts, wantVerdicts)
+	}
+	if len(a.Misses) != 4 {
+		t.Fatalf("%d misses; want the 4 anchor pairs", len(a.Misses))
+	}
+	first, second := a.Misses[0], a.Misses[1]
+	if first.TrajID != "a" || first.Cause != "KeyError: 'area'" || first.WMVerdict != schemas.ExecScored || first.WMRationale != "uses every feature" ||
+		second.TrajID != "d" || second.WMVerdict != schemas.ExecCrashed || second.WMRationale != "imports a missing package" || second.Step != 2 {
+		t.Errorf("largest misses %+v, %+v; want a (0.9 off, crashed on KeyError, said scored), then the late d (0.6 off, said crashed)", first, second)
+	}
+	_, html := reportHTML(t, a)
+	if !strings.Contains(html, "<h2>Largest misses</h2>") || !strings.Contains(html, "scored: <small>uses every feature</small>") ||
+		!strings.Contains(html, "<tr><td class=\"l\">crashed</td><td class=\"l\">scored</td><td>1</td></tr>") {
+		t.Error("the report lacks the verdicts or the misses")
+	}
+
+	// A world model that says no status (the simulated one): no verdicts,
+	// the misses all the same.
+	for i := range rows {
+		rows[i].WMVerdict, rows[i].WMRationale = nil, nil
+	}
+	if a, err = RunAudit(rows, AuditOptions{}); err != nil || len(a.Verdicts) != 0 || len(a.Misses) != 4 || a.Misses[0].WMVerdict != "" {
+		t.Errorf("without verdicts: %v, %+v, %d misses", err, a.Verdicts, len(a.Misses))
+	}
 }

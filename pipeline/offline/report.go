@@ -402,7 +402,17 @@ a missing package or a limit belongs to the sandbox, not the policy, and a fix t
 {{range .A.Causes}}<tr><td class="l">{{.Cause}}</td><td class="l">{{.Status}}</td><td>{{.Pairs}}</td><td>{{pct .Share}}</td><td>{{num .MeanPredicted}}</td><td class="l"><small>{{.Step}}, {{.GroupID}}, {{.TrajID}}: {{.Example}}</small></td></tr>
 {{end}}</table>
 {{end}}{{if .A.FailuresWithoutDetail}}<p class="note">{{.A.FailuresWithoutDetail}} failed anchor pairs have no detail recorded (an archive written before the exec_detail column, or an executor that says nothing).</p>
-{{end}}{{end}}<h2>Plots</h2>
+{{end}}{{end}}{{if .A.Verdicts}}<h2>What the world model said would happen</h2>
+<p class="note">The anchor pairs by the status the world model predicted and the one their execution ended in. A failure it calls "scored" is one it does not see coming.</p>
+<table><tr><th class="l">predicted</th><th class="l">execution</th><th>anchor pairs</th></tr>
+{{range .A.Verdicts}}<tr><td class="l">{{.Predicted}}</td><td class="l">{{.Actual}}</td><td>{{.Pairs}}</td></tr>
+{{end}}</table>
+{{end}}{{if .A.Misses}}<h2>Largest misses</h2>
+<p class="note">The anchor pairs whose raw world-model score was furthest from the true score, with what the world model said and how the execution ended.</p>
+<table><tr><th>step</th><th class="l">group, trajectory</th><th class="l">task</th><th>predicted</th><th>true</th><th class="l">execution</th><th class="l">world model</th></tr>
+{{range .A.Misses}}<tr><td>{{.Step}}</td><td class="l">{{.GroupID}}, {{.TrajID}}</td><td class="l">{{.TaskID}}</td><td>{{f3 .Predicted}}</td><td>{{f3 .True}}</td><td class="l">{{.ExecStatus}}{{if .Cause}}: {{.Cause}}{{end}}</td><td class="l">{{.WMVerdict}}{{if .WMRationale}}: <small>{{.WMRationale}}</small>{{end}}</td></tr>
+{{end}}</table>
+{{end}}<h2>Plots</h2>
 <div class="grid">{{range .Imgs}}<figure><img alt="{{.Title}}" src="data:image/png;base64,{{.Data}}"><figcaption>{{.Title}} ({{.Name}})</figcaption></figure>
 {{end}}</div>
 

@@ -34,6 +34,20 @@ func (c *colState) float(i int, v parquet.Value) *float64 {
 	return &c.floats[i]
 }
 
+// text is an optional string column's value for row i (nil when null),
+// interned for a column of few values.
+func (c *colState) text(i int, v parquet.Value, intern bool) *string {
+	switch {
+	case v.IsNull():
+		return nil
+	case intern:
+		c.status[i] = c.intern(v)
+	default:
+		c.status[i] = string(v.ByteArray())
+	}
+	return &c.status[i]
+}
+
 func (c *colState) intern(v parquet.Value) string {
 	b := v.ByteArray()
 	if s, ok := c.strs[string(b)]; ok {
@@ -62,33 +76,21 @@ var columns = []column{
 	{"rho", func(r []Row, i int, v parquet.Value, _ *colState) { r[i].Rho = v.Double() }},
 	{"source", func(r []Row, i int, v parquet.Value, c *colState) { r[i].Source = c.intern(v) }},
 	{"wm_status", func(r []Row, i int, v parquet.Value, c *colState) { r[i].WMStatus = c.intern(v) }},
-	{"exec_status", func(r []Row, i int, v parquet.Value, c *colState) {
-		if v.IsNull() {
-			r[i].ExecStatus = nil
-			return
-		}
-		c.status[i] = c.intern(v)
-		r[i].ExecStatus = &c.status[i]
-	}},
+	{"exec_status", func(r []Row, i int, v parquet.Value, c *colState) { r[i].ExecStatus = c.text(i, v, true) }},
 	{"exec_seconds", func(r []Row, i int, v parquet.Value, c *colState) { r[i].ExecSeconds = c.float(i, v) }},
 	{"ts", func(r []Row, i int, v parquet.Value, _ *colState) { r[i].TS = time.UnixMicro(v.Int64()).UTC() }},
 	{"calibration_seq", func(r []Row, i int, v parquet.Value, _ *colState) { r[i].CalibrationSeq = v.Int64() }},
 	{"absorbed_seq", func(r []Row, i int, v parquet.Value, _ *colState) { r[i].AbsorbedSeq = v.Int64() }},
 	{"d", func(r []Row, i int, v parquet.Value, _ *colState) { r[i].D = v.Double() }},
-	{"exec_detail", func(r []Row, i int, v parquet.Value, c *colState) {
-		if v.IsNull() {
-			r[i].ExecDetail = nil
-			return
-		}
-		c.status[i] = string(v.ByteArray())
-		r[i].ExecDetail = &c.status[i]
-	}},
+	{"exec_detail", func(r []Row, i int, v parquet.Value, c *colState) { r[i].ExecDetail = c.text(i, v, false) }},
+	{"wm_verdict", func(r []Row, i int, v parquet.Value, c *colState) { r[i].WMVerdict = c.text(i, v, true) }},
+	{"wm_rationale", func(r []Row, i int, v parquet.Value, c *colState) { r[i].WMRationale = c.text(i, v, false) }},
 }
 
 // laterColumns were added to Row after archives were first written: a file
 // without one reads it as null (its zero value), and a merge (Compact)
 // rewrites such a file with the column.
-var laterColumns = map[string]bool{"exec_detail": true}
+var laterColumns = map[string]bool{"exec_detail": true, "wm_verdict": true, "wm_rationale": true}
 
 // missingColumns lists the later columns schema lacks.
 func missingColumns(schema *parquet.Schema) []string {
@@ -118,10 +120,10 @@ func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, r
 		switch col.name {
 		case "predicted", "true_score", "calibrated", "reward", "exec_seconds":
 			st.floats = make([]float64, n)
-		case "exec_status":
+		case "exec_status", "wm_verdict":
 			st.status = make([]string, n)
 			st.strs = map[string]string{}
-		case "exec_detail":
+		case "exec_detail", "wm_rationale":
 			st.status = make([]string, n)
 		default:
 			st.strs = map[string]string{}

@@ -194,7 +194,7 @@ func runReader(t *testing.T, env []string, name string, args ...string) map[stri
 func ourAggregates(rows []Row) map[string]string {
 	steps := map[int64]bool{}
 	tasks, runs := map[string]bool{}, map[string]bool{}
-	var predicted, truth, status, details, anchors, late int
+	var predicted, truth, status, details, verdicts, rationales, anchors, late int
 	var fusedByStep, calibrated float64
 	first := rows[0].TS
 	for _, r := range rows {
@@ -210,6 +210,12 @@ func ourAggregates(rows []Row) map[string]string {
 		}
 		if r.ExecDetail != nil {
 			details++
+		}
+		if r.WMVerdict != nil {
+			verdicts++
+		}
+		if r.WMRationale != nil {
+			rationales++
 		}
 		if r.IsAnchor {
 			anchors++
@@ -230,7 +236,7 @@ func ourAggregates(rows []Row) map[string]string {
 	itoa := strconv.Itoa
 	return map[string]string{
 		"rows": itoa(len(rows)), "steps": itoa(len(steps)), "predicted": itoa(predicted),
-		"true_scores": itoa(truth), "exec_statuses": itoa(status), "exec_details": itoa(details), "anchors": itoa(anchors),
+		"true_scores": itoa(truth), "exec_statuses": itoa(status), "exec_details": itoa(details), "wm_verdicts": itoa(verdicts), "wm_rationales": itoa(rationales), "anchors": itoa(anchors),
 		"late": itoa(late), "runs": strings.Join(slices.Sorted(maps.Keys(runs)), ","),
 		"tasks":         strings.Join(slices.Sorted(maps.Keys(tasks)), ","),
 		"first_ts":      first.UTC().Format("2006-01-02 15:04:05"),

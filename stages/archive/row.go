@@ -74,6 +74,12 @@ type Row struct {
 	// after the first archives: files without the column read it as null
 	// (see laterColumns).
 	ExecDetail *string `parquet:"exec_detail,optional"`
+	// WMVerdict is the execution status the world model predicted, and
+	// WMRationale (anchor groups only) its reason, when it gave them; null
+	// otherwise (the simulated world model gives neither). Added with
+	// exec_detail's kind (see laterColumns).
+	WMVerdict   *string `parquet:"wm_verdict,optional,dict"`
+	WMRationale *string `parquet:"wm_rationale,optional"`
 }
 
 // UpdateKey and LateKey name what a file holds, so that a redelivered
@@ -120,6 +126,12 @@ func FromUpdate(u schemas.Update) ([]Row, []LateGroup) {
 		}
 		if it.ExecDetail != "" {
 			r.ExecDetail = &it.ExecDetail
+		}
+		if it.WMVerdict != "" {
+			r.WMVerdict = &it.WMVerdict
+		}
+		if it.WMRationale != "" {
+			r.WMRationale = &it.WMRationale
 		}
 		if lg != nil {
 			s := ExecLate

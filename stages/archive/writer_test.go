@@ -27,7 +27,9 @@ func testUpdate(step int64, late ...string) schemas.Update {
 				it.Source, it.TrueScore, it.ExecStatus, it.ExecSeconds, it.AbsorbedSeq = SourceAnchor, f64(0.3), schemas.ExecScored, f64(0.02), 5
 				if i == 1 {
 					it.ExecDetail = fmt.Sprintf("step %d: (not isolated: no permission for network and PID namespaces)", step)
+					it.WMRationale = "reads the data as the task says"
 				}
+				it.WMVerdict = schemas.ExecScored
 			}
 			if i == 2 && group == "b" {
 				it.Predicted, it.WMStatus, it.Calibrated, it.Reward = nil, schemas.PredUngraded, nil, nil

@@ -4,7 +4,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/wmrl/wmrl/schemas"
 )
 
 // MaxDetail bounds an execution's detail as it travels (the execution
@@ -14,40 +15,8 @@ import (
 // over its max payload (1 MB by default).
 const MaxDetail = 2000
 
-// Clip shortens s to at most n bytes, keeping both ends around " … ": how
-// an execution ended is stated at the start ("exit code 1:") and its cause
-// at the end (the traceback's last line). It never cuts a character in two.
-func Clip(s string, n int) string {
-	const mark = " … "
-	if len(s) <= n {
-		return s
-	}
-	if n <= len(mark) {
-		return cutBefore(s, n)
-	}
-	keep := n - len(mark)
-	head := cutBefore(s, keep/3)
-	tail := s[len(s)-(keep-len(head)):]
-	for len(tail) > 0 && !utf8.RuneStart(tail[0]) {
-		tail = tail[1:]
-	}
-	return head + mark + tail
-}
-
-// cutBefore is s's longest prefix of at most n bytes that ends on a
-// character boundary.
-func cutBefore(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
-}
-
 // LastLines joins the last n lines of out with " | ", each
-// clipped to lineBytes (see Clip): the end of a solution's stderr, where a
+// clipped to lineBytes (see schemas.Clip): the end of a solution's stderr, where a
 // traceback says what failed. Python's markers under the failing
 // expression (lines of ^ and ~ alone) say nothing without their columns,
 // and are left out.
@@ -61,7 +30,7 @@ func LastLines(out string, n, lineBytes int) string {
 		lines = lines[len(lines)-n:]
 	}
 	for i, l := range lines {
-		lines[i] = Clip(l, lineBytes)
+		lines[i] = schemas.Clip(l, lineBytes)
 	}
 	return strings.Join(lines, " | ")
 }

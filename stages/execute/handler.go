@@ -189,7 +189,7 @@ func (h *Handler) Handle(msg *message.Message) error {
 				errs[i] = err
 				return
 			}
-			it := schemas.ExecItem{TrajID: t.TrajID, Status: r.Status, Seconds: r.Seconds, Detail: Clip(r.Detail, MaxDetail)}
+			it := schemas.ExecItem{TrajID: t.TrajID, Status: r.Status, Seconds: r.Seconds, Detail: schemas.Clip(r.Detail, MaxDetail)}
 			if r.Status != schemas.ExecSandboxError {
 				v := r.Score
 				it.Score = &v
@@ -240,7 +240,7 @@ func (h *Handler) Handle(msg *message.Message) error {
 		case down == nil:
 			why = "executor failed on every attempt: " + why
 		}
-		items[i] = schemas.ExecItem{TrajID: g.Trajectories[i].TrajID, Status: schemas.ExecSandboxError, Detail: Clip(why, MaxDetail)}
+		items[i] = schemas.ExecItem{TrajID: g.Trajectories[i].TrajID, Status: schemas.ExecSandboxError, Detail: schemas.Clip(why, MaxDetail)}
 		n++
 	}
 	if err := h.publish(g, items); err != nil {

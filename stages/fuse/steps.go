@@ -294,7 +294,10 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 			}
 			p, predicted := preds[id]
 			if predicted {
-				rec.Predicted, rec.WMStatus = p.Score, p.Status
+				rec.Predicted, rec.WMStatus, rec.WMVerdict = p.Score, p.Status, p.Verdict
+				if pg.Anchor {
+					rec.WMRationale = p.Rationale
+				}
 			}
 			item := Item{TrajID: id}
 			if executed {

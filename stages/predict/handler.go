@@ -21,7 +21,16 @@ type Score struct {
 	Reason string
 	// Spread is the standard deviation over the model's samples, if several.
 	Spread float64
+	// Verdict is the outcome the model predicted (one of the execution
+	// statuses but sandbox_error; the most frequent over its samples), and
+	// Rationale why, as it said: for audits of its misses. Empty when the
+	// model says neither (the simulated one).
+	Verdict, Rationale string
 }
+
+// MaxRationale bounds a rationale as it travels (prediction, update,
+// archive): a sentence is asked for, and a model may write pages.
+const MaxRationale = 500
 
 // WorldModel predicts execution outcomes. An error means the whole call
 // failed (it is retried); a per-trajectory failure is an ungraded Score.
@@ -104,6 +113,7 @@ func (h *Handler) publish(g schemas.Group, scores []Score) error {
 		if s.Graded {
 			v := s.Value
 			it.Score = &v
+			it.Verdict, it.Rationale = s.Verdict, schemas.Clip(s.Rationale, MaxRationale)
 		} else {
 			it.Status, it.Reason = schemas.PredUngraded, s.Reason
 		}

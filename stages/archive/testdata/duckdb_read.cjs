@@ -16,6 +16,8 @@ const { DuckDBInstance } = require('@duckdb/node-api');
            count(true_score)::BIGINT AS true_scores,
            count(exec_status)::BIGINT AS exec_statuses,
            count(exec_detail)::BIGINT AS exec_details,
+           count(wm_verdict)::BIGINT AS wm_verdicts,
+           count(wm_rationale)::BIGINT AS wm_rationales,
            sum(CASE WHEN is_anchor THEN 1 ELSE 0 END)::BIGINT AS anchors,
            sum(CASE WHEN source = 'late_anchor' THEN 1 ELSE 0 END)::BIGINT AS late,
            round(sum(fused_advantage * step), 6)::DOUBLE AS fused_by_step,

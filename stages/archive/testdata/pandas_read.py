@@ -23,6 +23,8 @@ print(json.dumps({
     "true_scores": str(int(df["true_score"].notna().sum())),
     "exec_statuses": str(int(df["exec_status"].notna().sum())),
     "exec_details": str(int(df["exec_detail"].notna().sum())) if "exec_detail" in df else "no column",
+    "wm_verdicts": str(int(df["wm_verdict"].notna().sum())) if "wm_verdict" in df else "no column",
+    "wm_rationales": str(int(df["wm_rationale"].notna().sum())) if "wm_rationale" in df else "no column",
     "anchors": str(int(df["is_anchor"].sum())),
     "late": str(int((df["source"] == "late_anchor").sum())),
     "fused_by_step": round(float((df["fused_advantage"] * df["step"]).sum()), 6),
