@@ -1,7 +1,6 @@
 package pipeline
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -396,6 +395,14 @@ func (p *Pipeline) worldModel() (predict.WorldModel, error) {
 	case "openai":
 		cfg := p.cfg.openaiConfig()
 		cfg.OnAttempt = p.worldModelBreaker().Attempt
+		if p.cfg.TaskDir != "" && p.cfg.executor() != "sim" {
+			// What an execution may take is part of its outcome.
+			task, err := sandbox.LoadTask(p.cfg.TaskDir)
+			if err != nil {
+				return nil, err
+			}
+			cfg.Limits = p.cfg.execLimits().For(task).ForCode()
+		}
 		if p.cfg.WMTemplateFile != "" {
 			var err error
 			if cfg.Template, err = openai.LoadTemplate(p.cfg.WMTemplateFile); err != nil {
@@ -452,8 +459,7 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 	if err != nil {
 		return nil, err
 	}
-	limits := sandbox.Limits{Timeout: cfg.ExecTimeout, MemoryBytes: int64(cfg.ExecMemoryMB) << 20, CPUSeconds: cfg.ExecCPUSeconds,
-		Processes: cmp.Or(cfg.ExecProcesses, sandbox.DefaultProcesses(cfg.ExecSlots))}
+	limits := cfg.execLimits()
 	l := limits.For(task) // as the executor will resolve them, for the note
 	if cfg.executor() == "sandbox-fusion" {
 		p.noteLimits("sandbox-fusion", task, fmt.Sprintf("run_timeout %v, memory_limit_MB %d (enforced by the server)",

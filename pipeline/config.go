@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/wmrl/wmrl/connectors/openai"
+	"github.com/wmrl/wmrl/connectors/sandbox"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/breaker"
 	"github.com/wmrl/wmrl/stages/calibrate"
@@ -282,6 +284,13 @@ func (c *Config) openaiConfig() openai.Config {
 	return openai.Config{BaseURL: c.WMURL, Model: c.WMModel, APIKey: c.WMAPIKey, Samples: c.WMSamples,
 		Temperature: c.WMTemperature, MaxTokens: c.WMMaxTokens, Concurrency: c.WMConcurrency,
 		Timeout: c.WMTimeout, Retries: retries}
+}
+
+// execLimits are a real execution's limits as flags set them (the task's
+// fill in the rest: sandbox.Limits.For).
+func (c *Config) execLimits() sandbox.Limits {
+	return sandbox.Limits{Timeout: c.ExecTimeout, MemoryBytes: int64(c.ExecMemoryMB) << 20, CPUSeconds: c.ExecCPUSeconds,
+		Processes: cmp.Or(c.ExecProcesses, sandbox.DefaultProcesses(c.ExecSlots))}
 }
 
 // Validate reports the first invalid field.

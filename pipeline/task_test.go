@@ -5,10 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -234,5 +237,45 @@ func TestExecutionsThatAllFailAreNoticed(t *testing.T) {
 	if len(a.Causes) != 1 || a.Causes[0].Cause != "ModuleNotFoundError: No module named 'a_package_not_installed'" ||
 		a.Causes[0].Pairs != a.Pairs || a.Pairs < 24 || a.Causes[0].Share != 1 {
 		t.Errorf("audit of %d anchor pairs: causes %+v; want all of them the missing module", a.Pairs, a.Causes)
+	}
+}
+
+// TestTheWorldModelIsToldTheExecutionLimits: whether a solution finishes in
+// time and memory is part of its outcome, so the world model's prompt says
+// what an execution may take, as the executor resolves it.
+func TestTheWorldModelIsToldTheExecutionLimits(t *testing.T) {
+	dir, _ := housingTask(t)
+	var mu sync.Mutex
+	var prompts []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Messages []struct{ Content string } `json:"messages"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		mu.Lock()
+		prompts = append(prompts, req.Messages[0].Content)
+		mu.Unlock()
+		content := `{"status":"scored","score":0.5,"rationale":"fits"}`
+		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"content": content}}}})
+	}))
+	defer srv.Close()
+	cfg := testConfig(t)
+	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.ExecTimeout = dir, 1, 2, 2, 7*time.Second
+	cfg.WorldModel, cfg.WMURL, cfg.WMModel = "openai", srv.URL+"/v1", "judge"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := "It runs with 7s of wall clock, 1024 MiB of memory (address space); a solution over either fails."
+	if len(prompts) == 0 {
+		t.Fatal("the world model was never asked")
+	}
+	for _, p := range prompts {
+		if !strings.Contains(p, want) {
+			t.Fatalf("a prompt without the limits (%q):\n%s", want, p)
+		}
 	}
 }

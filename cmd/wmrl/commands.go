@@ -46,7 +46,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.WorldModel, "world-model", "sim", "world model: sim, or openai (an OpenAI-compatible /v1/chat/completions server; key from WMRL_WM_API_KEY)")
 	fs.StringVar(&cfg.WMURL, "wm-url", "", "base URL of the world model's server, e.g. http://127.0.0.1:8000/v1")
 	fs.StringVar(&cfg.WMModel, "wm-model", "", "model name the world model's server serves")
-	fs.StringVar(&cfg.WMTemplateFile, "wm-template", "", "prompt template file (Go text/template over .TaskID .Prompt .Code .DataSummary)")
+	fs.StringVar(&cfg.WMTemplateFile, "wm-template", "", "prompt template file (Go text/template over .TaskID .Prompt .Code .DataSummary .Limits)")
 	fs.IntVar(&cfg.WMSamples, "wm-samples", 1, "samples per trajectory, averaged (their spread is recorded)")
 	fs.Float64Var(&cfg.WMTemperature, "wm-temperature", 0, "sampling temperature of the world model (use > 0 with --wm-samples > 1)")
 	fs.IntVar(&cfg.WMMaxTokens, "wm-max-tokens", 512, "max tokens of a world-model reply")

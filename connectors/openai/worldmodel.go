@@ -38,6 +38,9 @@ type Config struct {
 	BaseURL string // e.g. http://127.0.0.1:8000/v1
 	Model   string
 	APIKey  string // sent as a bearer token when set
+	// Limits says what an execution may take ("20m0s of wall clock, 4096
+	// MiB of memory"), for the prompt; empty: not said.
+	Limits string
 	// Template renders the user message from a Prompt; empty: DefaultTemplate.
 	Template    string
 	Temperature float64
@@ -107,6 +110,8 @@ Task {{.TaskID}}:
 {{if .DataSummary}}
 Data:
 {{.DataSummary}}
+{{end}}{{if .Limits}}
+It runs with {{.Limits}}; a solution over either fails.
 {{end}}
 Candidate solution:
 ` + "```" + `
@@ -118,9 +123,10 @@ Predict what executing it would give. Answer with JSON only:
  "score": the expected score in [0, 1] (a leaderboard percentile; 0 for a failure),
  "rationale": one sentence}`
 
-// Prompt is what the template sees.
+// Prompt is what the template sees. Limits: what an execution may take
+// (Config.Limits), empty when not known.
 type Prompt struct {
-	TaskID, Prompt, Code, DataSummary string
+	TaskID, Prompt, Code, DataSummary, Limits string
 }
 
 // verdictSchema is the JSON Schema of a reply.
@@ -209,7 +215,7 @@ func (w *WorldModel) Predict(ctx context.Context, trajs []schemas.Trajectory) ([
 func (w *WorldModel) one(ctx context.Context, t schemas.Trajectory) (predict.Score, error) {
 	summary, _ := t.Meta["data_summary"].(string)
 	var msg strings.Builder
-	if err := w.tmpl.Execute(&msg, Prompt{TaskID: t.TaskID, Prompt: t.Prompt, Code: t.Response, DataSummary: summary}); err != nil {
+	if err := w.tmpl.Execute(&msg, Prompt{TaskID: t.TaskID, Prompt: t.Prompt, Code: t.Response, DataSummary: summary, Limits: w.cfg.Limits}); err != nil {
 		return predict.Score{Reason: "prompt template: " + err.Error()}, nil
 	}
 	sum := sha256.Sum256([]byte(w.cfg.Model + "\x00" + msg.String()))

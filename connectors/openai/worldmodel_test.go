@@ -112,6 +112,8 @@ func TestPredictsFromStructuredReplies(t *testing.T) {
 		t.Fatalf("no structured output requested: %v", req)
 	case !strings.Contains(msg, "import pandas") || !strings.Contains(msg, "house-prices") || !strings.Contains(msg, "1460 rows"):
 		t.Fatalf("prompt lacks the task, code or data summary:\n%s", msg)
+	case strings.Contains(msg, "It runs with"):
+		t.Fatalf("prompt states limits it was not given:\n%s", msg)
 	}
 	// The same solution again comes from the cache.
 	if _, err := w.Predict(context.Background(), []schemas.Trajectory{traj("t2", "import pandas\nprint(1)")}); err != nil || s.calls.Load() != 1 {

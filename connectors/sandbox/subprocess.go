@@ -92,6 +92,15 @@ func (l Limits) String() string {
 	return fmt.Sprintf("wall clock %v, CPU time %d s, address space %s, %d processes and threads for all at once", l.Timeout, l.CPUSeconds, l.addressSpace(), l.Processes)
 }
 
+// ForCode is what the code may take, as the world model is told it: whether
+// a solution finishes in time and memory is part of its outcome.
+func (l Limits) ForCode() string {
+	if l.MemoryBytes < 0 {
+		return fmt.Sprintf("%v of wall clock, no memory limit", l.Timeout)
+	}
+	return fmt.Sprintf("%v of wall clock, %d MiB of memory (address space)", l.Timeout, l.MemoryBytes>>20)
+}
+
 // addressSpace is the address-space limit as ulimit -v takes it, and
 // people read it.
 func (l Limits) addressSpace() string {
