@@ -101,10 +101,10 @@ type UpdateItem struct {
 	ExecStatus  string   `json:"exec_status"`
 	ExecSeconds *float64 `json:"exec_seconds"`
 	ExecDetail  string   `json:"exec_detail,omitempty"`
-	// WMVerdict: the status the world model predicted (all items, when it
-	// says one); WMRationale its reason, on anchors only (where there is
-	// a truth to set it against; a sentence on every item would add a
-	// third to the update).
+	// WMVerdict: the status the world model predicted, and WMRationale
+	// its reason, when it says them; on anchor groups' items only, where
+	// there is a truth to set them against (a sentence on every item would
+	// add a third to the update).
 	WMVerdict   string `json:"wm_verdict,omitempty"`
 	WMRationale string `json:"wm_rationale,omitempty"`
 	// AbsorbedSeq: for an anchor, the calibration seq at which its group's

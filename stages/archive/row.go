@@ -75,9 +75,9 @@ type Row struct {
 	// (see laterColumns).
 	ExecDetail *string `parquet:"exec_detail,optional"`
 	// WMVerdict is the execution status the world model predicted, and
-	// WMRationale (anchor groups only) its reason, when it gave them; null
-	// otherwise (the simulated world model gives neither). Added with
-	// exec_detail's kind (see laterColumns).
+	// WMRationale its reason, on anchor groups' rows when it gave them;
+	// null otherwise (the simulated world model gives neither). Added
+	// after the first archives (see laterColumns).
 	WMVerdict   *string `parquet:"wm_verdict,optional,dict"`
 	WMRationale *string `parquet:"wm_rationale,optional"`
 }

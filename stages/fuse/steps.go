@@ -294,9 +294,9 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 			}
 			p, predicted := preds[id]
 			if predicted {
-				rec.Predicted, rec.WMStatus, rec.WMVerdict = p.Score, p.Status, p.Verdict
-				if pg.Anchor {
-					rec.WMRationale = p.Rationale
+				rec.Predicted, rec.WMStatus = p.Score, p.Status
+				if pg.Anchor { // where a truth is, to set them against
+					rec.WMVerdict, rec.WMRationale = p.Verdict, p.Rationale
 				}
 			}
 			item := Item{TrajID: id}
