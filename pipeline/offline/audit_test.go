@@ -1,6 +1,7 @@
 package offline
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -462,5 +463,25 @@ func TestAuditSetsWhatTheWorldModelSaidAgainstTheExecutions(t *testing.T) {
 	}
 	if a, err = RunAudit(rows, AuditOptions{}); err != nil || len(a.Verdicts) != 0 || len(a.Misses) != 4 || a.Misses[0].WMVerdict != "" {
 		t.Errorf("without verdicts: %v, %+v, %d misses", err, a.Verdicts, len(a.Misses))
+	}
+}
+
+// largest picks what a stable sort, largest first, would put first.
+func TestLargestIsTheTopOfAStableSort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 2000 {
+		vals := make([]float64, rng.IntN(40))
+		items := make([]int, len(vals))
+		for i := range vals {
+			vals[i], items[i] = float64(rng.IntN(6)), i // ties aplenty
+		}
+		k := 1 + rng.IntN(12)
+		by := func(i int) float64 { return vals[i] }
+		want := slices.Clone(items)
+		slices.SortStableFunc(want, func(a, b int) int { return cmp.Compare(by(b), by(a)) })
+		want = want[:min(k, len(want))]
+		if got := largest(items, k, by); !slices.Equal(got, want) {
+			t.Fatalf("largest(%v, %d) = %v; want %v", vals, k, got, want)
+		}
 	}
 }

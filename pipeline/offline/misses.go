@@ -97,9 +97,8 @@ func missesAndVerdicts(rows []archive.Row) ([]Miss, []VerdictCount) {
 			cmp.Compare(a.Predicted, b.Predicted), cmp.Compare(a.Actual, b.Actual))
 	})
 
-	slices.SortStableFunc(pairs, func(a, b int) int { return cmp.Compare(gap(b), gap(a)) })
 	misses := make([]Miss, 0, min(maxMisses, len(pairs)))
-	for _, i := range pairs[:min(maxMisses, len(pairs))] {
+	for _, i := range largest(pairs, maxMisses, gap) {
 		r := rows[i]
 		m := Miss{Step: r.Step, GroupID: r.GroupID, TrajID: r.TrajID, TaskID: r.TaskID, Predicted: *r.Predicted, True: *r.TrueScore}
 		if r.ExecStatus != nil {
@@ -120,3 +119,25 @@ type trajKey struct {
 }
 
 func missKey(r archive.Row) trajKey { return trajKey{r.Step, r.GroupID, r.TrajID} }
+
+// largest is the k of items with the largest by, largest first, the
+// earlier first among equals: one pass, not a sort of them all (an
+// archive has a pair for every anchor trajectory).
+func largest(items []int, k int, by func(int) float64) []int {
+	top := make([]int, 0, k+1)
+	for _, it := range items {
+		v := by(it)
+		if len(top) == k && v <= by(top[k-1]) {
+			continue
+		}
+		at := len(top)
+		for at > 0 && v > by(top[at-1]) {
+			at--
+		}
+		top = slices.Insert(top, at, it)
+		if len(top) > k {
+			top = top[:k]
+		}
+	}
+	return top
+}
