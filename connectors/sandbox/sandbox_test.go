@@ -536,6 +536,27 @@ func TestNothingTheCodeStartsOutlivesIt(t *testing.T) {
 	}
 }
 
+// TestTheCodeSeesItsOwnProcesses: in a PID namespace, the code's
+// os.getpid() is its PID there; with the host's /proc, psutil, joblib's
+// workers and the like, which look themselves up in /proc by it, found
+// another process. It also cannot regain privileges through a setuid
+// program.
+func TestTheCodeSeesItsOwnProcesses(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("namespaces need root")
+	}
+	if _, _, ok := namespaceTools(); !ok {
+		t.Skip("no util-linux unshare and setpriv that work here")
+	}
+	probe := "import os\nps = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n" +
+		"me = int(open('/proc/self/stat').read().split()[0])\n" +
+		"nnp = [l for l in open('/proc/self/status') if l.startswith('NoNewPrivs:')][0].split()[1]\n" +
+		"assert me == os.getpid() and len(ps) < 10 and nnp == '1', (me, os.getpid(), ps, nnp)\n"
+	if r := run1(t, exe(housing(t)), probe); r.status != schemas.ExecInvalid {
+		t.Fatalf("%s: %s; want the probe to pass (and write no submission)", r.status, r.detail)
+	}
+}
+
 // withArg lists the processes with arg on their command line.
 func withArg(arg string) []int {
 	var pids []int

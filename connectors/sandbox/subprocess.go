@@ -506,9 +506,30 @@ func (c *capped) String() string {
 	return fmt.Sprintf("%s\n[%d bytes dropped]\n%s", c.head, dropped, tail)
 }
 
-// start runs argv, a shell that runs the code as its child; isolate puts
-// it in network and PID namespaces of its own.
+// start runs argv, a shell that runs the code as its child, as uid when
+// root; isolate puts it in network and PID namespaces of its own.
 func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolate bool, uid uint32) (Run, error) {
+	attr := &syscall.SysProcAttr{Setpgid: true}
+	unshare, setpriv, withProc := namespaceTools()
+	viaUnshare := isolate && withProc
+	switch {
+	case viaUnshare:
+		// util-linux's unshare mounts a /proc of the namespace's own, which
+		// the kernel's clone alone cannot: the code's os.getpid() is its
+		// PID in the namespace, and psutil, joblib's workers and the like
+		// look themselves up in /proc by it. setpriv then drops to uid,
+		// with no_new_privs: no setuid program gives root back.
+		u := strconv.FormatUint(uint64(uid), 10)
+		argv = append([]string{unshare, "--pid", "--net", "--mount", "--fork", "--kill-child", "--mount-proc", "--",
+			setpriv, "--reuid", u, "--regid", u, "--clear-groups", "--no-new-privs", "--"}, argv...)
+	case isolate:
+		attr.Cloneflags = syscall.CLONE_NEWNET | syscall.CLONE_NEWPID
+		fallthrough
+	default:
+		if os.Geteuid() == 0 {
+			attr.Credential = &syscall.Credential{Uid: uid, Gid: uid, NoSetGroups: true}
+		}
+	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
 	cmd.Env = s.environ(dir)
@@ -518,13 +539,6 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 	// A process that leaves the group with the output still open (a
 	// daemon) would hold Wait until it ends: its output is cut instead.
 	cmd.WaitDelay = time.Second
-	attr := &syscall.SysProcAttr{Setpgid: true}
-	if os.Geteuid() == 0 {
-		attr.Credential = &syscall.Credential{Uid: uid, Gid: uid, NoSetGroups: true}
-	}
-	if isolate {
-		attr.Cloneflags = syscall.CLONE_NEWNET | syscall.CLONE_NEWPID
-	}
 	cmd.SysProcAttr = attr
 	said, w, err := os.Pipe() // the shell's fd 3
 	if err != nil {
@@ -554,10 +568,10 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 	case werr = <-done:
 	case <-timer.C:
 		run.TimedOut = true
-		killGroup(pgid)
+		stop(pgid, viaUnshare)
 		werr = <-done
 	case <-ctx.Done():
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		stop(pgid, viaUnshare)
 		<-done
 		return Run{}, ctx.Err()
 	}
@@ -591,6 +605,27 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 	return run, nil
 }
 
+// stop kills what start started, whose process group is pgid. Under
+// unshare it kills the namespace's init alone, which takes everything in
+// the namespace with it, and unshare reaps it and exits: killed with the
+// group, unshare would die first, leaving the init to the nearest
+// subreaper (PID 1 in a container, which reaps nothing it did not start)
+// as a zombie.
+func stop(pgid int, viaUnshare bool) {
+	if viaUnshare {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pgid, pgid))
+		if kids := strings.Fields(string(b)); err == nil && len(kids) > 0 {
+			for _, k := range kids {
+				if pid, err := strconv.Atoi(k); err == nil {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+			return
+		}
+	}
+	killGroup(pgid)
+}
+
 // killGroup kills the process group until it is empty: a process forking
 // while the signal is delivered can leave a child the first kill missed.
 func killGroup(pgid int) {
@@ -608,4 +643,30 @@ const lineBytes = 300
 // lastLines is the end of a solution's output, for a detail.
 func lastLines(s string, n int) string {
 	return execute.LastLines(s, n, lineBytes)
+}
+
+// namespaceTools finds util-linux's unshare and setpriv, and tries them
+// once: they need root, and a kernel (or container) that allows the
+// namespaces.
+func namespaceTools() (unshare, setpriv string, ok bool) {
+	nsTools.once.Do(func() {
+		if os.Geteuid() != 0 {
+			return
+		}
+		unshare, err1 := exec.LookPath("unshare")
+		setpriv, err2 := exec.LookPath("setpriv")
+		if err1 != nil || err2 != nil {
+			return
+		}
+		err := exec.Command(unshare, "--pid", "--net", "--mount", "--fork", "--kill-child", "--mount-proc", "--",
+			setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups", "--no-new-privs", "--", "/bin/sh", "-c", "exit 0").Run()
+		nsTools.unshare, nsTools.setpriv, nsTools.ok = unshare, setpriv, err == nil
+	})
+	return nsTools.unshare, nsTools.setpriv, nsTools.ok
+}
+
+var nsTools struct {
+	once             sync.Once
+	unshare, setpriv string
+	ok               bool
 }
