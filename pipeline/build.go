@@ -221,6 +221,13 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 	}
 	st.OnUpdate = p.onUpdate
 	st.MaxPayload = int(p.tr.nc.MaxPayload())
+	if st.MaxPayload < natsjs.DefaultMaxPayload {
+		// NATS's default is 1 MB: an external server left at it stops runs
+		// of realistic steps; say so before the first one.
+		p.notef("fuse: the NATS server takes messages of at most %.1f MiB, and a step's update is one message of about %d bytes a trajectory: "+
+			"a step of over about %d trajectories will stop the run (set max_payload: 8MB, as deploy/nats does)",
+			float64(st.MaxPayload)/(1<<20), UpdateBytesPerTrajectory, st.MaxPayload/UpdateBytesPerTrajectory)
+	}
 	p.fuse = st
 	for _, k := range []schemas.Kind{schemas.KindPlan, schemas.KindPred, schemas.KindExecution} {
 		h := map[schemas.Kind]message.NoPublishHandlerFunc{

@@ -20,6 +20,8 @@ func TestAStepTooLargeForTheServerStopsTheRun(t *testing.T) {
 	// 64 groups of 48: 3,072 trajectories, about 1.2 MB of update, over a
 	// max_payload of 1 MiB.
 	cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.MaxPayloadMB = 2, 64, 48, 1
+	var out syncBuffer
+	cfg.Quiet, cfg.Out = false, &out
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	err := Run(ctx, cfg)
@@ -31,9 +33,14 @@ func TestAStepTooLargeForTheServerStopsTheRun(t *testing.T) {
 		t.Fatalf("the run ended with %v; want the update too large, said with its size, the limit and what to change", err)
 	}
 	t.Log(err)
+	// A server under 8 MiB is pointed out before the first step.
+	if want := "fuse: the NATS server takes messages of at most 1.0 MiB, and a step's update is one message of about 400 bytes a trajectory: " +
+		"a step of over about 2621 trajectories will stop the run"; !strings.Contains(out.String(), want) {
+		t.Errorf("the run said:\n%s\nwant %q", out.String(), want)
+	}
 
 	// With room for it, the same step is published.
-	cfg.DataDir, cfg.MaxPayloadMB, cfg.Steps = t.TempDir(), 4, 1
+	cfg.DataDir, cfg.MaxPayloadMB, cfg.Steps, cfg.Quiet = t.TempDir(), 4, 1, true
 	if err := Run(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
