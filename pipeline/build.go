@@ -221,6 +221,8 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 	}
 	st.OnUpdate = p.onUpdate
 	st.MaxPayload = int(p.tr.nc.MaxPayload())
+	p.metrics.MaxPayload.Set(float64(st.MaxPayload))
+	st.OnUpdateBytes = func(n int) { p.metrics.UpdateBytes.Set(float64(n)) }
 	if st.MaxPayload < natsjs.DefaultMaxPayload {
 		// NATS's default is 1 MB: an external server left at it stops runs
 		// of realistic steps; say so before the first one.

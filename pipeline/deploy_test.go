@@ -438,6 +438,18 @@ func TestExecutionsAlertFiresOnItsCondition(t *testing.T) {
 			summary: "None of the 120 executions in the last hour scored on broken"})
 }
 
+// WMRLUpdatesNearMaxPayload fires when an instance's updates pass 80% of
+// its server's max_payload, and not below.
+func TestUpdateSizeAlertFiresOnItsCondition(t *testing.T) {
+	input := inputSeries(`wmrl_nats_max_payload_bytes{instance="big"}`, "8388608+0x60") +
+		inputSeries(`wmrl_update_bytes{instance="big"}`, "1000000+0x20 7000000+0x40") +
+		inputSeries(`wmrl_nats_max_payload_bytes{instance="small"}`, "8388608+0x60") +
+		inputSeries(`wmrl_update_bytes{instance="small"}`, "6000000+0x60")
+	promtoolRuleTest(t, "WMRLUpdatesNearMaxPayload", input,
+		alertCheck{quietAt: "10m", firesAt: "30m", severity: "ticket", instance: "big",
+			summary: "Step updates on big are 6.676MiB, over 80% of the server's max_payload"})
+}
+
 // inputSeries is one of promtool's input_series entries.
 func inputSeries(series, values string) string {
 	return fmt.Sprintf("      - series: '%s'\n        values: '%s'\n", series, values)

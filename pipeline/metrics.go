@@ -52,6 +52,10 @@ type Metrics struct {
 	// status; ExecutionSeconds times them.
 	Executions       *prometheus.CounterVec
 	ExecutionSeconds prometheus.Histogram
+	// UpdateBytes is the size of the newest update this process published,
+	// which must fit the server's max_payload (MaxPayload): a step over it
+	// stops the run.
+	UpdateBytes, MaxPayload prometheus.Gauge
 }
 
 // NewMetrics registers the collectors, with the Go runtime's (go_*) and
@@ -95,6 +99,8 @@ func NewMetrics() *Metrics {
 			"without asking the world model, after --wm-down-after calls (or twice --wm-concurrency requests) in a row failed; one call every --wm-probe-every tries it."),
 		ExecutorDown: g("executor_down", "1 while this process's execute stage publishes anchor groups without running them, "+
 			"after --exec-down-after executions in a row failed; one execution every --exec-probe-every tries it."),
+		UpdateBytes: g("update_bytes", "Size of the newest step update this process published: one message, which must fit the server's max_payload."),
+		MaxPayload:  g("nats_max_payload_bytes", "The NATS server's max_payload, as this process's connection reports it."),
 		StepLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "wmrl", Name: "step_latency_seconds", Help: "From a step's close (last input) to its update.",
 			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 16),

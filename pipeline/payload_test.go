@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/wmrl/wmrl/stages/fuse"
 )
 
@@ -41,8 +43,13 @@ func TestAStepTooLargeForTheServerStopsTheRun(t *testing.T) {
 
 	// With room for it, the same step is published.
 	cfg.DataDir, cfg.MaxPayloadMB, cfg.Steps, cfg.Quiet = t.TempDir(), 4, 1, true
-	if err := Run(ctx, cfg); err != nil {
+	p := started(t, ctx, cfg)
+	if err := p.Wait(); err != nil {
 		t.Fatal(err)
+	}
+	// The metrics an alert sets side by side (WMRLUpdatesNearMaxPayload).
+	if got, limit := testutil.ToFloat64(p.Metrics().UpdateBytes), testutil.ToFloat64(p.Metrics().MaxPayload); got < 1<<20 || got > 4<<20 || limit != 4<<20 {
+		t.Errorf("wmrl_update_bytes %v, wmrl_nats_max_payload_bytes %v; want the 1.1 MiB update and 4 MiB", got, limit)
 	}
 	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
 	if len(ups) != 1 || len(ups[0].Items) != 3072 {

@@ -40,8 +40,10 @@ type Stage struct {
 	CheckpointEvery int
 	OnSaveError     func(error)
 	// MaxPayload, if set, is the largest message the server takes (its
-	// max_payload): an update over it is ErrUpdateTooLarge.
-	MaxPayload int
+	// max_payload): an update over it is ErrUpdateTooLarge. OnUpdateBytes,
+	// if set, hears each published update's size.
+	MaxPayload    int
+	OnUpdateBytes func(int)
 
 	mu       sync.Mutex
 	steps    *Steps
@@ -176,6 +178,9 @@ func (s *Stage) Flush(ctx context.Context) error {
 		}
 		if err := s.Pub.Publish(s.Out, m); err != nil {
 			return fmt.Errorf("fuse: publish update %d: %w", n, err)
+		}
+		if s.OnUpdateBytes != nil {
+			s.OnUpdateBytes(len(m.Payload))
 		}
 		s.steps.Close(n)
 		close(s.doneFor(n))
