@@ -405,8 +405,9 @@ func (p *Pipeline) worldModel() (predict.WorldModel, error) {
 		cfg := p.cfg.openaiConfig()
 		cfg.OnAttempt = p.worldModelBreaker().Attempt
 		if p.cfg.TaskDir != "" && p.cfg.executor() != "sim" {
-			// What an execution may take is part of its outcome.
-			task, err := sandbox.LoadTask(p.cfg.TaskDir)
+			// What an execution may take is part of its outcome. task.json
+			// alone: a world model's process needs no private answers.
+			task, err := sandbox.ReadTaskJSON(p.cfg.TaskDir)
 			if err != nil {
 				return nil, err
 			}

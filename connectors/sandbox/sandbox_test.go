@@ -715,3 +715,21 @@ func TestADaemonDoesNotHoldTheExecution(t *testing.T) {
 		t.Fatalf("%s after %v: %s; want the execution over when its own process is, not after the daemon's 30 s", r.status, took, r.detail)
 	}
 }
+
+// A process that does not grade (the world model's, told the limits) reads
+// task.json alone: it needs no private answers, which LoadTask does.
+func TestTaskJSONAloneGivesTheLimits(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "task.json"), []byte(`{"name":"x","metric":"rmse","time_limit_seconds":1200,"memory_mb":4096}`), 0o644)
+	task, err := ReadTaskJSON(dir)
+	if err != nil || task.TimeLimitSeconds != 1200 || task.MemoryMB != 4096 || task.Submission != "submission.csv" {
+		t.Fatalf("ReadTaskJSON: %+v, %v", task, err)
+	}
+	if _, err := LoadTask(dir); err == nil || !strings.Contains(err.Error(), "answers") {
+		t.Fatalf("LoadTask without private answers: %v; want an error naming them", err)
+	}
+	os.WriteFile(filepath.Join(dir, "task.json"), []byte(`{"name":"x","metric":"mse"}`), 0o644)
+	if _, err := ReadTaskJSON(dir); err == nil || !strings.Contains(err.Error(), `metric "mse"`) {
+		t.Fatalf("a bad metric: %v", err)
+	}
+}

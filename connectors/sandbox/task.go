@@ -52,24 +52,12 @@ type answer struct {
 	private bool
 }
 
-// LoadTask reads a task directory.
+// LoadTask reads a task directory: its task.json (ReadTaskJSON), and the
+// private answers and leaderboard its grading needs.
 func LoadTask(dir string) (*Task, error) {
-	raw, err := os.ReadFile(filepath.Join(dir, "task.json"))
+	t, err := ReadTaskJSON(dir)
 	if err != nil {
-		return nil, fmt.Errorf("task %s: %w", dir, err)
-	}
-	t := &Task{Dir: dir}
-	if err := json.Unmarshal(raw, t); err != nil {
-		return nil, fmt.Errorf("task %s: task.json: %w", dir, err)
-	}
-	if _, ok := higherIsBetter[t.Metric]; !ok {
-		return nil, fmt.Errorf("task %s: metric %q: want accuracy, f1, auc or rmse", dir, t.Metric)
-	}
-	if t.Submission == "" {
-		t.Submission = "submission.csv"
-	}
-	if t.TimeLimitSeconds < 0 || t.MemoryMB < -1 {
-		return nil, fmt.Errorf("task %s: time_limit_seconds %v and memory_mb %d: want >= 0 (0: the executor's defaults; memory_mb -1: no limit)", dir, t.TimeLimitSeconds, t.MemoryMB)
+		return nil, err
 	}
 	rows, err := readCSV(filepath.Join(dir, "private", "answers.csv"))
 	if err != nil {
@@ -94,6 +82,30 @@ func LoadTask(dir string) (*Task, error) {
 	}
 	if len(t.answers) == 0 || len(t.leaderboard[0]) == 0 {
 		return nil, fmt.Errorf("task %s: no answers or no leaderboard", dir)
+	}
+	return t, nil
+}
+
+// ReadTaskJSON reads a task's task.json alone: what a process that does
+// not grade (the world model's, told the limits) needs, without the
+// private answers. The task it returns cannot grade.
+func ReadTaskJSON(dir string) (*Task, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "task.json"))
+	if err != nil {
+		return nil, fmt.Errorf("task %s: %w", dir, err)
+	}
+	t := &Task{Dir: dir}
+	if err := json.Unmarshal(raw, t); err != nil {
+		return nil, fmt.Errorf("task %s: task.json: %w", dir, err)
+	}
+	if _, ok := higherIsBetter[t.Metric]; !ok {
+		return nil, fmt.Errorf("task %s: metric %q: want accuracy, f1, auc or rmse", dir, t.Metric)
+	}
+	if t.Submission == "" {
+		t.Submission = "submission.csv"
+	}
+	if t.TimeLimitSeconds < 0 || t.MemoryMB < -1 {
+		return nil, fmt.Errorf("task %s: time_limit_seconds %v and memory_mb %d: want >= 0 (0: the executor's defaults; memory_mb -1: no limit)", dir, t.TimeLimitSeconds, t.MemoryMB)
 	}
 	return t, nil
 }
