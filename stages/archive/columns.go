@@ -23,7 +23,7 @@ type column struct {
 type colState struct {
 	floats []float64
 	strs   map[string]string // interned values of a low-cardinality column
-	status []string
+	texts  []string          // the row group's storage for optional strings
 }
 
 func (c *colState) float(i int, v parquet.Value) *float64 {
@@ -41,11 +41,11 @@ func (c *colState) text(i int, v parquet.Value, intern bool) *string {
 	case v.IsNull():
 		return nil
 	case intern:
-		c.status[i] = c.intern(v)
+		c.texts[i] = c.intern(v)
 	default:
-		c.status[i] = string(v.ByteArray())
+		c.texts[i] = string(v.ByteArray())
 	}
-	return &c.status[i]
+	return &c.texts[i]
 }
 
 func (c *colState) intern(v parquet.Value) string {
@@ -121,10 +121,10 @@ func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, r
 		case "predicted", "true_score", "calibrated", "reward", "exec_seconds":
 			st.floats = make([]float64, n)
 		case "exec_status", "wm_verdict":
-			st.status = make([]string, n)
+			st.texts = make([]string, n)
 			st.strs = map[string]string{}
 		case "exec_detail", "wm_rationale":
-			st.status = make([]string, n)
+			st.texts = make([]string, n)
 		default:
 			st.strs = map[string]string{}
 		}
