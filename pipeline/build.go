@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -223,6 +224,17 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 	st.MaxPayload = int(p.tr.nc.MaxPayload())
 	p.metrics.MaxPayload.Set(float64(st.MaxPayload))
 	st.OnUpdateBytes = func(n int) { p.metrics.UpdateBytes.Set(float64(n)) }
+	st.StuckAfter = cfg.StuckAfter
+	st.OnWait = func(d time.Duration) { p.metrics.PredictionWait.Set(d.Seconds()) }
+	st.OnStuck = func(w fuse.Waiting) {
+		p.notef("fuse: step %d has waited %v for the predictions of %s, which nothing has published. "+
+			"A stage between predict and fuse may have given them up (wmrl dlq; wmrl dlq --resend sends them again once the cause is fixed), "+
+			"or be down or behind (wmrl status); the step is fused when they come, and later steps go on meanwhile",
+			w.Step, cfg.StuckAfter, groupsOf(w.Missing, w.Groups))
+	}
+	st.OnUnstuck = func(step int64, waited time.Duration) {
+		p.notef("fuse: step %d got its last prediction and was fused, %v after its plan", step, waited.Round(time.Second))
+	}
 	if st.MaxPayload < natsjs.DefaultMaxPayload {
 		// NATS's default is 1 MB: an external server left at it stops runs
 		// of realistic steps; say so before the first one.
@@ -514,4 +526,15 @@ func (p *Pipeline) noteLimits(executor string, task *sandbox.Task, limits string
 		late = fmt.Sprintf("; a step waits %v for its anchors (--anchor-deadline): slower ones are fused on the world model (late anchors)", p.cfg.AnchorDeadline)
 	}
 	p.notef("execute: %s on task %s, each execution: %s%s", executor, task.Name, limits, late)
+}
+
+// groupsOf names the groups of a step that a step of n groups misses: all
+// of them up to five, then how many more.
+func groupsOf(missing []string, n int) string {
+	const show = 5
+	names := strings.Join(missing[:min(show, len(missing))], ", ")
+	if len(missing) > show {
+		names += fmt.Sprintf(" and %d more", len(missing)-show)
+	}
+	return fmt.Sprintf("%d of its %d groups (%s)", len(missing), n, names)
 }

@@ -146,6 +146,11 @@ type Config struct {
 	// this long for the other in the pair stage, then is dead-lettered
 	// (default 1h; late executions still calibrate within it).
 	PairWait time.Duration
+	// StuckAfter: a step still missing a group's prediction this long
+	// after its plan reached fuse is reported, once (default 5m). Nothing
+	// times a prediction out: a stage between predict and fuse that
+	// dead-letters one holds its step until it is sent again.
+	StuckAfter time.Duration
 	// StepTimeout: a step closes this long after its watermark even with
 	// incomplete groups (default 30s).
 	StepTimeout time.Duration
@@ -249,6 +254,7 @@ func (c *Config) setDefaults() {
 	}
 	defDur(&c.AnchorDeadline, 30*time.Second)
 	defDur(&c.PairWait, time.Hour)
+	defDur(&c.StuckAfter, 5*time.Minute)
 	defDur(&c.StepTimeout, 30*time.Second)
 	defDur(&c.ExecLatency, 20*time.Millisecond)
 	defDur(&c.StartupWait, time.Minute)
@@ -318,6 +324,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --world-model openai needs --wm-url and --wm-model", ErrConfig)
 	case c.PairWait < 0:
 		return fmt.Errorf("%w: --pair-wait %v: want a duration > 0", ErrConfig, c.PairWait)
+	case c.StuckAfter < 0:
+		return fmt.Errorf("%w: --stuck-after %v: want a duration > 0", ErrConfig, c.StuckAfter)
 	case c.WMConcurrency < 0:
 		return fmt.Errorf("%w: --wm-concurrency %d: want >= 1 requests in flight", ErrConfig, c.WMConcurrency)
 	case c.WMTimeout < 0 || c.WMRetries < 0:

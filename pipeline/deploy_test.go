@@ -450,6 +450,17 @@ func TestUpdateSizeAlertFiresOnItsCondition(t *testing.T) {
 			summary: "Step updates on big are 6.676MiB, over 80% of the server's max_payload"})
 }
 
+// WMRLStepWaitingForPredictions fires once a step has waited 15 minutes
+// for a prediction, and not for steps that wait their two minutes and are
+// fused (the gauge falls back).
+func TestPredictionWaitAlertFiresOnItsCondition(t *testing.T) {
+	input := inputSeries(`wmrl_prediction_wait_seconds{instance="held"}`, "0+60x30") +
+		inputSeries(`wmrl_prediction_wait_seconds{instance="busy"}`, "0 60 120 0 60 120 0 60 120 0 60 120 0 60 120 0 60 120 0 60 120 0 60 120 0 60 120 0 60 120")
+	promtoolRuleTest(t, "WMRLStepWaitingForPredictions", input,
+		alertCheck{quietAt: "15m", firesAt: "16m", severity: "page", instance: "held",
+			summary: "A step on held has waited 16m 0s for a group's prediction"})
+}
+
 // inputSeries is one of promtool's input_series entries.
 func inputSeries(series, values string) string {
 	return fmt.Sprintf("      - series: '%s'\n        values: '%s'\n", series, values)

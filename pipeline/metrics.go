@@ -56,6 +56,10 @@ type Metrics struct {
 	// which must fit the server's max_payload (MaxPayload): a step over it
 	// stops the run.
 	UpdateBytes, MaxPayload prometheus.Gauge
+	// PredictionWait is how long the longest-waiting planned step has
+	// waited for a group's prediction: it grows without end for a step
+	// whose prediction a stage dead-lettered.
+	PredictionWait prometheus.Gauge
 }
 
 // NewMetrics registers the collectors, with the Go runtime's (go_*) and
@@ -101,6 +105,8 @@ func NewMetrics() *Metrics {
 			"after --exec-down-after executions in a row failed; one execution every --exec-probe-every tries it."),
 		UpdateBytes: g("update_bytes", "Size of the newest step update this process published: one message, which must fit the server's max_payload."),
 		MaxPayload:  g("nats_max_payload_bytes", "The NATS server's max_payload, as this process's connection reports it."),
+		PredictionWait: g("prediction_wait_seconds", "How long the planned step that has waited longest for one of its groups' predictions has waited (0: none waits). "+
+			"A prediction has no deadline: a step whose group a stage between predict and fuse dead-lettered waits until it is sent again (wmrl dlq --resend)."),
 		StepLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "wmrl", Name: "step_latency_seconds", Help: "From a step's close (last input) to its update.",
 			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 16),

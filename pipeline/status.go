@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,7 +37,13 @@ type Status struct {
 	LastUpdateAt    time.Time
 	LastCalibration *schemas.Calibration
 	LastCalibAt     time.Time
-	DeadLetters     uint64
+	// Unfused: the steps planned (route stored their plan) whose update
+	// is not stored, in step order. One below LastUpdate's step waits
+	// for something later steps did not: an anchor group within its
+	// deadline, or a group's prediction, which has no deadline (a stage
+	// between predict and fuse dead-lettered it).
+	Unfused     []UnfusedStep
+	DeadLetters uint64
 	// The newest dead letter (nil: none), with when it was stored: its
 	// reason says whether something is down right now ("gave up at
 	// once: ... is down since ...") or an input was bad.
@@ -74,6 +81,13 @@ type ExecutionsStatus struct {
 	// its status and detail, and when its group was stored.
 	NewestFailure   schemas.ExecItem
 	NewestFailureAt time.Time
+}
+
+// UnfusedStep is a step planned and not fused, with when its plan was
+// stored.
+type UnfusedStep struct {
+	Step    int64
+	Planned time.Time
 }
 
 // ConsumerStatus is how far one durable consumer has got.
@@ -145,6 +159,9 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 	} else if ok {
 		st.LastDeadLetter = &dl
 	}
+	if st.Unfused, err = readUnfused(ctx, c, src.Prefix, run); err != nil {
+		return nil, err
+	}
 	consumers := stream.ListConsumers(ctx)
 	for ci := range consumers.Info() {
 		subject := ci.Config.FilterSubject
@@ -213,4 +230,27 @@ func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream,
 		}
 	}
 	return es, nil
+}
+
+// readUnfused lists the steps whose plan is stored and whose update is
+// not, from the two subjects' message IDs (headers only, as fuse reads
+// the updates when it starts).
+func readUnfused(ctx context.Context, c *streamConn, prefix, run string) ([]UnfusedStep, error) {
+	fused := map[int64]bool{}
+	if err := scanMsgIDs(ctx, c.js, c.stream, schemas.Subject(prefix, run, schemas.KindUpdate), func(step int64, _ string) {
+		fused[step] = true
+	}); err != nil {
+		return nil, fmt.Errorf("pipeline: status: updates: %w", err)
+	}
+	var out []UnfusedStep
+	if err := natsjs.Scan(ctx, c.js, c.stream, schemas.Subject(prefix, run, schemas.KindPlan), true, func(r natsjs.Record) error {
+		if step, ok := msgIDStep(r.MsgID); ok && !fused[step] {
+			out = append(out, UnfusedStep{Step: step, Planned: r.Time})
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("pipeline: status: plans: %w", err)
+	}
+	slices.SortFunc(out, func(a, b UnfusedStep) int { return cmp.Compare(a.Step, b.Step) })
+	return slices.CompactFunc(out, func(a, b UnfusedStep) bool { return a.Step == b.Step }), nil
 }

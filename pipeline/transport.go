@@ -189,22 +189,30 @@ func (t *transport) groupsByMsgID(ctx context.Context, subject string) (map[int6
 // scanMsgIDs reads subject's message IDs ("<run>/<kind>/<step>[/<rest>]",
 // headers only) and hands fn the step and the rest; other IDs are skipped.
 func (t *transport) scanMsgIDs(ctx context.Context, subject string, fn func(step int64, rest string)) error {
-	return natsjs.Scan(ctx, t.js, t.stream, subject, true, func(r natsjs.Record) error {
-		parts := strings.SplitN(r.MsgID, "/", 4)
-		if len(parts) < 3 {
-			return nil
+	return scanMsgIDs(ctx, t.js, t.stream, subject, fn)
+}
+
+func scanMsgIDs(ctx context.Context, js jetstream.JetStream, stream, subject string, fn func(step int64, rest string)) error {
+	return natsjs.Scan(ctx, js, stream, subject, true, func(r natsjs.Record) error {
+		if step, ok := msgIDStep(r.MsgID); ok {
+			rest := ""
+			if parts := strings.SplitN(r.MsgID, "/", 4); len(parts) == 4 {
+				rest = parts[3]
+			}
+			fn(step, rest)
 		}
-		n, err := strconv.ParseInt(parts[2], 10, 64)
-		if err != nil {
-			return nil
-		}
-		rest := ""
-		if len(parts) == 4 {
-			rest = parts[3]
-		}
-		fn(n, rest)
 		return nil
 	})
+}
+
+// msgIDStep reads the step of a message ID "<run>/<kind>/<step>[/<rest>]".
+func msgIDStep(id string) (int64, bool) {
+	parts := strings.SplitN(id, "/", 4)
+	if len(parts) < 3 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(parts[2], 10, 64)
+	return n, err == nil
 }
 
 // info is the stream's information: its state (the first sequence moves

@@ -33,6 +33,8 @@ func dlqCommand() *cobra.Command {
 		since  time.Duration
 		follow bool
 		asJSON bool
+		resend bool
+		dryRun bool
 	)
 	cmd := &cobra.Command{
 		Use:   "dlq",
@@ -43,8 +45,17 @@ Poison input is dead-lettered at once ("rejected"). A message whose
 handler kept failing is dead-lettered after its last delivery ("gave up
 after N deliveries"), or at once while what it needs is down ("gave up at
 once": a world model whose calls keep failing): those are what an outage
-cost ("given up" in the summary), worth sending again once it is over
-(--json has each one's subject and payload).
+cost ("given up" in the summary).
+
+--resend sends those given up back to the subjects they came on, once
+their cause is fixed, and removes them from the dead letters: a step
+waits for every group's prediction, so a stage between predict and fuse
+that gave one up holds its step until it is sent again. It keeps
+rejected input, and the dead letters of steps already fused: the
+pipeline's own stages record what they give up as ungraded, so those
+steps went on without it, and sending it again would change nothing.
+--dry-run says what --resend would do. With --stage and --since it
+considers only those.
 
 Reads the stream of a running pipeline with --nats URL (the embedded
 server of 'wmrl run' listens on 127.0.0.1:4222 by default), or of a
@@ -55,26 +66,20 @@ stopped one from its --data directory.`,
 				fmt.Fprintf(cmd.ErrOrStderr(), "note: %s is not one of this build's stages (%s); showing the dead letters an outside stage of that name sent\n", stage, strings.Join(pipeline.AllStages, ", "))
 			}
 			out := cmd.OutOrStdout()
-			var sum dlqSummary
-			var after time.Time
-			if since > 0 {
-				after = time.Now().Add(-since)
+			chosen := chooseDeadLetters(stage, since)
+			if resend || dryRun {
+				if follow {
+					return fmt.Errorf("--resend sends the dead letters stored now: leave out --follow")
+				}
+				return resendDeadLetters(cmd, src, run, chosen, dryRun, asJSON)
 			}
+			var sum dlqSummary
 			err := pipeline.ReadDeadLetters(cmd.Context(), src, run, follow, func(dl schemas.DeadLetter) error {
-				if (stage != "" && dl.Stage != stage) || (!after.IsZero() && dl.Time.Before(after)) {
+				if !chosen(dl) {
 					return nil
 				}
 				sum.add(dl)
-				if asJSON {
-					b, err := json.Marshal(dl)
-					if err != nil {
-						return err
-					}
-					_, err = fmt.Fprintf(out, "%s\n", b)
-					return err
-				}
-				_, err := fmt.Fprintln(out, dlqLine(dl))
-				return err
+				return writeDeadLetter(out, dl, asJSON)
 			})
 			if err != nil {
 				return err
@@ -91,12 +96,91 @@ stopped one from its --data directory.`,
 	fs.DurationVar(&since, "since", 0, "only the dead letters of the last this long")
 	fs.BoolVar(&follow, "follow", false, "after the stored ones, show new dead letters as they come, until Ctrl-C")
 	fs.BoolVar(&asJSON, "json", false, "one JSON object per dead letter, as stored (subject, stage, reason, payload, time)")
+	fs.BoolVar(&resend, "resend", false, "send the dead letters given up (for an outage) back to their subjects and remove them, but those of steps fused already")
+	fs.BoolVar(&dryRun, "dry-run", false, "say what --resend would send and keep, and change nothing")
 	return cmd
 }
 
-// givenUp tells a message given up for an outage (after its retries, or
-// at once while what it needs is down) from poison input.
-func givenUp(dl schemas.DeadLetter) bool { return strings.HasPrefix(dl.Reason, "gave up ") }
+// keptWhy says why --resend keeps a dead letter.
+var keptWhy = map[pipeline.Resend]string{
+	pipeline.KeptRejected:  "rejected input, which would be rejected again",
+	pipeline.KeptFused:     "their steps are fused already (they trained without them): sending them again would change nothing",
+	pipeline.KeptElsewhere: "they came on a subject outside the run",
+}
+
+// chooseDeadLetters picks the dead letters of stage (any if empty) of the
+// last since (all if 0).
+func chooseDeadLetters(stage string, since time.Duration) func(schemas.DeadLetter) bool {
+	var after time.Time
+	if since > 0 {
+		after = time.Now().Add(-since)
+	}
+	return func(dl schemas.DeadLetter) bool {
+		return (stage == "" || dl.Stage == stage) && (after.IsZero() || !dl.Time.Before(after))
+	}
+}
+
+// writeDeadLetter writes one dead letter on a line: as stored (JSON), or
+// for reading.
+func writeDeadLetter(w io.Writer, dl schemas.DeadLetter, asJSON bool) error {
+	if asJSON {
+		b, err := json.Marshal(dl)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	}
+	_, err := fmt.Fprintln(w, dlqLine(dl))
+	return err
+}
+
+// resendDeadLetters runs dlq --resend: a line for each dead letter sent
+// again (as JSON with --json), then what was sent and kept, and why.
+func resendDeadLetters(cmd *cobra.Command, src pipeline.StreamSource, run string, chosen func(schemas.DeadLetter) bool, dryRun, asJSON bool) error {
+	out := cmd.OutOrStdout()
+	opt := pipeline.ResendOptions{DryRun: dryRun, Select: chosen}
+	counts := map[pipeline.Resend]int{}
+	bySubject := map[string]int{}
+	var subjects []string
+	err := pipeline.ResendDeadLetters(cmd.Context(), src, run, opt, func(dl schemas.DeadLetter, what pipeline.Resend) error {
+		counts[what]++
+		if what != pipeline.Resent {
+			return nil
+		}
+		if bySubject[dl.Subject]++; bySubject[dl.Subject] == 1 {
+			subjects = append(subjects, dl.Subject)
+		}
+		return writeDeadLetter(out, dl, asJSON)
+	})
+	// What was sent is said even when a later one failed.
+	verb := "sent again"
+	if dryRun {
+		verb = "would send again"
+	}
+	var to []string
+	for _, s := range subjects {
+		to = append(to, fmt.Sprintf("%d to %s", bySubject[s], s))
+	}
+	line := fmt.Sprintf("%s %d dead letter", verb, counts[pipeline.Resent])
+	if counts[pipeline.Resent] != 1 {
+		line += "s"
+	}
+	if len(to) > 0 {
+		line += " (" + strings.Join(to, ", ") + ")"
+	}
+	for _, k := range []pipeline.Resend{pipeline.KeptFused, pipeline.KeptRejected, pipeline.KeptElsewhere} {
+		if counts[k] > 0 {
+			line += fmt.Sprintf("; kept %d: %s", counts[k], keptWhy[k])
+		}
+	}
+	if asJSON {
+		fmt.Fprintln(cmd.ErrOrStderr(), line) // stdout stays JSON lines
+	} else {
+		fmt.Fprintln(out, line)
+	}
+	return err
+}
 
 // dlqLine is one dead letter on one line: when, which stage, the subject it
 // came on, what it was about, and why.
@@ -160,7 +244,7 @@ func (s *dlqSummary) add(dl schemas.DeadLetter) {
 	if s.rejected[st]+s.gaveUp[st] == 0 {
 		s.stages = append(s.stages, st)
 	}
-	if givenUp(dl) {
+	if pipeline.GivenUp(dl) {
 		s.gaveUp[st]++
 	} else {
 		s.rejected[st]++

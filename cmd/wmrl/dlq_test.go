@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/schemas"
 )
@@ -190,5 +191,70 @@ func waitUntil(t *testing.T, d time.Duration, ok func() bool) {
 			t.Fatalf("not within %v", d)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestResendSendsBackWhatAnOutageGaveUp: --dry-run says what --resend
+// would do and changes nothing; --resend stores the dead letter given up
+// on its subject again, as it was, removes it from the dead letters, and
+// keeps the rejected input; --follow is refused with it.
+func TestResendSendsBackWhatAnOutageGaveUp(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, _, js := startExternal(t, ctx)
+	const payload = `{"schema":1,"run":"default","step":5,"group_id":"g2","items":[]}`
+	for _, dl := range []schemas.DeadLetter{
+		{Schema: 1, Subject: "wmrl.default.pred_raw", Stage: "abstain", Reason: "gave up after 10 deliveries: judge unreachable", Payload: payload},
+		{Schema: 1, Subject: "wmrl.default.traj", Stage: "route", Reason: "route: invalid message: malformed JSON", Payload: `{"schema`},
+	} {
+		b, _ := json.Marshal(dl)
+		if _, err := js.Publish(ctx, "wmrl.default.dlq", b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := func(subject string) []string {
+		t.Helper()
+		var out []string
+		if err := natsjs.Scan(ctx, js, pipeline.StreamName("wmrl"), subject, false, func(r natsjs.Record) error {
+			out = append(out, string(r.Data))
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	const kept = "kept 1: rejected input, which would be rejected again"
+	for _, c := range []struct {
+		args    []string
+		summary string
+		lines   int // a line for each dead letter sent, and the summary
+		left    int // dead letters
+		sent    int // copies on pred_raw
+	}{
+		{[]string{"--dry-run"}, "would send again 1 dead letter (1 to wmrl.default.pred_raw); " + kept, 2, 2, 0},
+		{[]string{"--resend"}, "sent again 1 dead letter (1 to wmrl.default.pred_raw); " + kept, 2, 1, 1},
+		{[]string{"--resend"}, "sent again 0 dead letters; " + kept, 1, 1, 1},
+	} {
+		out, err := wmrl(ctx, append([]string{"dlq", "--nats", p.URL()}, c.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("wmrl dlq %s:\n%s", strings.Join(c.args, " "), out)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != c.lines || lines[len(lines)-1] != c.summary {
+			t.Errorf("%d lines ending %q, want %d ending %q", len(lines), lines[len(lines)-1], c.lines, c.summary)
+		}
+		if len(lines) > 1 && !strings.Contains(lines[0], "[step 5, group g2]") {
+			t.Errorf("line %q does not show the dead letter sent", lines[0])
+		}
+		if n := len(stored("wmrl.default.dlq")); n != c.left {
+			t.Errorf("after %v: %d dead letters left, want %d", c.args, n, c.left)
+		}
+		if got := stored("wmrl.default.pred_raw"); len(got) != c.sent || (c.sent == 1 && got[0] != payload) {
+			t.Errorf("after %v: pred_raw holds %q, want the payload %d time(s)", c.args, got, c.sent)
+		}
+	}
+	if _, err := wmrl(ctx, "dlq", "--nats", p.URL(), "--resend", "--follow"); err == nil || !strings.Contains(err.Error(), "--follow") {
+		t.Errorf("--resend --follow: %v, want it refused", err)
 	}
 }

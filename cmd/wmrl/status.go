@@ -25,7 +25,10 @@ func statusCommand() *cobra.Command {
 		Use:   "status",
 		Short: "Show where a run is: the last step received, fused and calibrated, dead letters and the newest one's reason, and each consumer's backlog",
 		Long: `Show where a run is, from its stream: the newest step watermark, update
-and calibration with their age, the dead letters with the newest one's
+and calibration with their age, the steps planned and not fused (one
+held back behind a later fused step waits for an anchor group within its
+deadline, or for a prediction that a stage between predict and fuse may
+have dead-lettered), the dead letters with the newest one's
 reason ("given up": a service it needs is down, "rejected": bad input),
 and for every durable consumer of the run's subjects (the stages', and
 outside stages' own) its backlog, the messages in flight and redelivered,
@@ -80,6 +83,7 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 		fmt.Fprintf(w, "steps fused:     up to %d (%s): rho %.3f, D %.3f, calibration v%d, groups %d, anchors %d\n",
 			u.Step, ago(st.LastUpdateAt), u.Rho, u.D, u.CalibrationVersion, u.Groups, u.Anchors)
 	}
+	writeUnfused(w, st, now)
 	switch c := st.LastCalibration; {
 	case c == nil:
 		fmt.Fprintln(w, "calibration:     no anchor group absorbed yet")
@@ -95,7 +99,7 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 	// once: the world model is down since ...") or an input was bad.
 	if dl := st.LastDeadLetter; dl != nil {
 		kind := "rejected"
-		if givenUp(*dl) {
+		if pipeline.GivenUp(*dl) {
 			kind = "given up"
 		}
 		stage := dl.Stage
@@ -126,6 +130,41 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 	tw.Flush()
 	if unread > 0 {
 		fmt.Fprintf(w, "* %d consumer(s) with a backlog and no pull request waiting: nothing reads them; is their stage running?\n", unread)
+	}
+}
+
+// writeUnfused names the steps planned and not fused: those behind a
+// later fused step first, since a step held there for long waits for a
+// prediction nothing will publish.
+func writeUnfused(w io.Writer, st *pipeline.Status, now time.Time) {
+	if len(st.Unfused) == 0 {
+		return
+	}
+	var behind, ahead []pipeline.UnfusedStep
+	for _, u := range st.Unfused {
+		if st.LastUpdate != nil && u.Step < st.LastUpdate.Step {
+			behind = append(behind, u)
+		} else {
+			ahead = append(ahead, u)
+		}
+	}
+	list := func(us []pipeline.UnfusedStep) string {
+		const show = 5
+		var parts []string
+		for _, u := range us[:min(show, len(us))] {
+			parts = append(parts, fmt.Sprintf("%d (planned %s ago)", u.Step, now.Sub(u.Planned).Round(time.Second)))
+		}
+		if len(us) > show {
+			parts = append(parts, fmt.Sprintf("and %d more", len(us)-show))
+		}
+		return strings.Join(parts, ", ")
+	}
+	if len(behind) > 0 {
+		fmt.Fprintf(w, "held back:       step %s, not fused while later steps are: each waits for an anchor group (up to --anchor-deadline) "+
+			"or for a group's prediction, which has no deadline (one that a stage between predict and fuse gave up is in wmrl dlq, and wmrl dlq --resend sends it back)\n", list(behind))
+	}
+	if len(ahead) > 0 {
+		fmt.Fprintf(w, "being fused:     step %s\n", list(ahead))
 	}
 }
 

@@ -59,6 +59,9 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 			t.Errorf("status does not show %q", want)
 		}
 	}
+	if strings.Contains(out, "held back:") || strings.Contains(out, "being fused:") {
+		t.Errorf("status names steps not fused, with every step fused:\n%s", out)
+	}
 	for _, consumer := range []string{"route_default_traj", "route_default_step", "predict_default_group", "execute_default_exec",
 		"pair_default_pred", "pair_default_execution", "fuse_default_plan", "archive_default_update"} {
 		row := regexp.MustCompile(`(?m)^\s*` + consumer + `\s+wmrl\.default\.\w+\s+0\s+\d+\s+\d+\s+\d+\s+\S+ ago\s*$`)
@@ -142,5 +145,26 @@ func TestStatusTellsAnOutageFromBadInput(t *testing.T) {
 	writeStatus(&b, st, "here", "wmrl", "default", now)
 	if !strings.Contains(b.String(), "newest of them:  rejected by -, 2026-12-03T11:59:57Z, 3s ago: route: invalid message: malformed JSON\n") {
 		t.Errorf("a rejected dead letter without a stage shows as:\n%s", b.String())
+	}
+}
+
+// TestStatusNamesStepsHeldBehindLaterOnes: a step planned and not fused
+// while a later one is shows as held back, with what it waits for and
+// where to look; those after the last fused step as being fused.
+func TestStatusNamesStepsHeldBehindLaterOnes(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	st := &pipeline.Status{Stream: "WMRL_WMRL", LastUpdate: &schemas.Update{Step: 5}, LastUpdateAt: now,
+		Unfused: []pipeline.UnfusedStep{{Step: 1, Planned: now.Add(-20 * time.Minute)}, {Step: 6, Planned: now.Add(-time.Second)}}}
+	var b strings.Builder
+	writeStatus(&b, st, "here", "wmrl", "default", now)
+	out := b.String()
+	for _, want := range []string{
+		"held back:       step 1 (planned 20m0s ago), not fused while later steps are:",
+		"wmrl dlq --resend sends it back",
+		"being fused:     step 6 (planned 1s ago)\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status does not show %q:\n%s", want, out)
+		}
 	}
 }

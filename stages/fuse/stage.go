@@ -44,10 +44,20 @@ type Stage struct {
 	// if set, hears each published update's size.
 	MaxPayload    int
 	OnUpdateBytes func(int)
+	// StuckAfter, if set, is how long a step may wait for a group's
+	// prediction before OnStuck hears of it, once a step; OnUnstuck hears
+	// when such a step is fused at last, after how long. OnWait, if set,
+	// hears every second how long the longest-waiting planned step has
+	// waited for a prediction (0: none waits).
+	StuckAfter time.Duration
+	OnStuck    func(Waiting)
+	OnUnstuck  func(step int64, waited time.Duration)
+	OnWait     func(time.Duration)
 
 	mu       sync.Mutex
 	steps    *Steps
 	done     map[int64]chan struct{}
+	stuck    map[int64]time.Time // steps OnStuck heard of: when their plan came
 	caughtUp bool
 }
 
@@ -61,7 +71,7 @@ func NewStage(cfg StepsConfig, out string, pub message.Publisher) (*Stage, error
 	if err != nil {
 		return nil, err
 	}
-	return &Stage{RunID: cfg.Run, Out: out, Pub: pub, Now: time.Now, steps: steps, done: map[int64]chan struct{}{}}, nil
+	return &Stage{RunID: cfg.Run, Out: out, Pub: pub, Now: time.Now, steps: steps, done: map[int64]chan struct{}{}, stuck: map[int64]time.Time{}}, nil
 }
 
 // DefaultCheckpointEvery is how many calibrations pass between checkpoints
@@ -165,7 +175,8 @@ func (s *Stage) Flush(ctx context.Context) error {
 		return nil // rho and the map are not rebuilt yet
 	}
 	now := s.Now()
-	for _, n := range s.steps.Ready(now) {
+	ready := s.steps.Ready(now)
+	for _, n := range ready {
 		u := s.steps.Fuse(n, now)
 		m, err := schemas.NewMessage(fmt.Sprintf("%s/update/%d", s.RunID, n), u)
 		if err != nil {
@@ -185,9 +196,18 @@ func (s *Stage) Flush(ctx context.Context) error {
 		s.steps.Close(n)
 		close(s.doneFor(n))
 		delete(s.done, n)
+		if at, ok := s.stuck[n]; ok {
+			delete(s.stuck, n)
+			if s.OnUnstuck != nil {
+				s.OnUnstuck(n, now.Sub(at))
+			}
+		}
 		if s.OnUpdate != nil {
 			s.OnUpdate(u)
 		}
+	}
+	if len(ready) > 0 {
+		s.tellWait(now, nil) // a step that waited may be fused: say so now, not at the next watch
 	}
 	return nil
 }
@@ -245,6 +265,7 @@ func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
 	}()
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
+	var watched time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -255,7 +276,45 @@ func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
 			if err := s.Flush(ctx); errors.Is(err, ErrUpdateTooLarge) {
 				return err
 			}
+			if now := s.Now(); now.Sub(watched) >= time.Second {
+				watched = now
+				s.watch(now)
+			}
 		}
+	}
+}
+
+// watch tells OnWait how long the longest-waiting step has waited for a
+// prediction, and OnStuck of each step that has now waited StuckAfter.
+func (s *Stage) watch(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.caughtUp {
+		return // steps are not fused before: their waits say nothing yet
+	}
+	s.tellWait(now, func(w Waiting, waited time.Duration) {
+		if _, said := s.stuck[w.Step]; !said && s.StuckAfter > 0 && waited >= s.StuckAfter {
+			s.stuck[w.Step] = w.At
+			if s.OnStuck != nil {
+				s.OnStuck(w)
+			}
+		}
+	})
+}
+
+// tellWait hands each waiting step to each, then tells OnWait the longest
+// wait. Callers hold s.mu.
+func (s *Stage) tellWait(now time.Time, each func(Waiting, time.Duration)) {
+	var longest time.Duration
+	for _, w := range s.steps.Waiting(now) {
+		waited := now.Sub(w.At)
+		longest = max(longest, waited)
+		if each != nil {
+			each(w, waited)
+		}
+	}
+	if s.OnWait != nil {
+		s.OnWait(longest)
 	}
 }
 

@@ -1,6 +1,7 @@
 package fuse
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -215,6 +216,40 @@ func (s *Steps) markAbsorbed(c schemas.Calibration) {
 		before[p.TrajID] = p.Before
 	}
 	s.absorbed[fmt.Sprintf("%d/%s", c.Step, c.GroupID)] = absorbed{seq: c.Seq, before: before}
+}
+
+// Waiting is a planned step that still lacks some of its groups'
+// predictions: Missing, of its Groups, since its plan came At.
+type Waiting struct {
+	Step    int64
+	Missing []string
+	Groups  int
+	At      time.Time
+}
+
+// Waiting lists, in step order, the planned steps still missing a group's
+// prediction whose plan came before since. A prediction has no deadline
+// (an anchor group's execution has): a step waits for each of its groups,
+// so one that no stage will ever predict (an outside stage between
+// predict and fuse dead-lettered it) holds its step for good.
+func (s *Steps) Waiting(since time.Time) []Waiting {
+	var out []Waiting
+	for n, a := range s.open {
+		if a.plan == nil || !a.planAt.Before(since) {
+			continue
+		}
+		var missing []string
+		for _, g := range a.plan.Groups {
+			if a.preds[g.GroupID] == nil {
+				missing = append(missing, g.GroupID)
+			}
+		}
+		if len(missing) > 0 {
+			out = append(out, Waiting{Step: n, Missing: missing, Groups: len(a.plan.Groups), At: a.planAt})
+		}
+	}
+	slices.SortFunc(out, func(a, b Waiting) int { return cmp.Compare(a.Step, b.Step) })
+	return out
 }
 
 // Ready lists the steps that can be fused now, in step order: plan in,

@@ -211,3 +211,32 @@ func TestStepsRestoreFromACheckpoint(t *testing.T) {
 		}
 	}
 }
+
+func TestStepsSayWhichPredictionsAStepWaitsFor(t *testing.T) {
+	s, err := NewSteps(StepsConfig{Run: "r", AnchorDeadline: time.Second, Denoiser: DenoiserConfig{Estimator: EstimatorOff}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	s.AddPrediction(schemas.Prediction{Step: 4, GroupID: "w"}) // before its plan: not waiting on anything yet
+	if w := s.Waiting(t0.Add(time.Hour)); len(w) != 0 {
+		t.Fatalf("a step without a plan waits: %+v", w)
+	}
+	s.AddPlan(schemas.Plan{Step: 4, Groups: []schemas.PlanGroup{
+		{GroupID: "a", Anchor: true, TrajIDs: []string{"a0", "a1"}}, {GroupID: "w", TrajIDs: []string{"w0"}}, {GroupID: "v", TrajIDs: []string{"v0"}},
+	}}, t0)
+	s.AddPlan(schemas.Plan{Step: 2, Groups: []schemas.PlanGroup{{GroupID: "x", TrajIDs: []string{"x0"}}}}, t0.Add(time.Minute))
+	if w := s.Waiting(t0); len(w) != 0 {
+		t.Fatalf("steps planned at or after since listed: %+v", w)
+	}
+	w := s.Waiting(t0.Add(2 * time.Minute))
+	if len(w) != 2 || w[0].Step != 2 || w[1].Step != 4 || fmt.Sprint(w[1].Missing) != "[a v]" || w[1].Groups != 3 || !w[1].At.Equal(t0) {
+		t.Fatalf("waiting %+v, want step 2, then step 4 missing [a v] of 3 since t0", w)
+	}
+	s.AddPrediction(schemas.Prediction{Step: 4, GroupID: "a"})
+	s.AddPrediction(schemas.Prediction{Step: 4, GroupID: "v"})
+	// The anchor group's execution is still missing, but that has its deadline.
+	if w := s.Waiting(t0.Add(2 * time.Minute)); len(w) != 1 || w[0].Step != 2 {
+		t.Fatalf("waiting %+v, want only step 2", w)
+	}
+}

@@ -1,0 +1,169 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// outsideStage stands for a stage in another process between predict and
+// fuse (as examples/node-abstain is): it passes every prediction from
+// pred_raw to pred, but gives up on the first one of step 1 it is handed,
+// dead-lettering it as a stage of its own does when what it calls is down.
+func outsideStage(t *testing.T, ctx context.Context, js jetstream.JetStream) (gaveUp func() string) {
+	t.Helper()
+	stream, err := js.Stream(ctx, StreamName("wmrl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "judge",
+		FilterSubject: "wmrl.default.pred_raw", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var dropped string
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		var p schemas.Prediction
+		if err := json.Unmarshal(m.Data(), &p); err != nil {
+			t.Error(err)
+			return
+		}
+		mu.Lock()
+		give := p.Step == 1 && dropped == ""
+		if give {
+			dropped = p.GroupID
+		}
+		mu.Unlock()
+		if give {
+			dl, _ := json.Marshal(schemas.DeadLetter{Schema: 1, Subject: m.Subject(), Stage: "judge",
+				Reason: "gave up after 10 deliveries: judge unreachable", Payload: string(m.Data()), Time: time.Now().UTC()})
+			if _, err := js.Publish(ctx, "wmrl.default.dlq", dl); err != nil {
+				t.Error(err)
+			}
+		} else if _, err := js.Publish(ctx, "wmrl.default.pred", m.Data(), jetstream.WithMsgID("judge/"+p.GroupID+"/"+m.Headers().Get(jetstream.MsgIDHeader))); err != nil {
+			t.Error(err)
+			return
+		}
+		m.Ack()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cc.Stop)
+	return func() string { mu.Lock(); defer mu.Unlock(); return dropped }
+}
+
+// TestAStepHeldByAPredictionGivenUpIsFusedOnceItIsSentAgain: a stage
+// between predict and fuse that dead-letters a prediction (as a stage of
+// its own should, when what it calls stays down) holds that step for good,
+// since fuse waits for every group's prediction: later steps are fused,
+// that one never. The run says so after --stuck-after, and the gauge shows
+// the wait; ResendDeadLetters sends the prediction back and the step is
+// fused whole, while it keeps rejected input and a dead letter of a step
+// fused already.
+func TestAStepHeldByAPredictionGivenUpIsFusedOnceItIsSentAgain(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 4
+	cfg.StuckAfter = time.Second
+	var out syncBuffer
+	cfg.Quiet, cfg.Out = false, &out
+	top := filepath.Join(t.TempDir(), "topology.yaml")
+	if err := os.WriteFile(top, []byte("stages:\n  predict:\n    out:\n      pred: \"{prefix}.{run}.pred_raw\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.TopologyFile = top
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, nc, js := startClient(t, ctx, cfg)
+	gaveUp := outsideStage(t, ctx, js)
+
+	updates := func() map[int64]schemas.Update { return decodeUpdates(t, scanAll(t, nc, "wmrl.default.update")) }
+	waitFor(t, 60*time.Second, func() bool { return strings.Contains(out.String(), "fuse: step 1 has waited") })
+	waitFor(t, 60*time.Second, func() bool { time.Sleep(200 * time.Millisecond); return len(updates()) == 3 })
+	if _, ok := updates()[1]; ok {
+		t.Fatal("step 1 was fused without its group's prediction")
+	}
+	note := fmt.Sprintf("fuse: step 1 has waited 1s for the predictions of 1 of its %d groups (%s), which nothing has published", cfg.Groups, gaveUp())
+	if !strings.Contains(out.String(), note) {
+		t.Fatalf("no %q in the run's output:\n%s", note, out.String())
+	}
+	if w := testutil.ToFloat64(p.Metrics().PredictionWait); w < 1 {
+		t.Errorf("wmrl_prediction_wait_seconds %v while step 1 has waited over a second", w)
+	}
+
+	st, err := ReadStatus(ctx, StreamSource{NATSURL: p.URL(), Prefix: "wmrl"}, "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Unfused) != 1 || st.Unfused[0].Step != 1 || st.Unfused[0].Planned.IsZero() || st.LastUpdate == nil || st.LastUpdate.Step != 3 {
+		t.Errorf("status: unfused %+v, last update %+v; want step 1 unfused behind step 3", st.Unfused, st.LastUpdate)
+	}
+
+	// Beside it, what a resend must keep: a group the pipeline's predict
+	// gave up for step 0 (fused) and rejected input.
+	fused, _ := json.Marshal(schemas.DeadLetter{Schema: 1, Subject: "wmrl.default.group", Stage: StagePredict,
+		Reason: "gave up at once: predict: the world model is down", Payload: `{"schema":1,"run":"default","step":0,"group_id":"s0-g3"}`, Time: time.Now().UTC()})
+	rejected, _ := json.Marshal(schemas.DeadLetter{Schema: 1, Subject: "wmrl.default.traj", Stage: StageRoute,
+		Reason: "route: invalid message: malformed JSON", Payload: `{"schema": 1`, Time: time.Now().UTC()})
+	for _, b := range [][]byte{fused, rejected} {
+		if _, err := js.Publish(ctx, "wmrl.default.dlq", b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src := StreamSource{NATSURL: p.URL(), Prefix: "wmrl"}
+	resend := func(src StreamSource, dry bool) map[Resend][]string {
+		t.Helper()
+		got := map[Resend][]string{}
+		if err := ResendDeadLetters(ctx, src, "default", ResendOptions{DryRun: dry}, func(dl schemas.DeadLetter, r Resend) error {
+			got[r] = append(got[r], dl.Stage)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	want := map[Resend][]string{Resent: {"judge"}, KeptFused: {StagePredict}, KeptRejected: {StageRoute}}
+	if got := resend(src, true); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("dry run: %v, want %v", got, want)
+	}
+	time.Sleep(2 * time.Second)
+	if _, ok := updates()[1]; ok || len(scanAll(t, nc, "wmrl.default.dlq")) != 3 {
+		t.Fatal("a dry run sent something")
+	}
+	if got := resend(src, false); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("resend: %v, want %v", got, want)
+	}
+	if err := p.Wait(); err != nil { // returns once all 4 steps are fused
+		t.Fatal(err)
+	}
+	if w := testutil.ToFloat64(p.Metrics().PredictionWait); w != 0 {
+		t.Errorf("wmrl_prediction_wait_seconds %v with every step fused", w)
+	}
+	p.Stop()
+	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+	if len(ups) != 4 || ups[1].Groups != ups[0].Groups || len(ups[1].Skipped) != 0 {
+		t.Fatalf("step 1 fused with %d groups (step 0: %d), skipped %v", ups[1].Groups, ups[0].Groups, ups[1].Skipped)
+	}
+	if !strings.Contains(out.String(), "fuse: step 1 got its last prediction and was fused") {
+		t.Errorf("the run did not say step 1 was fused at last:\n%s", out.String())
+	}
+	if n := len(readStored(t, cfg.DataDir, "wmrl.default.dlq")); n != 2 {
+		t.Errorf("%d dead letters left, want the 2 kept", n)
+	}
+	// The stopped pipeline's store: what is left is kept again.
+	if got := resend(StreamSource{DataDir: cfg.DataDir, Prefix: "wmrl"}, false); len(got[Resent]) != 0 || len(got[KeptFused]) != 1 {
+		t.Errorf("a second resend sent %v again", got[Resent])
+	}
+}
