@@ -253,3 +253,60 @@ func TestOneArchiveStagePerRun(t *testing.T) {
 	}
 	q.Stop()
 }
+
+// TestArchiveKeepsTheAnchorsCode: every anchor group's row holds the
+// prompt and response of its trajectory as the trainer published it, and
+// no other row holds any; --archive-code=false keeps none.
+func TestArchiveKeepsTheAnchorsCode(t *testing.T) {
+	for _, keep := range []bool{true, false} {
+		t.Run(fmt.Sprint(keep), func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Steps = 6
+			cfg.ArchiveCode = keep
+			cfg.Quiet = false
+			var out syncBuffer
+			cfg.Out = &out
+			runAndReadArchive(t, cfg)
+			published := map[string]schemas.Trajectory{}
+			for _, b := range readStored(t, cfg.DataDir, "wmrl.default.traj") {
+				var tr schemas.Trajectory
+				if err := json.Unmarshal(b, &tr); err != nil {
+					t.Fatal(err)
+				}
+				published[tr.TrajID] = tr
+			}
+			files, err := archive.Files(cfg.ArchiveRoot(), cfg.Run)
+			if err != nil {
+				t.Fatal(err)
+			}
+			withCode, anchors := 0, 0
+			if err := archive.Scan(files, func(rows []archive.Row) error {
+				for _, r := range rows {
+					tr := published[r.TrajID]
+					switch {
+					case r.Source == archive.SourceLateAnchor:
+					case keep && r.IsAnchor && (r.Prompt == nil || r.Response == nil || *r.Prompt != tr.Prompt || *r.Response != tr.Response):
+						t.Errorf("step %d %s: anchor row's code %v / %v, not its trajectory's", r.Step, r.TrajID, r.Prompt, r.Response)
+					case (!keep || !r.IsAnchor) && (r.Prompt != nil || r.Response != nil):
+						t.Errorf("step %d %s (anchor %v): code archived", r.Step, r.TrajID, r.IsAnchor)
+					}
+					if r.IsAnchor {
+						anchors++
+					}
+					if r.Response != nil {
+						withCode++
+					}
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if anchors == 0 || (keep && withCode != anchors) {
+				t.Errorf("%d rows with code of %d anchor rows", withCode, anchors)
+			}
+			if strings.Contains(out.String(), "without prompt and response") {
+				t.Errorf("the run archived some without code:\n%s", out.String())
+			}
+		})
+	}
+}

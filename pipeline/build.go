@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -276,6 +277,12 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 	return nil
 }
 
+// ArchiveCodeWait is how long the archive waits for an update's anchor
+// groups' trajectories: they come before it, but for a restart's
+// redeliveries, which come together or, rarely, after the consumers'
+// AckWait (30 s; see README, Known limits).
+const ArchiveCodeWait = 35 * time.Second
+
 func (p *Pipeline) buildArchive(ctx context.Context) error {
 	w, err := archive.OpenWriter(archive.WriterConfig{Dir: p.cfg.ArchiveRoot(), Run: p.cfg.Run,
 		MaxRows: p.cfg.ArchiveMaxRows, MaxAge: p.cfg.ArchiveMaxAge,
@@ -312,6 +319,29 @@ func (p *Pipeline) buildArchive(ctx context.Context) error {
 	}
 	if err := p.subscribe(StageArchive, schemas.KindCalibration, st.HandleCalibration); err != nil {
 		return err
+	}
+	if p.cfg.ArchiveCode {
+		// The anchor groups as execute gets them, wherever a topology
+		// sends them, unless it names the archive's own.
+		subject := p.topo.InOr(StageArchive, StageExecute, schemas.KindExec)
+		st.CodeWait = ArchiveCodeWait
+		var (
+			mu   sync.Mutex
+			said time.Time
+		)
+		st.OnNoCode = func(step int64, groups []string) {
+			mu.Lock()
+			defer mu.Unlock()
+			if time.Since(said) < time.Minute {
+				return
+			}
+			said = time.Now()
+			p.notef("archive: the trajectories of step %d's anchor groups %s did not come on %s within %v: their rows are archived without prompt and response (said at most once a minute)",
+				step, strings.Join(groups, ", "), subject, ArchiveCodeWait)
+		}
+		if err := p.subscribeTo(StageArchive, schemas.KindExec, subject, st.HandleExec); err != nil {
+			return err
+		}
 	}
 	if after := p.cfg.ArchiveCompactAfter; after > 0 {
 		p.go_(func() error { p.compactArchive(ctx, after); return nil })

@@ -50,6 +50,11 @@ type Config struct {
 	// into files of up to ArchiveMaxRows rows, in the background (0: never;
 	// DefaultConfig: an hour). A file every ArchiveMaxAge is 8,640 a day.
 	ArchiveCompactAfter time.Duration
+	// ArchiveCode puts the anchor groups' prompts and responses into
+	// their rows (DefaultConfig: true): the archive stage reads the
+	// anchor groups route sends execute, and holds each until its step is
+	// archived.
+	ArchiveCode bool
 	// NATSURL selects an external server or cluster; empty embeds one.
 	NATSURL string
 	// Listen is the embedded server's client address (default
@@ -214,6 +219,7 @@ func DefaultConfig() Config {
 	c := Config{Debias: true, Anchors: route.SchedulerConfig{Fraction: route.DefaultFraction, MinPerStep: 1, Rounding: route.RoundEven}}
 	c.Debiaser = calibrate.DefaultDebiaserConfig()
 	c.ArchiveCompactAfter = time.Hour
+	c.ArchiveCode = true
 	c.WMDownAfter, c.ExecDownAfter = 5, 5
 	c.WMRetries = 5
 	c.setDefaults()

@@ -163,6 +163,11 @@ func (p *Pipeline) stagePublisher(stage string) message.Publisher {
 }
 
 func (p *Pipeline) subscribe(stage string, kind schemas.Kind, h message.NoPublishHandlerFunc) error {
+	return p.subscribeTo(stage, kind, p.topo.In(stage, kind), h)
+}
+
+// subscribeTo has stage's handler of kind read subject.
+func (p *Pipeline) subscribeTo(stage string, kind schemas.Kind, subject string, h message.NoPublishHandlerFunc) error {
 	sub, err := natsjs.NewSubscriber(natsjs.SubscriberConfig{
 		Conn:          p.tr.nc,
 		Stream:        func(string) jetstream.StreamConfig { return StreamConfig(&p.cfg) },
@@ -174,7 +179,7 @@ func (p *Pipeline) subscribe(stage string, kind schemas.Kind, h message.NoPublis
 	if err != nil {
 		return err
 	}
-	p.router.AddNoPublisherHandler(stage+"/"+string(kind), p.topo.In(stage, kind), sub, h)
+	p.router.AddNoPublisherHandler(stage+"/"+string(kind), subject, sub, h)
 	p.subs = append(p.subs, sub)
 	return nil
 }

@@ -34,7 +34,7 @@ var (
 		StagePair:      {schemas.KindPred, schemas.KindExecution},
 		StageCalibrate: {schemas.KindPairs},
 		StageFuse:      {schemas.KindPlan, schemas.KindPred, schemas.KindExecution, schemas.KindCalibration},
-		StageArchive:   {schemas.KindUpdate, schemas.KindCalibration},
+		StageArchive:   {schemas.KindUpdate, schemas.KindCalibration, schemas.KindExec},
 	}
 	stageOut = map[string][]schemas.Kind{
 		StageRoute:     {schemas.KindGroup, schemas.KindExec, schemas.KindPlan},
@@ -119,6 +119,15 @@ func LoadTopology(path, prefix, run string) (*Topology, error) {
 // In is the subject stage reads kind from.
 func (t *Topology) In(stage string, kind schemas.Kind) string {
 	return t.port(stage, "in", kind)
+}
+
+// InOr is the subject stage reads kind from when the topology sets it,
+// else like's.
+func (t *Topology) InOr(stage, like string, kind schemas.Kind) string {
+	if s, ok := t.ports[stage+"/in/"+string(kind)]; ok {
+		return s
+	}
+	return t.In(like, kind)
 }
 
 // Out is the subject stage writes kind to.

@@ -88,6 +88,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.ArchiveDir, "archive", "", "Parquet archive root of the archive stage (default: DATA/archive; off: no archive)")
 	fs.DurationVar(&cfg.ArchiveMaxAge, "archive-max-age", 10*time.Second, "close an archive file (and acknowledge its inputs) after this long")
 	fs.IntVar(&cfg.ArchiveMaxRows, "archive-max-rows", 1_000_000, "close an archive file after this many rows")
+	fs.BoolVar(&cfg.ArchiveCode, "archive-code", cfg.ArchiveCode, "archive the anchor groups' prompts and responses in their rows (what evaluating or training another world model on the executions needs)")
 	fs.DurationVar(&cfg.ArchiveCompactAfter, "archive-compact-after", cfg.ArchiveCompactAfter, "merge closed archive files older than this into files of up to --archive-max-rows rows, in the background (0: never)")
 }
 

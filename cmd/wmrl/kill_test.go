@@ -133,6 +133,25 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	}
 	files, _ := archive.Files(filepath.Join(data, "archive"), "default")
 	t.Logf("archive: %d rows in %d files", len(rows), len(files))
+	// Every anchor row has its trajectory's code, kills or not: the anchor
+	// groups are held until their step is archived.
+	anchors, coded := 0, 0
+	if err := archive.Scan(files, func(rows []archive.Row) error {
+		for _, r := range rows {
+			if r.IsAnchor && r.Source != archive.SourceLateAnchor {
+				anchors++
+				if r.Response != nil && r.Prompt != nil {
+					coded++
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if anchors == 0 || coded != anchors {
+		t.Errorf("%d of %d anchor rows have their prompt and response", coded, anchors)
+	}
 	for s := int64(0); s < steps; s++ {
 		if updates[s] != 1 {
 			t.Errorf("step %d has %d updates, want exactly 1", s, updates[s])

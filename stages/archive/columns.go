@@ -85,12 +85,19 @@ var columns = []column{
 	{"exec_detail", func(r []Row, i int, v parquet.Value, c *colState) { r[i].ExecDetail = c.text(i, v, false) }},
 	{"wm_verdict", func(r []Row, i int, v parquet.Value, c *colState) { r[i].WMVerdict = c.text(i, v, true) }},
 	{"wm_rationale", func(r []Row, i int, v parquet.Value, c *colState) { r[i].WMRationale = c.text(i, v, false) }},
+	{"prompt", func(r []Row, i int, v parquet.Value, c *colState) { r[i].Prompt = c.text(i, v, false) }},
+	{"response", func(r []Row, i int, v parquet.Value, c *colState) { r[i].Response = c.text(i, v, false) }},
 }
+
+// codeColumns hold the anchors' trajectories: kilobytes a row where the
+// other columns hold bytes, and nothing replay or the audit computes on,
+// so Read leaves them out and Scan (a merge) keeps them.
+var codeColumns = map[string]bool{"prompt": true, "response": true}
 
 // laterColumns were added to Row after archives were first written: a file
 // without one reads it as null (its zero value), and a merge (Compact)
 // rewrites such a file with the column.
-var laterColumns = map[string]bool{"exec_detail": true, "wm_verdict": true, "wm_rationale": true}
+var laterColumns = map[string]bool{"exec_detail": true, "wm_verdict": true, "wm_rationale": true, "prompt": true, "response": true}
 
 // missingColumns lists the later columns schema lacks.
 func missingColumns(schema *parquet.Schema) []string {
@@ -104,14 +111,17 @@ func missingColumns(schema *parquet.Schema) []string {
 }
 
 // readRowGroup decodes a row group into rows, which must hold exactly its
-// rows (they may be kept).
-func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, rows []Row) error {
+// rows (they may be kept); the code columns only withCode.
+func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, rows []Row, withCode bool) error {
 	n := int(rg.NumRows())
 	if len(rows) != n {
 		return fmt.Errorf("row group of %d rows decoded into %d", n, len(rows))
 	}
 	chunks := rg.ColumnChunks()
 	for _, col := range columns {
+		if codeColumns[col.name] && !withCode {
+			continue
+		}
 		leaf, ok := pf.Schema().Lookup(col.name)
 		if !ok && !laterColumns[col.name] {
 			return fmt.Errorf("no column %q", col.name)
@@ -123,7 +133,7 @@ func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, r
 		case "exec_status", "wm_verdict":
 			st.texts = make([]string, n)
 			st.strs = map[string]string{}
-		case "exec_detail", "wm_rationale":
+		case "exec_detail", "wm_rationale", "prompt", "response":
 			st.texts = make([]string, n)
 		default:
 			st.strs = map[string]string{}

@@ -73,7 +73,8 @@ func rowOffsets(files []string) ([]int, error) {
 // Scan reads files in order and calls fn with each row group's rows,
 // which fn may keep: a stream, in the memory of one row group. A row's Run
 // is its file's partition, the directory run=<run> (empty for a file
-// outside one).
+// outside one). Every column is read, the anchors' prompt and response
+// too.
 func Scan(files []string, fn func([]Row) error) error {
 	vals := make([]parquet.Value, 4096)
 	for _, path := range files {
@@ -83,7 +84,7 @@ func Scan(files []string, fn func([]Row) error) error {
 		}
 		for _, rg := range pf.RowGroups() {
 			rows := make([]Row, rg.NumRows())
-			if err := decodeRowGroup(path, pf, rg, vals, rows); err != nil {
+			if err := decodeRowGroup(path, pf, rg, vals, rows, true); err != nil {
 				f.Close()
 				return err
 			}
@@ -97,8 +98,8 @@ func Scan(files []string, fn func([]Row) error) error {
 	return nil
 }
 
-func decodeRowGroup(path string, pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, rows []Row) error {
-	if err := readRowGroup(pf, rg, vals, rows); err != nil {
+func decodeRowGroup(path string, pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, rows []Row, withCode bool) error {
+	if err := readRowGroup(pf, rg, vals, rows, withCode); err != nil {
 		return fmt.Errorf("archive: %s: %w", filepath.Base(path), err)
 	}
 	run, _ := strings.CutPrefix(filepath.Base(filepath.Dir(path)), "run=")
@@ -113,6 +114,7 @@ func decodeRowGroup(path string, pf *parquet.File, rg parquet.RowGroup, vals []p
 // with no copy (a million rows are about 250 MB; first-touching that
 // memory twice, as appending row groups would, halves the read rate).
 // progress, if set, is called with the rows read so far and the total.
+// The anchors' prompt and response are left out (nil).
 func Read(files []string, progress func(done, total int)) ([]Row, error) {
 	offsets, err := rowOffsets(files)
 	if err != nil {
@@ -167,7 +169,7 @@ func readFileInto(path string, vals []parquet.Value, dst []Row) error {
 	at := 0
 	for _, rg := range pf.RowGroups() {
 		n := int(rg.NumRows())
-		if err := decodeRowGroup(path, pf, rg, vals, dst[at:at+n]); err != nil {
+		if err := decodeRowGroup(path, pf, rg, vals, dst[at:at+n], false); err != nil {
 			return err
 		}
 		at += n

@@ -121,6 +121,12 @@ func writeReaderFixture(t *testing.T) (string, []Row) {
 	}
 	for step := range int64(6) {
 		rows, late := FromUpdate(testUpdate(step, "b"))
+		for i := range rows { // the anchors' code, as the stage adds it
+			if rows[i].IsAnchor {
+				prompt, response := "predict the price", fmt.Sprintf("print(%d)  # %s", step, rows[i].TrajID)
+				rows[i].Prompt, rows[i].Response = &prompt, &response
+			}
+		}
 		if _, err := w.Add(UpdateKey(step), rows, late); err != nil {
 			t.Fatal(err)
 		}
@@ -134,10 +140,7 @@ func writeReaderFixture(t *testing.T) (string, []Row) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := ReadAll(dir, "r")
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := scanRun(t, dir, "r")
 	if files, _ := Files(dir, "r"); len(files) < 2 {
 		t.Fatalf("want several files, have %d", len(files))
 	}
@@ -194,7 +197,7 @@ func runReader(t *testing.T, env []string, name string, args ...string) map[stri
 func ourAggregates(rows []Row) map[string]string {
 	steps := map[int64]bool{}
 	tasks, runs := map[string]bool{}, map[string]bool{}
-	var predicted, truth, status, details, verdicts, rationales, anchors, late int
+	var predicted, truth, status, details, verdicts, rationales, prompts, responses, responseChars, anchors, late int
 	var fusedByStep, calibrated float64
 	first := rows[0].TS
 	for _, r := range rows {
@@ -217,6 +220,13 @@ func ourAggregates(rows []Row) map[string]string {
 		if r.WMRationale != nil {
 			rationales++
 		}
+		if r.Prompt != nil {
+			prompts++
+		}
+		if r.Response != nil {
+			responses++
+			responseChars += len(*r.Response) // ASCII: bytes are characters
+		}
 		if r.IsAnchor {
 			anchors++
 		}
@@ -237,6 +247,7 @@ func ourAggregates(rows []Row) map[string]string {
 	return map[string]string{
 		"rows": itoa(len(rows)), "steps": itoa(len(steps)), "predicted": itoa(predicted),
 		"true_scores": itoa(truth), "exec_statuses": itoa(status), "exec_details": itoa(details), "wm_verdicts": itoa(verdicts), "wm_rationales": itoa(rationales), "anchors": itoa(anchors),
+		"prompts": itoa(prompts), "responses": itoa(responses), "response_chars": itoa(responseChars),
 		"late": itoa(late), "runs": strings.Join(slices.Sorted(maps.Keys(runs)), ","),
 		"tasks":         strings.Join(slices.Sorted(maps.Keys(tasks)), ","),
 		"first_ts":      first.UTC().Format("2006-01-02 15:04:05"),
@@ -267,4 +278,19 @@ func compareAggregates(t *testing.T, reader string, got, want map[string]string)
 			t.Errorf("%s printed %s, which nothing compares", reader, k)
 		}
 	}
+}
+
+// scanRun reads a run's rows with every column (Scan), the anchors' code
+// too, which ReadAll leaves out.
+func scanRun(t *testing.T, root, run string) []Row {
+	t.Helper()
+	files, err := Files(root, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []Row
+	if err := Scan(files, func(rs []Row) error { rows = append(rows, rs...); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return rows
 }

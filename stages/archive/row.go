@@ -80,6 +80,15 @@ type Row struct {
 	// after the first archives (see laterColumns).
 	WMVerdict   *string `parquet:"wm_verdict,optional,dict"`
 	WMRationale *string `parquet:"wm_rationale,optional"`
+	// Prompt and Response are the trajectory as the policy wrote it and
+	// the world model and the executor saw it, on anchor groups' rows
+	// (null on the others, and when the archive stage runs without
+	// them): with true_score they are what an offline evaluation of
+	// another world model, or its training, needs, kept past the stream's
+	// retention. Read (replay, audit) leaves them out; Scan and DuckDB or
+	// pandas read them. Added after the first archives (see laterColumns).
+	Prompt   *string `parquet:"prompt,optional"`
+	Response *string `parquet:"response,optional"`
 }
 
 // UpdateKey and LateKey name what a file holds, so that a redelivered

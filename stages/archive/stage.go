@@ -16,7 +16,9 @@ import (
 // update becomes a row per item. A calibration becomes rows only when its
 // anchor group was late for its step (the step's update says so), so a
 // calibration is held until its step's update is archived: it may be
-// stored before it. One archive stage per run.
+// stored before it. With CodeWait, an anchor group's trajectories
+// (HandleExec) are held too, and their prompts and responses go into the
+// rows of their step's update. One archive stage per run.
 type Stage struct {
 	Run string
 	W   *Writer
@@ -24,14 +26,37 @@ type Stage struct {
 	// OnArchived, if set, sees every update whose rows are durable, and
 	// every late anchor group's (with late true).
 	OnArchived func(step int64, late bool)
+	// CodeWait is how long an update waits for the trajectories of its
+	// anchor groups that have not come (they come before it but for a
+	// restart's redeliveries) before its rows are archived without
+	// them, which OnNoCode, if set, hears. 0 archives no code. Once a
+	// wait has run out with no trajectories come at all since the stage
+	// started (nothing sends them where it reads), updates wait no more
+	// until some come.
+	CodeWait time.Duration
+	OnNoCode func(step int64, groups []string)
 
 	mu      sync.Mutex
 	waiting map[int64]chan struct{} // steps whose update calibrations wait for
+	code    map[groupKey]*groupCode // anchor groups' trajectories, until their step is archived
+	sawCode bool                    // some trajectories have come
+	noCode  bool                    // a wait ran out before any came
+}
+
+type groupKey struct {
+	step  int64
+	group string
+}
+
+// groupCode is an anchor group's trajectories, once arrived is closed.
+type groupCode struct {
+	arrived chan struct{}
+	trajs   map[string]schemas.Trajectory
 }
 
 // NewStage builds the stage on an open writer.
 func NewStage(run string, w *Writer) *Stage {
-	return &Stage{Run: run, W: w, Now: time.Now, waiting: map[int64]chan struct{}{}}
+	return &Stage{Run: run, W: w, Now: time.Now, waiting: map[int64]chan struct{}{}, code: map[groupKey]*groupCode{}}
 }
 
 // HandleUpdate archives an update's rows.
@@ -41,6 +66,9 @@ func (s *Stage) HandleUpdate(msg *message.Message) error {
 		return fmt.Errorf("archive: %w", err)
 	}
 	rows, late := FromUpdate(u)
+	if s.CodeWait > 0 && s.W.Has(UpdateKey(u.Step)) == nil { // a redelivery of an archived one needs none
+		s.addCode(msg.Context(), u.Step, rows)
+	}
 	c, err := s.W.Add(UpdateKey(u.Step), rows, late)
 	if err != nil {
 		return outage(err)
@@ -89,6 +117,114 @@ func (s *Stage) HandleCalibration(msg *message.Message) error {
 		case <-ctx.Done():
 			return fmt.Errorf("archive: gave up waiting for the update of step %d: %w", c.Step, ctx.Err())
 		}
+	}
+}
+
+// HandleExec takes an anchor group's trajectories (what route sends the
+// executor) and holds them until their step's update is archived with
+// their prompts and responses in its rows.
+func (s *Stage) HandleExec(msg *message.Message) error {
+	var g schemas.Group
+	if err := schemas.Decode(msg.Payload, s.Run, &g); err != nil {
+		return fmt.Errorf("archive: %w", err)
+	}
+	ctx := msg.Context()
+	if done := s.W.Has(UpdateKey(g.Step)); done != nil {
+		return wait(ctx, done) // its step is archived (a redelivery): nothing to add
+	}
+	k := groupKey{g.Step, g.GroupID}
+	s.mu.Lock()
+	s.sawCode, s.noCode = true, false
+	c := s.codeSlot(k)
+	if c.trajs == nil {
+		c.trajs = make(map[string]schemas.Trajectory, len(g.Trajectories))
+		for _, t := range g.Trajectories {
+			c.trajs[t.TrajID] = t
+		}
+		close(c.arrived)
+	}
+	s.mu.Unlock()
+	for {
+		if done := s.W.Has(UpdateKey(g.Step)); done != nil {
+			err := wait(ctx, done)
+			if err == nil {
+				s.mu.Lock()
+				delete(s.code, k)
+				s.mu.Unlock()
+			}
+			return err
+		}
+		select {
+		case <-s.updateOf(g.Step):
+		case <-ctx.Done():
+			return fmt.Errorf("archive: gave up waiting for the update of step %d: %w", g.Step, ctx.Err())
+		}
+	}
+}
+
+// codeSlot is an anchor group's place for its trajectories. Callers hold
+// s.mu.
+func (s *Stage) codeSlot(k groupKey) *groupCode {
+	c := s.code[k]
+	if c == nil {
+		c = &groupCode{arrived: make(chan struct{})}
+		s.code[k] = c
+	}
+	return c
+}
+
+// addCode puts the prompts and responses of the anchor groups' rows into
+// them, waiting up to CodeWait for those that have not come.
+func (s *Stage) addCode(ctx context.Context, step int64, rows []Row) {
+	var groups []string
+	slots := map[string]*groupCode{}
+	s.mu.Lock()
+	for _, r := range rows {
+		if r.IsAnchor && slots[r.GroupID] == nil {
+			slots[r.GroupID] = s.codeSlot(groupKey{step, r.GroupID})
+			groups = append(groups, r.GroupID)
+		}
+	}
+	patience := s.CodeWait
+	if s.noCode {
+		patience = 0 // nothing sends them: take what is here
+	}
+	s.mu.Unlock()
+	timeout := time.NewTimer(patience)
+	defer timeout.Stop()
+arrival:
+	for _, g := range groups {
+		select {
+		case <-slots[g].arrived:
+		case <-timeout.C:
+			break arrival
+		case <-ctx.Done():
+			break arrival
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range rows {
+		c := slots[rows[i].GroupID]
+		if c == nil || c.trajs == nil {
+			continue
+		}
+		if t, ok := c.trajs[rows[i].TrajID]; ok {
+			rows[i].Prompt, rows[i].Response = &t.Prompt, &t.Response
+		}
+	}
+	var missing []string
+	for _, g := range groups {
+		if slots[g].trajs == nil {
+			missing = append(missing, g)
+			delete(s.code, groupKey{step, g}) // a later HandleExec finds the step archived
+		}
+	}
+	if len(missing) > 0 && !s.sawCode {
+		s.noCode = true
+	}
+	if len(missing) > 0 && s.OnNoCode != nil {
+		s.OnNoCode(step, missing)
 	}
 }
 

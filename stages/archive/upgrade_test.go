@@ -12,7 +12,7 @@ import (
 // before the exec_detail column (at f81bfa1): three files of run "r".
 
 // later are the columns added since.
-var later = []string{"exec_detail", "wm_verdict", "wm_rationale"}
+var later = []string{"exec_detail", "wm_verdict", "wm_rationale", "prompt", "response"}
 
 // oldArchive copies it into root as run.
 func oldArchive(t *testing.T, root, run string) {
@@ -71,7 +71,7 @@ func TestAnArchiveFromBeforeExecDetailReadsAsBefore(t *testing.T) {
 	}
 	_, want := writeReaderFixture(t)
 	for i := range want {
-		want[i].ExecDetail, want[i].WMVerdict, want[i].WMRationale = nil, nil, nil
+		want[i].ExecDetail, want[i].WMVerdict, want[i].WMRationale, want[i].Prompt, want[i].Response = nil, nil, nil, nil, nil
 	}
 	if !reflect.DeepEqual(old, want) {
 		t.Fatalf("the old archive read %d rows unlike what wrote it (%d rows)", len(old), len(want))
@@ -131,11 +131,7 @@ func TestOutsideReadersOfAnArchiveFromBeforeExecDetail(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		now, err := ReadAll(root, "r")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return root, append(rows, now...)
+		return root, append(rows, scanRun(t, root, "r")...)
 	}
 	t.Run("duckdb", func(t *testing.T) {
 		root, rows := mixed(t)
@@ -143,8 +139,9 @@ func TestOutsideReadersOfAnArchiveFromBeforeExecDetail(t *testing.T) {
 	})
 	t.Run("pandas", func(t *testing.T) {
 		root, rows := mixed(t)
-		if got := pandasRead(t, root); got["exec_details"] != "no column" {
-			t.Errorf("pandas read exec_detail (%s values) from an archive whose first file lacks it: then wmrl compact need not add it", got["exec_details"])
+		if got := pandasRead(t, root); got["exec_details"] != "no column" || got["responses"] != "no column" {
+			t.Errorf("pandas read exec_detail (%s values) and response (%s) from an archive whose first file lacks them: then wmrl compact need not add them",
+				got["exec_details"], got["responses"])
 		}
 		if _, err := Compact(root, "a-old", CompactConfig{MaxRows: 1, Upgrade: true}); err != nil {
 			t.Fatal(err)

@@ -2,7 +2,8 @@
 // reader, and prints aggregates the Go test compares with its own reader.
 // Usage: NODE_PATH=<dir with node_modules> node duckdb_read.cjs '<glob>'
 // union_by_name: an archive's older files may lack a column added since
-// (exec_detail); without it DuckDB takes the first file's columns for all.
+// (exec_detail, prompt); without it DuckDB takes the first file's columns
+// for all.
 const { DuckDBInstance } = require('@duckdb/node-api');
 
 (async () => {
@@ -18,6 +19,9 @@ const { DuckDBInstance } = require('@duckdb/node-api');
            count(exec_detail)::BIGINT AS exec_details,
            count(wm_verdict)::BIGINT AS wm_verdicts,
            count(wm_rationale)::BIGINT AS wm_rationales,
+           count(prompt)::BIGINT AS prompts,
+           count(response)::BIGINT AS responses,
+           coalesce(sum(length(response)), 0)::BIGINT AS response_chars,
            sum(CASE WHEN is_anchor THEN 1 ELSE 0 END)::BIGINT AS anchors,
            sum(CASE WHEN source = 'late_anchor' THEN 1 ELSE 0 END)::BIGINT AS late,
            round(sum(fused_advantage * step), 6)::DOUBLE AS fused_by_step,

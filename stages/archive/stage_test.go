@@ -1,0 +1,211 @@
+package archive
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/stagetest"
+)
+
+// anchorGroup is what route sends the executor for testUpdate's anchor
+// group "a" of step.
+func anchorGroup(step int64) schemas.Group {
+	g := schemas.Group{Schema: 1, Run: "r", Step: step, GroupID: "a", TaskID: "ta", Anchor: true}
+	for i := range 3 {
+		g.Trajectories = append(g.Trajectories, schemas.Trajectory{Schema: 1, Run: "r", Step: step, GroupID: "a",
+			TrajID: fmt.Sprintf("a%d", i), GroupSize: 3, TaskID: "ta", Prompt: "predict the price",
+			Response: fmt.Sprintf("import pandas as pd  # step %d, solution %d", step, i)})
+	}
+	return g
+}
+
+// codeStage is a stage on a writer that closes its files at once, with
+// codeWait; the writer closes when the test ends.
+func codeStage(t *testing.T, codeWait time.Duration) (*Stage, *Writer) {
+	t.Helper()
+	w, err := OpenWriter(WriterConfig{Dir: t.TempDir(), Run: "r", MaxAge: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	s := NewStage("r", w)
+	s.CodeWait = codeWait
+	return s, w
+}
+
+// TestStageArchivesTheAnchorsCode: an anchor group's prompts and
+// responses reach its rows, whether its trajectories come before the
+// update (as they do) or within CodeWait after it (a restart's
+// redeliveries); past CodeWait the rows are archived without them, the
+// stage says which groups, and the trajectories that come later are let
+// go at once. World-model groups get none; Read leaves the columns out.
+func TestStageArchivesTheAnchorsCode(t *testing.T) {
+	s, w := codeStage(t, 300*time.Millisecond)
+	var mu sync.Mutex
+	noCode := map[int64][]string{}
+	s.OnNoCode = func(step int64, groups []string) { mu.Lock(); noCode[step] = groups; mu.Unlock() }
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	handle := func(h func(msg *message.Message) error, v any) chan error {
+		done := make(chan error, 1)
+		go func() { done <- h(stagetest.Message(t, ctx, v)) }()
+		return done
+	}
+
+	// Step 0: the trajectories first, held until the update is archived.
+	exec0 := handle(s.HandleExec, anchorGroup(0))
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case err := <-exec0:
+		t.Fatalf("the trajectories were let go (%v) before their step was archived", err)
+	default:
+	}
+	if err := <-handle(s.HandleUpdate, testUpdate(0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-exec0; err != nil {
+		t.Fatal(err)
+	}
+	// Step 1: the update alone; its trajectories come after CodeWait.
+	if err := <-handle(s.HandleUpdate, testUpdate(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-handle(s.HandleExec, anchorGroup(1)); err != nil {
+		t.Fatal(err)
+	}
+	// Step 2: the update first, its trajectories within CodeWait.
+	up2 := handle(s.HandleUpdate, testUpdate(2))
+	time.Sleep(50 * time.Millisecond)
+	exec2 := handle(s.HandleExec, anchorGroup(2))
+	if err := <-up2; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-exec2; err != nil {
+		t.Fatal(err)
+	}
+
+	if fmt.Sprint(noCode) != "map[1:[a]]" {
+		t.Errorf("archived without code: %v, want step 1's group a only", noCode)
+	}
+	s.mu.Lock()
+	if len(s.code) != 0 {
+		t.Errorf("%d groups' trajectories still held after their steps were archived", len(s.code))
+	}
+	s.mu.Unlock()
+	files, err := Files(w.cfg.Dir, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for _, step := range []int64{0, 2} {
+		for _, tr := range anchorGroup(step).Trajectories {
+			want[fmt.Sprintf("%d/%s", step, tr.TrajID)] = tr.Response
+		}
+	}
+	n := 0
+	if err := Scan(files, func(rows []Row) error {
+		for _, r := range rows {
+			n++
+			key := fmt.Sprintf("%d/%s", r.Step, r.TrajID)
+			switch resp, ok := want[key]; {
+			case ok && (r.Response == nil || *r.Response != resp || r.Prompt == nil || *r.Prompt != "predict the price"):
+				t.Errorf("%s: prompt %v, response %v; want its trajectory's", key, r.Prompt, r.Response)
+			case !ok && (r.Response != nil || r.Prompt != nil):
+				t.Errorf("%s (anchor %v): code %q archived where there is none", key, r.IsAnchor, *r.Response)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n != 18 {
+		t.Fatalf("%d rows, want 18", n)
+	}
+	rows, err := Read(files, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.Response != nil || r.Prompt != nil {
+			t.Fatalf("Read gave %d/%s's code", r.Step, r.TrajID)
+		}
+	}
+}
+
+// TestStageStopsWaitingForCodeNothingSends: where no trajectories come at
+// all (a topology that sends the anchor groups elsewhere), one update
+// waits out CodeWait and the next ones do not wait, until trajectories
+// come again.
+func TestStageStopsWaitingForCodeNothingSends(t *testing.T) {
+	s, w := codeStage(t, 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var noCode []int64
+	s.OnNoCode = func(step int64, _ []string) { noCode = append(noCode, step) }
+	if err := s.HandleUpdate(stagetest.Message(t, ctx, testUpdate(0))); err != nil {
+		t.Fatal(err)
+	}
+	// Were step 1 to wait, it would wait an hour.
+	s.CodeWait = time.Hour
+	done := make(chan error, 1)
+	go func() { done <- s.HandleUpdate(stagetest.Message(t, ctx, testUpdate(1))) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("step 1 waits for trajectories although none has come since the stage started")
+	}
+	// Trajectories come again (step 2's), and an update waits for its
+	// own again: step 3's come after it.
+	held := make(chan error, 1)
+	go func() { held <- s.HandleExec(stagetest.Message(t, ctx, anchorGroup(2))) }()
+	for {
+		s.mu.Lock()
+		saw := s.sawCode
+		s.mu.Unlock()
+		if saw {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := s.HandleUpdate(stagetest.Message(t, ctx, testUpdate(2))); err != nil {
+		t.Fatal(err)
+	}
+	up3 := make(chan error, 1)
+	go func() { up3 <- s.HandleUpdate(stagetest.Message(t, ctx, testUpdate(3))) }()
+	time.Sleep(50 * time.Millisecond)
+	if err := s.HandleExec(stagetest.Message(t, ctx, anchorGroup(3))); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []chan error{held, up3} {
+		if err := <-c; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fmt.Sprint(noCode) != "[0 1]" {
+		t.Errorf("archived without code: steps %v, want [0 1]", noCode)
+	}
+	files, _ := Files(w.cfg.Dir, "r")
+	coded := map[int64]int{}
+	if err := Scan(files, func(rows []Row) error {
+		for _, r := range rows {
+			if r.Response != nil {
+				coded[r.Step]++
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(coded) != "map[2:3 3:3]" {
+		t.Errorf("rows with code by step: %v, want steps 2 and 3's anchors", coded)
+	}
+}
