@@ -442,34 +442,48 @@ func (p *Pipeline) worldModel() (predict.WorldModel, error) {
 		p.wm = p.cfg.WorldModelImpl
 		return p.wm, nil
 	}
-	switch p.cfg.WorldModel {
-	case "openai":
-		cfg := p.cfg.openaiConfig()
-		cfg.OnAttempt = p.worldModelBreaker().Attempt
-		if p.cfg.TaskDir != "" && p.cfg.executor() != "sim" {
-			// What an execution may take is part of its outcome. task.json
-			// alone: a world model's process needs no private answers.
-			task, err := sandbox.ReadTaskJSON(p.cfg.TaskDir)
-			if err != nil {
-				return nil, err
-			}
-			cfg.Limits = p.cfg.execLimits().For(task).ForCode()
-		}
-		if p.cfg.WMTemplateFile != "" {
-			var err error
-			if cfg.Template, err = openai.LoadTemplate(p.cfg.WMTemplateFile); err != nil {
-				return nil, err
-			}
-		}
-		wm, err := openai.New(cfg)
+	var onAttempt func(error)
+	if p.cfg.WorldModel == "openai" {
+		onAttempt = p.worldModelBreaker().Attempt
+	}
+	wm, err := NewWorldModel(p.cfg, onAttempt)
+	if err != nil {
+		return nil, err
+	}
+	p.wm = wm
+	return wm, nil
+}
+
+// NewWorldModel builds the world model cfg configures (WorldModel and the
+// WM* fields; the task's limits from TaskDir): the simulated one, or an
+// OpenAI-compatible server's client, which tells onAttempt, if set, how
+// each request ended.
+func NewWorldModel(cfg Config, onAttempt func(error)) (predict.WorldModel, error) {
+	if cfg.WorldModel != "openai" {
+		return sim.DefaultWorldModel(), nil
+	}
+	oc := cfg.openaiConfig()
+	oc.OnAttempt = onAttempt
+	if cfg.TaskDir != "" && cfg.executor() != "sim" {
+		// What an execution may take is part of its outcome. task.json
+		// alone: a world model's process needs no private answers.
+		task, err := sandbox.ReadTaskJSON(cfg.TaskDir)
 		if err != nil {
 			return nil, err
 		}
-		p.wm = wm
-	default:
-		p.wm = sim.DefaultWorldModel()
+		oc.Limits = cfg.execLimits().For(task).ForCode()
 	}
-	return p.wm, nil
+	if cfg.WMTemplateFile != "" {
+		var err error
+		if oc.Template, err = openai.LoadTemplate(cfg.WMTemplateFile); err != nil {
+			return nil, err
+		}
+	}
+	wm, err := openai.New(oc)
+	if err != nil {
+		return nil, err
+	}
+	return wm, nil
 }
 
 func (p *Pipeline) buildGateway() error {

@@ -21,15 +21,29 @@ func rootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(runCommand(), stageCommand(), serveCommand(), simCommand(), replayCommand(), auditCommand(), compactCommand(), dlqCommand(), statusCommand())
+	root.AddCommand(runCommand(), stageCommand(), serveCommand(), simCommand(), replayCommand(), auditCommand(), compactCommand(), dlqCommand(), statusCommand(), wmEvalCommand())
 	return root
+}
+
+// worldModelFlags binds the flags of an OpenAI-compatible world model
+// (run, stage, wm-eval); its key comes from WMRL_WM_API_KEY.
+func worldModelFlags(fs *pflag.FlagSet, cfg *pipeline.Config) {
+	cfg.WMAPIKey = os.Getenv("WMRL_WM_API_KEY")
+	fs.StringVar(&cfg.WMURL, "wm-url", "", "base URL of the world model's server, e.g. http://127.0.0.1:8000/v1")
+	fs.StringVar(&cfg.WMModel, "wm-model", "", "model name the world model's server serves")
+	fs.StringVar(&cfg.WMTemplateFile, "wm-template", "", "prompt template file (Go text/template over .TaskID .Prompt .Code .DataSummary .Limits)")
+	fs.IntVar(&cfg.WMSamples, "wm-samples", 1, "samples per trajectory, averaged (their spread is recorded)")
+	fs.Float64Var(&cfg.WMTemperature, "wm-temperature", 0, "sampling temperature of the world model (use > 0 with --wm-samples > 1)")
+	fs.IntVar(&cfg.WMMaxTokens, "wm-max-tokens", 512, "max tokens of a world-model reply")
+	fs.IntVar(&cfg.WMConcurrency, "wm-concurrency", 16, "world-model requests in flight at most, per process (a vLLM or SGLang server batches many)")
+	fs.DurationVar(&cfg.WMTimeout, "wm-timeout", 120*time.Second, "time a world-model request may take before it is given up (and retried)")
+	fs.IntVar(&cfg.WMRetries, "wm-retries", cfg.WMRetries, "how often a world-model request that failed (429, 5xx, timeout, connection) is tried again, with jittered backoff; a call fails once its last retry has (0: never)")
 }
 
 // pipelineFlags binds the flags shared by run and stage to a Config.
 // Secrets come from the environment, never from flags (they would show in ps).
 func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	cfg.HTTPToken = os.Getenv("WMRL_HTTP_TOKEN")
-	cfg.WMAPIKey = os.Getenv("WMRL_WM_API_KEY")
 	fs.StringVar(&cfg.Run, "run", cfg.Run, "run name (a subject token)")
 	fs.StringVar(&cfg.Prefix, "prefix", cfg.Prefix, "subject prefix")
 	fs.StringVar(&cfg.NATSURL, "nats", "", "external NATS URL or cluster (default: embedded server)")
@@ -44,15 +58,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.MetricsAddr, "metrics", "", "serve Prometheus /metrics on this address")
 	fs.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "serve the trainer HTTP gateway on this address")
 	fs.StringVar(&cfg.WorldModel, "world-model", "sim", "world model: sim, or openai (an OpenAI-compatible /v1/chat/completions server; key from WMRL_WM_API_KEY)")
-	fs.StringVar(&cfg.WMURL, "wm-url", "", "base URL of the world model's server, e.g. http://127.0.0.1:8000/v1")
-	fs.StringVar(&cfg.WMModel, "wm-model", "", "model name the world model's server serves")
-	fs.StringVar(&cfg.WMTemplateFile, "wm-template", "", "prompt template file (Go text/template over .TaskID .Prompt .Code .DataSummary .Limits)")
-	fs.IntVar(&cfg.WMSamples, "wm-samples", 1, "samples per trajectory, averaged (their spread is recorded)")
-	fs.Float64Var(&cfg.WMTemperature, "wm-temperature", 0, "sampling temperature of the world model (use > 0 with --wm-samples > 1)")
-	fs.IntVar(&cfg.WMMaxTokens, "wm-max-tokens", 512, "max tokens of a world-model reply")
-	fs.IntVar(&cfg.WMConcurrency, "wm-concurrency", 16, "world-model requests in flight at most, per process (a vLLM or SGLang server batches many)")
-	fs.DurationVar(&cfg.WMTimeout, "wm-timeout", 120*time.Second, "time a world-model request may take before it is given up (and retried)")
-	fs.IntVar(&cfg.WMRetries, "wm-retries", cfg.WMRetries, "how often a world-model request that failed (429, 5xx, timeout, connection) is tried again, with jittered backoff; a call fails once its last retry has (0: never)")
+	worldModelFlags(fs, cfg)
 	fs.IntVar(&cfg.WMDownAfter, "wm-down-after", cfg.WMDownAfter, "after this many world-model calls in a row failed (each after the connector's own retries), or twice --wm-concurrency requests in a row, give its groups up at once, recorded ungraded, and answer the gateway's reward requests 503, until a call succeeds again (0: never; each group then waits out its retries)")
 	fs.DurationVar(&cfg.WMProbeEvery, "wm-probe-every", cfg.WMProbeEvery, "while the world model is down (--wm-down-after), let one group's call through this often to see whether it is back")
 	fs.StringVar(&cfg.Executor, "executor", "", "anchor executor: sim, subprocess (real execution of the --task here) or sandbox-fusion (on --sandbox-url)")

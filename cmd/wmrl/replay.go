@@ -18,23 +18,32 @@ import (
 	"github.com/wmrl/wmrl/stages/route"
 )
 
+// onlyRun is run, or the archive's only run when run is empty.
+func onlyRun(root, run string) (string, error) {
+	if run != "" {
+		return run, nil
+	}
+	runs, err := archive.Runs(root)
+	if err != nil {
+		return "", err
+	}
+	switch len(runs) {
+	case 0:
+		return "", fmt.Errorf("%s holds no run=<name> directory: not an archive root", root)
+	case 1:
+		return runs[0], nil
+	default:
+		return "", fmt.Errorf("%s holds several runs %v: pick one with --run", root, runs)
+	}
+}
+
 // loadRun reads one run's rows from an archive root, with a progress bar,
 // and the settings its last file recorded. run "" picks the only run.
 func loadRun(root, run string, stderr io.Writer) ([]archive.Row, archive.Settings, string, error) {
 	var settings archive.Settings
-	if run == "" {
-		runs, err := archive.Runs(root)
-		if err != nil {
-			return nil, settings, "", err
-		}
-		switch len(runs) {
-		case 0:
-			return nil, settings, "", fmt.Errorf("%s holds no run=<name> directory: not an archive root", root)
-		case 1:
-			run = runs[0]
-		default:
-			return nil, settings, "", fmt.Errorf("%s holds several runs %v: pick one with --run", root, runs)
-		}
+	run, err := onlyRun(root, run)
+	if err != nil {
+		return nil, settings, "", err
 	}
 	release, err := archive.ReadLock(root, run) // no merge removes a file before it is read
 	if err != nil {

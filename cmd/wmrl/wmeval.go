@@ -1,0 +1,187 @@
+package main
+
+import (
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/pipeline/offline"
+	"github.com/wmrl/wmrl/stages/archive"
+)
+
+func wmEvalCommand() *cobra.Command {
+	var (
+		root, run, out string
+		opt            offline.EvalOptions
+	)
+	cfg := pipeline.DefaultConfig()
+	cfg.WorldModel = "openai"
+	cmd := &cobra.Command{
+		Use:   "wm-eval --archive DIR --wm-url URL --wm-model NAME",
+		Short: "Score an archive's executed anchor trajectories with another world model (or prompt), and set it against the run's, before training with it",
+		Long: `Score a run's executed anchor trajectories, from its archive (their
+prompt and response, and the true scores the run paid executions for),
+with an OpenAI-compatible world model, group by group as the predict stage
+asks, and set its scores against the truth beside the world model the run
+recorded: how many it graded, the within-group Spearman (what GRPO's
+advantages depend on; a group it scores all alike counts 0), the Spearman
+overall, the AUC of telling failed executions from scored ones, and the
+mean residual; then the paired difference of the within-group Spearman,
+group by group. --out writes every trajectory's scores as CSV.
+
+A better prompt or model is tried here on executions already paid for,
+without a training run; wmrl audit's "what to expect" says what a
+within-group Spearman buys.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
+			if cfg.WMURL == "" || cfg.WMModel == "" {
+				return errors.New("wm-eval: --wm-url and --wm-model name the world model to evaluate")
+			}
+			rows, run, err := loadExecuted(root, run, stderr)
+			if err != nil {
+				return err
+			}
+			wm, err := pipeline.NewWorldModel(cfg, nil)
+			if err != nil {
+				return err
+			}
+			bar := newProgressBar(stderr)
+			opt.Progress = bar.set("asking " + cfg.WMModel)
+			start := time.Now()
+			e, err := offline.EvaluateWorldModel(cmd.Context(), rows, wm, opt)
+			bar.done()
+			if err != nil {
+				return err
+			}
+			writeEval(stdout, e, run, cfg.WMModel, time.Since(start))
+			if out != "" {
+				if err := writeEvalCSV(out, e); err != nil {
+					return err
+				}
+				fmt.Fprintf(stdout, "every trajectory's scores: %s\n", out)
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&root, "archive", "", "archive root (the directory holding run=<name>/)")
+	fs.StringVar(&run, "run", "", "run to evaluate on (default: the only one)")
+	fs.StringVar(&out, "out", "", "CSV file of every trajectory: its true score, the recorded and the new prediction, the new verdict and rationale")
+	fs.IntVar(&opt.Groups, "groups", 0, "evaluate a sample of this many anchor groups (0: all)")
+	fs.Uint64Var(&opt.Seed, "seed", 1, "seed of the sample")
+	fs.IntVar(&opt.Concurrency, "concurrency", 8, "anchor groups asked at once (each is one call of its trajectories; --wm-concurrency bounds the requests)")
+	fs.StringVar(&cfg.TaskDir, "task", "", "task directory whose task.json gives the execution limits the prompt states (as wmrl run --task does)")
+	worldModelFlags(fs, &cfg)
+	_ = cmd.MarkFlagRequired("archive")
+	return cmd
+}
+
+// loadExecuted reads a run's executed anchor trajectories with their
+// code, holding the archive against merges while it reads.
+func loadExecuted(root, run string, stderr io.Writer) ([]archive.Row, string, error) {
+	run, err := onlyRun(root, run)
+	if err != nil {
+		return nil, "", err
+	}
+	release, err := archive.ReadLock(root, run)
+	if err != nil {
+		return nil, "", err
+	}
+	defer release()
+	files, err := archive.Files(root, run)
+	if err != nil {
+		return nil, "", err
+	}
+	start := time.Now()
+	rows, err := offline.Executed(files)
+	if err != nil {
+		return nil, "", err
+	}
+	if len(rows) == 0 {
+		return nil, "", fmt.Errorf("run %s in %s: %w", run, root, offline.ErrNoCode)
+	}
+	fmt.Fprintf(stderr, "read %d executed anchor trajectories with their code, of run %s, from %d files in %s\n",
+		len(rows), run, len(files), time.Since(start).Round(time.Millisecond))
+	return rows, run, nil
+}
+
+// writeEval prints the two world models side by side, then the paired
+// difference.
+func writeEval(w io.Writer, e *offline.Eval, run, model string, took time.Duration) {
+	n := len(e.Items)
+	fmt.Fprintf(w, "evaluated %s on %d anchor groups of run %s (%d executed trajectories) in %s, against the world model the run recorded:\n",
+		model, e.Groups, run, n, took.Round(time.Millisecond))
+	num := func(x float64) string {
+		if math.IsNaN(x) {
+			return "-"
+		}
+		return fmt.Sprintf("%.3f", x)
+	}
+	pct := func(k int) string { return fmt.Sprintf("%d (%.0f%%)", k, 100*float64(k)/float64(max(n, 1))) }
+	rows := [][3]string{
+		{"", "recorded", model},
+		{"graded", pct(e.Recorded.Graded), pct(e.New.Graded)},
+		{"within-group Spearman", num(e.Recorded.WithinSpearman), num(e.New.WithinSpearman)},
+		{"  groups ranked", strconv.Itoa(e.Recorded.RankedGroups), strconv.Itoa(e.New.RankedGroups)},
+		{"Spearman overall", num(e.Recorded.Spearman), num(e.New.Spearman)},
+		{"failures told (AUC)", num(e.Recorded.FailureAUC), num(e.New.FailureAUC)},
+		{"mean predicted - true", num(e.Recorded.MeanResidual), num(e.New.MeanResidual)},
+	}
+	for _, r := range rows {
+		fmt.Fprintf(w, "  %-24s %14s %14s\n", r[0], r[1], r[2])
+	}
+	if e.FailedCalls > 0 {
+		fmt.Fprintf(w, "%d of %d calls failed as a whole (their trajectories count as ungraded), the first: %v\n", e.FailedCalls, e.Groups, e.FirstCallError)
+	}
+	if e.PairedGroups < 2 {
+		fmt.Fprintf(w, "within-group Spearman, %s - recorded: too few groups ranked by both (%d) to compare\n", model, e.PairedGroups)
+		return
+	}
+	verdict := "no clear difference"
+	switch {
+	case e.WithinDiff > 2*e.WithinDiffSE:
+		verdict = model + " ranks better"
+	case e.WithinDiff < -2*e.WithinDiffSE:
+		verdict = model + " ranks worse"
+	}
+	fmt.Fprintf(w, "within-group Spearman, %s - recorded, paired over %d groups: %+.3f ± %.3f (2 SE): %s\n",
+		model, e.PairedGroups, e.WithinDiff, 2*e.WithinDiffSE, verdict)
+}
+
+// writeEvalCSV writes every evaluated trajectory.
+func writeEvalCSV(path string, e *offline.Eval) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("wm-eval: %w", err)
+	}
+	w := csv.NewWriter(f)
+	opt := func(v *float64) string {
+		if v == nil {
+			return ""
+		}
+		return strconv.FormatFloat(*v, 'g', -1, 64)
+	}
+	w.Write([]string{"step", "group_id", "traj_id", "task_id", "exec_status", "true_score", "recorded", "predicted", "verdict", "rationale", "reason"})
+	for _, it := range e.Items {
+		w.Write([]string{strconv.FormatInt(it.Step, 10), it.GroupID, it.TrajID, it.TaskID, it.ExecStatus,
+			strconv.FormatFloat(it.True, 'g', -1, 64), opt(it.Recorded), opt(it.New), it.Verdict, it.Rationale, it.Reason})
+	}
+	w.Flush()
+	if err := w.Error(); err != nil {
+		f.Close()
+		return fmt.Errorf("wm-eval: %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("wm-eval: %s: %w", path, err)
+	}
+	return nil
+}

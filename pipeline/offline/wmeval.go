@@ -1,0 +1,343 @@
+package offline
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/archive"
+	"github.com/wmrl/wmrl/stages/fuse"
+	"github.com/wmrl/wmrl/stages/predict"
+)
+
+// Executed reads, from a run's archive files, every anchor trajectory
+// that was executed and scored and whose code the archive holds, with its
+// true score: a late anchor's code is on its world-model row and its score
+// on its late_anchor row. Only anchor rows are kept in memory.
+func Executed(files []string) ([]archive.Row, error) {
+	var code []archive.Row
+	late := map[trajKey]float64{}
+	err := archive.Scan(files, func(rows []archive.Row) error {
+		for _, r := range rows {
+			switch {
+			case !r.IsAnchor:
+			case r.Source == archive.SourceLateAnchor:
+				if r.TrueScore != nil {
+					late[missKey(r)] = *r.TrueScore
+				}
+			case r.Response != nil:
+				code = append(code, r)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := code[:0]
+	for _, r := range code {
+		if r.TrueScore == nil {
+			t, ok := late[missKey(r)]
+			if !ok {
+				continue // never scored (a sandbox error), or its pair never came
+			}
+			r.TrueScore = &t
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// EvalOptions configure EvaluateWorldModel.
+type EvalOptions struct {
+	// Groups, if above 0, evaluates a sample of this many anchor groups,
+	// drawn with Seed: an LLM world model's calls cost.
+	Groups int
+	Seed   uint64
+	// Concurrency is how many groups are asked at once (default 8); the
+	// client bounds its own requests as well.
+	Concurrency int
+	// Progress, if set, hears how many groups are done of how many.
+	Progress func(done, total int)
+}
+
+// EvalItem is one executed trajectory: its true score, what the run's
+// world model predicted (nil: ungraded) and what the evaluated one does.
+type EvalItem struct {
+	Step               int64
+	GroupID, TrajID    string
+	TaskID, ExecStatus string
+	True               float64
+	Recorded, New      *float64
+	// Verdict and Rationale are the evaluated model's, when it gives them;
+	// Reason says why its score is missing.
+	Verdict, Rationale, Reason string
+}
+
+// EvalSide is how well one world model's scores match the executions.
+type EvalSide struct {
+	Graded int // trajectories it scored
+	// WithinSpearman is the mean over RankedGroups (groups with two graded
+	// trajectories of different true scores) of the within-group rank
+	// correlation: what GRPO's advantages depend on.
+	WithinSpearman float64
+	RankedGroups   int
+	// Spearman over every graded trajectory, and the AUC of telling the
+	// executions that failed (scored 0 as crashed, invalid or timed out)
+	// from those that scored (NaN without both kinds).
+	Spearman, FailureAUC float64
+	// MeanResidual is the mean of predicted minus true.
+	MeanResidual float64
+}
+
+// Eval sets a world model against the one a run recorded, on the same
+// executed anchor trajectories.
+type Eval struct {
+	Model          string
+	Groups         int // anchor groups asked
+	Items          []EvalItem
+	Recorded, New  EvalSide
+	FailedCalls    int   // groups whose call failed as a whole
+	FirstCallError error // the first of those errors
+	// WithinDiff is the mean over PairedGroups (ranked by both) of the new
+	// model's within-group Spearman minus the recorded one's, with its
+	// standard error: the paired comparison.
+	WithinDiff, WithinDiffSE float64
+	PairedGroups             int
+}
+
+// ErrNoCode is an archive without an executed anchor trajectory's code.
+var ErrNoCode = errors.New("no executed anchor trajectory with its code in the archive (archived before prompt and response were, or with --archive-code=false)")
+
+// EvaluateWorldModel asks wm to score every executed anchor trajectory
+// (Executed's rows), group by group as the predict stage does, and sets
+// its scores against the truth beside the run's recorded predictions. A
+// call that fails as a whole leaves its group's trajectories ungraded and
+// is counted; every call failing is an error.
+func EvaluateWorldModel(ctx context.Context, rows []archive.Row, wm predict.WorldModel, opt EvalOptions) (*Eval, error) {
+	type group struct {
+		key  [2]string
+		step int64
+		rows []archive.Row
+	}
+	var groups []*group
+	byKey := map[string]*group{}
+	for _, r := range rows {
+		k := fmt.Sprintf("%s/%d/%s", r.Run, r.Step, r.GroupID)
+		g := byKey[k]
+		if g == nil {
+			g = &group{step: r.Step, key: [2]string{r.Run, r.GroupID}}
+			byKey[k] = g
+			groups = append(groups, g)
+		}
+		g.rows = append(g.rows, r)
+	}
+	if len(groups) == 0 {
+		return nil, ErrNoCode
+	}
+	slices.SortFunc(groups, func(a, b *group) int {
+		return cmp.Or(cmp.Compare(a.key[0], b.key[0]), cmp.Compare(a.step, b.step), cmp.Compare(a.key[1], b.key[1]))
+	})
+	if opt.Groups > 0 && opt.Groups < len(groups) {
+		rng := rand.New(rand.NewPCG(opt.Seed, 0x77656d6c))
+		rng.Shuffle(len(groups), func(i, j int) { groups[i], groups[j] = groups[j], groups[i] })
+		groups = groups[:opt.Groups]
+		slices.SortFunc(groups, func(a, b *group) int {
+			return cmp.Or(cmp.Compare(a.key[0], b.key[0]), cmp.Compare(a.step, b.step), cmp.Compare(a.key[1], b.key[1]))
+		})
+	}
+	workers := opt.Concurrency
+	if workers <= 0 {
+		workers = 8
+	}
+	items := make([][]EvalItem, len(groups))
+	errs := make([]error, len(groups))
+	next := make(chan int)
+	var mu sync.Mutex
+	done := 0
+	var wg sync.WaitGroup
+	for range min(workers, len(groups)) {
+		wg.Go(func() {
+			for i := range next {
+				items[i], errs[i] = evalGroup(ctx, wm, groups[i].rows)
+				mu.Lock()
+				done++
+				if opt.Progress != nil {
+					opt.Progress(done, len(groups))
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for i := range groups {
+		if ctx.Err() != nil {
+			break
+		}
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	e := &Eval{Model: wm.Name(), Groups: len(groups)}
+	for i, err := range errs {
+		if err != nil {
+			e.FailedCalls++
+			if e.FirstCallError == nil {
+				e.FirstCallError = err
+			}
+		}
+		e.Items = append(e.Items, items[i]...)
+	}
+	if e.FailedCalls == len(groups) {
+		return nil, fmt.Errorf("offline: every one of the %d calls to world model %s failed, the first: %w", len(groups), wm.Name(), e.FirstCallError)
+	}
+	e.Recorded = side(e.Items, func(it EvalItem) *float64 { return it.Recorded })
+	e.New = side(e.Items, func(it EvalItem) *float64 { return it.New })
+	var diffs []float64
+	for _, g := range groupItems(e.Items) {
+		rec, ok1 := within(g, func(it EvalItem) *float64 { return it.Recorded })
+		now, ok2 := within(g, func(it EvalItem) *float64 { return it.New })
+		if ok1 && ok2 {
+			diffs = append(diffs, now-rec)
+		}
+	}
+	e.PairedGroups = len(diffs)
+	e.WithinDiff, e.WithinDiffSE = meanSE(diffs)
+	return e, nil
+}
+
+// evalGroup asks wm for one anchor group's scores.
+func evalGroup(ctx context.Context, wm predict.WorldModel, rows []archive.Row) ([]EvalItem, error) {
+	trajs := make([]schemas.Trajectory, len(rows))
+	items := make([]EvalItem, len(rows))
+	for i, r := range rows {
+		prompt := ""
+		if r.Prompt != nil {
+			prompt = *r.Prompt
+		}
+		trajs[i] = schemas.Trajectory{Schema: schemas.Version, Run: r.Run, Step: r.Step, GroupID: r.GroupID, TrajID: r.TrajID,
+			GroupSize: len(rows), TaskID: r.TaskID, Prompt: prompt, Response: *r.Response, PolicyVersion: r.PolicyVersion}
+		items[i] = EvalItem{Step: r.Step, GroupID: r.GroupID, TrajID: r.TrajID, TaskID: r.TaskID, True: *r.TrueScore, Recorded: r.Predicted}
+		if r.ExecStatus != nil {
+			items[i].ExecStatus = *r.ExecStatus
+		}
+	}
+	scores, err := wm.Predict(ctx, trajs)
+	if err == nil && len(scores) != len(trajs) {
+		err = fmt.Errorf("world model %s gave %d scores for %d trajectories", wm.Name(), len(scores), len(trajs))
+	}
+	if err != nil {
+		for i := range items {
+			items[i].Reason = err.Error()
+		}
+		return items, err
+	}
+	for i, s := range scores {
+		items[i].Verdict, items[i].Rationale, items[i].Reason = s.Verdict, s.Rationale, s.Reason
+		if s.Graded {
+			v := s.Value
+			items[i].New = &v
+		}
+	}
+	return items, nil
+}
+
+// groupItems splits items, which come group by group, into their groups.
+func groupItems(items []EvalItem) [][]EvalItem {
+	var out [][]EvalItem
+	for i := 0; i < len(items); {
+		j := i + 1
+		for j < len(items) && items[j].Step == items[i].Step && items[j].GroupID == items[i].GroupID {
+			j++
+		}
+		out = append(out, items[i:j])
+		i = j
+	}
+	return out
+}
+
+// within is a group's rank correlation between score and truth, over its
+// graded items; false when fewer than two are graded or their truth does
+// not vary.
+func within(g []EvalItem, score func(EvalItem) *float64) (float64, bool) {
+	var x, y []float64
+	for _, it := range g {
+		if s := score(it); s != nil {
+			x, y = append(x, *s), append(y, it.True)
+		}
+	}
+	if len(x) < 2 || slices.Min(y) == slices.Max(y) {
+		return 0, false
+	}
+	r := fuse.Spearman(x, y)
+	if math.IsNaN(r) { // constant scores: no ranking at all
+		r = 0
+	}
+	return r, true
+}
+
+// side sums up one model's scores against the truth.
+func side(items []EvalItem, score func(EvalItem) *float64) EvalSide {
+	var s EvalSide
+	var x, y []float64
+	var failed []bool
+	anyFailed, anyScored := false, false
+	var resid float64
+	for _, it := range items {
+		v := score(it)
+		if v == nil {
+			continue
+		}
+		s.Graded++
+		x, y = append(x, *v), append(y, it.True)
+		f := it.ExecStatus != "" && it.ExecStatus != schemas.ExecScored
+		failed = append(failed, !f) // AUC of scoring higher those that did not fail
+		anyFailed, anyScored = anyFailed || f, anyScored || !f
+		resid += *v - it.True
+	}
+	var ws []float64
+	for _, g := range groupItems(items) {
+		if r, ok := within(g, score); ok {
+			ws = append(ws, r)
+		}
+	}
+	s.RankedGroups = len(ws)
+	s.WithinSpearman, _ = meanSE(ws)
+	s.Spearman, s.FailureAUC = math.NaN(), math.NaN()
+	if len(x) >= 2 {
+		s.Spearman = fuse.Spearman(x, y)
+		s.MeanResidual = resid / float64(len(x))
+	}
+	if anyFailed && anyScored {
+		s.FailureAUC = fuse.AUC(x, failed)
+	}
+	return s
+}
+
+// meanSE is the mean of xs and its standard error (NaN for none; SE NaN
+// for one).
+func meanSE(xs []float64) (mean, se float64) {
+	if len(xs) == 0 {
+		return math.NaN(), math.NaN()
+	}
+	for _, x := range xs {
+		mean += x
+	}
+	mean /= float64(len(xs))
+	if len(xs) < 2 {
+		return mean, math.NaN()
+	}
+	var ss float64
+	for _, x := range xs {
+		ss += (x - mean) * (x - mean)
+	}
+	return mean, math.Sqrt(ss / float64(len(xs)-1) / float64(len(xs)))
+}

@@ -1,0 +1,116 @@
+package offline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/archive"
+	"github.com/wmrl/wmrl/stages/predict"
+)
+
+// groupWM scores by group: a call error, all alike, or the truth the test
+// hands it (the code is the true score, as text).
+type groupWM struct{}
+
+func (groupWM) Name() string { return "fake" }
+
+func (groupWM) Predict(_ context.Context, trajs []schemas.Trajectory) ([]predict.Score, error) {
+	out := make([]predict.Score, len(trajs))
+	for i, t := range trajs {
+		switch t.GroupID {
+		case "down":
+			return nil, errors.New("503 from the server")
+		case "alike":
+			out[i] = predict.Score{Value: 0.5, Graded: true}
+		default:
+			var v float64
+			fmt.Sscan(t.Response, &v)
+			out[i] = predict.Score{Value: v, Graded: true}
+		}
+	}
+	return out, nil
+}
+
+func executedRows(groups ...string) []archive.Row {
+	var rows []archive.Row
+	for _, g := range groups {
+		for i := range 3 {
+			truth, pred := 0.2*float64(i+1), 0.9-0.2*float64(i) // the recorded model ranks backwards
+			code := fmt.Sprint(truth)
+			rows = append(rows, archive.Row{Run: "r", Step: 1, GroupID: g, TrajID: fmt.Sprintf("%s%d", g, i), TaskID: "t",
+				IsAnchor: true, TrueScore: &truth, Predicted: &pred, Response: &code})
+		}
+	}
+	return rows
+}
+
+// A group whose call fails counts its trajectories ungraded and the call
+// as failed; a group scored all alike counts 0, not left out; the paired
+// difference is over the groups both models rank. Every call failing is
+// an error.
+func TestEvaluateWorldModelCountsWhatItCannotRank(t *testing.T) {
+	e, err := EvaluateWorldModel(context.Background(), executedRows("down", "alike", "right"), groupWM{}, EvalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Groups != 3 || e.FailedCalls != 1 || e.FirstCallError == nil || len(e.Items) != 9 {
+		t.Fatalf("groups %d, failed calls %d (%v), items %d", e.Groups, e.FailedCalls, e.FirstCallError, len(e.Items))
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-12 }
+	if e.New.Graded != 6 || e.New.RankedGroups != 2 || !near(e.New.WithinSpearman, 0.5) {
+		t.Errorf("new: %+v, want 6 graded, 2 groups ranked at 0 and 1", e.New)
+	}
+	if e.Recorded.Graded != 9 || e.Recorded.RankedGroups != 3 || !near(e.Recorded.WithinSpearman, -1) {
+		t.Errorf("recorded: %+v, want 9 graded, 3 groups ranked backwards", e.Recorded)
+	}
+	if e.PairedGroups != 2 || !near(e.WithinDiff, 1.5) || !near(e.WithinDiffSE, 0.5) {
+		t.Errorf("paired: %d groups, %v ± %v; want 2 groups, 1.5 ± 0.5", e.PairedGroups, e.WithinDiff, e.WithinDiffSE)
+	}
+	if _, err := EvaluateWorldModel(context.Background(), executedRows("down"), groupWM{}, EvalOptions{}); err == nil {
+		t.Error("every call failed, and no error")
+	}
+	if _, err := EvaluateWorldModel(context.Background(), nil, groupWM{}, EvalOptions{}); !errors.Is(err, ErrNoCode) {
+		t.Errorf("no rows: %v, want ErrNoCode", err)
+	}
+}
+
+// Executed takes a late anchor's true score from its late_anchor row and
+// its code from its world-model row, and leaves out anchors never scored
+// and rows without code.
+func TestExecutedJoinsLateAnchors(t *testing.T) {
+	dir := t.TempDir()
+	w, err := archive.OpenWriter(archive.WriterConfig{Dir: dir, Run: "r", MaxAge: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, truth, late := "print(1)", 0.7, archive.ExecLate
+	rows := []archive.Row{
+		{Step: 1, GroupID: "a", TrajID: "late", IsAnchor: true, Source: archive.SourceWorldModel, ExecStatus: &late, Response: &code},
+		{Step: 1, GroupID: "a", TrajID: "never", IsAnchor: true, Source: archive.SourceWorldModel, Response: &code},
+		{Step: 1, GroupID: "a", TrajID: "nocode", IsAnchor: true, Source: archive.SourceAnchor, TrueScore: &truth},
+		{Step: 1, GroupID: "w", TrajID: "wm", Source: archive.SourceWorldModel},
+	}
+	if _, err := w.Add(archive.UpdateKey(1), rows, nil); err != nil {
+		t.Fatal(err)
+	}
+	lateRow := []archive.Row{{Step: 1, GroupID: "a", TrajID: "late", IsAnchor: true, Source: archive.SourceLateAnchor, TrueScore: &truth}}
+	if _, err := w.Add(archive.LateKey(1, "a"), lateRow, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := archive.Files(dir, "r")
+	got, err := Executed(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].TrajID != "late" || *got[0].TrueScore != truth || *got[0].Response != code {
+		t.Fatalf("executed %+v, want the late anchor with its code and its late true score", got)
+	}
+}
