@@ -38,7 +38,8 @@ type Status struct {
 	LastCalibration *schemas.Calibration
 	LastCalibAt     time.Time
 	// Unfused: the steps planned (route stored their plan) whose update
-	// is not stored, in step order. One below LastUpdate's step waits
+	// is not stored, in step order, among the plans of the last
+	// UnfusedWindow or about the newest UnfusedMax. One below LastUpdate's step waits
 	// for something later steps did not: an anchor group within its
 	// deadline, or a group's prediction, which has no deadline (a stage
 	// between predict and fuse dead-lettered it).
@@ -64,6 +65,14 @@ type Status struct {
 const (
 	ExecutionsWindow = time.Hour
 	ExecutionsMax    = 2000
+)
+
+// UnfusedWindow and UnfusedMax bound the plans Status looks at for steps
+// not fused: a held step older than that is still in the run's output and
+// wmrl_prediction_wait_seconds.
+const (
+	UnfusedWindow = 24 * time.Hour
+	UnfusedMax    = 200
 )
 
 // ExecutionsStatus is how the anchor executions of a window ended.
@@ -159,7 +168,7 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 	} else if ok {
 		st.LastDeadLetter = &dl
 	}
-	if st.Unfused, err = readUnfused(ctx, c, src.Prefix, run); err != nil {
+	if st.Unfused, err = readUnfused(ctx, c, stream, st, src.Prefix, run); err != nil {
 		return nil, err
 	}
 	consumers := stream.ListConsumers(ctx)
@@ -186,25 +195,38 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 
 // readExecutions sums up the executions stored on subject over the last
 // ExecutionsWindow, or about its newest ExecutionsMax groups.
-func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream, st *Status, subject string) (ExecutionsStatus, error) {
-	es := ExecutionsStatus{ByStatus: map[string]int{}, ByCause: map[string]int{}, Since: time.Now().Add(-ExecutionsWindow)}
+// windowStart is where a look at the newest messages of subject starts:
+// window ago, or later, at the stream message about max messages of
+// subject before its last (by the subject's share of the stream), when
+// the window holds more.
+func windowStart(ctx context.Context, stream jetstream.Stream, st *Status, subject string, window time.Duration, max int) (since time.Time, capped bool) {
+	since = time.Now().Add(-window)
 	kept := st.Subjects[subject]
-	if kept == 0 {
+	if kept <= uint64(max) {
+		return since, false
+	}
+	last, err := stream.GetLastMsgForSubject(ctx, subject)
+	if err != nil {
+		return since, false
+	}
+	back := uint64(float64(max) * float64(st.Messages) / float64(kept))
+	if last.Sequence <= back {
+		return since, false
+	}
+	if m, err := stream.GetMsg(ctx, last.Sequence-back); err == nil && m.Time.After(since) {
+		return m.Time, true
+	}
+	return since, false
+}
+
+func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream, st *Status, subject string) (ExecutionsStatus, error) {
+	es := ExecutionsStatus{ByStatus: map[string]int{}, ByCause: map[string]int{}}
+	if st.Subjects[subject] == 0 {
+		es.Since = time.Now().Add(-ExecutionsWindow)
 		return es, nil
 	}
-	if kept > ExecutionsMax {
-		// Start at the stream message about ExecutionsMax executions
-		// before the last, by the subject's share of the stream.
-		if last, err := stream.GetLastMsgForSubject(ctx, subject); err == nil {
-			back := uint64(float64(ExecutionsMax) * float64(st.Messages) / float64(kept))
-			if last.Sequence > back {
-				if m, err := stream.GetMsg(ctx, last.Sequence-back); err == nil && m.Time.After(es.Since) {
-					es.Since, es.Capped = m.Time, true
-				}
-			}
-		}
-	}
-	r, err := natsjs.NewReaderSince(ctx, c.js, c.stream, subject, es.Since)
+	es.Since, es.Capped = windowStart(ctx, stream, st, subject, ExecutionsWindow, ExecutionsMax)
+	r, err := natsjs.NewReaderSince(ctx, c.js, c.stream, subject, es.Since, false)
 	if err != nil {
 		return es, fmt.Errorf("pipeline: status: executions: %w", err)
 	}
@@ -233,23 +255,49 @@ func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream,
 }
 
 // readUnfused lists the steps whose plan is stored and whose update is
-// not, from the two subjects' message IDs (headers only, as fuse reads
-// the updates when it starts).
-func readUnfused(ctx context.Context, c *streamConn, prefix, run string) ([]UnfusedStep, error) {
+// not, among the plans of the last UnfusedWindow (or about the newest
+// UnfusedMax), from the two subjects' message IDs (headers only): reading
+// every plan and update took status 4 s longer on a simulated run's store
+// of 5,000 steps, and these bounds keep it as fast as before.
+func readUnfused(ctx context.Context, c *streamConn, stream jetstream.Stream, st *Status, prefix, run string) ([]UnfusedStep, error) {
+	plans := schemas.Subject(prefix, run, schemas.KindPlan)
+	if st.Subjects[plans] == 0 {
+		return nil, nil
+	}
+	since, _ := windowStart(ctx, stream, st, plans, UnfusedWindow, UnfusedMax)
+	read := func(subject string, fn func(natsjs.Record)) error {
+		r, err := natsjs.NewReaderSince(ctx, c.js, c.stream, subject, since, true)
+		if err != nil {
+			return fmt.Errorf("pipeline: status: %w", err)
+		}
+		defer r.Close()
+		for n := uint64(0); n < r.Backlog; n++ {
+			rec, err := r.Next(ctx)
+			if err != nil {
+				return fmt.Errorf("pipeline: status: %w", err)
+			}
+			fn(rec)
+			if rec.Pending == 0 {
+				break
+			}
+		}
+		return nil
+	}
 	fused := map[int64]bool{}
-	if err := scanMsgIDs(ctx, c.js, c.stream, schemas.Subject(prefix, run, schemas.KindUpdate), func(step int64, _ string) {
-		fused[step] = true
+	if err := read(schemas.Subject(prefix, run, schemas.KindUpdate), func(r natsjs.Record) {
+		if step, ok := msgIDStep(r.MsgID); ok {
+			fused[step] = true
+		}
 	}); err != nil {
-		return nil, fmt.Errorf("pipeline: status: updates: %w", err)
+		return nil, err
 	}
 	var out []UnfusedStep
-	if err := natsjs.Scan(ctx, c.js, c.stream, schemas.Subject(prefix, run, schemas.KindPlan), true, func(r natsjs.Record) error {
+	if err := read(plans, func(r natsjs.Record) {
 		if step, ok := msgIDStep(r.MsgID); ok && !fused[step] {
 			out = append(out, UnfusedStep{Step: step, Planned: r.Time})
 		}
-		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("pipeline: status: plans: %w", err)
+		return nil, err
 	}
 	slices.SortFunc(out, func(a, b UnfusedStep) int { return cmp.Compare(a.Step, b.Step) })
 	return slices.CompactFunc(out, func(a, b UnfusedStep) bool { return a.Step == b.Step }), nil

@@ -54,9 +54,10 @@ func NewReader(ctx context.Context, js jetstream.JetStream, stream, subject stri
 }
 
 // NewReaderSince opens a reader on subject that starts at the first
-// message stored at or after since (its Backlog counts from there).
-func NewReaderSince(ctx context.Context, js jetstream.JetStream, stream, subject string, since time.Time) (*Reader, error) {
-	return newReader(ctx, &Reader{js: js, stream: stream, subject: subject, since: since})
+// message stored at or after since (its Backlog counts from there);
+// headersOnly as for NewReader.
+func NewReaderSince(ctx context.Context, js jetstream.JetStream, stream, subject string, since time.Time, headersOnly bool) (*Reader, error) {
+	return newReader(ctx, &Reader{js: js, stream: stream, subject: subject, since: since, headersOnly: headersOnly})
 }
 
 func newReader(ctx context.Context, r *Reader) (*Reader, error) {

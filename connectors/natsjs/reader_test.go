@@ -26,7 +26,7 @@ func TestReaderSinceStartsAtItsTime(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	since := time.Now()
 	publish(3, 5)
-	r, err := NewReaderSince(ctx, js, "S", "s.a", since)
+	r, err := NewReaderSince(ctx, js, "S", "s.a", since, false)
 	if err != nil {
 		t.Fatal(err)
 	}
