@@ -301,6 +301,15 @@ func auditCommand() *cobra.Command {
 				printCauses(stdout, a)
 			}
 			printMisses(stdout, a)
+			if l := a.Length; l != nil && len(l.Levels) > 0 {
+				first, last := l.Levels[0], l.Levels[len(l.Levels)-1]
+				fmt.Fprintf(stdout, "by solution length (%d anchor pairs): %s; within-group Spearman of length and residual after one monotone map %+.3f ± %.3f over %d groups; residual after it %+.3f in the shortest fifth (%d-%d bytes), %+.3f in the longest (%d-%d)\n",
+					l.Pairs, l.Verdict, float64(l.WithinSpearman), 2*float64(l.SE), l.Groups,
+					float64(first.ResidualMonotone), first.Bytes[0], first.Bytes[1], float64(last.ResidualMonotone), last.Bytes[0], last.Bytes[1])
+				if l.Distinct < offline.FewLengths {
+					fmt.Fprintf(stdout, "  (only %d distinct lengths: a length stands for which solution it is, so this may be a bias by solution rather than by length)\n", l.Distinct)
+				}
+			}
 			verdicts := map[string]int{}
 			for _, t := range a.Tasks {
 				verdicts[t.Verdict]++

@@ -175,6 +175,10 @@ type Audit struct {
 	// the reliability diagram draws.
 	MapX []float64 `json:"map_x"`
 	MapY []float64 `json:"map_y"`
+	// Length is the residual by the length of the solution (nil: the
+	// archive holds no lengths, from before response_bytes or with
+	// --archive-code=false).
+	Length *LengthBias `json:"length_bias,omitempty"`
 	// Expect, if set (Expect), is wmrl sim's benchmark at this world model.
 	Expect *rl.Expectation `json:"expect,omitempty"`
 
@@ -184,7 +188,9 @@ type Audit struct {
 type pairRow struct {
 	pred, truth, cal float64
 	hasCal           bool
-	fold             int // 0 or 1, by anchor group
+	fold             int    // 0 or 1, by anchor group
+	group            string // "step/group"
+	bytes            int64  // the response's length; -1: not known
 }
 
 // RunAudit measures the world model's bias over a run's rows.
@@ -227,7 +233,16 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 	var causes causeCounter
 	var failPred []float64
 	var failed []bool
+	type latePair struct {
+		i   int // in all.pairs
+		key trajKey
+	}
+	var latePairs []latePair
+	lateLength := map[trajKey]int64{} // late anchors' lengths, from their world-model rows
 	for _, r := range rows {
+		if r.ResponseBytes != nil && r.Source == archive.SourceWorldModel && r.IsAnchor {
+			lateLength[missKey(r)] = *r.ResponseBytes
+		}
 		t := tasks[r.TaskID]
 		if t == nil {
 			t = newAcc()
@@ -254,7 +269,12 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 			continue
 		}
 		key := fmt.Sprintf("%d/%s", r.Step, r.GroupID)
-		p := pairRow{pred: *r.Predicted, truth: *r.TrueScore, fold: fold(key)}
+		p := pairRow{pred: *r.Predicted, truth: *r.TrueScore, fold: fold(key), group: key, bytes: -1}
+		if r.ResponseBytes != nil {
+			p.bytes = *r.ResponseBytes
+		} else if r.Source == archive.SourceLateAnchor { // its length is on its world-model row
+			latePairs = append(latePairs, latePair{len(all.pairs), missKey(r)})
+		}
 		if r.Calibrated != nil {
 			p.cal, p.hasCal = *r.Calibrated, true
 		}
@@ -432,6 +452,12 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 	}
 	slices.SortFunc(a.Drift, func(x, y StepPoint) int { return cmp.Compare(x.Step, y.Step) })
 	a.pairs = all.pairs
+	for _, lp := range latePairs {
+		if n, ok := lateLength[lp.key]; ok {
+			all.pairs[lp.i].bytes = n
+		}
+	}
+	a.Length = lengthBias(all.pairs, runMaps)
 	if len(all.pairs) >= 2 {
 		x, y := make([]float64, len(all.pairs)), make([]float64, len(all.pairs))
 		for i, p := range all.pairs {

@@ -43,6 +43,12 @@ func WriteReport(a *Audit, dir string) error {
 		{"ranks.png", "Within-group rank correlation over steps", plotRanks},
 		{"rho.png", "rho and D over steps", plotRho},
 	}
+	if a.Length != nil {
+		plots = append(plots, struct {
+			name, title string
+			make        func(*Audit) (*plot.Plot, error)
+		}{"length.png", "Residual by solution length", plotLength})
+	}
 	type img struct{ Name, Title, Data string }
 	var imgs []img
 	for _, pl := range plots {
@@ -224,6 +230,32 @@ func plotBias(a *Audit) (*plot.Plot, error) {
 	return p, nil
 }
 
+func plotLength(a *Audit) (*plot.Plot, error) {
+	p := newPlot("Mean residual (score - true) by solution length", "mean length of the band's responses (bytes)", "mean residual")
+	var before, mono plotter.XYs
+	for _, l := range a.Length.Levels {
+		before = append(before, plotter.XY{X: l.MeanBytes, Y: float64(l.ResidualBefore)})
+		mono = append(mono, plotter.XY{X: l.MeanBytes, Y: float64(l.ResidualMonotone)})
+	}
+	if len(before) > 0 {
+		lo, hi := before[0].X, before[len(before)-1].X
+		if err := line(p, "", plotter.XYs{{X: lo, Y: 0}, {X: hi, Y: 0}}, grey, false, false); err != nil {
+			return nil, err
+		}
+	}
+	if b := finite(before); len(b) > 0 {
+		if err := line(p, "raw world model", b, orange, false, true); err != nil {
+			return nil, err
+		}
+	}
+	if m := finite(mono); len(m) > 0 {
+		if err := line(p, "one monotone map, cross-fitted", m, green, false, true); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
 func plotCoverage(a *Audit) (*plot.Plot, error) {
 	p := newPlot("Anchor coverage: executed share of predictions per score bin", "bin", "anchor pairs / predictions")
 	v := make(plotter.Values, len(a.Overall.Levels))
@@ -328,14 +360,18 @@ var page = template.Must(template.New("audit").Funcs(template.FuncMap{
 	"f3":  func(f float64) string { return fmt.Sprintf("%.3f", f) },
 	"sf3": func(f float64) string { return fmt.Sprintf("%+.3f", f) },
 	"pct": func(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) },
+	"x2":  func(n Num) Num { return 2 * n },
+	"few": func() int { return FewLengths },
 	"cls": func(v string) string {
 		switch v {
 		case VerdictCalibrated:
 			return "good"
 		case VerdictCorrected:
 			return "fixed"
-		case VerdictNonMonotone, VerdictTaskSpecific:
+		case VerdictNonMonotone, VerdictTaskSpecific, LengthOverrated, LengthUnderrated:
 			return "bad"
+		case LengthNone:
+			return "good"
 		}
 		return "none"
 	},
@@ -411,6 +447,15 @@ a missing package or a limit belongs to the sandbox, not the policy, and a fix t
 <p class="note">The anchor pairs whose raw world-model score was furthest from the true score, with what the world model said and how the execution ended.</p>
 <table><tr><th>step</th><th class="l">group, trajectory</th><th class="l">task</th><th>predicted</th><th>true</th><th class="l">execution</th><th class="l">world model</th></tr>
 {{range .A.Misses}}<tr><td>{{.Step}}</td><td class="l">{{.GroupID}}, {{.TrajID}}</td><td class="l">{{.TaskID}}</td><td>{{f3 .Predicted}}</td><td>{{f3 .True}}</td><td class="l">{{.ExecStatus}}{{if .Cause}}: {{.Cause}}{{end}}</td><td class="l">{{.WMVerdict}}{{if .WMRationale}}: <small>{{.WMRationale}}</small>{{end}}</td></tr>
+{{end}}</table>
+{{end}}{{with .A.Length}}<h2>Bias by solution length</h2>
+<p class="note">The anchor pairs by the length of their solution ({{.Pairs}} with the length archived), in five bands of equal pairs.
+An LLM judge that rates longer solutions higher, whatever they score, makes an error no monotone map of its score removes: within a group it ranks the longer solutions up, and GRPO then teaches the policy to write longer.
+Within the anchor groups, the rank correlation between a solution's length and its residual after one monotone map (cross-fitted) is {{num .WithinSpearman}} ± {{num (x2 .SE)}} (2 SE) over {{.Groups}} groups:
+<span class="{{cls .Verdict}}"><b>{{.Verdict}}</b></span>.{{if lt .Distinct few}}
+Only {{.Distinct}} distinct lengths: a length here stands for which solution it is, so this may be a bias by solution rather than by length.{{end}}</p>
+<table><tr><th>bytes</th><th>anchor pairs</th><th>mean bytes</th><th>residual before</th><th>after one monotone map</th></tr>
+{{range .Levels}}<tr><td>{{index .Bytes 0}} to {{index .Bytes 1}}</td><td>{{.Pairs}}</td><td>{{printf "%.0f" .MeanBytes}}</td><td>{{num .ResidualBefore}}</td><td>{{num .ResidualMonotone}}</td></tr>
 {{end}}</table>
 {{end}}<h2>Plots</h2>
 <div class="grid">{{range .Imgs}}<figure><img alt="{{.Title}}" src="data:image/png;base64,{{.Data}}"><figcaption>{{.Title}} ({{.Name}})</figcaption></figure>

@@ -22,6 +22,7 @@ type column struct {
 
 type colState struct {
 	floats []float64
+	ints   []int64
 	strs   map[string]string // interned values of a low-cardinality column
 	texts  []string          // the row group's storage for optional strings
 }
@@ -32,6 +33,14 @@ func (c *colState) float(i int, v parquet.Value) *float64 {
 	}
 	c.floats[i] = v.Double()
 	return &c.floats[i]
+}
+
+func (c *colState) int(i int, v parquet.Value) *int64 {
+	if v.IsNull() {
+		return nil
+	}
+	c.ints[i] = v.Int64()
+	return &c.ints[i]
 }
 
 // text is an optional string column's value for row i (nil when null),
@@ -87,6 +96,7 @@ var columns = []column{
 	{"wm_rationale", func(r []Row, i int, v parquet.Value, c *colState) { r[i].WMRationale = c.text(i, v, false) }},
 	{"prompt", func(r []Row, i int, v parquet.Value, c *colState) { r[i].Prompt = c.text(i, v, false) }},
 	{"response", func(r []Row, i int, v parquet.Value, c *colState) { r[i].Response = c.text(i, v, false) }},
+	{"response_bytes", func(r []Row, i int, v parquet.Value, c *colState) { r[i].ResponseBytes = c.int(i, v) }},
 }
 
 // codeColumns hold the anchors' trajectories: kilobytes a row where the
@@ -97,7 +107,7 @@ var codeColumns = map[string]bool{"prompt": true, "response": true}
 // laterColumns were added to Row after archives were first written: a file
 // without one reads it as null (its zero value), and a merge (Compact)
 // rewrites such a file with the column.
-var laterColumns = map[string]bool{"exec_detail": true, "wm_verdict": true, "wm_rationale": true, "prompt": true, "response": true}
+var laterColumns = map[string]bool{"exec_detail": true, "wm_verdict": true, "wm_rationale": true, "prompt": true, "response": true, "response_bytes": true}
 
 // missingColumns lists the later columns schema lacks.
 func missingColumns(schema *parquet.Schema) []string {
@@ -130,6 +140,8 @@ func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, r
 		switch col.name {
 		case "predicted", "true_score", "calibrated", "reward", "exec_seconds":
 			st.floats = make([]float64, n)
+		case "response_bytes":
+			st.ints = make([]int64, n)
 		case "exec_status", "wm_verdict":
 			st.texts = make([]string, n)
 			st.strs = map[string]string{}

@@ -124,7 +124,8 @@ func writeReaderFixture(t *testing.T) (string, []Row) {
 		for i := range rows { // the anchors' code, as the stage adds it
 			if rows[i].IsAnchor {
 				prompt, response := "predict the price", fmt.Sprintf("print(%d)  # %s", step, rows[i].TrajID)
-				rows[i].Prompt, rows[i].Response = &prompt, &response
+				n := int64(len(response))
+				rows[i].Prompt, rows[i].Response, rows[i].ResponseBytes = &prompt, &response, &n
 			}
 		}
 		if _, err := w.Add(UpdateKey(step), rows, late); err != nil {
@@ -198,6 +199,7 @@ func ourAggregates(rows []Row) map[string]string {
 	steps := map[int64]bool{}
 	tasks, runs := map[string]bool{}, map[string]bool{}
 	var predicted, truth, status, details, verdicts, rationales, prompts, responses, responseChars, anchors, late int
+	var responseBytes int64
 	var fusedByStep, calibrated float64
 	first := rows[0].TS
 	for _, r := range rows {
@@ -227,6 +229,9 @@ func ourAggregates(rows []Row) map[string]string {
 			responses++
 			responseChars += len(*r.Response) // ASCII: bytes are characters
 		}
+		if r.ResponseBytes != nil {
+			responseBytes += *r.ResponseBytes
+		}
 		if r.IsAnchor {
 			anchors++
 		}
@@ -248,7 +253,8 @@ func ourAggregates(rows []Row) map[string]string {
 		"rows": itoa(len(rows)), "steps": itoa(len(steps)), "predicted": itoa(predicted),
 		"true_scores": itoa(truth), "exec_statuses": itoa(status), "exec_details": itoa(details), "wm_verdicts": itoa(verdicts), "wm_rationales": itoa(rationales), "anchors": itoa(anchors),
 		"prompts": itoa(prompts), "responses": itoa(responses), "response_chars": itoa(responseChars),
-		"late": itoa(late), "runs": strings.Join(slices.Sorted(maps.Keys(runs)), ","),
+		"response_bytes": strconv.FormatInt(responseBytes, 10),
+		"late":           itoa(late), "runs": strings.Join(slices.Sorted(maps.Keys(runs)), ","),
 		"tasks":         strings.Join(slices.Sorted(maps.Keys(tasks)), ","),
 		"first_ts":      first.UTC().Format("2006-01-02 15:04:05"),
 		"fused_by_step": strconv.FormatFloat(fusedByStep, 'g', -1, 64),

@@ -89,6 +89,9 @@ type Row struct {
 	// pandas read them. Added after the first archives (see laterColumns).
 	Prompt   *string `parquet:"prompt,optional"`
 	Response *string `parquet:"response,optional"`
+	// ResponseBytes is the response's length, beside it: Read leaves the
+	// code out but reads this, for the audit's bias by solution length.
+	ResponseBytes *int64 `parquet:"response_bytes,optional"`
 }
 
 // UpdateKey and LateKey name what a file holds, so that a redelivered

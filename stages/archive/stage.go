@@ -210,7 +210,8 @@ arrival:
 			continue
 		}
 		if t, ok := c.trajs[rows[i].TrajID]; ok {
-			rows[i].Prompt, rows[i].Response = &t.Prompt, &t.Response
+			n := int64(len(t.Response))
+			rows[i].Prompt, rows[i].Response, rows[i].ResponseBytes = &t.Prompt, &t.Response, &n
 		}
 	}
 	var missing []string

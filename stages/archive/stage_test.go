@@ -135,6 +135,10 @@ func TestStageArchivesTheAnchorsCode(t *testing.T) {
 		if r.Response != nil || r.Prompt != nil {
 			t.Fatalf("Read gave %d/%s's code", r.Step, r.TrajID)
 		}
+		resp, coded := want[fmt.Sprintf("%d/%s", r.Step, r.TrajID)]
+		if coded != (r.ResponseBytes != nil) || coded && *r.ResponseBytes != int64(len(resp)) {
+			t.Fatalf("Read gave %d/%s response_bytes %v; its response has %d", r.Step, r.TrajID, r.ResponseBytes, len(resp))
+		}
 	}
 }
 

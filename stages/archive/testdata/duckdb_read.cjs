@@ -22,6 +22,7 @@ const { DuckDBInstance } = require('@duckdb/node-api');
            count(prompt)::BIGINT AS prompts,
            count(response)::BIGINT AS responses,
            coalesce(sum(length(response)), 0)::BIGINT AS response_chars,
+           coalesce(sum(response_bytes), 0)::BIGINT AS response_bytes,
            sum(CASE WHEN is_anchor THEN 1 ELSE 0 END)::BIGINT AS anchors,
            sum(CASE WHEN source = 'late_anchor' THEN 1 ELSE 0 END)::BIGINT AS late,
            round(sum(fused_advantage * step), 6)::DOUBLE AS fused_by_step,

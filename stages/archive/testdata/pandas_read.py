@@ -28,6 +28,7 @@ print(json.dumps({
     "prompts": str(int(df["prompt"].notna().sum())) if "prompt" in df else "no column",
     "responses": str(int(df["response"].notna().sum())) if "response" in df else "no column",
     "response_chars": str(int(df["response"].dropna().str.len().sum())) if "response" in df else "no column",
+    "response_bytes": str(int(df["response_bytes"].fillna(0).sum())) if "response_bytes" in df else "no column",
     "anchors": str(int(df["is_anchor"].sum())),
     "late": str(int((df["source"] == "late_anchor").sum())),
     "fused_by_step": round(float((df["fused_advantage"] * df["step"]).sum()), 6),
