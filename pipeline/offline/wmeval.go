@@ -65,6 +65,10 @@ type EvalOptions struct {
 	Concurrency int
 	// Progress, if set, hears how many groups are done of how many.
 	Progress func(done, total int)
+	// DownAfter: this many calls failing in a row stop the evaluation, a
+	// world model that is down (default twice Concurrency), rather than
+	// each of thousands of groups waiting out the client's retries.
+	DownAfter int
 }
 
 // EvalItem is one executed trajectory: its true score, what the run's
@@ -156,27 +160,40 @@ func EvaluateWorldModel(ctx context.Context, rows []archive.Row, wm predict.Worl
 	if workers <= 0 {
 		workers = 8
 	}
+	downAfter := opt.DownAfter
+	if downAfter <= 0 {
+		downAfter = 2 * workers
+	}
 	items := make([][]EvalItem, len(groups))
 	errs := make([]error, len(groups))
 	next := make(chan int)
 	var mu sync.Mutex
-	done := 0
+	done, streak := 0, 0
+	var down error
+	asking, stop := context.WithCancel(ctx)
+	defer stop()
 	var wg sync.WaitGroup
 	for range min(workers, len(groups)) {
 		wg.Go(func() {
 			for i := range next {
-				items[i], errs[i] = evalGroup(ctx, wm, groups[i].rows)
+				items[i], errs[i] = evalGroup(asking, wm, groups[i].rows)
 				mu.Lock()
 				done++
 				if opt.Progress != nil {
 					opt.Progress(done, len(groups))
+				}
+				if streak++; errs[i] == nil {
+					streak = 0
+				} else if streak >= downAfter && down == nil {
+					down = fmt.Errorf("offline: world model %s is down: %d calls in a row failed, the last: %w", wm.Name(), streak, errs[i])
+					stop()
 				}
 				mu.Unlock()
 			}
 		})
 	}
 	for i := range groups {
-		if ctx.Err() != nil {
+		if asking.Err() != nil {
 			break
 		}
 		next <- i
@@ -185,6 +202,9 @@ func EvaluateWorldModel(ctx context.Context, rows []archive.Row, wm predict.Worl
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if down != nil {
+		return nil, down
 	}
 	e := &Eval{Model: wm.Name(), Groups: len(groups)}
 	for i, err := range errs {

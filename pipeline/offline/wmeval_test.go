@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,5 +114,32 @@ func TestExecutedJoinsLateAnchors(t *testing.T) {
 	}
 	if len(got) != 1 || got[0].TrajID != "late" || *got[0].TrueScore != truth || *got[0].Response != code {
 		t.Fatalf("executed %+v, want the late anchor with its code and its late true score", got)
+	}
+}
+
+// countingDown fails every call, and counts them.
+type countingDown struct{ calls atomic.Int64 }
+
+func (*countingDown) Name() string { return "down" }
+
+func (c *countingDown) Predict(context.Context, []schemas.Trajectory) ([]predict.Score, error) {
+	c.calls.Add(1)
+	return nil, errors.New("connection refused")
+}
+
+// A world model that fails DownAfter calls in a row stops the evaluation,
+// saying so, instead of being asked for every group.
+func TestEvaluateWorldModelStopsAtAWorldModelThatIsDown(t *testing.T) {
+	var groups []string
+	for i := range 200 {
+		groups = append(groups, fmt.Sprintf("g%d", i))
+	}
+	wm := &countingDown{}
+	_, err := EvaluateWorldModel(context.Background(), executedRows(groups...), wm, EvalOptions{Concurrency: 2, DownAfter: 5})
+	if err == nil || !strings.Contains(err.Error(), "down: 5 calls in a row failed, the last: connection refused") {
+		t.Fatalf("err %v", err)
+	}
+	if n := wm.calls.Load(); n > 10 {
+		t.Errorf("%d of 200 groups asked of a world model that is down", n)
 	}
 }
