@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,6 +86,7 @@ func TestAStepHeldByAPredictionGivenUpIsFusedOnceItIsSentAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.TopologyFile = top
+	cfg.HTTPAddr = "127.0.0.1:0"
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	p, nc, js := startClient(t, ctx, cfg)
@@ -103,6 +106,16 @@ func TestAStepHeldByAPredictionGivenUpIsFusedOnceItIsSentAgain(t *testing.T) {
 		t.Errorf("wmrl_prediction_wait_seconds %v while step 1 has waited over a second", w)
 	}
 
+	// A trainer asking the gateway for step 1 hears why it waits.
+	resp, err := http.Get(p.HTTPURL() + "/v1/runs/default/steps/1/update?wait=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(body), "while step 3's is out: it is held back") {
+		t.Errorf("the gateway answers a trainer asking for step 1 %d %s", resp.StatusCode, body)
+	}
 	st, err := ReadStatus(ctx, StreamSource{NATSURL: p.URL(), Prefix: "wmrl"}, "default")
 	if err != nil {
 		t.Fatal(err)

@@ -344,6 +344,14 @@ func (g *Gateway) getUpdate(w http.ResponseWriter, r *http.Request) {
 		data = m.Data
 	}
 	if data == nil {
+		if last, ok := g.updates.newest(); ok && last.Step > step {
+			// A step behind a fused one waits for an anchor group within
+			// its deadline, or for a prediction, which has none.
+			fail(w, http.StatusNotFound, "step %d has no update yet (waited %v), while step %d's is out: it is held back, waiting for an anchor group's execution "+
+				"(up to --anchor-deadline) or for a group's prediction, which has no deadline; wmrl status shows it, and if a stage between predict and fuse "+
+				"gave the prediction up, wmrl dlq --resend sends it back", step, wait, last.Step)
+			return
+		}
 		fail(w, http.StatusNotFound, "step %d has no update yet (waited %v)", step, wait)
 		return
 	}
