@@ -39,10 +39,10 @@ type Status struct {
 	LastCalibAt     time.Time
 	// Unfused: the steps planned (route stored their plan) whose update
 	// is not stored, in step order, among the plans of the last
-	// UnfusedWindow or about the newest UnfusedMax. One below LastUpdate's step waits
-	// for something later steps did not: an anchor group within its
-	// deadline, or a group's prediction, which has no deadline (a stage
-	// between predict and fuse dead-lettered it).
+	// UnfusedWindow or about the newest UnfusedMax. One below
+	// LastUpdate's step waits for something later steps did not: an
+	// anchor group within its deadline, or a group's prediction, which
+	// has no deadline (a stage between predict and fuse dead-lettered it).
 	Unfused     []UnfusedStep
 	DeadLetters uint64
 	// The newest dead letter (nil: none), with when it was stored: its
@@ -193,8 +193,6 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 	return st, nil
 }
 
-// readExecutions sums up the executions stored on subject over the last
-// ExecutionsWindow, or about its newest ExecutionsMax groups.
 // windowStart is where a look at the newest messages of subject starts:
 // window ago, or later, at the stream message about max messages of
 // subject before its last (by the subject's share of the stream), when
@@ -219,6 +217,8 @@ func windowStart(ctx context.Context, stream jetstream.Stream, st *Status, subje
 	return since, false
 }
 
+// readExecutions sums up the executions stored on subject over the last
+// ExecutionsWindow, or about its newest ExecutionsMax groups.
 func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream, st *Status, subject string) (ExecutionsStatus, error) {
 	es := ExecutionsStatus{ByStatus: map[string]int{}, ByCause: map[string]int{}}
 	if st.Subjects[subject] == 0 {
