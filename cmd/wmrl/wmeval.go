@@ -155,6 +155,19 @@ func writeEval(w io.Writer, e *offline.Eval, run, model string, took time.Durati
 	}
 	fmt.Fprintf(w, "within-group Spearman, %s - recorded, paired over %d groups: %+.3f ± %.3f (2 SE): %s\n",
 		model, e.PairedGroups, e.WithinDiff, 2*e.WithinDiffSE, verdict)
+	if len(e.Tasks) < 2 {
+		return
+	}
+	const show = 5
+	fmt.Fprintf(w, "by task, the least favourable change first (%d of %d tasks; --out has every trajectory):\n", min(show, len(e.Tasks)), len(e.Tasks))
+	fmt.Fprintf(w, "  %-20s %7s %9s %9s %18s\n", "task", "groups", "recorded", model, "difference (2 SE)")
+	for _, t := range e.Tasks[:min(show, len(e.Tasks))] {
+		diff := fmt.Sprintf("%+.3f", t.Diff)
+		if !math.IsNaN(t.SE) {
+			diff += fmt.Sprintf(" ± %.3f", 2*t.SE)
+		}
+		fmt.Fprintf(w, "  %-20s %7d %9.3f %9.3f %18s\n", t.Task, t.Groups, t.Recorded, t.New, diff)
+	}
 }
 
 // writeEvalCSV writes every evaluated trajectory.

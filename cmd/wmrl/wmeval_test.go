@@ -122,7 +122,8 @@ func TestWMEvalSetsAWorldModelAgainstTheRecordedOne(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	t.Logf("wm-eval, scores by hash on 20 groups:\n%s", out)
-	if !strings.Contains(out, "on 20 anchor groups") || !strings.Contains(out, "hashed ranks worse") {
+	if !strings.Contains(out, "on 20 anchor groups") || !strings.Contains(out, "hashed ranks worse") ||
+		!regexp.MustCompile(`(?m)^by task, the least favourable change first \(5 of \d+ tasks`).MatchString(out) {
 		t.Errorf("wm-eval with scores by hash on a sample of 20 groups:\n%s", out)
 	}
 

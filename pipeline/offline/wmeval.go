@@ -114,6 +114,20 @@ type Eval struct {
 	// standard error: the paired comparison.
 	WithinDiff, WithinDiffSE float64
 	PairedGroups             int
+	// Tasks is the paired comparison task by task, the one that changed
+	// most for the worse first: a new prompt can help most tasks and hurt
+	// a few.
+	Tasks []EvalTask
+}
+
+// EvalTask is one task's paired within-group comparison.
+type EvalTask struct {
+	Task string
+	// Groups ranked by both models; Recorded and New their mean
+	// within-group Spearman, Diff the mean of new minus recorded and SE
+	// its standard error (NaN for one group).
+	Groups                  int
+	Recorded, New, Diff, SE float64
 }
 
 // ErrNoCode is an archive without an executed anchor trajectory's code.
@@ -222,15 +236,31 @@ func EvaluateWorldModel(ctx context.Context, rows []archive.Row, wm predict.Worl
 	e.Recorded = side(e.Items, func(it EvalItem) *float64 { return it.Recorded })
 	e.New = side(e.Items, func(it EvalItem) *float64 { return it.New })
 	var diffs []float64
+	type acc struct{ rec, now, diff []float64 }
+	tasks := map[string]*acc{}
 	for _, g := range groupItems(e.Items) {
 		rec, ok1 := within(g, func(it EvalItem) *float64 { return it.Recorded })
 		now, ok2 := within(g, func(it EvalItem) *float64 { return it.New })
 		if ok1 && ok2 {
 			diffs = append(diffs, now-rec)
+			t := tasks[g[0].TaskID]
+			if t == nil {
+				t = &acc{}
+				tasks[g[0].TaskID] = t
+			}
+			t.rec, t.now, t.diff = append(t.rec, rec), append(t.now, now), append(t.diff, now-rec)
 		}
 	}
 	e.PairedGroups = len(diffs)
 	e.WithinDiff, e.WithinDiffSE = meanSE(diffs)
+	for name, t := range tasks {
+		et := EvalTask{Task: name, Groups: len(t.diff)}
+		et.Recorded, _ = meanSE(t.rec)
+		et.New, _ = meanSE(t.now)
+		et.Diff, et.SE = meanSE(t.diff)
+		e.Tasks = append(e.Tasks, et)
+	}
+	slices.SortFunc(e.Tasks, func(a, b EvalTask) int { return cmp.Or(cmp.Compare(a.Diff, b.Diff), naturalCompare(a.Task, b.Task)) })
 	return e, nil
 }
 

@@ -73,6 +73,9 @@ func TestEvaluateWorldModelCountsWhatItCannotRank(t *testing.T) {
 	if e.PairedGroups != 2 || !near(e.WithinDiff, 1.5) || !near(e.WithinDiffSE, 0.5) {
 		t.Errorf("paired: %d groups, %v ± %v; want 2 groups, 1.5 ± 0.5", e.PairedGroups, e.WithinDiff, e.WithinDiffSE)
 	}
+	if len(e.Tasks) != 1 || e.Tasks[0].Task != "t" || e.Tasks[0].Groups != 2 || !near(e.Tasks[0].Diff, 1.5) {
+		t.Errorf("tasks %+v, want t with the 2 paired groups", e.Tasks)
+	}
 	if _, err := EvaluateWorldModel(context.Background(), executedRows("down"), groupWM{}, EvalOptions{}); err == nil {
 		t.Error("every call failed, and no error")
 	}
