@@ -141,6 +141,15 @@ func line(p *plot.Plot, name string, xy plotter.XYs, c color.Color, dashed, poin
 	return nil
 }
 
+// series draws the finite points of xy as a line with its points, if
+// any are.
+func series(p *plot.Plot, name string, xy plotter.XYs, c color.Color) error {
+	if f := finite(xy); len(f) > 0 {
+		return line(p, name, f, c, false, true)
+	}
+	return nil
+}
+
 // finite drops points with a NaN coordinate.
 func finite(xy plotter.XYs) plotter.XYs {
 	out := xy[:0:0]
@@ -176,10 +185,8 @@ func plotReliability(a *Audit) (*plot.Plot, error) {
 	for _, l := range a.Overall.Levels {
 		means = append(means, plotter.XY{X: float64(l.MeanPredicted), Y: float64(l.MeanTrue)})
 	}
-	if m := finite(means); len(m) > 0 {
-		if err := line(p, "mean true per score bin", m, orange, false, true); err != nil {
-			return nil, err
-		}
+	if err := series(p, "mean true per score bin", means, orange); err != nil {
+		return nil, err
 	}
 	if len(a.MapX) > 0 {
 		xy := make(plotter.XYs, len(a.MapX))
@@ -212,26 +219,21 @@ func plotBias(a *Audit) (*plot.Plot, error) {
 	if err := line(p, "", plotter.XYs{{X: lo, Y: 0}, {X: hi, Y: 0}}, grey, false, false); err != nil {
 		return nil, err
 	}
-	if b := finite(before); len(b) > 0 {
-		if err := line(p, "raw world model", b, orange, false, true); err != nil {
-			return nil, err
-		}
+	if err := series(p, "raw world model", before, orange); err != nil {
+		return nil, err
 	}
-	if af := finite(after); len(af) > 0 {
-		if err := line(p, "the run's maps, as recorded", af, blue, false, true); err != nil {
-			return nil, err
-		}
+	if err := series(p, "the run's maps, as recorded", after, blue); err != nil {
+		return nil, err
 	}
-	if m := finite(mono); len(m) > 0 {
-		if err := line(p, "one monotone map, cross-fitted", m, green, false, true); err != nil {
-			return nil, err
-		}
+	if err := series(p, "one monotone map, cross-fitted", mono, green); err != nil {
+		return nil, err
 	}
 	return p, nil
 }
 
 func plotLength(a *Audit) (*plot.Plot, error) {
 	p := newPlot("Mean residual (score - true) by solution length", "mean length of the band's responses (bytes)", "mean residual")
+	p.Legend.Top = false // at the top it covered the housing run's lines
 	var before, mono plotter.XYs
 	for _, l := range a.Length.Levels {
 		before = append(before, plotter.XY{X: l.MeanBytes, Y: float64(l.ResidualBefore)})
@@ -243,15 +245,11 @@ func plotLength(a *Audit) (*plot.Plot, error) {
 			return nil, err
 		}
 	}
-	if b := finite(before); len(b) > 0 {
-		if err := line(p, "raw world model", b, orange, false, true); err != nil {
-			return nil, err
-		}
+	if err := series(p, "raw world model", before, orange); err != nil {
+		return nil, err
 	}
-	if m := finite(mono); len(m) > 0 {
-		if err := line(p, "one monotone map, cross-fitted", m, green, false, true); err != nil {
-			return nil, err
-		}
+	if err := series(p, "one monotone map, cross-fitted", mono, green); err != nil {
+		return nil, err
 	}
 	return p, nil
 }
