@@ -159,16 +159,15 @@ func EvaluateWorldModel(ctx context.Context, rows []archive.Row, wm predict.Worl
 	if len(groups) == 0 {
 		return nil, ErrNoCode
 	}
-	slices.SortFunc(groups, func(a, b *group) int {
+	inRunOrder := func(a, b *group) int {
 		return cmp.Or(cmp.Compare(a.key[0], b.key[0]), cmp.Compare(a.step, b.step), cmp.Compare(a.key[1], b.key[1]))
-	})
+	}
+	slices.SortFunc(groups, inRunOrder)
 	if opt.Groups > 0 && opt.Groups < len(groups) {
 		rng := rand.New(rand.NewPCG(opt.Seed, 0x77656d6c))
 		rng.Shuffle(len(groups), func(i, j int) { groups[i], groups[j] = groups[j], groups[i] })
 		groups = groups[:opt.Groups]
-		slices.SortFunc(groups, func(a, b *group) int {
-			return cmp.Or(cmp.Compare(a.key[0], b.key[0]), cmp.Compare(a.step, b.step), cmp.Compare(a.key[1], b.key[1]))
-		})
+		slices.SortFunc(groups, inRunOrder)
 	}
 	workers := opt.Concurrency
 	if workers <= 0 {
