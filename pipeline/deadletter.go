@@ -31,6 +31,14 @@ type deadLetters struct {
 	said map[string]time.Time // by stage and kind: when it was last said
 }
 
+// givenUpPrefix begins the reason of a message given up for an outage
+// (after its retries, or at once while what it needs is down), as against
+// rejected input; outside stages use it too (README, wire contract).
+const givenUpPrefix = "gave up "
+
+// GivenUp tells a dead letter an outage cost from rejected input.
+func GivenUp(dl schemas.DeadLetter) bool { return strings.HasPrefix(dl.Reason, givenUpPrefix) }
+
 func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		out, err := h(msg)
@@ -54,9 +62,9 @@ func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		reason := err.Error()
 		switch {
 		case down:
-			reason = "gave up at once: " + reason
+			reason = givenUpPrefix + "at once: " + reason
 		case !isPoison(err):
-			reason = fmt.Sprintf("gave up after %s deliveries: %v", deliveries, err)
+			reason = fmt.Sprintf("%safter %s deliveries: %v", givenUpPrefix, deliveries, err)
 		}
 		if perr := d.send(stage, msg.Metadata.Get(natsjs.MetaSubject), reason, msg.Payload); perr != nil {
 			return nil, fmt.Errorf("%v (and the dead letter could not be stored: %w)", err, perr)

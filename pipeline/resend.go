@@ -118,10 +118,6 @@ func ResendDeadLetters(ctx context.Context, src StreamSource, run string, opt Re
 	return nil
 }
 
-// GivenUp tells a dead letter an outage cost (a stage gave it up after its
-// retries, or at once while what it needs was down) from rejected input.
-func GivenUp(dl schemas.DeadLetter) bool { return strings.HasPrefix(dl.Reason, "gave up ") }
-
 // stepOf reads the step a payload is about, if it says.
 func stepOf(payload string) (int64, bool) {
 	var m struct {

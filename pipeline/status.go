@@ -226,16 +226,7 @@ func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream,
 		return es, nil
 	}
 	es.Since, es.Capped = windowStart(ctx, stream, st, subject, ExecutionsWindow, ExecutionsMax)
-	r, err := natsjs.NewReaderSince(ctx, c.js, c.stream, subject, es.Since, false)
-	if err != nil {
-		return es, fmt.Errorf("pipeline: status: executions: %w", err)
-	}
-	defer r.Close()
-	for n := uint64(0); n < r.Backlog; n++ {
-		rec, err := r.Next(ctx)
-		if err != nil {
-			return es, fmt.Errorf("pipeline: status: executions: %w", err)
-		}
+	err := natsjs.ScanSince(ctx, c.js, c.stream, subject, es.Since, false, func(rec natsjs.Record) error {
 		var e schemas.Execution
 		if json.Unmarshal(rec.Data, &e) == nil {
 			es.Groups++
@@ -247,9 +238,10 @@ func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream,
 				}
 			}
 		}
-		if rec.Pending == 0 {
-			break
-		}
+		return nil
+	})
+	if err != nil {
+		return es, fmt.Errorf("pipeline: status: executions: %w", err)
 	}
 	return es, nil
 }
@@ -266,20 +258,8 @@ func readUnfused(ctx context.Context, c *streamConn, stream jetstream.Stream, st
 	}
 	since, _ := windowStart(ctx, stream, st, plans, UnfusedWindow, UnfusedMax)
 	read := func(subject string, fn func(natsjs.Record)) error {
-		r, err := natsjs.NewReaderSince(ctx, c.js, c.stream, subject, since, true)
-		if err != nil {
+		if err := natsjs.ScanSince(ctx, c.js, c.stream, subject, since, true, func(r natsjs.Record) error { fn(r); return nil }); err != nil {
 			return fmt.Errorf("pipeline: status: %w", err)
-		}
-		defer r.Close()
-		for n := uint64(0); n < r.Backlog; n++ {
-			rec, err := r.Next(ctx)
-			if err != nil {
-				return fmt.Errorf("pipeline: status: %w", err)
-			}
-			fn(rec)
-			if rec.Pending == 0 {
-				break
-			}
 		}
 		return nil
 	}

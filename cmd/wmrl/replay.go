@@ -18,42 +18,45 @@ import (
 	"github.com/wmrl/wmrl/stages/route"
 )
 
-// onlyRun is run, or the archive's only run when run is empty.
-func onlyRun(root, run string) (string, error) {
-	if run != "" {
-		return run, nil
+// openRun lists a run's archive files (run "" picks the only run),
+// holding the directory so that no merge removes a file before it is
+// read, until release.
+func openRun(root, run string) (string, []string, func(), error) {
+	if run == "" {
+		runs, err := archive.Runs(root)
+		if err != nil {
+			return "", nil, nil, err
+		}
+		switch len(runs) {
+		case 0:
+			return "", nil, nil, fmt.Errorf("%s holds no run=<name> directory: not an archive root", root)
+		case 1:
+			run = runs[0]
+		default:
+			return "", nil, nil, fmt.Errorf("%s holds several runs %v: pick one with --run", root, runs)
+		}
 	}
-	runs, err := archive.Runs(root)
+	release, err := archive.ReadLock(root, run)
 	if err != nil {
-		return "", err
+		return "", nil, nil, err
 	}
-	switch len(runs) {
-	case 0:
-		return "", fmt.Errorf("%s holds no run=<name> directory: not an archive root", root)
-	case 1:
-		return runs[0], nil
-	default:
-		return "", fmt.Errorf("%s holds several runs %v: pick one with --run", root, runs)
+	files, err := archive.Files(root, run)
+	if err != nil {
+		release()
+		return "", nil, nil, err
 	}
+	return run, files, release, nil
 }
 
 // loadRun reads one run's rows from an archive root, with a progress bar,
 // and the settings its last file recorded. run "" picks the only run.
 func loadRun(root, run string, stderr io.Writer) ([]archive.Row, archive.Settings, string, error) {
 	var settings archive.Settings
-	run, err := onlyRun(root, run)
-	if err != nil {
-		return nil, settings, "", err
-	}
-	release, err := archive.ReadLock(root, run) // no merge removes a file before it is read
+	run, files, release, err := openRun(root, run)
 	if err != nil {
 		return nil, settings, "", err
 	}
 	defer release()
-	files, err := archive.Files(root, run)
-	if err != nil {
-		return nil, settings, "", err
-	}
 	if len(files) == 0 {
 		return nil, settings, "", fmt.Errorf("run %s has no closed archive files in %s", run, archive.RunDir(root, run))
 	}

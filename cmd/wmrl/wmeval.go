@@ -88,19 +88,11 @@ within-group Spearman buys.`,
 // loadExecuted reads a run's executed anchor trajectories with their
 // code, holding the archive against merges while it reads.
 func loadExecuted(root, run string, stderr io.Writer) ([]archive.Row, string, error) {
-	run, err := onlyRun(root, run)
-	if err != nil {
-		return nil, "", err
-	}
-	release, err := archive.ReadLock(root, run)
+	run, files, release, err := openRun(root, run)
 	if err != nil {
 		return nil, "", err
 	}
 	defer release()
-	files, err := archive.Files(root, run)
-	if err != nil {
-		return nil, "", err
-	}
 	start := time.Now()
 	rows, err := offline.Executed(files)
 	if err != nil {

@@ -197,7 +197,13 @@ func (r *Reader) Close() {
 
 // Scan reads every message on subject that exists now, then returns.
 func Scan(ctx context.Context, js jetstream.JetStream, stream, subject string, headersOnly bool, fn func(Record) error) error {
-	r, err := NewReader(ctx, js, stream, subject, headersOnly)
+	return ScanSince(ctx, js, stream, subject, time.Time{}, headersOnly, fn)
+}
+
+// ScanSince is Scan from the first message stored at or after since (the
+// zero time: from the first).
+func ScanSince(ctx context.Context, js jetstream.JetStream, stream, subject string, since time.Time, headersOnly bool, fn func(Record) error) error {
+	r, err := NewReaderSince(ctx, js, stream, subject, since, headersOnly)
 	if err != nil {
 		return err
 	}

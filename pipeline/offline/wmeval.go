@@ -10,6 +10,8 @@ import (
 	"slices"
 	"sync"
 
+	"gonum.org/v1/gonum/stat"
+
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/fuse"
@@ -377,16 +379,6 @@ func meanSE(xs []float64) (mean, se float64) {
 	if len(xs) == 0 {
 		return math.NaN(), math.NaN()
 	}
-	for _, x := range xs {
-		mean += x
-	}
-	mean /= float64(len(xs))
-	if len(xs) < 2 {
-		return mean, math.NaN()
-	}
-	var ss float64
-	for _, x := range xs {
-		ss += (x - mean) * (x - mean)
-	}
-	return mean, math.Sqrt(ss / float64(len(xs)-1) / float64(len(xs)))
+	mean, sd := stat.MeanStdDev(xs, nil) // NaN sd for one
+	return mean, sd / math.Sqrt(float64(len(xs)))
 }

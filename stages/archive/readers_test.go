@@ -202,29 +202,20 @@ func ourAggregates(rows []Row) map[string]string {
 	var responseBytes int64
 	var fusedByStep, calibrated float64
 	first := rows[0].TS
+	count := func(present bool, n *int) {
+		if present {
+			*n++
+		}
+	}
 	for _, r := range rows {
 		steps[r.Step] = true
-		if r.Predicted != nil {
-			predicted++
-		}
-		if r.TrueScore != nil {
-			truth++
-		}
-		if r.ExecStatus != nil {
-			status++
-		}
-		if r.ExecDetail != nil {
-			details++
-		}
-		if r.WMVerdict != nil {
-			verdicts++
-		}
-		if r.WMRationale != nil {
-			rationales++
-		}
-		if r.Prompt != nil {
-			prompts++
-		}
+		count(r.Predicted != nil, &predicted)
+		count(r.TrueScore != nil, &truth)
+		count(r.ExecStatus != nil, &status)
+		count(r.ExecDetail != nil, &details)
+		count(r.WMVerdict != nil, &verdicts)
+		count(r.WMRationale != nil, &rationales)
+		count(r.Prompt != nil, &prompts)
 		if r.Response != nil {
 			responses++
 			responseChars += len(*r.Response) // ASCII: bytes are characters
@@ -232,12 +223,8 @@ func ourAggregates(rows []Row) map[string]string {
 		if r.ResponseBytes != nil {
 			responseBytes += *r.ResponseBytes
 		}
-		if r.IsAnchor {
-			anchors++
-		}
-		if r.Source == SourceLateAnchor {
-			late++
-		}
+		count(r.IsAnchor, &anchors)
+		count(r.Source == SourceLateAnchor, &late)
 		fusedByStep += r.FusedAdvantage * float64(r.Step)
 		if r.Calibrated != nil {
 			calibrated += *r.Calibrated

@@ -133,18 +133,8 @@ func FromUpdate(u schemas.Update) ([]Row, []LateGroup) {
 			WMStatus: it.WMStatus, ExecSeconds: it.ExecSeconds, TS: u.PublishedAt.UTC(),
 			CalibrationSeq: u.CalibrationSeq, AbsorbedSeq: it.AbsorbedSeq, D: u.D,
 		}
-		if it.ExecStatus != "" {
-			r.ExecStatus = &it.ExecStatus
-		}
-		if it.ExecDetail != "" {
-			r.ExecDetail = &it.ExecDetail
-		}
-		if it.WMVerdict != "" {
-			r.WMVerdict = &it.WMVerdict
-		}
-		if it.WMRationale != "" {
-			r.WMRationale = &it.WMRationale
-		}
+		r.ExecStatus, r.ExecDetail = nonEmpty(it.ExecStatus), nonEmpty(it.ExecDetail)
+		r.WMVerdict, r.WMRationale = nonEmpty(it.WMVerdict), nonEmpty(it.WMRationale)
 		if lg != nil {
 			s := ExecLate
 			r.ExecStatus = &s
@@ -157,6 +147,14 @@ func FromUpdate(u schemas.Update) ([]Row, []LateGroup) {
 		lates = append(lates, *late[g])
 	}
 	return rows, lates
+}
+
+// nonEmpty is s as an optional column: null when empty.
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 // FromLate turns a late anchor group's calibration into its rows: one per
