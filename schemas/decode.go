@@ -1,10 +1,14 @@
 package schemas
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
+
+	// encoding/json's semantics on encoding/json/v2's implementation, which
+	// decodes the pipeline's messages 1.5-2x faster (BenchmarkDecode). It
+	// is what Go 1.27's encoding/json is built on; this import goes then.
+	json "github.com/go-json-experiment/json/v1"
 )
 
 // ErrInvalid marks a message that can never be used, however often it is
@@ -50,8 +54,11 @@ func (m missing) err() error {
 	return invalid("missing field(s): %s", strings.Join(m, ", "))
 }
 
+// unmarshal decodes every message; a benchmark swaps in encoding/json's.
+var unmarshal = json.Unmarshal
+
 func decodeJSON(data []byte, v any) error {
-	if err := json.Unmarshal(data, v); err != nil {
+	if err := unmarshal(data, v); err != nil {
 		return invalid("malformed JSON: %v", err)
 	}
 	return nil

@@ -2,9 +2,11 @@ package schemas
 
 import (
 	"bytes"
+	stdjson "encoding/json"
 	"errors"
 	"flag"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -62,5 +64,34 @@ func TestDecodeTrajectoryNamesWhatIsWrong(t *testing.T) {
 	var p Prediction
 	if err := Decode([]byte(`{"schema":1,"run":"other"}`), "r", &p); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `unknown run "other"`) {
 		t.Errorf("internal message of another run: %v", err)
+	}
+}
+
+// The pipeline decodes with encoding/json/v2's implementation of
+// encoding/json's semantics: a trainer's message that encoding/json took
+// must still be taken, and as the same values, whatever the JSON looks like.
+func TestDecodingTakesWhatEncodingJSONTook(t *testing.T) {
+	base := `"run":"r","step":3,"group_id":"g","traj_id":"t","group_size":4,"task_id":"x","prompt":"p","policy_version":7`
+	for _, payload := range []string{
+		`{"schema":1,` + base + `,"response":"print(1)","meta":{"k":1,"n":null,"l":[1,"a",{"b":true}]}}`,
+		`{"SCHEMA":1,` + base + `,"Response":"print(1)"}`,             // names in another case
+		`{"schema":1,` + base + `,"response":"a","response":"b"}`,     // a duplicate name: the last wins
+		`{"schema":1,` + base + `,"response":"\ud800 \u00e9 \u2028"}`, // a lone surrogate
+		"{\"schema\":1," + base + ",\"response\":\"bad \xff\xfe utf-8\"}",
+		`{"schema":1,` + base + `,"response":"x","meta":null,"extra":{"deep":[[[]]]}}`,
+		`{"schema":1,` + base + `,"response":"x","step":null}`, // null leaves a field unset
+		`{"schema":1,` + base + `,"response":"x","policy_version":1e2}`,
+		`{"schema":1,` + base + `,"response":"x","step":9223372036854775808}`,
+		`{"schema":1,` + base + `,"response":"x"} trailing`,
+		` {"schema":1,` + base + `,"response":"x"}` + "\n",
+	} {
+		got, gotErr := DecodeTrajectory([]byte(payload))
+		ours := unmarshal
+		unmarshal = stdjson.Unmarshal
+		want, wantErr := DecodeTrajectory([]byte(payload))
+		unmarshal = ours
+		if (gotErr == nil) != (wantErr == nil) || !reflect.DeepEqual(got, want) {
+			t.Errorf("%q:\n got %+v, %v\nwant %+v, %v (encoding/json)", payload, got, gotErr, want, wantErr)
+		}
 	}
 }
