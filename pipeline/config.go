@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/openai"
 	"github.com/wmrl/wmrl/connectors/sandbox"
 	"github.com/wmrl/wmrl/schemas"
@@ -57,6 +58,10 @@ type Config struct {
 	ArchiveCode bool
 	// NATSURL selects an external server or cluster; empty embeds one.
 	NATSURL string
+	// NATSAuth is what the external server asks of a client. Its user and
+	// password, or token, are also required by the embedded server of
+	// every client, for when --listen lets other machines in.
+	NATSAuth natsjs.Auth
 	// Listen is the embedded server's client address (default
 	// 127.0.0.1:4222; port 0 picks a free one).
 	Listen string
@@ -357,10 +362,15 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: replicas %d: want 1 to 5 (JetStream's limit), or 0 to keep the stream's", ErrConfig, c.Replicas)
 	case c.Replicas > 1 && c.NATSURL == "":
 		return fmt.Errorf("%w: --replicas %d needs a JetStream cluster (--nats URL,URL,...): the embedded server is a single node", ErrConfig, c.Replicas)
+	case c.NATSURL == "" && c.NATSAuth.ForClient():
+		return fmt.Errorf("%w: --nats-creds, --nats-nkey, --nats-ca, --nats-cert and --nats-key are for an external server (--nats URL); the embedded one asks only for WMRL_NATS_USER and WMRL_NATS_PASSWORD, or WMRL_NATS_TOKEN", ErrConfig)
 	case c.CheckpointEvery < 0:
 		return fmt.Errorf("%w: checkpoint every %d groups: want >= 1, or 0 for the default", ErrConfig, c.CheckpointEvery)
 	case c.Source == SourceSim && !c.runs(StageFuse):
 		return fmt.Errorf("%w: the simulated source paces itself on updates: run the fuse stage in the same process or use --source external", ErrConfig)
+	}
+	if err := c.NATSAuth.Check(); err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	for _, s := range c.Stages {
 		if !slices.Contains(AllStages, s) {

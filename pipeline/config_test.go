@@ -38,6 +38,9 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		{"execution timeout", func(c *Config) { c.ExecTimeout = -time.Second }, "--exec-timeout -1s"},
 		{"execution environment", func(c *Config) { c.ExecEnv = []string{"A=1", "OMP_NUM_THREADS"} }, `--exec-env "OMP_NUM_THREADS": want KEY=VALUE`},
 		{"world-model retries", func(c *Config) { c.WMRetries = -1 }, "--wm-retries -1"},
+		{"a client certificate on the embedded server", func(c *Config) { c.NATSAuth.Cert, c.NATSAuth.Key = "c.pem", "k.pem" }, "are for an external server (--nats URL)"},
+		{"a token on the embedded server", func(c *Config) { c.NATSAuth.Token = "t" }, ""},
+		{"a certificate without its key", func(c *Config) { c.NATSURL, c.NATSAuth.Cert = "tls://a:4222", "c.pem" }, "a client certificate needs its key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

@@ -21,6 +21,8 @@ import (
 // of its own (refused while the pipeline runs: its store is locked).
 type StreamSource struct {
 	NATSURL string
+	// Auth is what the server at NATSURL asks of a client.
+	Auth    natsjs.Auth
 	DataDir string
 	Prefix  string
 }
@@ -37,6 +39,9 @@ type streamConn struct {
 // creates one (a reader that made an empty stream would hide a wrong
 // --prefix or --data).
 func (s StreamSource) open(ctx context.Context) (*streamConn, error) {
+	if s.NATSURL == "" && s.Auth.ForClient() {
+		return nil, fmt.Errorf("pipeline: --nats-creds, --nats-nkey, --nats-ca, --nats-cert and --nats-key are for a server's URL (--nats); a stopped pipeline's --data is read directly")
+	}
 	c := &streamConn{stream: StreamName(s.Prefix)}
 	var nc *nats.Conn
 	var srv *natsjs.Server
@@ -49,8 +54,11 @@ func (s StreamSource) open(ctx context.Context) (*streamConn, error) {
 		c.url = "the store in " + s.DataDir
 		nc, err = srv.Connect("wmrl-reader")
 	} else {
-		c.url = s.NATSURL
-		nc, err = nats.Connect(s.NATSURL, nats.Name("wmrl-reader"), nats.Timeout(10*time.Second))
+		c.url = natsjs.Redact(s.NATSURL)
+		var opts []nats.Option
+		if opts, err = s.Auth.Options(); err == nil {
+			nc, err = nats.Connect(s.NATSURL, append(opts, nats.Name("wmrl-reader"), nats.Timeout(10*time.Second))...)
+		}
 	}
 	c.close = func() {
 		if nc != nil {

@@ -33,16 +33,19 @@ func connect(ctx context.Context, cfg *Config) (*transport, error) {
 	t := &transport{}
 	var err error
 	if cfg.NATSURL == "" {
-		t.srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: cfg.storeDir(), Listen: cfg.Listen, MaxPayload: cfg.MaxPayloadMB << 20})
+		t.srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: cfg.storeDir(), Listen: cfg.Listen, MaxPayload: cfg.MaxPayloadMB << 20, Auth: cfg.NATSAuth})
 		if err != nil {
 			return nil, err
 		}
 		t.url = t.srv.URL()
 		t.nc, err = t.srv.Connect("wmrl")
 	} else {
-		t.url = cfg.NATSURL
-		// A server that is not up yet is waited for (setUpStream says so).
-		t.nc, err = nats.Connect(cfg.NATSURL, nats.Name("wmrl"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))
+		t.url = natsjs.Redact(cfg.NATSURL)
+		var opts []nats.Option
+		if opts, err = cfg.NATSAuth.Options(); err == nil {
+			// A server that is not up yet is waited for (setUpStream says so).
+			t.nc, err = nats.Connect(cfg.NATSURL, append(opts, nats.Name("wmrl"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))...)
+		}
 	}
 	if err != nil {
 		t.close()
@@ -87,13 +90,24 @@ func (t *transport) setUpStream(ctx context.Context, cfg *Config) error {
 		return nil
 	}, func(err error) {
 		if !cfg.Quiet {
-			fmt.Fprintf(cfg.Out, "waiting for JetStream at %s (attempt %d): %v\n", t.url, attempt, err)
+			fmt.Fprintf(cfg.Out, "waiting for JetStream at %s (attempt %d): %v\n", t.url, attempt, t.withLastError(err))
 		}
 	})
 	if err != nil {
-		return fmt.Errorf("pipeline: stream %s at %s: %w", t.stream, t.url, err)
+		return fmt.Errorf("pipeline: stream %s at %s: %w", t.stream, t.url, t.withLastError(err))
 	}
 	return nil
+}
+
+// withLastError adds to err what the connection last heard from the
+// server, when that says more: a server that refuses the credentials
+// closes the connection, and the request only sees it closed.
+func (t *transport) withLastError(err error) error {
+	last := t.nc.LastError()
+	if last == nil || errors.Is(err, last) || strings.Contains(err.Error(), last.Error()) {
+		return err
+	}
+	return fmt.Errorf("%w (the server's last error: %v)", err, last)
 }
 
 func (t *transport) close() {

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/stages/fuse"
 )
@@ -40,6 +41,18 @@ func worldModelFlags(fs *pflag.FlagSet, cfg *pipeline.Config) {
 	fs.IntVar(&cfg.WMRetries, "wm-retries", cfg.WMRetries, "how often a world-model request that failed (429, 5xx, timeout, connection) is tried again, with jittered backoff; a call fails once its last retry has (0: never)")
 }
 
+// natsAuthFlags binds what an external NATS server may ask of a client.
+// The secrets come from WMRL_NATS_USER and WMRL_NATS_PASSWORD, or
+// WMRL_NATS_TOKEN (or the URL's user info).
+func natsAuthFlags(fs *pflag.FlagSet, a *natsjs.Auth) {
+	*a = natsjs.AuthFromEnv()
+	fs.StringVar(&a.Creds, "nats-creds", "", "user credentials file (JWT and NKey seed, as nsc writes it) for --nats")
+	fs.StringVar(&a.NKey, "nats-nkey", "", "file with a user's NKey seed for --nats")
+	fs.StringVar(&a.CA, "nats-ca", "", "PEM file of the CA that signed --nats's server certificate (default: the system's)")
+	fs.StringVar(&a.Cert, "nats-cert", "", "client certificate (PEM) for a --nats server that verifies its clients; with --nats-key")
+	fs.StringVar(&a.Key, "nats-key", "", "key (PEM) of --nats-cert")
+}
+
 // pipelineFlags binds the flags shared by run and stage to a Config.
 // Secrets come from the environment, never from flags (they would show in ps).
 func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
@@ -47,6 +60,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.Run, "run", cfg.Run, "run name (a subject token)")
 	fs.StringVar(&cfg.Prefix, "prefix", cfg.Prefix, "subject prefix")
 	fs.StringVar(&cfg.NATSURL, "nats", "", "external NATS URL or cluster (default: embedded server)")
+	natsAuthFlags(fs, &cfg.NATSAuth)
 	fs.StringVar(&cfg.DataDir, "data", cfg.DataDir, "data directory of the embedded server")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client address of the embedded server (port 0: any free one)")
 	fs.IntVar(&cfg.MaxPayloadMB, "nats-max-payload-mb", 8, "largest message the embedded server takes, in MiB (1-64): a step's update is one message, about 400 bytes a trajectory")

@@ -20,6 +20,7 @@ import (
 func streamSourceFlags(fs *pflag.FlagSet, src *pipeline.StreamSource, run *string) {
 	def := pipeline.DefaultConfig()
 	fs.StringVar(&src.NATSURL, "nats", "", "URL of the server of a running pipeline (default: open the store in --data, which its pipeline must not be using)")
+	natsAuthFlags(fs, &src.Auth)
 	fs.StringVar(&src.DataDir, "data", def.DataDir, "data directory of a stopped pipeline's embedded server")
 	fs.StringVar(&src.Prefix, "prefix", def.Prefix, "subject prefix")
 	fs.StringVar(run, "run", def.Run, "run name")

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/stages/calibrate"
 )
@@ -40,5 +41,36 @@ func TestCalibrationFlagsReachTheDebiaser(t *testing.T) {
 	}
 	if c := parse("--wm-retries", "0", "--wm-timeout", "20s"); c.WMRetries != 0 || c.WMTimeout != 20*time.Second {
 		t.Errorf("--wm-retries 0 --wm-timeout 20s gives %d, %v", c.WMRetries, c.WMTimeout)
+	}
+}
+
+// What a NATS server asks of a client reaches the pipeline from the
+// environment (secrets) and the flags (files), on run and stage as on the
+// commands that read a run from outside.
+func TestNATSAuthComesFromTheEnvironmentAndTheFlags(t *testing.T) {
+	t.Setenv("WMRL_NATS_USER", "trainer")
+	t.Setenv("WMRL_NATS_PASSWORD", "s3cret")
+	files := []string{"--nats-creds", "u.creds", "--nats-ca", "ca.pem", "--nats-cert", "c.pem", "--nats-key", "k.pem"}
+	want := natsjs.Auth{User: "trainer", Password: "s3cret", Creds: "u.creds", CA: "ca.pem", Cert: "c.pem", Key: "k.pem"}
+
+	cfg := pipeline.DefaultConfig()
+	var estimator string
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	pipelineFlags(fs, &cfg, &estimator)
+	if err := fs.Parse(files); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NATSAuth != want {
+		t.Errorf("run: %+v, want %+v", cfg.NATSAuth, want)
+	}
+	var src pipeline.StreamSource
+	var run string
+	fs = pflag.NewFlagSet("status", pflag.ContinueOnError)
+	streamSourceFlags(fs, &src, &run)
+	if err := fs.Parse(files); err != nil {
+		t.Fatal(err)
+	}
+	if src.Auth != want {
+		t.Errorf("status: %+v, want %+v", src.Auth, want)
 	}
 }

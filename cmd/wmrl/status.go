@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/schemas"
 )
@@ -45,7 +46,7 @@ Reads a running pipeline's server with --nats URL, or a stopped one's
 			if err != nil {
 				return err
 			}
-			where := src.NATSURL
+			where := natsjs.Redact(src.NATSURL)
 			if where == "" {
 				where = src.DataDir
 			}

@@ -29,6 +29,10 @@ type ServerConfig struct {
 	// MaxPayload is the largest message it takes (0: DefaultMaxPayload;
 	// NATS allows up to 64 MiB).
 	MaxPayload int
+	// Auth's user and password, or token, when set, are required of every
+	// client, the embedded one's own connections included. Its other
+	// fields are a client's and are not used here.
+	Auth Auth
 }
 
 // DefaultMaxPayload is the embedded server's max_payload: a step's update,
@@ -40,6 +44,7 @@ const DefaultMaxPayload = 8 << 20
 type Server struct {
 	ns   *server.Server
 	lock *os.File // holds the store's lock until Shutdown
+	auth Auth     // what its own connections present
 }
 
 // StartServer starts an embedded server and waits until it accepts clients.
@@ -98,6 +103,9 @@ func lockStore(dir string) (*os.File, error) {
 }
 
 func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
+	if err := cfg.Auth.Check(); err != nil {
+		return nil, err
+	}
 	host, port := "127.0.0.1", -1
 	if cfg.Listen != "" {
 		h, p, err := net.SplitHostPort(cfg.Listen)
@@ -123,6 +131,11 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		NoSigs:     true,
 		NoLog:      !cfg.Logs,
 		MaxPayload: int32(cmp.Or(cfg.MaxPayload, DefaultMaxPayload)),
+		Username:   cfg.Auth.User,
+		Password:   cfg.Auth.Password,
+	}
+	if cfg.Auth.Token != "" {
+		opts.Authorization = cfg.Auth.Token
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
@@ -140,7 +153,7 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("natsjs: embedded server not ready after %v (is %s:%d in use? choose another with --listen)", wait, host, port)
 	}
-	return &Server{ns: ns}, nil
+	return &Server{ns: ns, auth: Auth{User: cfg.Auth.User, Password: cfg.Auth.Password, Token: cfg.Auth.Token}}, nil
 }
 
 // URL is the address clients in other processes connect to.
@@ -148,7 +161,11 @@ func (s *Server) URL() string { return s.ns.ClientURL() }
 
 // Connect opens an in-process connection (no TCP).
 func (s *Server) Connect(name string) (*nats.Conn, error) {
-	return nats.Connect("", nats.InProcessServer(s.ns), nats.Name(name), nats.MaxReconnects(-1))
+	opts, err := s.auth.Options()
+	if err != nil {
+		return nil, err
+	}
+	return nats.Connect("", append(opts, nats.InProcessServer(s.ns), nats.Name(name), nats.MaxReconnects(-1))...)
 }
 
 // Shutdown stops the server, waits for it, and releases its store.

@@ -1,0 +1,112 @@
+package natsjs_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
+)
+
+// connect dials url presenting a, and says whether JetStream answers.
+func connect(url string, a natsjs.Auth) error {
+	opts, err := a.Options()
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	_, err = js.AccountInfo(context.Background())
+	return err
+}
+
+// A locked-down server lets in the client that presents everything it
+// asks for, and no client that leaves one thing out.
+func TestSecuredServersLetInOnlyWhoPresentsWhatTheyAsk(t *testing.T) {
+	for _, withCreds := range []bool{true, false} {
+		s := natstest.StartSecure(t, withCreds)
+		all := natsjs.Auth{Creds: s.Creds, NKey: s.NKey, CA: s.CA, Cert: s.Cert, Key: s.Key}
+		if err := connect(s.URL, all); err != nil {
+			t.Fatalf("creds %v: everything presented: %v", withCreds, err)
+		}
+		noUser := all
+		noUser.Creds, noUser.NKey = "", ""
+		noCA := all
+		noCA.CA = ""
+		noCert := all
+		noCert.Cert, noCert.Key = "", ""
+		for name, a := range map[string]natsjs.Auth{"no user": noUser, "no CA": noCA, "no client certificate": noCert} {
+			if err := connect(s.URL, a); err == nil {
+				t.Errorf("creds %v, %s: let in", withCreds, name)
+			}
+		}
+	}
+}
+
+// The embedded server asks every client for the user and password, or
+// the token, it was given, its own in-process connections included.
+func TestTheEmbeddedServerAsksForItsUserOrToken(t *testing.T) {
+	for _, a := range []natsjs.Auth{{User: "trainer", Password: "s3cret"}, {Token: "t0ken"}} {
+		srv, err := natsjs.StartServer(context.Background(), natsjs.ServerConfig{StoreDir: t.TempDir(), Listen: "127.0.0.1:0", Auth: a})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := srv.Connect("own")
+		if err != nil {
+			t.Errorf("%+v: its own connection: %v", a, err)
+		} else {
+			nc.Close()
+		}
+		if err := connect(srv.URL(), a); err != nil {
+			t.Errorf("%+v: a client with it: %v", a, err)
+		}
+		if err := connect(srv.URL(), natsjs.Auth{}); err == nil || !strings.Contains(err.Error(), "Authorization Violation") {
+			t.Errorf("%+v: a client without it: %v, want an authorization violation", a, err)
+		}
+		srv.Shutdown()
+	}
+}
+
+func TestAuthNamesWhatDoesNotGoTogether(t *testing.T) {
+	for _, tc := range []struct {
+		a    natsjs.Auth
+		want string
+	}{
+		{natsjs.Auth{Token: "x", User: "u"}, "a token and a user"},
+		{natsjs.Auth{Password: "p"}, "a password without a user"},
+		{natsjs.Auth{Creds: "a", NKey: "b"}, "a credentials file and an NKey seed"},
+		{natsjs.Auth{Cert: "c"}, "a client certificate needs its key"},
+		{natsjs.Auth{CA: "/no/such/ca.pem"}, "NATS CA: open /no/such/ca.pem"},
+	} {
+		if _, err := tc.a.Options(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.a, err, tc.want)
+		}
+	}
+}
+
+// A password or token in a URL never reaches what is printed.
+func TestRedactHidesUserInfo(t *testing.T) {
+	for in, want := range map[string]string{
+		"nats://u:p4ss@h:4222":                     "nats://***@h:4222",
+		"tls://t0ken@a:1, nats://b:2,nats://u:p@c": "tls://***@a:1,nats://b:2,nats://***@c",
+		"nats://127.0.0.1:4222":                    "nats://127.0.0.1:4222",
+		"127.0.0.1:4222":                           "127.0.0.1:4222",
+		"u:p@h:4222":                               "***@h:4222",
+		"nats://u:pa/ss@h":                         "nats://***@h",
+	} {
+		if got := natsjs.Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
