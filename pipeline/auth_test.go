@@ -71,3 +71,20 @@ func TestARefusedStartSaysWhyWithoutThePassword(t *testing.T) {
 		t.Errorf("the URL's password was printed: %q", said)
 	}
 }
+
+// An embedded server that other machines reach, asking them for nothing,
+// is named as the run starts; one that asks for a token is not.
+func TestAnOpenEmbeddedServerBeyondThisMachineIsNamed(t *testing.T) {
+	for _, token := range []string{"", "t0ken"} {
+		cfg := testConfig(t)
+		cfg.Listen, cfg.Steps, cfg.NATSAuth.Token = "0.0.0.0:0", 1, token
+		var out bytes.Buffer
+		cfg.Out, cfg.Quiet = &lockedWriter{w: &out}, false
+		if err := Run(context.Background(), cfg); err != nil {
+			t.Fatal(err)
+		}
+		if named := strings.Contains(out.String(), "asks clients for nothing"); named != (token == "") {
+			t.Errorf("token %q: named %v; printed %q", token, named, out.String())
+		}
+	}
+}

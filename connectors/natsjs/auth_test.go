@@ -110,3 +110,14 @@ func TestRedactHidesUserInfo(t *testing.T) {
 		}
 	}
 }
+
+func TestLoopbackTellsWhatOnlyThisMachineReaches(t *testing.T) {
+	for listen, want := range map[string]bool{
+		"": true, "127.0.0.1:4222": true, ":4222": true, "localhost:0": true, "[::1]:4222": true, "127.0.0.2:1": true,
+		"0.0.0.0:4222": false, "10.1.2.3:4222": false, "[::]:4222": false, "trainer-7:4222": false,
+	} {
+		if got := natsjs.Loopback(listen); got != want {
+			t.Errorf("Loopback(%q) = %v, want %v", listen, got, want)
+		}
+	}
+}

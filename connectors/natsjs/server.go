@@ -156,6 +156,24 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	return &Server{ns: ns, auth: Auth{User: cfg.Auth.User, Password: cfg.Auth.Password, Token: cfg.Auth.Token}}, nil
 }
 
+// Loopback says whether a listen address (as ServerConfig's Listen) is
+// reachable from this machine alone: an empty host is 127.0.0.1 here; a
+// name other than localhost is taken to reach further.
+func Loopback(listen string) bool {
+	if listen == "" {
+		return true
+	}
+	host, _, err := net.SplitHostPort(listen)
+	switch {
+	case err != nil:
+		return false
+	case host == "" || host == "localhost":
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 // URL is the address clients in other processes connect to.
 func (s *Server) URL() string { return s.ns.ClientURL() }
 
