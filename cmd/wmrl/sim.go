@@ -61,6 +61,9 @@ func simCommand() *cobra.Command {
 			if seeds < 2 {
 				return fmt.Errorf("sim: --seeds %d: intervals need at least 2", seeds)
 			}
+			if !(cfg.ExecNoise > 0) {
+				return fmt.Errorf("sim: --exec-noise %v: want a standard deviation > 0 (for executions that all but never vary, a tiny one such as 1e-9)", cfg.ExecNoise)
+			}
 			anchors, err := cfg.AnchorGroups()
 			if err != nil {
 				return fmt.Errorf("sim: %w", err)
@@ -124,6 +127,9 @@ func simCommand() *cobra.Command {
 				seeds, cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.AnchorFraction, anchors, cfg.Groups, perStep, 100*anchors/float64(cfg.Groups),
 				policyName(cfg), cfg.Optimizer, cfg.EffectiveLR())
 			fmt.Fprintf(w, "calibration: %s\n", calibrationLine(cfg))
+			if cfg.ExecNoise != rl.DefaultExecNoise {
+				fmt.Fprintf(w, "execution noise: %g (standard deviation of an executed score around the true quality; default %g)\n", cfg.ExecNoise, rl.DefaultExecNoise)
+			}
 			if at != nil {
 				fmt.Fprintf(w, "world model: placed at within-group Spearman %.3f over uniformly drawn solutions (asked %.3f)", at.SimRankCorr, at.RankCorr)
 				if at.Note != "" {
@@ -162,6 +168,7 @@ func simCommand() *cobra.Command {
 	fs.IntVar(&cfg.Tasks, "tasks", cfg.Tasks, "tasks in the problem")
 	fs.BoolVar(&linear, "linear", false, "the same as --policy linear")
 	_ = fs.MarkDeprecated("linear", "use --policy linear")
+	fs.Float64Var(&cfg.ExecNoise, "exec-noise", rl.DefaultExecNoise, "standard deviation of an execution's score around the solution's true quality: how much a sandbox run varies (an ML task's training run varies with its seed more than a test suite does); the world model scores the quality itself")
 	fs.Float64Var(&cfg.Costs.WorldModel, "cost-wm", cfg.Costs.WorldModel, "cost of a world-model call, in generations")
 	fs.Float64Var(&cfg.Costs.Execute, "cost-exec", cfg.Costs.Execute, "cost of an execution, in generations")
 	fs.StringVar(&out, "out", "sim-out", "folder for the PNG plots")
@@ -227,7 +234,7 @@ func calibrationLine(cfg rl.Config) string {
 func writeSimJSON(w io.Writer, cfg rl.Config, seeds int, anchors float64, viaPipeline bool, res []rl.ScenarioResult, cells []rl.SweepCell, at *rl.Expectation) error {
 	doc := map[string]any{
 		"cost_model": cfg.Costs, "seeds": seeds, "steps": cfg.Steps, "groups": cfg.Groups, "group_size": cfg.GroupSize,
-		"anchor_fraction": cfg.AnchorFraction, "anchor_groups_per_step": anchors, "anchor_rounding": cfg.AnchorRounding, "policy": cfg.Policy, "tasks": cfg.Tasks,
+		"anchor_fraction": cfg.AnchorFraction, "exec_noise": cfg.ExecNoise, "anchor_groups_per_step": anchors, "anchor_rounding": cfg.AnchorRounding, "policy": cfg.Policy, "tasks": cfg.Tasks,
 		"optimizer": cfg.Optimizer, "lr": cfg.EffectiveLR(), "sweep": cells, "via_pipeline": viaPipeline,
 		"debiaser": cfg.Debiaser.Effective(),
 	}

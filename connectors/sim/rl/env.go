@@ -72,8 +72,16 @@ type Env struct {
 // newEnv draws the problem cfg trains on: with the shared policy, tasks
 // have features that shape their qualities.
 func (cfg Config) newEnv(seed uint64, sc Scenario) *Env {
-	return NewEnvWith(seed, cfg.Tasks, cfg.Styles, cfg.EffectiveTaskFeatures(), sc)
+	e := NewEnvWith(seed, cfg.Tasks, cfg.Styles, cfg.EffectiveTaskFeatures(), sc)
+	if cfg.ExecNoise > 0 {
+		e.ExecNoise = cfg.ExecNoise
+	}
+	return e
 }
+
+// DefaultExecNoise is how far an execution's score strays from the true
+// quality by default: a test suite's score, not a training run's.
+const DefaultExecNoise = 0.05
 
 // EffectiveTaskFeatures is how many features a task has: TaskFeatures (or
 // DefaultTaskFeatures for 0) under the shared policy, none otherwise.
@@ -102,7 +110,7 @@ func NewEnv(seed uint64, tasks, styles int, sc Scenario) *Env {
 func NewEnvWith(seed uint64, tasks, styles, taskFeatures int, sc Scenario) *Env {
 	r := rand.New(rand.NewPCG(seed, 0xe57))
 	const d = 4
-	e := &Env{Seed: seed, Tasks: tasks, Styles: styles, Features: d, ExecNoise: 0.05, Scenario: sc, TaskFeatures: taskFeatures}
+	e := &Env{Seed: seed, Tasks: tasks, Styles: styles, Features: d, ExecNoise: DefaultExecNoise, Scenario: sc, TaskFeatures: taskFeatures}
 	var b [][]float64
 	if taskFeatures > 0 {
 		fr := rand.New(rand.NewPCG(seed, 0x7a5c))

@@ -319,3 +319,38 @@ func TestSharedPolicyNeedsTheBatch(t *testing.T) {
 		t.Errorf("wmrl (%+.4f) is no closer to grpo than grpo-anchors (%+.4f) at equal steps: the world-model groups add nothing", w.DiffGRPO.Mean, ga.DiffGRPO.Mean)
 	}
 }
+
+// ExecNoise sets how far an executed score strays from the true quality,
+// and leaves the world model's scores as they were.
+func TestExecNoiseSetsTheSpreadOfExecutions(t *testing.T) {
+	sc, err := ScenarioByName("monotone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spread := func(noise float64) (execSD float64, predictions []float64) {
+		cfg := DefaultConfig()
+		cfg.ExecNoise = noise
+		e := cfg.newEnv(1000, sc)
+		var sum, n float64
+		for i := range 4000 {
+			task, style := i%cfg.Tasks, (i/cfg.Tasks)%cfg.Styles
+			tr := Traj{Task: task, Style: style}
+			if q := e.Quality(task, style); q > 0.4 && q < 0.6 { // far from the clip at 0 and 1
+				d := e.ExecuteAt(0, i, 0, tr) - q
+				sum, n = sum+d*d, n+1
+			}
+			predictions = append(predictions, e.PredictAt(0, i, 0, tr))
+		}
+		return math.Sqrt(sum / n), predictions
+	}
+	def, defPred := spread(0)
+	noisy, noisyPred := spread(0.15)
+	if math.Abs(def-DefaultExecNoise) > 0.005 || math.Abs(noisy-0.15) > 0.015 {
+		t.Errorf("executed scores spread %.3f by default and %.3f at 0.15; want about %g and 0.15", def, noisy, DefaultExecNoise)
+	}
+	for i := range defPred {
+		if defPred[i] != noisyPred[i] {
+			t.Fatalf("prediction %d is %v with the default execution noise and %v with 0.15", i, defPred[i], noisyPred[i])
+		}
+	}
+}

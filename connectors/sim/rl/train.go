@@ -67,8 +67,12 @@ type Config struct {
 	// TaskFeatures is how many observable features a task has under the
 	// shared policy (they also shape the true qualities); 0: DefaultTaskFeatures.
 	TaskFeatures int
-	Costs        Costs
-	Debiaser     calibrate.DebiaserConfig
+	// ExecNoise is the standard deviation of an execution's score around
+	// the solution's true quality (0: DefaultExecNoise). The world model
+	// scores the quality itself, so its error does not grow with it.
+	ExecNoise float64
+	Costs     Costs
+	Debiaser  calibrate.DebiaserConfig
 }
 
 // DefaultConfig is the default run's shape.
