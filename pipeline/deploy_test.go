@@ -461,6 +461,16 @@ func TestPredictionWaitAlertFiresOnItsCondition(t *testing.T) {
 			summary: "A step on held has waited 16m 0s for a group's prediction"})
 }
 
+// WMRLNATSConnectionLost fires once a process has been without its server
+// for 5 minutes, and not for a loss of two minutes that ended.
+func TestConnectionLostAlertFiresOnItsCondition(t *testing.T) {
+	input := inputSeries(`wmrl_nats_connected{instance="cut-off"}`, "1 1 0 0 0 0 0 0 0 0 0 0") +
+		inputSeries(`wmrl_nats_connected{instance="blip"}`, "1 1 0 0 1 1 1 1 1 1 1 1")
+	promtoolRuleTest(t, "WMRLNATSConnectionLost", input,
+		alertCheck{quietAt: "6m", firesAt: "7m", severity: "page", instance: "cut-off",
+			summary: "cut-off has been without its NATS server for 5 minutes"})
+}
+
 // inputSeries is one of promtool's input_series entries.
 func inputSeries(series, values string) string {
 	return fmt.Sprintf("      - series: '%s'\n        values: '%s'\n", series, values)

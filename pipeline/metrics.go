@@ -60,6 +60,10 @@ type Metrics struct {
 	// waited for a group's prediction: it grows without end for a step
 	// whose prediction a stage dead-lettered.
 	PredictionWait prometheus.Gauge
+	// NATSConnected is 1 while the process's connection to its NATS
+	// server is up; NATSReconnects counts its reconnections.
+	NATSConnected  prometheus.Gauge
+	NATSReconnects prometheus.Counter
 }
 
 // NewMetrics registers the collectors, with the Go runtime's (go_*) and
@@ -107,6 +111,7 @@ func NewMetrics() *Metrics {
 		MaxPayload:  g("nats_max_payload_bytes", "The NATS server's max_payload, as this process's connection reports it."),
 		PredictionWait: g("prediction_wait_seconds", "How long the planned step that has waited longest for one of its groups' predictions has waited (0: none waits). "+
 			"A prediction has no deadline: a step whose group a stage between predict and fuse dead-lettered waits until it is sent again (wmrl dlq --resend)."),
+		NATSConnected: g("nats_connected", "1 while this process's connection to its NATS server is up, 0 while it is lost and reconnecting (its stages wait meanwhile)."),
 		StepLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "wmrl", Name: "step_latency_seconds", Help: "From a step's close (last input) to its update.",
 			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 16),
@@ -118,6 +123,8 @@ func NewMetrics() *Metrics {
 	for _, l := range stepLosses(schemas.Update{}) {
 		m.Lost.WithLabelValues(l.kind) // present at 0 from the start, so a rate is defined
 	}
+	m.NATSReconnects = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "nats_reconnects_total",
+		Help: "Reconnections of this process's connection to its NATS server, after it was lost."})
 	m.Archived = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "steps_archived_total",
 		Help: "Step updates whose rows are in closed, synced archive files."})
 	m.ArchiveMerged = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "archive_files_merged_total",
@@ -140,7 +147,7 @@ func NewMetrics() *Metrics {
 	m.ExecutionSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "wmrl", Name: "execution_seconds",
 		Help:    "How long the anchor executions this process ran took (the executor's own timing).",
 		Buckets: prometheus.ExponentialBuckets(0.1, 2, 16)})
-	r.MustRegister(m.Latency, m.StepLatency, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
+	r.MustRegister(m.Latency, m.StepLatency, m.NATSReconnects, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
 		m.Executions, m.ExecutionSeconds)
 	return m
 }

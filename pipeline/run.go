@@ -86,6 +86,11 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	p := &Pipeline{cfg: cfg, topo: topo, tr: tr, metrics: NewMetrics(), started: time.Now(), cancel: cancel, done: make(chan struct{})}
+	if tr.watch != nil {
+		tr.watch.attach(p.metrics, p.fail)
+	} else {
+		p.metrics.NATSConnected.Set(1) // in process
+	}
 	if tr.srv != nil && cfg.NATSAuth.User == "" && cfg.NATSAuth.Token == "" && !natsjs.Loopback(cfg.Listen) {
 		p.notef("the embedded NATS server listens on %s, beyond this machine, and asks clients for nothing: whoever reaches it can publish "+
 			"trajectories and read the run. Set WMRL_NATS_TOKEN (or WMRL_NATS_USER and WMRL_NATS_PASSWORD) to have it ask for one", cfg.Listen)

@@ -22,6 +22,7 @@ type transport struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	srv    *natsjs.Server // nil when external
+	watch  *connWatch     // nil when embedded
 	url    string
 	stream string
 	// created is when the stream was created: one deleted and made anew
@@ -41,8 +42,13 @@ func connect(ctx context.Context, cfg *Config) (*transport, error) {
 		t.nc, err = t.srv.Connect("wmrl")
 	} else {
 		t.url = natsjs.Redact(cfg.NATSURL)
+		t.watch = &connWatch{url: t.url}
+		if !cfg.Quiet {
+			t.watch.out = cfg.Out
+		}
 		var opts []nats.Option
 		if opts, err = cfg.NATSAuth.Options(); err == nil {
+			opts = append(opts, t.watch.options()...)
 			// A server that is not up yet is waited for (setUpStream says so).
 			t.nc, err = nats.Connect(cfg.NATSURL, append(opts, nats.Name("wmrl"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))...)
 		}
@@ -111,6 +117,9 @@ func (t *transport) withLastError(err error) error {
 }
 
 func (t *transport) close() {
+	if t.watch != nil {
+		t.watch.stop()
+	}
 	if t.nc != nil {
 		// Stages and publishers are closed by now; flush what is buffered
 		// unless the server is gone (then there is nothing to wait for).

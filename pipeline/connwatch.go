@@ -1,0 +1,135 @@
+package pipeline
+
+import (
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// connWatch says what happens to the connection to an external server.
+// nats.go reconnects on its own, and its default handler wrote only the
+// server's asynchronous errors to stderr, bare ("write: broken pipe on
+// connection [47]"), and nothing when the server was lost or back. It
+// prints a line when the connection is lost and one when it is back, the
+// asynchronous errors (the same one once a minute at most), and keeps
+// wmrl_nats_connected and wmrl_nats_reconnects_total; a connection closed
+// for good fails the pipeline.
+type connWatch struct {
+	url string
+	out io.Writer // nil: quiet
+
+	mu         sync.Mutex
+	lostAt     time.Time
+	printed    map[string]time.Time // asynchronous errors, when last printed
+	stopping   bool
+	connected  prometheus.Gauge   // nil until the pipeline's metrics exist
+	reconnects prometheus.Counter // nil likewise
+	closed     func(error)        // the pipeline's fail, nil likewise
+}
+
+// sameErrorEvery is how often the same asynchronous error is printed.
+const sameErrorEvery = time.Minute
+
+func (w *connWatch) options() []nats.Option {
+	return []nats.Option{
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { w.lost(err, time.Now()) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { w.back(nc.ConnectedUrlRedacted(), time.Now()) }),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) { w.asyncError(sub, err, time.Now()) }),
+		nats.ClosedHandler(func(nc *nats.Conn) { w.closedForGood(nc.LastError()) }),
+	}
+}
+
+// attach hands the watch the pipeline's metrics and its fail.
+func (w *connWatch) attach(m *Metrics, fail func(error)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.connected, w.reconnects, w.closed = m.NATSConnected, m.NATSReconnects, fail
+	if w.lostAt.IsZero() {
+		w.connected.Set(1)
+	}
+}
+
+func (w *connWatch) printf(format string, args ...any) {
+	if w.out != nil {
+		fmt.Fprintf(w.out, format+"\n", args...)
+	}
+}
+
+func (w *connWatch) lost(err error, now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopping || !w.lostAt.IsZero() {
+		return
+	}
+	w.lostAt = now
+	if w.connected != nil {
+		w.connected.Set(0)
+	}
+	why := ""
+	if err != nil {
+		why = ": " + err.Error()
+	}
+	w.printf("nats: lost the server at %s%s; reconnecting, and the stages wait (what they hold is handed back or redelivered, nothing is lost)", w.url, why)
+}
+
+func (w *connWatch) back(url string, now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.connected != nil {
+		w.connected.Set(1)
+		w.reconnects.Inc()
+	}
+	away := ""
+	if !w.lostAt.IsZero() {
+		away = fmt.Sprintf(" after %v", now.Sub(w.lostAt).Round(time.Second))
+	}
+	w.lostAt = time.Time{}
+	w.printf("nats: reconnected to %s%s", url, away)
+}
+
+func (w *connWatch) asyncError(sub *nats.Subscription, err error, now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	msg := err.Error()
+	if sub != nil {
+		msg += fmt.Sprintf(" (subscription on %s)", sub.Subject)
+	}
+	if at, ok := w.printed[msg]; w.stopping || ok && now.Sub(at) < sameErrorEvery {
+		return
+	}
+	if w.printed == nil {
+		w.printed = map[string]time.Time{}
+	}
+	for m, at := range w.printed {
+		if now.Sub(at) >= sameErrorEvery {
+			delete(w.printed, m)
+		}
+	}
+	w.printed[msg] = now
+	w.printf("nats: %s", msg)
+}
+
+// closedForGood hears the connection closed: by stop, or by nats.go,
+// which gives up on a server that refuses the credentials twice in a row.
+// Nothing reaches the server after that, so the pipeline stops with why,
+// for its supervisor to restart it.
+func (w *connWatch) closedForGood(last error) {
+	w.mu.Lock()
+	stopping, fail := w.stopping, w.closed
+	w.mu.Unlock()
+	if stopping || fail == nil {
+		return
+	}
+	fail(fmt.Errorf("pipeline: the connection to NATS at %s was closed for good (its last error: %v); start the process again once the cause is fixed", w.url, last))
+}
+
+// stop marks what follows as the pipeline's own closing.
+func (w *connWatch) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopping = true
+}

@@ -1,0 +1,140 @@
+package pipeline
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// externalServer runs a NATS server on a fixed loopback port and store,
+// which the test can stop and start again there.
+type externalServer struct {
+	t      *testing.T
+	store  string
+	listen string
+	srv    *natsjs.Server
+}
+
+func newExternalServer(t *testing.T) *externalServer {
+	s := &externalServer{t: t, store: t.TempDir(), listen: fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))}
+	s.start(natsjs.Auth{})
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *externalServer) url() string { return "nats://" + s.listen }
+
+func (s *externalServer) start(a natsjs.Auth) {
+	srv, err := natsjs.StartServer(context.Background(), natsjs.ServerConfig{StoreDir: s.store, Listen: s.listen, Auth: a})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.srv = srv
+}
+
+func (s *externalServer) stop() {
+	if s.srv != nil {
+		s.srv.Shutdown()
+		s.srv = nil
+	}
+}
+
+// A pipeline whose server goes away says so, waits, says when it is back,
+// and goes on: every step fused, the metrics showing the gap.
+func TestALostServerIsSaidAndSoIsItsReturn(t *testing.T) {
+	ext := newExternalServer(t)
+	cfg := testConfig(t)
+	cfg.NATSURL, cfg.Steps = ext.url(), 200
+	var out bytes.Buffer
+	cfg.Out, cfg.Quiet = &lockedWriter{w: &out}, false
+	var fused atomic.Int64
+	cfg.OnUpdate = func(schemas.Update, time.Duration) { fused.Add(1) }
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	m := p.Metrics()
+	waitFor(t, time.Minute, func() bool { return fused.Load() >= 5 })
+	if c := testutil.ToFloat64(m.NATSConnected); c != 1 {
+		t.Fatalf("wmrl_nats_connected %v while connected", c)
+	}
+	ext.stop()
+	waitFor(t, 30*time.Second, func() bool { return testutil.ToFloat64(m.NATSConnected) == 0 })
+	time.Sleep(2 * time.Second)
+	ext.start(natsjs.Auth{})
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if n := fused.Load(); n != 200 {
+		t.Errorf("%d steps fused, want 200", n)
+	}
+	said := out.String()
+	for _, want := range []string{"nats: lost the server at " + ext.url(), "nats: reconnected to " + ext.url() + " after "} {
+		if strings.Count(said, want) != 1 {
+			t.Errorf("printed %q %d times, want once:\n%s", want, strings.Count(said, want), said)
+		}
+	}
+	if c, r := testutil.ToFloat64(m.NATSConnected), testutil.ToFloat64(m.NATSReconnects); c != 1 || r != 1 {
+		t.Errorf("after the return: wmrl_nats_connected %v, wmrl_nats_reconnects_total %v; want 1 and 1", c, r)
+	}
+}
+
+// A server that comes back refusing the pipeline's credentials makes
+// nats.go close the connection for good: the pipeline stops, saying why,
+// instead of waiting on a connection that will never come back.
+func TestAConnectionClosedForGoodStopsThePipeline(t *testing.T) {
+	ext := newExternalServer(t)
+	cfg := testConfig(t)
+	cfg.NATSURL, cfg.Steps = ext.url(), 100000
+	var fused atomic.Int64
+	cfg.OnUpdate = func(schemas.Update, time.Duration) { fused.Add(1) }
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	waitFor(t, time.Minute, func() bool { return fused.Load() >= 3 })
+	ext.stop()
+	ext.start(natsjs.Auth{Token: "not-the-pipeline's"})
+	done := make(chan error, 1)
+	go func() { done <- p.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "closed for good") || !strings.Contains(err.Error(), "Authorization Violation") {
+			t.Fatalf("stopped with %v, want the connection closed for good and the authorization violation", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the pipeline still runs a minute after its server refused it")
+	}
+}
+
+// The same asynchronous error is printed once a minute at most, and none
+// while the pipeline stops.
+func TestAsyncErrorsArePrintedOnceAMinute(t *testing.T) {
+	var out bytes.Buffer
+	w := &connWatch{url: "nats://h:4222", out: &out}
+	t0 := time.Now()
+	for _, e := range []struct {
+		at  time.Duration
+		err string
+	}{
+		{0, "write: broken pipe"}, {time.Second, "slow consumer"}, {2 * time.Second, "write: broken pipe"},
+		{30 * time.Second, "slow consumer"}, {61 * time.Second, "write: broken pipe"}, {62 * time.Second, "slow consumer"},
+	} {
+		w.asyncError(nil, errors.New(e.err), t0.Add(e.at))
+	}
+	w.stop()
+	w.asyncError(nil, errors.New("connection closed"), t0.Add(2*time.Minute))
+	want := "nats: write: broken pipe\nnats: slow consumer\nnats: write: broken pipe\nnats: slow consumer\n"
+	if out.String() != want {
+		t.Errorf("printed %q, want %q", out.String(), want)
+	}
+}
