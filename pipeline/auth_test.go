@@ -3,6 +3,7 @@ package pipeline
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -86,5 +87,17 @@ func TestAnOpenEmbeddedServerBeyondThisMachineIsNamed(t *testing.T) {
 		if named := strings.Contains(out.String(), "asks clients for nothing"); named != (token == "") {
 			t.Errorf("token %q: named %v; printed %q", token, named, out.String())
 		}
+	}
+}
+
+// A start against an address where no server answers says that, not only
+// that its requests timed out.
+func TestAStartWithNoServerSaysSo(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.NATSURL = fmt.Sprintf("nats://127.0.0.1:%d", natstest.FreePort(t))
+	cfg.StartupWait = 2 * time.Second
+	err := Run(context.Background(), cfg)
+	if err == nil || !strings.Contains(err.Error(), "no connection to the server yet") {
+		t.Errorf("start with no server: %v, want it to say there is no connection", err)
 	}
 }

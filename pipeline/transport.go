@@ -110,10 +110,14 @@ func (t *transport) setUpStream(ctx context.Context, cfg *Config) error {
 // closes the connection, and the request only sees it closed.
 func (t *transport) withLastError(err error) error {
 	last := t.nc.LastError()
-	if last == nil || errors.Is(err, last) || strings.Contains(err.Error(), last.Error()) {
-		return err
+	switch {
+	case last != nil && !errors.Is(err, last) && !strings.Contains(err.Error(), last.Error()):
+		return fmt.Errorf("%w (the server's last error: %v)", err, last)
+	case t.srv == nil && t.nc.Status() == nats.RECONNECTING:
+		// A server not up yet: nats.go keeps dialling and records nothing.
+		return fmt.Errorf("%w (no connection to the server yet: is it up, and reachable from here?)", err)
 	}
-	return fmt.Errorf("%w (the server's last error: %v)", err, last)
+	return err
 }
 
 func (t *transport) close() {
