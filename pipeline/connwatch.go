@@ -39,6 +39,9 @@ func (w *connWatch) options() []nats.Option {
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { w.lost(err, time.Now()) }),
 		nats.ReconnectHandler(func(nc *nats.Conn) { w.back(nc.ConnectedUrlRedacted(), time.Now()) }),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) { w.asyncError(sub, err, time.Now()) }),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			w.asyncError(nil, fmt.Errorf("reconnecting to %s: %w", w.url, err), time.Now())
+		}),
 		nats.ClosedHandler(func(nc *nats.Conn) { w.closedForGood(nc.LastError()) }),
 	}
 }

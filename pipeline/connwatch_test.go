@@ -72,8 +72,15 @@ func TestALostServerIsSaidAndSoIsItsReturn(t *testing.T) {
 	waitFor(t, 30*time.Second, func() bool { return testutil.ToFloat64(m.NATSConnected) == 0 })
 	time.Sleep(2 * time.Second)
 	ext.start(natsjs.Auth{})
-	if err := p.Wait(); err != nil {
-		t.Fatal(err)
+	done := make(chan error, 1)
+	go func() { done <- p.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("%d steps fused two minutes after the server came back; the run printed:\n%s", fused.Load(), out.String())
 	}
 	if n := fused.Load(); n != 200 {
 		t.Errorf("%d steps fused, want 200", n)
