@@ -58,7 +58,8 @@ type Config struct {
 	ArchiveCode bool
 	// NATSURL selects an external server or cluster; empty embeds one.
 	NATSURL string
-	// NATSAuth is what the external server asks of a client. Its user and
+	// NATSAuth is what the external server asks of a client (the flags of
+	// clientOnlyFlags, and secrets from the environment). Its user and
 	// password, or token, are also required by the embedded server of
 	// every client, for when --listen lets other machines in.
 	NATSAuth natsjs.Auth
@@ -279,6 +280,10 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// clientOnlyFlags set what only a client of an external server presents
+// (natsjs.Auth.ForClient): they mean nothing without --nats.
+const clientOnlyFlags = "--nats-creds, --nats-nkey, --nats-ca, --nats-cert and --nats-key"
+
 // lockedWriter lets one Write at a time through to w, so that lines
 // printed at once do not interleave.
 type lockedWriter struct {
@@ -363,7 +368,7 @@ func (c *Config) Validate() error {
 	case c.Replicas > 1 && c.NATSURL == "":
 		return fmt.Errorf("%w: --replicas %d needs a JetStream cluster (--nats URL,URL,...): the embedded server is a single node", ErrConfig, c.Replicas)
 	case c.NATSURL == "" && c.NATSAuth.ForClient():
-		return fmt.Errorf("%w: --nats-creds, --nats-nkey, --nats-ca, --nats-cert and --nats-key are for an external server (--nats URL); the embedded one asks only for WMRL_NATS_USER and WMRL_NATS_PASSWORD, or WMRL_NATS_TOKEN", ErrConfig)
+		return fmt.Errorf("%w: %s are for an external server (--nats URL); the embedded one asks only for WMRL_NATS_USER and WMRL_NATS_PASSWORD, or WMRL_NATS_TOKEN", ErrConfig, clientOnlyFlags)
 	case c.CheckpointEvery < 0:
 		return fmt.Errorf("%w: checkpoint every %d groups: want >= 1, or 0 for the default", ErrConfig, c.CheckpointEvery)
 	case c.Source == SourceSim && !c.runs(StageFuse):

@@ -40,7 +40,7 @@ type streamConn struct {
 // --prefix or --data).
 func (s StreamSource) open(ctx context.Context) (*streamConn, error) {
 	if s.NATSURL == "" && s.Auth.ForClient() {
-		return nil, fmt.Errorf("pipeline: --nats-creds, --nats-nkey, --nats-ca, --nats-cert and --nats-key are for a server's URL (--nats); a stopped pipeline's --data is read directly")
+		return nil, fmt.Errorf("pipeline: %s are for a server's URL (--nats); a stopped pipeline's --data is read directly", clientOnlyFlags)
 	}
 	c := &streamConn{stream: StreamName(s.Prefix)}
 	var nc *nats.Conn
