@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -47,6 +48,55 @@ func TestThePipelineRunsOnALockedDownServer(t *testing.T) {
 	}
 }
 
+// A run's embedded server, given a certificate and a client CA, lets a
+// stage on another machine in over TLS with a certificate of its own: the
+// run's steps are fused only when that stage predicts them.
+func TestAStageReachesTheEmbeddedServerOverTLS(t *testing.T) {
+	pki := natstest.NewPKI(t)
+	cfg := testConfig(t)
+	cfg.Steps, cfg.NATSAuth.Token = 3, "t0ken"
+	cfg.ListenTLS = natsjs.ServerTLS{Cert: pki.ServerCert, Key: pki.ServerKey, ClientCA: pki.CA}
+	cfg.Stages = slices.DeleteFunc(slices.Clone(AllStages), func(s string) bool { return s == StagePredict })
+	var fused atomic.Int64
+	cfg.OnUpdate = func(schemas.Update, time.Duration) { fused.Add(1) }
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	run := started(t, ctx, cfg)
+	if !strings.HasPrefix(run.URL(), "tls://") {
+		t.Fatalf("the run's server is at %s, want a tls:// URL", run.URL())
+	}
+	auth := natsjs.Auth{Token: "t0ken", CA: pki.CA, Cert: pki.ClientCert, Key: pki.ClientKey}
+	noCert := auth
+	noCert.Cert, noCert.Key = "", ""
+	noCA := auth
+	noCA.CA = ""
+	// The run waits for its predictions, so its server is up for these.
+	for _, tc := range []struct {
+		name string
+		auth natsjs.Auth
+		want string
+	}{
+		{"without a client certificate", noCert, "give --nats-cert and --nats-key"},
+		{"without the CA", noCA, "give --nats-ca with the CA that signed the server's certificate"},
+	} {
+		if _, err := ReadStatus(ctx, StreamSource{NATSURL: run.URL(), Auth: tc.auth, Prefix: cfg.Prefix}, cfg.Run); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("status %s: %v, want it refused, saying %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := ReadStatus(ctx, StreamSource{NATSURL: run.URL(), Auth: auth, Prefix: cfg.Prefix}, cfg.Run); err != nil {
+		t.Errorf("status with a client certificate: %v", err)
+	}
+	stage := testConfig(t)
+	stage.NATSURL, stage.Stages, stage.Source, stage.NATSAuth = run.URL(), []string{StagePredict}, SourceExternal, auth
+	started(t, ctx, stage)
+	if err := run.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if n := fused.Load(); n != 3 {
+		t.Fatalf("%d steps fused, want 3", n)
+	}
+}
+
 // A start whose credentials the server refuses says so while it waits,
 // and never prints the password of a URL.
 func TestARefusedStartSaysWhyWithoutThePassword(t *testing.T) {
@@ -73,19 +123,35 @@ func TestARefusedStartSaysWhyWithoutThePassword(t *testing.T) {
 	}
 }
 
-// An embedded server that other machines reach, asking them for nothing,
-// is named as the run starts; one that asks for a token is not.
+// An embedded server that other machines reach is named as the run starts
+// when it asks them for nothing, or asks for a secret without TLS.
 func TestAnOpenEmbeddedServerBeyondThisMachineIsNamed(t *testing.T) {
-	for _, token := range []string{"", "t0ken"} {
+	pki := natstest.NewPKI(t)
+	tls := natsjs.ServerTLS{Cert: pki.ServerCert, Key: pki.ServerKey}
+	verified := natsjs.ServerTLS{Cert: pki.ServerCert, Key: pki.ServerKey, ClientCA: pki.CA}
+	for _, tc := range []struct {
+		listen, token string
+		tls           natsjs.ServerTLS
+		want          string // "" when nothing is said
+	}{
+		{"0.0.0.0:0", "", natsjs.ServerTLS{}, "asks clients for nothing"},
+		{"0.0.0.0:0", "", tls, "asks clients for nothing"},
+		{"0.0.0.0:0", "t0ken", natsjs.ServerTLS{}, "without TLS: the token it asks for"},
+		{"0.0.0.0:0", "t0ken", tls, ""},
+		{"0.0.0.0:0", "", verified, ""},
+		{"127.0.0.1:0", "", natsjs.ServerTLS{}, ""},
+	} {
 		cfg := testConfig(t)
-		cfg.Listen, cfg.Steps, cfg.NATSAuth.Token = "0.0.0.0:0", 1, token
+		cfg.Listen, cfg.Steps, cfg.NATSAuth.Token, cfg.ListenTLS = tc.listen, 1, tc.token, tc.tls
 		var out bytes.Buffer
 		cfg.Out, cfg.Quiet = &lockedWriter{w: &out}, false
 		if err := Run(context.Background(), cfg); err != nil {
 			t.Fatal(err)
 		}
-		if named := strings.Contains(out.String(), "asks clients for nothing"); named != (token == "") {
-			t.Errorf("token %q: named %v; printed %q", token, named, out.String())
+		said := out.String()
+		named := strings.Contains(said, "beyond this machine")
+		if named != (tc.want != "") || !strings.Contains(said, tc.want) {
+			t.Errorf("listen %s, token %q, TLS %+v: printed %q; want %q", tc.listen, tc.token, tc.tls, said, tc.want)
 		}
 	}
 }
@@ -99,5 +165,30 @@ func TestAStartWithNoServerSaysSo(t *testing.T) {
 	err := Run(context.Background(), cfg)
 	if err == nil || !strings.Contains(err.Error(), "no connection to the server yet") {
 		t.Errorf("start with no server: %v, want it to say there is no connection", err)
+	}
+}
+
+// A process that waits for input from outside says, once it consumes,
+// where its server is and where trajectories go: silence would look hung.
+func TestAProcessWaitingForInputSaysWhereItListens(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr = SourceExternal, "127.0.0.1:0"
+	var out bytes.Buffer
+	cfg.Out, cfg.Quiet = &lockedWriter{w: &out}, false
+	run := started(t, ctx, cfg)
+	want := fmt.Sprintf("ready: run default on the embedded NATS server at %s, stages %s; trajectories go to wmrl.default.traj, step watermarks to wmrl.default.step; the trainer gateway is at %s\n",
+		run.URL(), strings.Join(AllStages, ", "), run.HTTPURL())
+	if out.String() != want {
+		t.Errorf("the run printed %q, want %q", out.String(), want)
+	}
+	stage := testConfig(t)
+	stage.NATSURL, stage.Stages, stage.Source = run.URL(), []string{StagePredict}, SourceExternal
+	out.Reset()
+	stage.Out, stage.Quiet = &lockedWriter{w: &out}, false
+	started(t, ctx, stage)
+	if want := "ready: run default on NATS at " + run.URL() + ", stages predict\n"; out.String() != want {
+		t.Errorf("a stage printed %q, want %q", out.String(), want)
 	}
 }

@@ -66,6 +66,9 @@ type Config struct {
 	// Listen is the embedded server's client address (default
 	// 127.0.0.1:4222; port 0 picks a free one).
 	Listen string
+	// ListenTLS makes the embedded server speak TLS to the clients that
+	// reach it over the network, and verify theirs with a client CA.
+	ListenTLS natsjs.ServerTLS
 	// MaxPayloadMB is the embedded server's max_payload in MiB (0: 8).
 	MaxPayloadMB int
 	// Stages run in this process: nil means all, an empty slice none (a
@@ -280,6 +283,48 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// exposure says what an embedded server's --listen leaves open to the
+// machines it reaches beyond this one, or "" when nothing is: a server
+// that asks clients for nothing, or a secret it asks for sent in clear.
+func (c *Config) exposure() string {
+	if c.NATSURL != "" || natsjs.Loopback(c.Listen) {
+		return ""
+	}
+	secret := "password"
+	if c.NATSAuth.Token != "" {
+		secret = "token"
+	}
+	switch {
+	case c.NATSAuth.User == "" && c.NATSAuth.Token == "" && c.ListenTLS.ClientCA == "":
+		return fmt.Sprintf("the embedded NATS server listens on %s, beyond this machine, and asks clients for nothing: whoever reaches it can publish "+
+			"trajectories and read the run. Set WMRL_NATS_TOKEN (or WMRL_NATS_USER and WMRL_NATS_PASSWORD) to have it ask for one, "+
+			"or give --listen-client-ca to have it ask for a certificate", c.Listen)
+	case !c.ListenTLS.On():
+		return fmt.Sprintf("the embedded NATS server listens on %s, beyond this machine, without TLS: the %s it asks for, and every message, "+
+			"cross the network in clear. Give --listen-cert and --listen-key to have it speak TLS", c.Listen, secret)
+	}
+	return ""
+}
+
+// tlsHint adds to a connection's error the flag that its TLS failure
+// asks for, when the client did not give it: a server that requires a
+// client certificate closes the connection just after the handshake (the
+// client may see only that), and a server certificate of a private CA
+// is unknown to the system's.
+func tlsHint(err error, a natsjs.Auth) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	switch {
+	case a.Cert == "" && (strings.Contains(msg, "certificate required") || strings.Contains(msg, "closed by remote after TLS handshake")):
+		return fmt.Errorf("%w (the server asks every client for a certificate: give --nats-cert and --nats-key)", err)
+	case a.CA == "" && strings.Contains(msg, "certificate signed by unknown authority"):
+		return fmt.Errorf("%w (give --nats-ca with the CA that signed the server's certificate)", err)
+	}
+	return err
+}
+
 // clientOnlyFlags set what only a client of an external server presents
 // (natsjs.Auth.ForClient): they mean nothing without --nats.
 const clientOnlyFlags = "--nats-creds, --nats-nkey, --nats-ca, --nats-cert and --nats-key"
@@ -367,6 +412,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: replicas %d: want 1 to 5 (JetStream's limit), or 0 to keep the stream's", ErrConfig, c.Replicas)
 	case c.Replicas > 1 && c.NATSURL == "":
 		return fmt.Errorf("%w: --replicas %d needs a JetStream cluster (--nats URL,URL,...): the embedded server is a single node", ErrConfig, c.Replicas)
+	case c.NATSURL != "" && (c.ListenTLS != natsjs.ServerTLS{}):
+		return fmt.Errorf("%w: --listen-cert, --listen-key and --listen-client-ca are the embedded server's; with --nats, the server's own configuration sets its TLS (and --nats-ca, --nats-cert and --nats-key what this process presents)", ErrConfig)
 	case c.NATSURL == "" && c.NATSAuth.ForClient():
 		return fmt.Errorf("%w: %s are for an external server (--nats URL); the embedded one asks only for WMRL_NATS_USER and WMRL_NATS_PASSWORD, or WMRL_NATS_TOKEN", ErrConfig, clientOnlyFlags)
 	case c.CheckpointEvery < 0:
@@ -375,6 +422,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: the simulated source paces itself on updates: run the fuse stage in the same process or use --source external", ErrConfig)
 	}
 	if err := c.NATSAuth.Check(); err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	if err := c.ListenTLS.Check(); err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	for _, s := range c.Stages {

@@ -41,6 +41,8 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		{"a client certificate on the embedded server", func(c *Config) { c.NATSAuth.Cert, c.NATSAuth.Key = "c.pem", "k.pem" }, "are for an external server (--nats URL)"},
 		{"a token on the embedded server", func(c *Config) { c.NATSAuth.Token = "t" }, ""},
 		{"a certificate without its key", func(c *Config) { c.NATSURL, c.NATSAuth.Cert = "tls://a:4222", "c.pem" }, "a client certificate needs its key"},
+		{"the embedded server's TLS with --nats", func(c *Config) { c.NATSURL, c.ListenTLS.Cert, c.ListenTLS.Key = "tls://a:4222", "s.pem", "k.pem" }, "--listen-cert, --listen-key and --listen-client-ca are the embedded server's"},
+		{"a client CA without the server's certificate", func(c *Config) { c.ListenTLS.ClientCA = "ca.pem" }, "a CA for client certificates needs the server's own certificate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"sync"
 	"time"
 
@@ -91,9 +92,10 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	} else {
 		p.metrics.NATSConnected.Set(1) // in process
 	}
-	if tr.srv != nil && cfg.NATSAuth.User == "" && cfg.NATSAuth.Token == "" && !natsjs.Loopback(cfg.Listen) {
-		p.notef("the embedded NATS server listens on %s, beyond this machine, and asks clients for nothing: whoever reaches it can publish "+
-			"trajectories and read the run. Set WMRL_NATS_TOKEN (or WMRL_NATS_USER and WMRL_NATS_PASSWORD) to have it ask for one", cfg.Listen)
+	if tr.srv != nil {
+		if open := cfg.exposure(); open != "" {
+			p.notef("%s", open)
+		}
 	}
 	if err := p.build(ctx); err != nil {
 		if p.httpListener != nil {
@@ -111,12 +113,38 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	// after Start should find the consumers in place.
 	select {
 	case <-p.router.Running():
+		if cfg.Source == SourceExternal {
+			p.notef("%s", p.ready())
+		}
 	case <-ctx.Done(): // failed, stopped or already complete while starting
 		if err := p.Wait(); err != nil {
 			return nil, err
 		}
 	}
 	return p, nil
+}
+
+// ready is the line a process that waits for input from outside prints
+// once it consumes: where its server is, what it runs, and where a
+// trainer sends trajectories, so that a silent start is not mistaken for
+// a hung one.
+func (p *Pipeline) ready() string {
+	where := "the embedded NATS server at " + p.tr.url
+	if p.tr.srv == nil {
+		where = "NATS at " + p.tr.url
+	}
+	stages := "no stages (the gateway alone)"
+	if len(p.cfg.Stages) > 0 {
+		stages = "stages " + strings.Join(p.cfg.Stages, ", ")
+	}
+	line := fmt.Sprintf("ready: run %s on %s, %s", p.cfg.Run, where, stages)
+	if p.cfg.runs(StageRoute) {
+		line += fmt.Sprintf("; trajectories go to %s, step watermarks to %s", p.topo.In(StageRoute, schemas.KindTraj), p.topo.In(StageRoute, schemas.KindStep))
+	}
+	if u := p.HTTPURL(); u != "" {
+		line += "; the trainer gateway is at " + u
+	}
+	return line
 }
 
 // HTTPURL is the gateway's base URL ("" without one).

@@ -79,7 +79,7 @@ func (s StreamSource) open(ctx context.Context) (*streamConn, error) {
 	}
 	if err != nil {
 		c.close()
-		return nil, fmt.Errorf("pipeline: read %s: %w", c.url, err)
+		return nil, fmt.Errorf("pipeline: read %s: %w", c.url, tlsHint(err, s.Auth))
 	}
 	return c, nil
 }

@@ -34,7 +34,10 @@ func connect(ctx context.Context, cfg *Config) (*transport, error) {
 	t := &transport{}
 	var err error
 	if cfg.NATSURL == "" {
-		t.srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: cfg.storeDir(), Listen: cfg.Listen, MaxPayload: cfg.MaxPayloadMB << 20, Auth: cfg.NATSAuth})
+		t.srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{
+			StoreDir: cfg.storeDir(), Listen: cfg.Listen, MaxPayload: cfg.MaxPayloadMB << 20,
+			Auth: cfg.NATSAuth, TLS: cfg.ListenTLS,
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -96,11 +99,11 @@ func (t *transport) setUpStream(ctx context.Context, cfg *Config) error {
 		return nil
 	}, func(err error) {
 		if !cfg.Quiet {
-			fmt.Fprintf(cfg.Out, "waiting for JetStream at %s (attempt %d): %v\n", t.url, attempt, t.withLastError(err))
+			fmt.Fprintf(cfg.Out, "waiting for JetStream at %s (attempt %d): %v\n", t.url, attempt, tlsHint(t.withLastError(err), cfg.NATSAuth))
 		}
 	})
 	if err != nil {
-		return fmt.Errorf("pipeline: stream %s at %s: %w", t.stream, t.url, t.withLastError(err))
+		return fmt.Errorf("pipeline: stream %s at %s: %w", t.stream, t.url, tlsHint(t.withLastError(err), cfg.NATSAuth))
 	}
 	return nil
 }

@@ -63,6 +63,14 @@ func TestNATSAuthComesFromTheEnvironmentAndTheFlags(t *testing.T) {
 	if cfg.NATSAuth != want {
 		t.Errorf("run: %+v, want %+v", cfg.NATSAuth, want)
 	}
+	fs = pflag.NewFlagSet("run", pflag.ContinueOnError)
+	pipelineFlags(fs, &cfg, &estimator)
+	if err := fs.Parse([]string{"--listen-cert", "s.pem", "--listen-key", "sk.pem", "--listen-client-ca", "ca.pem"}); err != nil {
+		t.Fatal(err)
+	}
+	if want := (natsjs.ServerTLS{Cert: "s.pem", Key: "sk.pem", ClientCA: "ca.pem"}); cfg.ListenTLS != want {
+		t.Errorf("run's embedded server's TLS: %+v, want %+v", cfg.ListenTLS, want)
+	}
 	var src pipeline.StreamSource
 	var run string
 	fs = pflag.NewFlagSet("status", pflag.ContinueOnError)

@@ -52,21 +52,31 @@ func (a Auth) Check() error {
 	if (a.Cert == "") != (a.Key == "") {
 		errs = append(errs, errors.New("a client certificate needs its key, and a key its certificate"))
 	}
-	for _, f := range []struct{ what, path string }{
+	errs = append(errs, unreadable("NATS ", []namedFile{
 		{"credentials file", a.Creds}, {"NKey seed", a.NKey}, {"CA", a.CA},
 		{"client certificate", a.Cert}, {"client key", a.Key},
-	} {
-		if f.path == "" {
-			continue
-		}
-		if _, err := os.ReadFile(f.path); err != nil {
-			errs = append(errs, fmt.Errorf("NATS %s: %w", f.what, err))
-		}
-	}
+	})...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("natsjs: %w", err)
 	}
 	return nil
+}
+
+// namedFile is a file a flag gave, with what it is meant to hold.
+type namedFile struct{ what, path string }
+
+// unreadable names each given file that cannot be read.
+func unreadable(prefix string, files []namedFile) []error {
+	var errs []error
+	for _, f := range files {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.ReadFile(f.path); err != nil {
+			errs = append(errs, fmt.Errorf("%s%s: %w", prefix, f.what, err))
+		}
+	}
+	return errs
 }
 
 // Options are the nats.go options that present a to the server.

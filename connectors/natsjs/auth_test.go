@@ -1,7 +1,11 @@
 package natsjs_test
 
 import (
+	"bufio"
 	"context"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -75,6 +79,94 @@ func TestTheEmbeddedServerAsksForItsUserOrToken(t *testing.T) {
 			t.Errorf("%+v: a client without it: %v, want an authorization violation", a, err)
 		}
 		srv.Shutdown()
+	}
+}
+
+// Given a certificate, the embedded server speaks TLS to every client that
+// comes over the network, and with a client CA asks each for a
+// certificate that CA signed; its own in-process connections need neither.
+func TestTheEmbeddedServerSpeaksTLSWhenGivenACertificate(t *testing.T) {
+	pki := natstest.NewPKI(t)
+	for _, verify := range []bool{false, true} {
+		tls := natsjs.ServerTLS{Cert: pki.ServerCert, Key: pki.ServerKey}
+		if verify {
+			tls.ClientCA = pki.CA
+		}
+		token := natsjs.Auth{Token: "t0ken"}
+		srv, err := natsjs.StartServer(context.Background(), natsjs.ServerConfig{StoreDir: t.TempDir(), Listen: "127.0.0.1:0", Auth: token, TLS: tls})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(srv.URL(), "tls://127.0.0.1:") {
+			t.Errorf("verify %v: URL %s, want tls://127.0.0.1:port", verify, srv.URL())
+		}
+		if info := firstLine(t, strings.TrimPrefix(srv.URL(), "tls://")); !strings.Contains(info, `"tls_required":true`) {
+			t.Errorf("verify %v: the server's INFO %s does not require TLS", verify, info)
+		}
+		nc, err := srv.Connect("own")
+		if err != nil {
+			t.Errorf("verify %v: its own connection: %v", verify, err)
+		} else {
+			nc.Close()
+		}
+		withCert := natsjs.Auth{Token: token.Token, CA: pki.CA, Cert: pki.ClientCert, Key: pki.ClientKey}
+		if err := connect(srv.URL(), withCert); err != nil {
+			t.Errorf("verify %v: a client with the CA, a certificate and the token: %v", verify, err)
+		}
+		noCA := withCert
+		noCA.CA = ""
+		if err := connect(srv.URL(), noCA); err == nil || !strings.Contains(err.Error(), "certificate") {
+			t.Errorf("verify %v: a client that does not trust the server's CA: %v, want a certificate error", verify, err)
+		}
+		noCert := withCert
+		noCert.Cert, noCert.Key = "", ""
+		if err := connect(srv.URL(), noCert); (err == nil) == verify {
+			t.Errorf("verify %v: a client without a certificate of its own: %v", verify, err)
+		}
+		noToken := withCert
+		noToken.Token = ""
+		if err := connect(srv.URL(), noToken); err == nil || !strings.Contains(err.Error(), "Authorization Violation") {
+			t.Errorf("verify %v: a client without the token: %v, want an authorization violation", verify, err)
+		}
+		srv.Shutdown()
+	}
+}
+
+// firstLine is what a server at addr says first to a client over TCP.
+func firstLine(t *testing.T, addr string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	return line
+}
+
+func TestServerTLSNamesWhatDoesNotGoTogether(t *testing.T) {
+	pki := natstest.NewPKI(t)
+	notPEM := filepath.Join(t.TempDir(), "cert.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		tls  natsjs.ServerTLS
+		want string
+	}{
+		{natsjs.ServerTLS{Cert: pki.ServerCert}, "the server's certificate needs its key"},
+		{natsjs.ServerTLS{Key: pki.ServerKey}, "the server's certificate needs its key"},
+		{natsjs.ServerTLS{ClientCA: pki.CA}, "a CA for client certificates needs the server's own certificate"},
+		{natsjs.ServerTLS{Cert: "/no/such/cert.pem", Key: pki.ServerKey}, "server certificate: open /no/such/cert.pem"},
+		{natsjs.ServerTLS{Cert: notPEM, Key: pki.ServerKey}, "embedded server's TLS: error parsing X509 certificate/key pair"},
+	} {
+		_, err := natsjs.StartServer(context.Background(), natsjs.ServerConfig{StoreDir: t.TempDir(), Listen: "127.0.0.1:0", TLS: tc.tls})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.tls, err, tc.want)
+		}
 	}
 }
 

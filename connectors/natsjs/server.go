@@ -33,6 +33,37 @@ type ServerConfig struct {
 	// client, the embedded one's own connections included. Its other
 	// fields are a client's and are not used here.
 	Auth Auth
+	// TLS, when given a certificate, is spoken by every client that comes
+	// over the network; the in-process connections need none.
+	TLS ServerTLS
+}
+
+// ServerTLS is the embedded server's side of TLS: PEM files of its
+// certificate and key, and, to require of every client over the network a
+// certificate of its own, the CA that signs those.
+type ServerTLS struct {
+	Cert, Key, ClientCA string
+}
+
+// On says whether the server speaks TLS.
+func (t ServerTLS) On() bool { return t.Cert != "" }
+
+// Check names what does not go together, and files that cannot be read.
+func (t ServerTLS) Check() error {
+	var errs []error
+	if (t.Cert == "") != (t.Key == "") {
+		errs = append(errs, errors.New("the server's certificate needs its key, and a key its certificate"))
+	}
+	if t.ClientCA != "" && t.Cert == "" {
+		errs = append(errs, errors.New("a CA for client certificates needs the server's own certificate and key: clients are verified over TLS"))
+	}
+	errs = append(errs, unreadable("", []namedFile{
+		{"server certificate", t.Cert}, {"server key", t.Key}, {"client CA", t.ClientCA},
+	})...)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("natsjs: embedded server's TLS: %w", err)
+	}
+	return nil
 }
 
 // DefaultMaxPayload is the embedded server's max_payload: a step's update,
@@ -106,6 +137,9 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	if err := cfg.Auth.Check(); err != nil {
 		return nil, err
 	}
+	if err := cfg.TLS.Check(); err != nil {
+		return nil, err
+	}
 	host, port := "127.0.0.1", -1
 	if cfg.Listen != "" {
 		h, p, err := net.SplitHostPort(cfg.Listen)
@@ -122,6 +156,16 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 			port = -1
 		}
 	}
+	if port > 0 {
+		// The server only logs a failed listen (and logs nothing here), so
+		// it would be waited for until the deadline: try the address first.
+		addr := net.JoinHostPort(host, strconv.Itoa(port))
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("natsjs: embedded server cannot listen on %s: %w (another wmrl run or NATS server there? choose another address with --listen, or give --nats with that server's URL)", addr, err)
+		}
+		l.Close()
+	}
 	opts := &server.Options{
 		ServerName: "wmrl-embedded",
 		Host:       host,
@@ -136,6 +180,15 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	}
 	if cfg.Auth.Token != "" {
 		opts.Authorization = cfg.Auth.Token
+	}
+	if cfg.TLS.On() {
+		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{
+			CertFile: cfg.TLS.Cert, KeyFile: cfg.TLS.Key, CaFile: cfg.TLS.ClientCA, Verify: cfg.TLS.ClientCA != "",
+		})
+		if err != nil {
+			return nil, fmt.Errorf("natsjs: embedded server's TLS: %w", err)
+		}
+		opts.TLS, opts.TLSConfig, opts.TLSVerify = true, tc, cfg.TLS.ClientCA != ""
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {

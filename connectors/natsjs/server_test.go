@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -266,4 +267,18 @@ func restarted(t *testing.T, ctx context.Context, dir string, sub *Subscriber, n
 	nc = connect(t, srv)
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// An address another process listens on is refused at once, naming it,
+// not after the wait for a server that never binds it.
+func TestAnAddressInUseIsRefusedAtOnce(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	_, err = StartServer(context.Background(), ServerConfig{StoreDir: t.TempDir(), Listen: l.Addr().String()})
+	if err == nil || !strings.Contains(err.Error(), "cannot listen on "+l.Addr().String()) || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("start on a busy address: %v, want it to name the address in use", err)
+	}
 }

@@ -38,12 +38,9 @@ type Secure struct {
 func StartSecure(t testing.TB, withCreds bool) *Secure {
 	t.Helper()
 	dir := t.TempDir()
-	s := &Secure{CA: filepath.Join(dir, "ca.pem"), Cert: filepath.Join(dir, "client.pem"), Key: filepath.Join(dir, "client-key.pem")}
-	ca, caKey := certificate(t, nil, nil, "wmrl test CA", s.CA, "")
-	serverCert, serverKey := filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
-	certificate(t, ca, caKey, "127.0.0.1", serverCert, serverKey)
-	certificate(t, ca, caKey, "wmrl client", s.Cert, s.Key)
-	tlsConfig, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: serverCert, KeyFile: serverKey, CaFile: s.CA, Verify: true})
+	pki := NewPKI(t)
+	s := &Secure{CA: pki.CA, Cert: pki.ClientCert, Key: pki.ClientKey}
+	tlsConfig, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: pki.ServerCert, KeyFile: pki.ServerKey, CaFile: s.CA, Verify: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,6 +64,31 @@ func StartSecure(t testing.TB, withCreds bool) *Secure {
 	t.Cleanup(n.Stop)
 	s.URL = fmt.Sprintf("tls://127.0.0.1:%d", opts.Port)
 	return s
+}
+
+// PKI is a test's certificate authority and what it signed, as PEM
+// files: a certificate for a server on 127.0.0.1 and one for a client,
+// each with its key.
+type PKI struct {
+	CA                    string
+	ServerCert, ServerKey string
+	ClientCert, ClientKey string
+}
+
+// NewPKI makes a CA in a temporary directory and signs a server's and a
+// client's certificate with it.
+func NewPKI(t testing.TB) *PKI {
+	t.Helper()
+	dir := t.TempDir()
+	p := &PKI{
+		CA:         filepath.Join(dir, "ca.pem"),
+		ServerCert: filepath.Join(dir, "server.pem"), ServerKey: filepath.Join(dir, "server-key.pem"),
+		ClientCert: filepath.Join(dir, "client.pem"), ClientKey: filepath.Join(dir, "client-key.pem"),
+	}
+	ca, caKey := certificate(t, nil, nil, "wmrl test CA", p.CA, "")
+	certificate(t, ca, caKey, "127.0.0.1", p.ServerCert, p.ServerKey)
+	certificate(t, ca, caKey, "wmrl client", p.ClientCert, p.ClientKey)
+	return p
 }
 
 // operatorMode trusts a new operator whose account may use JetStream,
