@@ -354,3 +354,66 @@ func TestExecNoiseSetsTheSpreadOfExecutions(t *testing.T) {
 		}
 	}
 }
+
+// fixedRewarder gives every step the same advantages (a trajectory's
+// style, centred in its group), anchors and rho.
+type fixedRewarder struct {
+	anchor []bool
+	rho    float64
+}
+
+func (f fixedRewarder) Reward(_ int, groups [][]Traj) (StepRewards, error) {
+	out := StepRewards{Anchor: f.anchor[:len(groups)], Rho: f.rho, Fused: make([][]float64, len(groups))}
+	for g, trajs := range groups {
+		out.Fused[g] = make([]float64, len(trajs))
+		for i, tr := range trajs {
+			out.Fused[g][i] = float64(tr.Style) - 3.5
+		}
+	}
+	return out, nil
+}
+
+func (fixedRewarder) Close() error { return nil }
+
+// The reference's scale is the exact gradient's direction with a step
+// (rho|A|+|W|)/(|A|+|W|) times as long: under SGD, training with it is
+// training at that much higher a learning rate, and with rho 1 (GRPO,
+// the world model alone) it changes nothing.
+func TestReferenceScaleIsALongerStep(t *testing.T) {
+	sc, err := ScenarioByName("monotone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Steps, cfg.Seed = 40, 1000
+	anchor := make([]bool, cfg.Groups)
+	anchor[3], anchor[9] = true, true
+	train := func(scale Scale, lr, rho float64) []Point {
+		c := cfg
+		c.Scale, c.LR = scale, lr
+		curve, err := TrainWith(c, sc, Methods[index(Methods, "wmrl")], func(Config, *Env, Method) (Rewarder, error) {
+			return fixedRewarder{anchor: anchor, rho: rho}, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return curve
+	}
+	const rho = 3.0
+	length := (2*rho + 14) / 16
+	ref, exact, longer := train(ScaleReference, 2, rho), train(ScaleExact, 2, rho), train(ScaleExact, 2*length, rho)
+	for k := range ref {
+		if math.Abs(ref[k].Reward-longer[k].Reward) > 1e-12 {
+			t.Fatalf("step %d: reference scale at lr 2 reaches %.15f, the exact one at lr %g %.15f", k+1, ref[k].Reward, 2*length, longer[k].Reward)
+		}
+	}
+	if last := len(ref) - 1; ref[last].Reward == exact[last].Reward {
+		t.Errorf("the reference scale changed nothing at rho %g", rho)
+	}
+	one, exactOne := train(ScaleReference, 2, 1), train(ScaleExact, 2, 1)
+	for k := range one {
+		if one[k].Reward != exactOne[k].Reward {
+			t.Fatalf("step %d at rho 1: reference %v, exact %v", k+1, one[k].Reward, exactOne[k].Reward)
+		}
+	}
+}

@@ -71,14 +71,52 @@ type Config struct {
 	// the solution's true quality (0: DefaultExecNoise). The world model
 	// scores the quality itself, so its error does not grow with it.
 	ExecNoise float64
-	Costs     Costs
-	Debiaser  calibrate.DebiaserConfig
+	// Scale is how the trainer turns a step's fused advantages into its
+	// gradient: ScaleExact (""), or ScaleReference.
+	Scale    Scale
+	Costs    Costs
+	Debiaser calibrate.DebiaserConfig
+}
+
+// Scale is how a trainer scales a step's gradient.
+type Scale string
+
+const (
+	// ScaleExact follows WMRL.md's fused gradient,
+	// g = (rho*g_E + g_WM) / (rho*|A| + |W|): the step mean of the fused
+	// advantages.
+	ScaleExact Scale = "exact"
+	// ScaleReference is the released code's: anchor advantages times rho,
+	// and the trainer's mean over the step's trajectories as the only
+	// denominator. Its step is (rho*|A| + |W|) / (|A| + |W|) times the
+	// exact one: the same direction, a longer step whenever rho > 1.
+	ScaleReference Scale = "reference"
+)
+
+// Scales are the accepted --scale values.
+var Scales = []Scale{ScaleExact, ScaleReference}
+
+// length is how much longer than the exact step a step of r is under s:
+// the weighted count of its groups over their count.
+func (s Scale) length(r StepRewards) float64 {
+	if s != ScaleReference || len(r.Anchor) == 0 {
+		return 1
+	}
+	weighted := 0.0
+	for _, a := range r.Anchor {
+		if a {
+			weighted += r.Rho
+		} else {
+			weighted++
+		}
+	}
+	return weighted / float64(len(r.Anchor))
 }
 
 // DefaultConfig is the default run's shape.
 func DefaultConfig() Config {
 	return Config{Tasks: 32, Styles: 8, Groups: 16, GroupSize: 8, Steps: 300, Policy: Tabular, Optimizer: SGD, AnchorFraction: 0.1,
-		Costs: DefaultCosts, Debiaser: calibrate.DefaultDebiaserConfig()}
+		Scale: ScaleExact, Costs: DefaultCosts, Debiaser: calibrate.DefaultDebiaserConfig()}
 }
 
 // Point is the state after a step.
@@ -445,6 +483,9 @@ func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curv
 	if cfg.Policy != "" && !slices.Contains(Policies, cfg.Policy) {
 		return nil, fmt.Errorf("rl: unknown policy %q (have %v)", cfg.Policy, Policies)
 	}
+	if cfg.Scale != "" && !slices.Contains(Scales, cfg.Scale) {
+		return nil, fmt.Errorf("rl: unknown scale %q (have %v)", cfg.Scale, Scales)
+	}
 	env := cfg.newEnv(cfg.Seed, sc)
 	pol := newPolicy(env, cfg.Policy)
 	opt, err := cfg.newOptimizer(len(pol.theta))
@@ -493,7 +534,7 @@ func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curv
 		cost += cfg.stepCost(m, ng, executed)
 		execs += executed * G
 		// Policy gradient: the step mean of fused_i * grad log pi(style_i | task_i).
-		n := float64(ng * G)
+		n := float64(ng*G) / cfg.Scale.length(res)
 		clear(grad)
 		for g := range groups {
 			t := groups[g][0].Task
