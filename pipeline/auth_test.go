@@ -3,12 +3,16 @@ package pipeline
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
@@ -190,5 +194,44 @@ func TestAProcessWaitingForInputSaysWhereItListens(t *testing.T) {
 	started(t, ctx, stage)
 	if want := "ready: run default on NATS at " + run.URL() + ", stages predict\n"; out.String() != want {
 		t.Errorf("a stage printed %q, want %q", out.String(), want)
+	}
+}
+
+// The embedded server's certificate is exported with its expiry, pointed
+// out at the start when it is near, and a renewal in place is taken up by
+// the next connection, said and exported.
+func TestARenewedListenCertificateIsSaidAndExported(t *testing.T) {
+	pki := natstest.NewPKI(t) // certificates valid for a day: near
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Source, cfg.ListenTLS = SourceExternal, natsjs.ServerTLS{Cert: pki.ServerCert, Key: pki.ServerKey}
+	var out bytes.Buffer
+	cfg.Out, cfg.Quiet = &lockedWriter{w: &out}, false
+	run := started(t, ctx, cfg)
+	first, err := tls.LoadX509KeyPair(pki.ServerCert, pki.ServerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := testutil.ToFloat64(run.Metrics().NATSCertNotAfter), float64(first.Leaf.NotAfter.Unix()); got != want {
+		t.Errorf("wmrl_nats_tls_cert_not_after_seconds %v at the start, want %v", got, want)
+	}
+	if !strings.Contains(out.String(), "the embedded NATS server's certificate (--listen-cert) expires at "+first.Leaf.NotAfter.UTC().Format(time.RFC3339)) {
+		t.Errorf("a certificate a day from its expiry was not pointed out; printed %q", out.String())
+	}
+	renewed := pki.RenewServer()
+	for _, f := range []string{pki.ServerCert, pki.ServerKey} {
+		if err := os.Chtimes(f, time.Now().Add(time.Minute), time.Now().Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := ReadStatus(ctx, StreamSource{NATSURL: run.URL(), Auth: natsjs.Auth{CA: pki.CA}, Prefix: cfg.Prefix}, cfg.Run); err != nil {
+		t.Fatal(err)
+	}
+	if want := "nats: the embedded server presents its renewed certificate, valid until " + renewed.NotAfter.UTC().Format(time.RFC3339) + "\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("printed %q, want %q", out.String(), want)
+	}
+	if got, want := testutil.ToFloat64(run.Metrics().NATSCertNotAfter), float64(renewed.NotAfter.Unix()); got != want {
+		t.Errorf("wmrl_nats_tls_cert_not_after_seconds %v after the renewal, want %v", got, want)
 	}
 }

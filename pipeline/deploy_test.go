@@ -471,6 +471,18 @@ func TestConnectionLostAlertFiresOnItsCondition(t *testing.T) {
 			summary: "cut-off has been without its NATS server for 5 minutes"})
 }
 
+// WMRLNATSCertificateExpiring fires once the embedded server's certificate
+// has less than 7 days left, not before, and not without TLS (0). Rule
+// tests start at Unix time 0, so the expiry is 7 days and 10 minutes.
+func TestCertificateAlertFiresOnItsCondition(t *testing.T) {
+	input := inputSeries(`wmrl_nats_tls_cert_not_after_seconds{instance="expiring"}`, "605400x20") +
+		inputSeries(`wmrl_nats_tls_cert_not_after_seconds{instance="plain"}`, "0x20") +
+		inputSeries(`wmrl_nats_tls_cert_not_after_seconds{instance="renewed"}`, "605400x5 2592000x15")
+	promtoolRuleTest(t, "WMRLNATSCertificateExpiring", input,
+		alertCheck{quietAt: "9m", firesAt: "11m", severity: "ticket", instance: "expiring",
+			summary: "The certificate of the embedded NATS server on expiring expires in 6d 23h 59m 0s"})
+}
+
 // inputSeries is one of promtool's input_series entries.
 func inputSeries(series, values string) string {
 	return fmt.Sprintf("      - series: '%s'\n        values: '%s'\n", series, values)

@@ -64,6 +64,9 @@ type Metrics struct {
 	// server is up; NATSReconnects counts its reconnections.
 	NATSConnected  prometheus.Gauge
 	NATSReconnects prometheus.Counter
+	// NATSCertNotAfter is when the certificate the embedded server shows
+	// clients over the network expires (Unix seconds; 0 without TLS).
+	NATSCertNotAfter prometheus.Gauge
 }
 
 // NewMetrics registers the collectors, with the Go runtime's (go_*) and
@@ -111,7 +114,8 @@ func NewMetrics() *Metrics {
 		MaxPayload:  g("nats_max_payload_bytes", "The NATS server's max_payload, as this process's connection reports it."),
 		PredictionWait: g("prediction_wait_seconds", "How long the planned step that has waited longest for one of its groups' predictions has waited (0: none waits). "+
 			"A prediction has no deadline: a step whose group a stage between predict and fuse dead-lettered waits until it is sent again (wmrl dlq --resend)."),
-		NATSConnected: g("nats_connected", "1 while this process's connection to its NATS server is up, 0 while it is lost and reconnecting (its stages wait meanwhile)."),
+		NATSCertNotAfter: g("nats_tls_cert_not_after_seconds", "When the certificate the embedded NATS server presents to clients over the network expires, in Unix seconds (0 without TLS); it follows renewals of --listen-cert."),
+		NATSConnected:    g("nats_connected", "1 while this process's connection to its NATS server is up, 0 while it is lost and reconnecting (its stages wait meanwhile)."),
 		StepLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "wmrl", Name: "step_latency_seconds", Help: "From a step's close (last input) to its update.",
 			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 16),

@@ -81,12 +81,13 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	if err != nil {
 		return nil, err
 	}
-	tr, err := connect(ctx, &cfg)
+	metrics := NewMetrics()
+	tr, err := connect(ctx, &cfg, metrics)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	p := &Pipeline{cfg: cfg, topo: topo, tr: tr, metrics: NewMetrics(), started: time.Now(), cancel: cancel, done: make(chan struct{})}
+	p := &Pipeline{cfg: cfg, topo: topo, tr: tr, metrics: metrics, started: time.Now(), cancel: cancel, done: make(chan struct{})}
 	if tr.watch != nil {
 		tr.watch.attach(p.metrics, p.fail)
 	} else {
@@ -95,6 +96,13 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	if tr.srv != nil {
 		if open := cfg.exposure(); open != "" {
 			p.notef("%s", open)
+		}
+		if until := tr.srv.CertificateNotAfter(); !until.IsZero() {
+			metrics.NATSCertNotAfter.Set(float64(until.Unix()))
+			if left := time.Until(until); left < certWarnAhead {
+				p.notef("the embedded NATS server's certificate (--listen-cert) expires at %s, in %v: renew it and its key in place; the server reads them again when they change",
+					until.UTC().Format(time.RFC3339), left.Round(time.Minute))
+			}
 		}
 	}
 	if err := p.build(ctx); err != nil {

@@ -30,13 +30,27 @@ type transport struct {
 	created time.Time
 }
 
-func connect(ctx context.Context, cfg *Config) (*transport, error) {
+// certWarnAhead is how long before its expiry the embedded server's
+// certificate is pointed out at the start.
+const certWarnAhead = 7 * 24 * time.Hour
+
+func connect(ctx context.Context, cfg *Config, m *Metrics) (*transport, error) {
 	t := &transport{}
 	var err error
 	if cfg.NATSURL == "" {
 		t.srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{
 			StoreDir: cfg.storeDir(), Listen: cfg.Listen, MaxPayload: cfg.MaxPayloadMB << 20,
 			Auth: cfg.NATSAuth, TLS: cfg.ListenTLS,
+			OnCertificate: func(until time.Time, err error) {
+				if err != nil {
+					fmt.Fprintf(cfg.Out, "nats: the embedded server's renewed certificate does not load (%v); it presents the one before until it does\n", err)
+					return
+				}
+				m.NATSCertNotAfter.Set(float64(until.Unix()))
+				if !cfg.Quiet {
+					fmt.Fprintf(cfg.Out, "nats: the embedded server presents its renewed certificate, valid until %s\n", until.UTC().Format(time.RFC3339))
+				}
+			},
 		})
 		if err != nil {
 			return nil, err

@@ -3,11 +3,14 @@ package natsjs_test
 import (
 	"bufio"
 	"context"
+	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -129,6 +132,81 @@ func TestTheEmbeddedServerSpeaksTLSWhenGivenACertificate(t *testing.T) {
 			t.Errorf("verify %v: a client without the token: %v, want an authorization violation", verify, err)
 		}
 		srv.Shutdown()
+	}
+}
+
+// The embedded server reads its certificate again when the files change:
+// a renewal serves the next connection without a restart, and a pair that
+// does not load is said once and leaves the one before in use.
+func TestARenewedCertificateServesTheNextConnection(t *testing.T) {
+	pki := natstest.NewPKI(t)
+	var mu sync.Mutex
+	var expiries []time.Time
+	var failures []error
+	srv, err := natsjs.StartServer(context.Background(), natsjs.ServerConfig{
+		StoreDir: t.TempDir(), Listen: "127.0.0.1:0", TLS: natsjs.ServerTLS{Cert: pki.ServerCert, Key: pki.ServerKey},
+		OnCertificate: func(notAfter time.Time, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failures = append(failures, err)
+			} else {
+				expiries = append(expiries, notAfter)
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	served := func() *big.Int {
+		t.Helper()
+		opts, err := natsjs.Auth{CA: pki.CA}.Options()
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(srv.URL(), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		st, err := nc.TLSConnectionState()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.PeerCertificates[0].SerialNumber
+	}
+	// Modification times a minute apart, whatever the file system's
+	// resolution.
+	touch := func(at time.Duration) {
+		for _, f := range []string{pki.ServerCert, pki.ServerKey} {
+			if err := os.Chtimes(f, time.Now().Add(at), time.Now().Add(at)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	first := served()
+	renewed := pki.RenewServer()
+	touch(time.Minute)
+	if got := served(); got.Cmp(renewed.SerialNumber) != 0 || got.Cmp(first) == 0 {
+		t.Fatalf("after the renewal the server presented serial %v; want the new %v (the old was %v)", got, renewed.SerialNumber, first)
+	}
+	if err := os.WriteFile(pki.ServerKey, []byte("half written"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	touch(2 * time.Minute)
+	for range 2 {
+		if got := served(); got.Cmp(renewed.SerialNumber) != 0 {
+			t.Fatalf("with a key that does not load the server presented serial %v; want the one before, %v", got, renewed.SerialNumber)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(expiries) != 1 || !expiries[0].Equal(renewed.NotAfter) {
+		t.Errorf("renewals heard: %v; want one, valid until %v", expiries, renewed.NotAfter)
+	}
+	if len(failures) != 1 {
+		t.Errorf("failed loads heard: %v; want one, for two connections", failures)
 	}
 }
 

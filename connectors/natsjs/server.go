@@ -3,6 +3,8 @@ package natsjs
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -10,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -36,6 +39,10 @@ type ServerConfig struct {
 	// TLS, when given a certificate, is spoken by every client that comes
 	// over the network; the in-process connections need none.
 	TLS ServerTLS
+	// OnCertificate, if set, hears of each renewal of TLS's certificate
+	// and key files: the new certificate's expiry, or why it could not be
+	// loaded (the one before stays in use).
+	OnCertificate func(notAfter time.Time, err error)
 }
 
 // ServerTLS is the embedded server's side of TLS: PEM files of its
@@ -73,9 +80,10 @@ const DefaultMaxPayload = 8 << 20
 
 // Server is an in-process NATS server.
 type Server struct {
-	ns   *server.Server
-	lock *os.File // holds the store's lock until Shutdown
-	auth Auth     // what its own connections present
+	ns    *server.Server
+	lock  *os.File // holds the store's lock until Shutdown
+	auth  Auth     // what its own connections present
+	certs *certReloader
 }
 
 // StartServer starts an embedded server and waits until it accepts clients.
@@ -181,6 +189,7 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	if cfg.Auth.Token != "" {
 		opts.Authorization = cfg.Auth.Token
 	}
+	var certs *certReloader
 	if cfg.TLS.On() {
 		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{
 			CertFile: cfg.TLS.Cert, KeyFile: cfg.TLS.Key, CaFile: cfg.TLS.ClientCA, Verify: cfg.TLS.ClientCA != "",
@@ -188,6 +197,11 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("natsjs: embedded server's TLS: %w", err)
 		}
+		// The files are read again when they change, so that a renewed
+		// certificate serves new connections without a restart.
+		certs = &certReloader{cert: cfg.TLS.Cert, key: cfg.TLS.Key, current: &tc.Certificates[0], on: cfg.OnCertificate}
+		certs.loaded, _ = certs.modified()
+		tc.Certificates, tc.GetCertificate = nil, certs.get
 		opts.TLS, opts.TLSConfig, opts.TLSVerify = true, tc, cfg.TLS.ClientCA != ""
 	}
 	ns, err := server.NewServer(opts)
@@ -206,7 +220,18 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("natsjs: embedded server not ready after %v (is %s:%d in use? choose another with --listen)", wait, host, port)
 	}
-	return &Server{ns: ns, auth: Auth{User: cfg.Auth.User, Password: cfg.Auth.Password, Token: cfg.Auth.Token}}, nil
+	return &Server{ns: ns, auth: Auth{User: cfg.Auth.User, Password: cfg.Auth.Password, Token: cfg.Auth.Token}, certs: certs}, nil
+}
+
+// CertificateNotAfter is when the certificate the server presents to
+// clients over the network expires (zero without TLS).
+func (s *Server) CertificateNotAfter() time.Time {
+	if s.certs == nil {
+		return time.Time{}
+	}
+	s.certs.mu.Lock()
+	defer s.certs.mu.Unlock()
+	return s.certs.current.Leaf.NotAfter
 }
 
 // Loopback says whether a listen address (as ServerConfig's Listen) is
@@ -247,4 +272,57 @@ func (s *Server) Shutdown() {
 		s.lock.Close() // closing the last descriptor releases the flock
 		s.lock = nil
 	}
+}
+
+// certReloader hands the TLS handshake the server's certificate, read
+// again from its files whenever either has changed since the last read.
+// A pair that does not load (the certificate renewed before its key is)
+// leaves the one before in use, and is tried again at the next handshake.
+type certReloader struct {
+	cert, key string
+	on        func(notAfter time.Time, err error)
+
+	mu      sync.Mutex
+	current *tls.Certificate
+	loaded  time.Time // the files' newest modification at the last read
+	failed  time.Time // ... at the last failed read, said once
+}
+
+func (r *certReloader) modified() (time.Time, error) {
+	var newest time.Time
+	for _, f := range []string{r.cert, r.key} {
+		fi, err := os.Stat(f)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if fi.ModTime().After(newest) {
+			newest = fi.ModTime()
+		}
+	}
+	return newest, nil
+}
+
+func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	mod, err := r.modified()
+	if err != nil || mod.Equal(r.loaded) {
+		return r.current, nil // a file renamed into place a moment later is read then
+	}
+	cert, err := tls.LoadX509KeyPair(r.cert, r.key)
+	if err == nil {
+		cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0])
+	}
+	if err != nil {
+		if !mod.Equal(r.failed) && r.on != nil {
+			r.on(time.Time{}, err)
+		}
+		r.failed = mod
+		return r.current, nil
+	}
+	r.current, r.loaded = &cert, mod
+	if r.on != nil {
+		r.on(cert.Leaf.NotAfter, nil)
+	}
+	return r.current, nil
 }

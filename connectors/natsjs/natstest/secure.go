@@ -73,6 +73,10 @@ type PKI struct {
 	CA                    string
 	ServerCert, ServerKey string
 	ClientCert, ClientKey string
+
+	t     testing.TB
+	ca    *x509.Certificate
+	caKey *ecdsa.PrivateKey
 }
 
 // NewPKI makes a CA in a temporary directory and signs a server's and a
@@ -85,10 +89,18 @@ func NewPKI(t testing.TB) *PKI {
 		ServerCert: filepath.Join(dir, "server.pem"), ServerKey: filepath.Join(dir, "server-key.pem"),
 		ClientCert: filepath.Join(dir, "client.pem"), ClientKey: filepath.Join(dir, "client-key.pem"),
 	}
-	ca, caKey := certificate(t, nil, nil, "wmrl test CA", p.CA, "")
-	certificate(t, ca, caKey, "127.0.0.1", p.ServerCert, p.ServerKey)
-	certificate(t, ca, caKey, "wmrl client", p.ClientCert, p.ClientKey)
+	p.t = t
+	p.ca, p.caKey = certificate(t, nil, nil, "wmrl test CA", p.CA, "")
+	p.RenewServer()
+	certificate(t, p.ca, p.caKey, "wmrl client", p.ClientCert, p.ClientKey)
 	return p
+}
+
+// RenewServer writes a new certificate and key for the server over the
+// old files, and returns the certificate.
+func (p *PKI) RenewServer() *x509.Certificate {
+	cert, _ := certificate(p.t, p.ca, p.caKey, "127.0.0.1", p.ServerCert, p.ServerKey)
+	return cert
 }
 
 // operatorMode trusts a new operator whose account may use JetStream,
