@@ -216,6 +216,10 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		wait = time.Until(dl)
 	}
+	if wait <= 0 {
+		ns.Shutdown()
+		return nil, fmt.Errorf("natsjs: embedded server: no time left to start it: %w", context.DeadlineExceeded)
+	}
 	if !ns.ReadyForConnections(wait) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("natsjs: embedded server not ready after %v (is %s:%d in use? choose another with --listen)", wait, host, port)

@@ -8,6 +8,10 @@
 //
 //	wmrl run --topology examples/length-penalty/topology.yaml
 //	go run ./examples/length-penalty --nats nats://127.0.0.1:4222
+//
+// A server that asks who it is gets what wmrl's own commands give: a
+// token, or a user and password, from WMRL_NATS_TOKEN, WMRL_NATS_USER and
+// WMRL_NATS_PASSWORD; --nats-creds, --nats-ca, --nats-cert and --nats-key.
 package main
 
 import (
@@ -33,6 +37,11 @@ type predItem map[string]json.RawMessage
 
 func main() {
 	url := flag.String("nats", nats.DefaultURL, "NATS server")
+	var auth access
+	flag.StringVar(&auth.creds, "nats-creds", "", "user credentials file (JWT and NKey seed)")
+	flag.StringVar(&auth.ca, "nats-ca", "", "PEM file of the CA that signed the server's certificate")
+	flag.StringVar(&auth.cert, "nats-cert", "", "client certificate (PEM), with --nats-key")
+	flag.StringVar(&auth.key, "nats-key", "", "key (PEM) of --nats-cert")
 	prefix := flag.String("prefix", "wmrl", "subject prefix")
 	run := flag.String("run", "default", "run name")
 	limit := flag.Int("limit", 4000, "responses longer than this many bytes are penalised")
@@ -40,7 +49,7 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := serve(ctx, *url, *prefix, *run, *limit, *perChar); err != nil {
+	if err := serve(ctx, *url, auth.options(), *prefix, *run, *limit, *perChar); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -50,8 +59,32 @@ func penalty(n, limit int, perChar float64) float64 {
 	return perChar * math.Max(0, float64(n-limit))
 }
 
-func serve(ctx context.Context, url, prefix, run string, limit int, perChar float64) error {
-	nc, err := nats.Connect(url)
+// access is what a server may ask of this stage; secrets come from the
+// environment, where ps does not show them.
+type access struct{ creds, ca, cert, key string }
+
+func (a access) options() []nats.Option {
+	opts := []nats.Option{nats.Name("length-penalty")}
+	if tok := os.Getenv("WMRL_NATS_TOKEN"); tok != "" {
+		opts = append(opts, nats.Token(tok))
+	}
+	if user := os.Getenv("WMRL_NATS_USER"); user != "" {
+		opts = append(opts, nats.UserInfo(user, os.Getenv("WMRL_NATS_PASSWORD")))
+	}
+	if a.creds != "" {
+		opts = append(opts, nats.UserCredentials(a.creds))
+	}
+	if a.ca != "" {
+		opts = append(opts, nats.RootCAs(a.ca))
+	}
+	if a.cert != "" || a.key != "" {
+		opts = append(opts, nats.ClientCert(a.cert, a.key))
+	}
+	return opts
+}
+
+func serve(ctx context.Context, url string, opts []nats.Option, prefix, run string, limit int, perChar float64) error {
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return err
 	}

@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/calibrate"
@@ -16,7 +19,9 @@ import (
 
 // TestPenaltyReachesTheUpdates runs the pipeline with the topology file and
 // this stage as a separate process, and checks that every world-model
-// reward in the updates is the penalised score, not the raw one.
+// reward in the updates is the penalised score, not the raw one. The
+// run's server asks, as one reached from other machines would, for a
+// token and a client certificate over TLS.
 func TestPenaltyReachesTheUpdates(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the stage")
@@ -28,6 +33,9 @@ func TestPenaltyReachesTheUpdates(t *testing.T) {
 	cfg := pipeline.DefaultConfig()
 	cfg.DataDir, cfg.Listen, cfg.Quiet, cfg.Steps = t.TempDir(), "127.0.0.1:0", true, 6
 	cfg.TopologyFile = "topology.yaml"
+	pki := natstest.NewPKI(t)
+	cfg.NATSAuth.Token = "t0ken"
+	cfg.ListenTLS = natsjs.ServerTLS{Cert: pki.ServerCert, Key: pki.ServerKey, ClientCA: pki.CA}
 	cfg.ExecLatency = time.Millisecond
 	// No refit in 6 steps: world-model rewards are the scores themselves.
 	cfg.Debiaser = calibrate.DebiaserConfig{MinPairs: 10000, BufferSize: 10000}
@@ -38,15 +46,17 @@ func TestPenaltyReachesTheUpdates(t *testing.T) {
 		t.Fatal(err)
 	}
 	const limit, perChar = 210, 0.01
-	stage := exec.CommandContext(ctx, bin, "--nats", p.URL(), "--limit", "210", "--per-char", "0.01")
+	stage := exec.CommandContext(ctx, bin, "--nats", p.URL(), "--limit", "210", "--per-char", "0.01",
+		"--nats-ca", pki.CA, "--nats-cert", pki.ClientCert, "--nats-key", pki.ClientKey)
+	stage.Env = append(os.Environ(), "WMRL_NATS_TOKEN=t0ken")
 	stage.Stderr = testWriter{t}
 	if err := stage.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { stage.Process.Kill(); stage.Wait() }()
 
-	if err := p.Wait(); err != nil { // returns after the 6th update
-		t.Fatal(err)
+	if err := p.Wait(); err != nil || ctx.Err() != nil { // returns after the 6th update
+		t.Fatalf("the run ended with %v, its context with %v", err, ctx.Err())
 	}
 	read := func(subject string) [][]byte {
 		out, err := pipeline.ReadStored(ctx, cfg.DataDir, "wmrl", subject)

@@ -12,17 +12,25 @@
 //     --world-model openai --wm-samples 4 --wm-temperature 0.7 ...
 //   (cd examples/node-abstain && npm install)
 //   node examples/node-abstain/abstain.js --nats nats://127.0.0.1:4222 --max-spread 0.15
+//
+// A server that asks who it is gets what wmrl's own commands give: a
+// token, or a user and password, from WMRL_NATS_TOKEN, WMRL_NATS_USER and
+// WMRL_NATS_PASSWORD (the environment, which ps does not show); TLS files
+// with --nats-ca, --nats-cert and --nats-key.
 "use strict";
 
+const { isIP } = require("node:net");
 const { connect } = require("@nats-io/transport-node");
 const { jetstream, jetstreamManager, AckPolicy } = require("@nats-io/jetstream");
 
 function flags(argv) {
-  const f = { nats: "nats://127.0.0.1:4222", prefix: "wmrl", run: "default", "max-spread": "0.15" };
+  const f = { nats: "nats://127.0.0.1:4222", prefix: "wmrl", run: "default", "max-spread": "0.15",
+    "nats-ca": "", "nats-cert": "", "nats-key": "" };
   for (let i = 0; i < argv.length; i += 2) {
     const name = argv[i].replace(/^--/, "");
     if (!(name in f) || i + 1 >= argv.length) {
-      throw new Error(`usage: abstain.js [--nats URL] [--prefix P] [--run R] [--max-spread S]; got ${argv[i]}`);
+      throw new Error("usage: abstain.js [--nats URL] [--prefix P] [--run R] [--max-spread S] " +
+        `[--nats-ca FILE] [--nats-cert FILE --nats-key FILE]; got ${argv[i]}`);
     }
     f[name] = argv[i + 1];
   }
@@ -60,9 +68,33 @@ function abstain(pred, maxSpread) {
   return withdrawn;
 }
 
+// connectOptions are nats.js's options for what the server asks.
+function connectOptions(f, env) {
+  const opts = { servers: f.nats, name: "node-abstain" };
+  if (env.WMRL_NATS_TOKEN) {
+    opts.token = env.WMRL_NATS_TOKEN;
+  }
+  if (env.WMRL_NATS_USER) {
+    opts.user = env.WMRL_NATS_USER;
+    opts.pass = env.WMRL_NATS_PASSWORD || "";
+  }
+  if (f["nats-ca"] || f["nats-cert"] || f["nats-key"]) {
+    opts.tls = {};
+    if (f["nats-ca"]) opts.tls.caFile = f["nats-ca"];
+    if (f["nats-cert"]) opts.tls.certFile = f["nats-cert"];
+    if (f["nats-key"]) opts.tls.keyFile = f["nats-key"];
+    // nats.js gives TLS no server name for a URL whose host is an IP
+    // address, and Node then checks the certificate against "localhost":
+    // name the address.
+    const host = new URL(f.nats.replace(/^[a-z]+:/, "http:")).hostname;
+    if (isIP(host)) opts.tls.host = host;
+  }
+  return opts;
+}
+
 async function main() {
   const f = flags(process.argv.slice(2));
-  const nc = await connect({ servers: f.nats, name: "node-abstain" });
+  const nc = await connect(connectOptions(f, process.env));
   const jsm = await jetstreamManager(nc);
   const js = jetstream(nc);
   const stream = "WMRL_" + f.prefix.toUpperCase();

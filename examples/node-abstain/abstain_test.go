@@ -20,6 +20,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/schemas"
 )
@@ -77,7 +79,9 @@ func judge(t *testing.T) *httptest.Server {
 // process: every prediction whose samples spread over the limit reaches
 // pair and fuse ungraded, with the reason, and its reward is null; every
 // other passes unchanged; a malformed message is dead-lettered by the
-// stage with the reason, and the pipeline runs on.
+// stage with the reason, and the pipeline runs on. The run's server asks,
+// as one reached from other machines would, for a token and a client
+// certificate over TLS.
 func TestNodeStageWithdrawsUnsureScores(t *testing.T) {
 	needNode(t)
 	srv := judge(t)
@@ -87,6 +91,10 @@ func TestNodeStageWithdrawsUnsureScores(t *testing.T) {
 	cfg.TopologyFile = "topology.yaml"
 	cfg.WorldModel, cfg.WMURL, cfg.WMModel, cfg.WMSamples = "openai", srv.URL+"/v1", "judge", 3
 	cfg.Quiet = true
+	pki := natstest.NewPKI(t)
+	auth := natsjs.Auth{Token: "t0ken", CA: pki.CA, Cert: pki.ClientCert, Key: pki.ClientKey}
+	cfg.NATSAuth.Token = auth.Token
+	cfg.ListenTLS = natsjs.ServerTLS{Cert: pki.ServerCert, Key: pki.ServerKey, ClientCA: pki.CA}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	p, err := pipeline.Start(ctx, cfg)
@@ -101,7 +109,9 @@ func TestNodeStageWithdrawsUnsureScores(t *testing.T) {
 	}
 	defer stageLog.Close()
 	stageOut := func() string { b, _ := os.ReadFile(logPath); return string(b) }
-	stage := exec.CommandContext(ctx, "node", "abstain.js", "--nats", p.URL(), "--max-spread", fmt.Sprint(maxSpread))
+	stage := exec.CommandContext(ctx, "node", "abstain.js", "--nats", p.URL(), "--max-spread", fmt.Sprint(maxSpread),
+		"--nats-ca", pki.CA, "--nats-cert", pki.ClientCert, "--nats-key", pki.ClientKey)
+	stage.Env = append(os.Environ(), "WMRL_NATS_TOKEN="+auth.Token)
 	stage.Stdout, stage.Stderr = stageLog, stageLog
 	if err := stage.Start(); err != nil {
 		t.Fatal(err)
@@ -109,7 +119,11 @@ func TestNodeStageWithdrawsUnsureScores(t *testing.T) {
 	defer func() { stage.Process.Kill(); stage.Wait() }()
 
 	// A malformed message on the stage's input.
-	nc, err := nats.Connect(p.URL())
+	opts, err := auth.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(p.URL(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,8 +133,8 @@ func TestNodeStageWithdrawsUnsureScores(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := p.Wait(); err != nil {
-		t.Fatalf("%v\nstage:\n%s", err, stageOut())
+	if err := p.Wait(); err != nil || ctx.Err() != nil {
+		t.Fatalf("the run ended with %v, its context with %v\nstage:\n%s", err, ctx.Err(), stageOut())
 	}
 	read := func(subject string) [][]byte {
 		b, err := pipeline.ReadStored(ctx, cfg.DataDir, "wmrl", subject)
