@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"math/big"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -213,8 +216,8 @@ func TestARenewedListenCertificateIsSaidAndExported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := testutil.ToFloat64(run.Metrics().NATSCertNotAfter), float64(first.Leaf.NotAfter.Unix()); got != want {
-		t.Errorf("wmrl_nats_tls_cert_not_after_seconds %v at the start, want %v", got, want)
+	if got, want := testutil.ToFloat64(run.Metrics().CertNotAfter.WithLabelValues(certNATS)), float64(first.Leaf.NotAfter.Unix()); got != want {
+		t.Errorf("wmrl_tls_cert_not_after_seconds{server=\"nats\"} %v at the start, want %v", got, want)
 	}
 	if !strings.Contains(out.String(), "the embedded NATS server's certificate (--listen-cert) expires at "+first.Leaf.NotAfter.UTC().Format(time.RFC3339)) {
 		t.Errorf("a certificate a day from its expiry was not pointed out; printed %q", out.String())
@@ -231,7 +234,73 @@ func TestARenewedListenCertificateIsSaidAndExported(t *testing.T) {
 	if want := "nats: the embedded server presents its renewed certificate, valid until " + renewed.NotAfter.UTC().Format(time.RFC3339) + "\n"; !strings.Contains(out.String(), want) {
 		t.Errorf("printed %q, want %q", out.String(), want)
 	}
-	if got, want := testutil.ToFloat64(run.Metrics().NATSCertNotAfter), float64(renewed.NotAfter.Unix()); got != want {
-		t.Errorf("wmrl_nats_tls_cert_not_after_seconds %v after the renewal, want %v", got, want)
+	if got, want := testutil.ToFloat64(run.Metrics().CertNotAfter.WithLabelValues(certNATS)), float64(renewed.NotAfter.Unix()); got != want {
+		t.Errorf("wmrl_tls_cert_not_after_seconds{server=\"nats\"} %v after the renewal, want %v", got, want)
+	}
+}
+
+// A gateway that other machines reach is named when it asks for no token,
+// or asks for one without TLS.
+func TestAnOpenGatewayBeyondThisMachineIsNamed(t *testing.T) {
+	for _, tc := range []struct {
+		addr, token, cert string
+		want              string
+	}{
+		{"0.0.0.0:8080", "", "", "asks for no token"},
+		{"0.0.0.0:8080", "", "c.pem", "asks for no token"},
+		{"0.0.0.0:8080", "t0ken", "", "without TLS: its bearer token"},
+		{"0.0.0.0:8080", "t0ken", "c.pem", ""},
+		{"127.0.0.1:8080", "", "", ""},
+		{"", "", "", ""},
+	} {
+		c := Config{HTTPAddr: tc.addr, HTTPToken: tc.token, HTTPCert: tc.cert}
+		if got := c.gatewayExposure(); (got == "") != (tc.want == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("gateway %q, token %q, cert %q: %q; want %q", tc.addr, tc.token, tc.cert, got, tc.want)
+		}
+	}
+}
+
+// The gateway's certificate, renewed in place, is presented to the next
+// trainer that connects, said and exported.
+func TestARenewedGatewayCertificateIsTakenUp(t *testing.T) {
+	pki := natstest.NewPKI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr, cfg.HTTPCert, cfg.HTTPKey = SourceExternal, "127.0.0.1:0", pki.ServerCert, pki.ServerKey
+	var out bytes.Buffer
+	cfg.Out, cfg.Quiet = &lockedWriter{w: &out}, false
+	run := started(t, ctx, cfg)
+	pool := x509.NewCertPool()
+	pem, err := os.ReadFile(pki.CA)
+	if err != nil || !pool.AppendCertsFromPEM(pem) {
+		t.Fatalf("CA %s: %v", pki.CA, err)
+	}
+	served := func() *big.Int {
+		t.Helper()
+		// A client of its own each time: a new connection, a new handshake.
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+		resp, err := c.Get(run.HTTPURL() + "/v1/runs/default/calibration")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.TLS.PeerCertificates[0].SerialNumber
+	}
+	first := served()
+	renewed := pki.RenewServer()
+	for _, f := range []string{pki.ServerCert, pki.ServerKey} {
+		if err := os.Chtimes(f, time.Now().Add(time.Minute), time.Now().Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := served(); got.Cmp(renewed.SerialNumber) != 0 || got.Cmp(first) == 0 {
+		t.Fatalf("after the renewal the gateway presented serial %v; want the new %v (the old was %v)", got, renewed.SerialNumber, first)
+	}
+	if want := "the trainer gateway presents its renewed certificate, valid until " + renewed.NotAfter.UTC().Format(time.RFC3339) + "\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("printed %q, want %q", out.String(), want)
+	}
+	if got, want := testutil.ToFloat64(run.Metrics().CertNotAfter.WithLabelValues(certGateway)), float64(renewed.NotAfter.Unix()); got != want {
+		t.Errorf("wmrl_tls_cert_not_after_seconds{server=\"gateway\"} %v after the renewal, want %v", got, want)
 	}
 }

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -22,6 +23,7 @@ import (
 	"github.com/wmrl/wmrl/connectors/openai"
 	"github.com/wmrl/wmrl/connectors/sandbox"
 	"github.com/wmrl/wmrl/connectors/sim"
+	"github.com/wmrl/wmrl/connectors/tlsfiles"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/breaker"
@@ -503,12 +505,44 @@ func (p *Pipeline) buildGateway() error {
 	if err != nil {
 		return err
 	}
+	if p.cfg.HTTPCert != "" {
+		certs, err := tlsfiles.Load(p.cfg.HTTPCert, p.cfg.HTTPKey, p.certRenewed(certGateway, "the trainer gateway"))
+		if err != nil {
+			return fmt.Errorf("pipeline: gateway: %w", err)
+		}
+		p.httpTLS = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate}
+		p.presents(certGateway, "the trainer gateway's certificate (--http-cert)", certs.NotAfter())
+	}
 	l, err := net.Listen("tcp", p.cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("pipeline: gateway: %w", err)
 	}
 	p.gateway, p.httpListener = g, l
 	return nil
+}
+
+// certRenewed says, of a renewal of server's certificate files, that
+// what (the server, as a subject) presents the new certificate, or that
+// the pair does not load yet; and exports the new expiry.
+func (p *Pipeline) certRenewed(server, what string) func(time.Time, error) {
+	return func(until time.Time, err error) {
+		if err != nil {
+			fmt.Fprintf(p.cfg.Out, "%s: its renewed certificate does not load (%v); it presents the one before until it does\n", what, err)
+			return
+		}
+		p.metrics.CertNotAfter.WithLabelValues(server).Set(float64(until.Unix()))
+		p.notef("%s presents its renewed certificate, valid until %s", what, until.UTC().Format(time.RFC3339))
+	}
+}
+
+// presents exports the expiry of the certificate a server starts with, and
+// points it out when it is near.
+func (p *Pipeline) presents(server, what string, until time.Time) {
+	p.metrics.CertNotAfter.WithLabelValues(server).Set(float64(until.Unix()))
+	if left := time.Until(until); left < certWarnAhead {
+		p.notef("%s expires at %s, in %v: renew it and its key in place; they are read again when they change",
+			what, until.UTC().Format(time.RFC3339), left.Round(time.Minute))
+	}
 }
 
 // buildExecutor builds the configured executor: the simulated one, or

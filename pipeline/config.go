@@ -217,6 +217,9 @@ type Config struct {
 	// HTTPToken, if set, is the bearer token it requires.
 	HTTPAddr  string
 	HTTPToken string
+	// HTTPCert and HTTPKey, when set, make the gateway speak HTTPS with
+	// that certificate, read again when the files change.
+	HTTPCert, HTTPKey string
 
 	MetricsAddr string    // serve Prometheus /metrics here when set
 	Out         io.Writer // progress lines (default os.Stdout)
@@ -302,6 +305,23 @@ func (c *Config) exposure() string {
 	case !c.ListenTLS.On():
 		return fmt.Sprintf("the embedded NATS server listens on %s, beyond this machine, without TLS: the %s it asks for, and every message, "+
 			"cross the network in clear. Give --listen-cert and --listen-key to have it speak TLS", c.Listen, secret)
+	}
+	return ""
+}
+
+// gatewayExposure says what the gateway's address leaves open to the
+// machines it reaches beyond this one, or "" when nothing is.
+func (c *Config) gatewayExposure() string {
+	if c.HTTPAddr == "" || natsjs.Loopback(c.HTTPAddr) {
+		return ""
+	}
+	switch {
+	case c.HTTPToken == "":
+		return fmt.Sprintf("the trainer gateway listens on %s, beyond this machine, and asks for no token: whoever reaches it can publish "+
+			"trajectories and read the run's updates. Set WMRL_HTTP_TOKEN to have it ask for one", c.HTTPAddr)
+	case c.HTTPCert == "":
+		return fmt.Sprintf("the trainer gateway listens on %s, beyond this machine, without TLS: its bearer token, and every trajectory, "+
+			"cross the network in clear. Give --http-cert and --http-key to have it speak HTTPS", c.HTTPAddr)
 	}
 	return ""
 }
@@ -426,6 +446,12 @@ func (c *Config) Validate() error {
 	}
 	if err := c.ListenTLS.Check(); err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	switch {
+	case (c.HTTPCert == "") != (c.HTTPKey == ""):
+		return fmt.Errorf("%w: --http-cert needs --http-key, and --http-key --http-cert", ErrConfig)
+	case c.HTTPCert != "" && c.HTTPAddr == "":
+		return fmt.Errorf("%w: --http-cert and --http-key are the gateway's: give --http ADDR", ErrConfig)
 	}
 	for _, s := range c.Stages {
 		if !slices.Contains(AllStages, s) {

@@ -43,6 +43,8 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		{"a certificate without its key", func(c *Config) { c.NATSURL, c.NATSAuth.Cert = "tls://a:4222", "c.pem" }, "a client certificate needs its key"},
 		{"the embedded server's TLS with --nats", func(c *Config) { c.NATSURL, c.ListenTLS.Cert, c.ListenTLS.Key = "tls://a:4222", "s.pem", "k.pem" }, "--listen-cert, --listen-key and --listen-client-ca are the embedded server's"},
 		{"a client CA without the server's certificate", func(c *Config) { c.ListenTLS.ClientCA = "ca.pem" }, "a CA for client certificates needs the server's own certificate"},
+		{"the gateway's certificate without its key", func(c *Config) { c.HTTPAddr, c.HTTPCert = "127.0.0.1:8080", "c.pem" }, "--http-cert needs --http-key"},
+		{"the gateway's certificate without a gateway", func(c *Config) { c.HTTPCert, c.HTTPKey = "c.pem", "k.pem" }, "--http-cert and --http-key are the gateway's: give --http ADDR"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

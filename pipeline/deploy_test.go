@@ -471,16 +471,16 @@ func TestConnectionLostAlertFiresOnItsCondition(t *testing.T) {
 			summary: "cut-off has been without its NATS server for 5 minutes"})
 }
 
-// WMRLNATSCertificateExpiring fires once the embedded server's certificate
-// has less than 7 days left, not before, and not without TLS (0). Rule
-// tests start at Unix time 0, so the expiry is 7 days and 10 minutes.
+// WMRLCertificateExpiring fires once a server's certificate has less than
+// 7 days left, not before, and not without TLS (0). Rule tests start at
+// Unix time 0, so the expiry is 7 days and 10 minutes.
 func TestCertificateAlertFiresOnItsCondition(t *testing.T) {
-	input := inputSeries(`wmrl_nats_tls_cert_not_after_seconds{instance="expiring"}`, "605400x20") +
-		inputSeries(`wmrl_nats_tls_cert_not_after_seconds{instance="plain"}`, "0x20") +
-		inputSeries(`wmrl_nats_tls_cert_not_after_seconds{instance="renewed"}`, "605400x5 2592000x15")
-	promtoolRuleTest(t, "WMRLNATSCertificateExpiring", input,
-		alertCheck{quietAt: "9m", firesAt: "11m", severity: "ticket", instance: "expiring",
-			summary: "The certificate of the embedded NATS server on expiring expires in 6d 23h 59m 0s"})
+	input := inputSeries(`wmrl_tls_cert_not_after_seconds{instance="expiring",server="gateway"}`, "605400x20") +
+		inputSeries(`wmrl_tls_cert_not_after_seconds{instance="expiring",server="nats"}`, "0x20") +
+		inputSeries(`wmrl_tls_cert_not_after_seconds{instance="renewed",server="nats"}`, "605400x5 2592000x15")
+	promtoolRuleTest(t, "WMRLCertificateExpiring", input,
+		alertCheck{quietAt: "9m", firesAt: "11m", severity: "ticket", instance: "expiring", labels: "server: gateway",
+			summary: "The certificate of the gateway server on expiring expires in 6d 23h 59m 0s"})
 }
 
 // inputSeries is one of promtool's input_series entries.
@@ -493,6 +493,9 @@ func inputSeries(series, values string) string {
 // description.
 type alertCheck struct {
 	quietAt, firesAt, severity, instance, summary string
+	// labels are the alert's other labels, as YAML map entries
+	// ("server: gateway").
+	labels string
 }
 
 // promtoolRuleTest runs promtool's rule tests of alert name against
@@ -514,6 +517,10 @@ func promtoolRuleTest(t *testing.T, name, input string, want alertCheck) {
 		t.Fatalf("alerts.yml has no %s with a description", name)
 	}
 	desc, _ := json.Marshal(description) // a JSON string is a YAML string
+	extra := ""
+	if want.labels != "" {
+		extra = ", " + want.labels
+	}
 	tests := fmt.Sprintf(`rule_files:
   - %q
 evaluation_interval: 1m
@@ -526,11 +533,11 @@ tests:
       - eval_time: %s
         alertname: %s
         exp_alerts:
-          - exp_labels: {severity: %s, instance: %s}
+          - exp_labels: {severity: %s, instance: %s%s}
             exp_annotations:
               summary: %q
               description: %s
-`, alerts, input, want.quietAt, name, want.firesAt, name, want.severity, want.instance, want.summary, desc)
+`, alerts, input, want.quietAt, name, want.firesAt, name, want.severity, want.instance, extra, want.summary, desc)
 	file := filepath.Join(t.TempDir(), "alerts_test.yml")
 	if err := os.WriteFile(file, []byte(tests), 0o644); err != nil {
 		t.Fatal(err)

@@ -18,6 +18,12 @@ import (
 	"github.com/wmrl/wmrl/stages/fuse"
 )
 
+// The servers whose certificates CertNotAfter follows.
+const (
+	certNATS    = "nats"
+	certGateway = "gateway"
+)
+
 // Metrics are the pipeline's Prometheus collectors, on a registry of their
 // own so several pipelines can live in one test process.
 type Metrics struct {
@@ -64,9 +70,10 @@ type Metrics struct {
 	// server is up; NATSReconnects counts its reconnections.
 	NATSConnected  prometheus.Gauge
 	NATSReconnects prometheus.Counter
-	// NATSCertNotAfter is when the certificate the embedded server shows
-	// clients over the network expires (Unix seconds; 0 without TLS).
-	NATSCertNotAfter prometheus.Gauge
+	// CertNotAfter is when the certificate a server of this process shows
+	// its clients expires (Unix seconds; 0 without TLS), by server: nats
+	// (the embedded one) and gateway.
+	CertNotAfter *prometheus.GaugeVec
 }
 
 // NewMetrics registers the collectors, with the Go runtime's (go_*) and
@@ -114,8 +121,7 @@ func NewMetrics() *Metrics {
 		MaxPayload:  g("nats_max_payload_bytes", "The NATS server's max_payload, as this process's connection reports it."),
 		PredictionWait: g("prediction_wait_seconds", "How long the planned step that has waited longest for one of its groups' predictions has waited (0: none waits). "+
 			"A prediction has no deadline: a step whose group a stage between predict and fuse dead-lettered waits until it is sent again (wmrl dlq --resend)."),
-		NATSCertNotAfter: g("nats_tls_cert_not_after_seconds", "When the certificate the embedded NATS server presents to clients over the network expires, in Unix seconds (0 without TLS); it follows renewals of --listen-cert."),
-		NATSConnected:    g("nats_connected", "1 while this process's connection to its NATS server is up, 0 while it is lost and reconnecting (its stages wait meanwhile)."),
+		NATSConnected: g("nats_connected", "1 while this process's connection to its NATS server is up, 0 while it is lost and reconnecting (its stages wait meanwhile)."),
 		StepLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "wmrl", Name: "step_latency_seconds", Help: "From a step's close (last input) to its update.",
 			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 16),
@@ -126,6 +132,12 @@ func NewMetrics() *Metrics {
 		[]string{"kind"})
 	for _, l := range stepLosses(schemas.Update{}) {
 		m.Lost.WithLabelValues(l.kind) // present at 0 from the start, so a rate is defined
+	}
+	m.CertNotAfter = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "wmrl", Name: "tls_cert_not_after_seconds",
+		Help: "When the certificate a server of this process presents expires, in Unix seconds (0 without TLS), by server: nats (the embedded one, --listen-cert) and gateway (--http-cert). It follows renewals of the files."},
+		[]string{"server"})
+	for _, server := range []string{certNATS, certGateway} {
+		m.CertNotAfter.WithLabelValues(server) // 0 until a server presents one
 	}
 	m.NATSReconnects = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "nats_reconnects_total",
 		Help: "Reconnections of this process's connection to its NATS server, after it was lost."})
@@ -151,7 +163,7 @@ func NewMetrics() *Metrics {
 	m.ExecutionSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "wmrl", Name: "execution_seconds",
 		Help:    "How long the anchor executions this process ran took (the executor's own timing).",
 		Buckets: prometheus.ExponentialBuckets(0.1, 2, 16)})
-	r.MustRegister(m.Latency, m.StepLatency, m.NATSReconnects, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
+	r.MustRegister(m.Latency, m.StepLatency, m.NATSReconnects, m.CertNotAfter, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
 		m.Executions, m.ExecutionSeconds)
 	return m
 }

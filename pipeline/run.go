@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -46,6 +47,7 @@ type Pipeline struct {
 	// httpListener is bound in build, so Start fails on a busy address and
 	// HTTPURL is known as soon as Start returns.
 	httpListener net.Listener
+	httpTLS      *tls.Config // nil: plain HTTP
 	dl           *deadLetters
 	state        *natsjs.StateStore // checkpoints; opened by the first stage that keeps one
 
@@ -98,12 +100,11 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 			p.notef("%s", open)
 		}
 		if until := tr.srv.CertificateNotAfter(); !until.IsZero() {
-			metrics.NATSCertNotAfter.Set(float64(until.Unix()))
-			if left := time.Until(until); left < certWarnAhead {
-				p.notef("the embedded NATS server's certificate (--listen-cert) expires at %s, in %v: renew it and its key in place; the server reads them again when they change",
-					until.UTC().Format(time.RFC3339), left.Round(time.Minute))
-			}
+			p.presents(certNATS, "the embedded NATS server's certificate (--listen-cert)", until)
 		}
+	}
+	if open := cfg.gatewayExposure(); open != "" {
+		p.notef("%s", open)
 	}
 	if err := p.build(ctx); err != nil {
 		if p.httpListener != nil {
@@ -159,6 +160,9 @@ func (p *Pipeline) ready() string {
 func (p *Pipeline) HTTPURL() string {
 	if p.httpListener == nil {
 		return ""
+	}
+	if p.httpTLS != nil {
+		return "https://" + p.httpListener.Addr().String()
 	}
 	return "http://" + p.httpListener.Addr().String()
 }
@@ -286,7 +290,12 @@ func (p *Pipeline) start(ctx context.Context) {
 		p.go_(func() error { return p.gateway.Run(ctx) })
 		p.go_(func() error {
 			go func() { <-ctx.Done(); _ = srv.Close() }()
-			if err := srv.Serve(p.httpListener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			serve := func() error { return srv.Serve(p.httpListener) }
+			if p.httpTLS != nil {
+				srv.TLSConfig = p.httpTLS
+				serve = func() error { return srv.ServeTLS(p.httpListener, "", "") }
+			}
+			if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("pipeline: gateway on %s: %w", p.cfg.HTTPAddr, err)
 			}
 			return nil

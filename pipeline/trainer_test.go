@@ -18,6 +18,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/gateway"
 	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 )
@@ -233,29 +234,51 @@ func TestGatewayRejectsBadRequestsAndChangesNothing(t *testing.T) {
 	}
 }
 
-// TestPythonClient runs the standard-library Python client as a trainer.
+// TestPythonClient runs the standard-library Python client as a trainer,
+// over HTTP and over HTTPS under a CA of the test's own.
 func TestPythonClient(t *testing.T) {
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 not installed")
 	}
-	cfg := testConfig(t)
-	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	p := started(t, ctx, cfg)
-	cmd := exec.CommandContext(ctx, py, "../examples/python/trainer_demo.py", "--url", p.HTTPURL(), "--token", token, "--steps", "3")
-	out, err := cmd.CombinedOutput()
-	t.Logf("%s", out)
-	if err != nil {
-		t.Fatalf("python trainer: %v", err)
-	}
-	if !strings.Contains(string(out), "step 2: 32 fused advantages match") || !strings.HasSuffix(strings.TrimSpace(string(out)), "ok") {
-		t.Fatal("the python trainer did not finish its three steps")
-	}
-	out, err = exec.CommandContext(ctx, py, "../examples/python/check_integrations.py", p.HTTPURL(), token).CombinedOutput()
-	t.Logf("%s", out)
-	if err != nil || !strings.HasSuffix(strings.TrimSpace(string(out)), "ok") {
-		t.Fatalf("verl and TRL reward functions: %v", err)
+	pki := natstest.NewPKI(t)
+	for _, https := range []bool{false, true} {
+		cfg := testConfig(t)
+		cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
+		var ca []string
+		if https {
+			cfg.HTTPCert, cfg.HTTPKey, ca = pki.ServerCert, pki.ServerKey, []string{pki.CA}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		p := started(t, ctx, cfg)
+		if got := strings.HasPrefix(p.HTTPURL(), "https://"); got != https {
+			t.Fatalf("https %v: gateway at %s", https, p.HTTPURL())
+		}
+		args := []string{"../examples/python/trainer_demo.py", "--url", p.HTTPURL(), "--token", token, "--steps", "3"}
+		if https {
+			args = append(args, "--ca", pki.CA)
+		}
+		out, err := exec.CommandContext(ctx, py, args...).CombinedOutput()
+		t.Logf("%s", out)
+		if err != nil {
+			t.Fatalf("https %v: python trainer: %v", https, err)
+		}
+		if !strings.Contains(string(out), "step 2: 32 fused advantages match") || !strings.HasSuffix(strings.TrimSpace(string(out)), "ok") {
+			t.Fatalf("https %v: the python trainer did not finish its three steps", https)
+		}
+		out, err = exec.CommandContext(ctx, py, append([]string{"../examples/python/check_integrations.py", p.HTTPURL(), token}, ca...)...).CombinedOutput()
+		t.Logf("%s", out)
+		if err != nil || !strings.HasSuffix(strings.TrimSpace(string(out)), "ok") {
+			t.Fatalf("https %v: verl and TRL reward functions: %v", https, err)
+		}
+		if https {
+			// Without the CA, the client does not trust the gateway.
+			out, err := exec.CommandContext(ctx, py, "../examples/python/trainer_demo.py", "--url", p.HTTPURL(), "--token", token, "--steps", "1").CombinedOutput()
+			if err == nil || !strings.Contains(string(out), "CERTIFICATE_VERIFY_FAILED") {
+				t.Errorf("a client without the CA: %v\n%s", err, out)
+			}
+		}
+		p.Stop()
 	}
 }

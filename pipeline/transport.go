@@ -46,7 +46,7 @@ func connect(ctx context.Context, cfg *Config, m *Metrics) (*transport, error) {
 					fmt.Fprintf(cfg.Out, "nats: the embedded server's renewed certificate does not load (%v); it presents the one before until it does\n", err)
 					return
 				}
-				m.NATSCertNotAfter.Set(float64(until.Unix()))
+				m.CertNotAfter.WithLabelValues(certNATS).Set(float64(until.Unix()))
 				if !cfg.Quiet {
 					fmt.Fprintf(cfg.Out, "nats: the embedded server presents its renewed certificate, valid until %s\n", until.UTC().Format(time.RFC3339))
 				}

@@ -74,6 +74,8 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.IntVar(&cfg.CheckpointEvery, "checkpoint-every", 0, "calibrate and fuse checkpoint their state every this many anchor groups (0: 256) and when they stop, so that a restart does not need what --retention aged out")
 	fs.StringVar(&cfg.MetricsAddr, "metrics", "", "serve Prometheus /metrics on this address")
 	fs.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "serve the trainer HTTP gateway on this address")
+	fs.StringVar(&cfg.HTTPCert, "http-cert", "", "certificate (PEM) for the gateway to speak HTTPS with, read again when it changes; with --http-key")
+	fs.StringVar(&cfg.HTTPKey, "http-key", "", "key (PEM) of --http-cert")
 	fs.StringVar(&cfg.WorldModel, "world-model", "sim", "world model: sim, or openai (an OpenAI-compatible /v1/chat/completions server; key from WMRL_WM_API_KEY)")
 	worldModelFlags(fs, cfg)
 	fs.IntVar(&cfg.WMDownAfter, "wm-down-after", cfg.WMDownAfter, "after this many world-model calls in a row failed (each after the connector's own retries), or twice --wm-concurrency requests in a row, give its groups up at once, recorded ungraded, and answer the gateway's reward requests 503, until a call succeeds again (0: never; each group then waits out its retries)")

@@ -65,11 +65,14 @@ func TestNATSAuthComesFromTheEnvironmentAndTheFlags(t *testing.T) {
 	}
 	fs = pflag.NewFlagSet("run", pflag.ContinueOnError)
 	pipelineFlags(fs, &cfg, &estimator)
-	if err := fs.Parse([]string{"--listen-cert", "s.pem", "--listen-key", "sk.pem", "--listen-client-ca", "ca.pem"}); err != nil {
+	if err := fs.Parse([]string{"--listen-cert", "s.pem", "--listen-key", "sk.pem", "--listen-client-ca", "ca.pem", "--http-cert", "h.pem", "--http-key", "hk.pem"}); err != nil {
 		t.Fatal(err)
 	}
 	if want := (natsjs.ServerTLS{Cert: "s.pem", Key: "sk.pem", ClientCA: "ca.pem"}); cfg.ListenTLS != want {
 		t.Errorf("run's embedded server's TLS: %+v, want %+v", cfg.ListenTLS, want)
+	}
+	if cfg.HTTPCert != "h.pem" || cfg.HTTPKey != "hk.pem" {
+		t.Errorf("run's gateway certificate %q and key %q, want h.pem and hk.pem", cfg.HTTPCert, cfg.HTTPKey)
 	}
 	var src pipeline.StreamSource
 	var run string

@@ -3,8 +3,6 @@ package natsjs
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -12,12 +10,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/wmrl/wmrl/connectors/tlsfiles"
 )
 
 // ServerConfig configures an embedded NATS server with JetStream.
@@ -83,7 +82,7 @@ type Server struct {
 	ns    *server.Server
 	lock  *os.File // holds the store's lock until Shutdown
 	auth  Auth     // what its own connections present
-	certs *certReloader
+	certs *tlsfiles.Reloader
 }
 
 // StartServer starts an embedded server and waits until it accepts clients.
@@ -189,7 +188,7 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	if cfg.Auth.Token != "" {
 		opts.Authorization = cfg.Auth.Token
 	}
-	var certs *certReloader
+	var certs *tlsfiles.Reloader
 	if cfg.TLS.On() {
 		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{
 			CertFile: cfg.TLS.Cert, KeyFile: cfg.TLS.Key, CaFile: cfg.TLS.ClientCA, Verify: cfg.TLS.ClientCA != "",
@@ -199,9 +198,10 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		}
 		// The files are read again when they change, so that a renewed
 		// certificate serves new connections without a restart.
-		certs = &certReloader{cert: cfg.TLS.Cert, key: cfg.TLS.Key, current: &tc.Certificates[0], on: cfg.OnCertificate}
-		certs.loaded, _ = certs.modified()
-		tc.Certificates, tc.GetCertificate = nil, certs.get
+		if certs, err = tlsfiles.Load(cfg.TLS.Cert, cfg.TLS.Key, cfg.OnCertificate); err != nil {
+			return nil, fmt.Errorf("natsjs: embedded server's TLS: %w", err)
+		}
+		tc.Certificates, tc.GetCertificate = nil, certs.GetCertificate
 		opts.TLS, opts.TLSConfig, opts.TLSVerify = true, tc, cfg.TLS.ClientCA != ""
 	}
 	ns, err := server.NewServer(opts)
@@ -233,9 +233,7 @@ func (s *Server) CertificateNotAfter() time.Time {
 	if s.certs == nil {
 		return time.Time{}
 	}
-	s.certs.mu.Lock()
-	defer s.certs.mu.Unlock()
-	return s.certs.current.Leaf.NotAfter
+	return s.certs.NotAfter()
 }
 
 // Loopback says whether a listen address (as ServerConfig's Listen) is
@@ -276,57 +274,4 @@ func (s *Server) Shutdown() {
 		s.lock.Close() // closing the last descriptor releases the flock
 		s.lock = nil
 	}
-}
-
-// certReloader hands the TLS handshake the server's certificate, read
-// again from its files whenever either has changed since the last read.
-// A pair that does not load (the certificate renewed before its key is)
-// leaves the one before in use, and is tried again at the next handshake.
-type certReloader struct {
-	cert, key string
-	on        func(notAfter time.Time, err error)
-
-	mu      sync.Mutex
-	current *tls.Certificate
-	loaded  time.Time // the files' newest modification at the last read
-	failed  time.Time // ... at the last failed read, said once
-}
-
-func (r *certReloader) modified() (time.Time, error) {
-	var newest time.Time
-	for _, f := range []string{r.cert, r.key} {
-		fi, err := os.Stat(f)
-		if err != nil {
-			return time.Time{}, err
-		}
-		if fi.ModTime().After(newest) {
-			newest = fi.ModTime()
-		}
-	}
-	return newest, nil
-}
-
-func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	mod, err := r.modified()
-	if err != nil || mod.Equal(r.loaded) {
-		return r.current, nil // a file renamed into place a moment later is read then
-	}
-	cert, err := tls.LoadX509KeyPair(r.cert, r.key)
-	if err == nil {
-		cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0])
-	}
-	if err != nil {
-		if !mod.Equal(r.failed) && r.on != nil {
-			r.on(time.Time{}, err)
-		}
-		r.failed = mod
-		return r.current, nil
-	}
-	r.current, r.loaded = &cert, mod
-	if r.on != nil {
-		r.on(cert.Leaf.NotAfter, nil)
-	}
-	return r.current, nil
 }

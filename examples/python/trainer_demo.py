@@ -59,12 +59,13 @@ def main():
     ap.add_argument("--url", required=True)
     ap.add_argument("--run", default="default")
     ap.add_argument("--token", default=os.environ.get("WMRL_HTTP_TOKEN"))
+    ap.add_argument("--ca", default=os.environ.get("WMRL_CA"), help="CA of an HTTPS gateway's certificate")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--first-step", type=int, default=0)
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=4)
     args = ap.parse_args()
-    client = WMRLClient(args.url, run=args.run, token=args.token)
+    client = WMRLClient(args.url, run=args.run, token=args.token, ca_file=args.ca)
     rng = random.Random(7)
     for step in range(args.first_step, args.first_step + args.steps):
         trajs = []

@@ -1,6 +1,8 @@
 """A client for wmrl's HTTP gateway, standard library only.
 
     client = WMRLClient("http://127.0.0.1:8080", run="default", token=None)
+    # a gateway that speaks HTTPS (wmrl --http-cert) under a CA of your own:
+    client = WMRLClient("https://wmrl.internal:8443", token=..., ca_file="ca.pem")
     client.submit(trajectories)           # list of dicts in the NATS contract's shape
     client.close_step(step, groups=16)
     update = client.update(step, wait=60)  # the step's fused update (long poll)
@@ -16,6 +18,7 @@ twice within the stream's dedup window (10 minutes) is stored once.
 """
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -35,12 +38,15 @@ class WMRLError(Exception):
 
 
 class WMRLClient:
-    def __init__(self, base_url, run="default", token=None, timeout=30.0, retry_for=120.0):
+    def __init__(self, base_url, run="default", token=None, timeout=30.0, retry_for=120.0, ca_file=None):
         self.base = base_url.rstrip("/") + f"/v1/runs/{run}"
         self.run = run
         self.token = token
         self.timeout = timeout
         self.retry_for = retry_for
+        # ca_file: the CA that signed an HTTPS gateway's certificate (None:
+        # the system's).
+        self.ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
 
     def _call(self, method, path, body=None, timeout=None):
         deadline = time.monotonic() + self.retry_for
@@ -60,7 +66,7 @@ class WMRLClient:
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout, context=self.ssl) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as e:
             try:

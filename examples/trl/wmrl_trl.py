@@ -22,10 +22,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from wmrl_client import WMRLClient  # noqa: E402
 
 
-def make_reward_func(url, run="default", token=None, retry_for=120.0):
+def make_reward_func(url, run="default", token=None, retry_for=120.0, ca_file=None):
     """retry_for: how long a batch waits out the gateway's 503s (the world
-    model down for the moment) before the error is raised."""
-    client = WMRLClient(url, run=run, token=token, retry_for=retry_for)
+    model down for the moment) before the error is raised; ca_file: the CA
+    of an HTTPS gateway's certificate (None: the system's)."""
+    client = WMRLClient(url, run=run, token=token, retry_for=retry_for, ca_file=ca_file)
 
     def wmrl_reward(prompts, completions, **columns):
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]

@@ -13,7 +13,8 @@ checked only for syntax.
 
    and export WMRL_URL=http://host:8080 (WMRL_RUN, WMRL_HTTP_TOKEN optional;
    WMRL_RETRY_FOR, default 120: how many seconds a reward waits out the
-   gateway's 503s while the world model is down, before it raises).
+   gateway's 503s while the world model is down, before it raises; WMRL_CA,
+   the CA of an HTTPS gateway's certificate, when not the system's).
    GRPO's per-group normalisation cancels any per-group weight, so this
    gives debiasing only.
 
@@ -41,7 +42,8 @@ def client():
         _client = WMRLClient(os.environ.get("WMRL_URL", "http://127.0.0.1:8080"),
                              run=os.environ.get("WMRL_RUN", "default"),
                              token=os.environ.get("WMRL_HTTP_TOKEN"),
-                             retry_for=float(os.environ.get("WMRL_RETRY_FOR", "120")))
+                             retry_for=float(os.environ.get("WMRL_RETRY_FOR", "120")),
+                             ca_file=os.environ.get("WMRL_CA"))
     return _client
 
 
