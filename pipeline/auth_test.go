@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"math/big"
+	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -288,6 +289,16 @@ func TestARenewedGatewayCertificateIsTakenUp(t *testing.T) {
 		return resp.TLS.PeerCertificates[0].SerialNumber
 	}
 	first := served()
+	// A TCP health check on the HTTPS port: its handshake error is the
+	// pipeline's to print, not Go's default log's.
+	probe, err := net.Dial("tcp", strings.TrimPrefix(run.HTTPURL(), "https://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe.Close()
+	waitFor(t, 10*time.Second, func() bool {
+		return strings.Contains(out.String(), "gateway: http: TLS handshake error from 127.0.0.1:")
+	})
 	renewed := pki.RenewServer()
 	for _, f := range []string{pki.ServerCert, pki.ServerKey} {
 		if err := os.Chtimes(f, time.Now().Add(time.Minute), time.Now().Add(time.Minute)); err != nil {

@@ -3,6 +3,8 @@ package pipeline
 import (
 	"fmt"
 	"io"
+	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,7 +26,7 @@ type connWatch struct {
 
 	mu         sync.Mutex
 	lostAt     time.Time
-	printed    map[string]time.Time // asynchronous errors, when last printed
+	printed    sayOnce // asynchronous errors
 	stopping   bool
 	connected  prometheus.Gauge   // nil until the pipeline's metrics exist
 	reconnects prometheus.Counter // nil likewise
@@ -101,19 +103,57 @@ func (w *connWatch) asyncError(sub *nats.Subscription, err error, now time.Time)
 	if sub != nil {
 		msg += fmt.Sprintf(" (subscription on %s)", sub.Subject)
 	}
-	if at, ok := w.printed[msg]; w.stopping || ok && now.Sub(at) < sameErrorEvery {
+	if w.stopping || !w.printed.allow(msg, now) {
 		return
 	}
-	if w.printed == nil {
-		w.printed = map[string]time.Time{}
+	w.printf("nats: %s", msg)
+}
+
+// sayOnce lets the same message through once every sameErrorEvery. It is
+// not safe for concurrent use.
+type sayOnce map[string]time.Time // message -> when last let through
+
+func (s *sayOnce) allow(msg string, now time.Time) bool {
+	if at, ok := (*s)[msg]; ok && now.Sub(at) < sameErrorEvery {
+		return false
 	}
-	for m, at := range w.printed {
+	if *s == nil {
+		*s = sayOnce{}
+	}
+	for m, at := range *s {
 		if now.Sub(at) >= sameErrorEvery {
-			delete(w.printed, m)
+			delete(*s, m)
 		}
 	}
-	w.printed[msg] = now
-	w.printf("nats: %s", msg)
+	(*s)[msg] = now
+	return true
+}
+
+// httpErrorLog is the gateway's http.Server error log: a health check or a
+// scanner that opens a TCP connection to an HTTPS port and closes it makes
+// Go's server log a TLS handshake error each time, which over a run of days
+// would bury everything else. The same error from the same host is printed
+// once a minute at most.
+type httpErrorLog struct {
+	out io.Writer
+
+	mu      sync.Mutex
+	printed sayOnce
+}
+
+// remotePort is the client's port in a net/http error line ("from
+// 10.0.0.7:53122:"), which changes with every connection.
+var remotePort = regexp.MustCompile(`(from \S+):\d+:`)
+
+func (l *httpErrorLog) Write(b []byte) (int, error) {
+	msg := strings.TrimSpace(string(b))
+	l.mu.Lock()
+	ok := l.printed.allow(remotePort.ReplaceAllString(msg, "$1:"), time.Now())
+	l.mu.Unlock()
+	if ok {
+		fmt.Fprintf(l.out, "gateway: %s (the same from there at most once a minute)\n", msg)
+	}
+	return len(b), nil
 }
 
 // closedForGood hears the connection closed: by stop, or by nats.go,

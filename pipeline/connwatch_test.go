@@ -145,3 +145,24 @@ func TestAsyncErrorsArePrintedOnceAMinute(t *testing.T) {
 		t.Errorf("printed %q, want %q", out.String(), want)
 	}
 }
+
+// The gateway's server errors are printed once a minute at most for the
+// same error from the same host, whatever the client's port.
+func TestGatewayErrorsArePrintedOnceAMinuteAHost(t *testing.T) {
+	var out bytes.Buffer
+	l := &httpErrorLog{out: &out}
+	for _, line := range []string{
+		"http: TLS handshake error from 10.0.0.7:53122: EOF\n",
+		"http: TLS handshake error from 10.0.0.7:53190: EOF\n",
+		"http: TLS handshake error from 10.0.0.8:40000: EOF\n",
+		"http: TLS handshake error from 10.0.0.7:53201: remote error: tls: bad certificate\n",
+	} {
+		fmt.Fprint(l, line)
+	}
+	want := "gateway: http: TLS handshake error from 10.0.0.7:53122: EOF (the same from there at most once a minute)\n" +
+		"gateway: http: TLS handshake error from 10.0.0.8:40000: EOF (the same from there at most once a minute)\n" +
+		"gateway: http: TLS handshake error from 10.0.0.7:53201: remote error: tls: bad certificate (the same from there at most once a minute)\n"
+	if out.String() != want {
+		t.Errorf("printed %q, want %q", out.String(), want)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -286,7 +287,8 @@ func (p *Pipeline) metricsHandler() http.Handler {
 
 func (p *Pipeline) start(ctx context.Context) {
 	if p.gateway != nil {
-		srv := &http.Server{Addr: p.cfg.HTTPAddr, Handler: p.gateway.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		srv := &http.Server{Addr: p.cfg.HTTPAddr, Handler: p.gateway.Handler(), ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog: log.New(&httpErrorLog{out: p.cfg.Out}, "", 0)}
 		p.go_(func() error { return p.gateway.Run(ctx) })
 		p.go_(func() error {
 			go func() { <-ctx.Done(); _ = srv.Close() }()
