@@ -500,6 +500,7 @@ func (p *Pipeline) buildGateway() error {
 			Traj: p.topo.Subject(schemas.KindTraj), Step: p.topo.Subject(schemas.KindStep),
 			Update: p.topo.Out(StageFuse, schemas.KindUpdate), Calibration: p.topo.Out(StageCalibrate, schemas.KindCalibration),
 			Exec: p.topo.Out(StageRoute, schemas.KindExec), Execution: p.topo.Out(StageExecute, schemas.KindExecution),
+			Plan: p.topo.Out(StageRoute, schemas.KindPlan),
 		},
 	}, p.tr.js, p.pub)
 	if err != nil {

@@ -255,17 +255,26 @@ func TestPythonClient(t *testing.T) {
 		if got := strings.HasPrefix(p.HTTPURL(), "https://"); got != https {
 			t.Fatalf("https %v: gateway at %s", https, p.HTTPURL())
 		}
-		args := []string{"../examples/python/trainer_demo.py", "--url", p.HTTPURL(), "--token", token, "--steps", "3"}
-		if https {
-			args = append(args, "--ca", pki.CA)
+		trainer := func(steps string) *exec.Cmd {
+			args := []string{"../examples/python/trainer_demo.py", "--url", p.HTTPURL(), "--token", token, "--steps", steps}
+			if https {
+				args = append(args, "--ca", pki.CA)
+			}
+			return exec.CommandContext(ctx, py, args...)
 		}
-		out, err := exec.CommandContext(ctx, py, args...).CombinedOutput()
+		out, err := trainer("3").CombinedOutput()
 		t.Logf("%s", out)
 		if err != nil {
 			t.Fatalf("https %v: python trainer: %v", https, err)
 		}
 		if !strings.Contains(string(out), "step 2: 32 fused advantages match") || !strings.HasSuffix(strings.TrimSpace(string(out)), "ok") {
 			t.Fatalf("https %v: the python trainer did not finish its three steps", https)
+		}
+		// A trainer resumed from a checkpoint starts at the run's next step.
+		out, err = trainer("1").CombinedOutput()
+		t.Logf("%s", out)
+		if err != nil || !strings.Contains(string(out), "starting at step 3, the run's next") || !strings.Contains(string(out), "step 3: 32 fused advantages match") {
+			t.Fatalf("https %v: a python trainer resumed: %v", https, err)
 		}
 		out, err = exec.CommandContext(ctx, py, append([]string{"../examples/python/check_integrations.py", p.HTTPURL(), token}, ca...)...).CombinedOutput()
 		t.Logf("%s", out)
@@ -281,4 +290,69 @@ func TestPythonClient(t *testing.T) {
 		}
 		p.Stop()
 	}
+}
+
+// A trainer resumed from a checkpoint that sends trajectories for a step
+// the run planned already is refused at once (409), told the run's next
+// step, and nothing is stored; from the next step on it trains as before.
+func TestATrainerResumedFromACheckpointIsToldTheNextStep(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	var steps struct {
+		Planned, Fused *int64
+		Next           int64
+	}
+	json.Unmarshal(h.want(http.StatusOK, "GET", "/steps", nil, token, ""), &steps)
+	if steps.Planned != nil || steps.Fused != nil || steps.Next != 0 {
+		t.Fatalf("a new run's steps: %+v; want none and next 0", steps)
+	}
+	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 4, GroupSize: 4}
+	train := func(step int64, suffix string) {
+		trajs, wm := pol.Step(step)
+		for i := range trajs {
+			trajs[i].TrajID += suffix
+			trajs[i].GroupID += suffix
+		}
+		body, _ := json.Marshal(trajs)
+		h.want(http.StatusAccepted, "POST", "/trajectories", body, token, "")
+		h.want(http.StatusAccepted, "POST", fmt.Sprintf("/steps/%d/close", step), []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), token, "")
+		h.want(http.StatusOK, "GET", fmt.Sprintf("/steps/%d/update?wait=60", step), nil, token, "")
+	}
+	for step := range int64(3) {
+		train(step, "")
+	}
+	// The gateway follows the plans on its own; it may see step 2's a
+	// moment after the update this test waited for.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		json.Unmarshal(h.want(http.StatusOK, "GET", "/steps", nil, token, ""), &steps)
+		if steps.Planned != nil && *steps.Planned == 2 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if steps.Planned == nil || *steps.Planned != 2 || steps.Fused == nil || *steps.Fused != 2 || steps.Next != 3 {
+		t.Fatalf("steps after 3: planned %v, fused %v, next %d; want 2, 2 and 3", steps.Planned, steps.Fused, steps.Next)
+	}
+	// The trainer crashed and resumed from its checkpoint of step 1.
+	nc, err := nats.Connect(p.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	before := len(scanAll(t, nc, "wmrl.default.traj"))
+	trajs, _ := pol.Step(1)
+	for i := range trajs {
+		trajs[i].TrajID += "-resumed"
+		trajs[i].GroupID += "-resumed"
+	}
+	body, _ := json.Marshal(trajs)
+	h.want(http.StatusConflict, "POST", "/trajectories", body, token, "step 1 was planned already")
+	h.want(http.StatusConflict, "POST", "/trajectories", body, token, "numbers its steps on from the run's next, 3")
+	if after := len(scanAll(t, nc, "wmrl.default.traj")); after != before {
+		t.Fatalf("%d trajectories stored by refused requests", after-before)
+	}
+	train(steps.Next, "-resumed")
 }

@@ -78,6 +78,42 @@ func (u *updates) newest() (schemas.Update, bool) {
 	return u.last, u.have
 }
 
+// planned is the set of steps route has planned (closed): trajectories
+// for them come too late to be fused.
+type planned struct {
+	mu     sync.Mutex
+	steps  map[int64]bool
+	last   int64
+	anyYet bool
+}
+
+func (p *planned) add(rec natsjs.Record) {
+	var plan struct {
+		Step *int64 `json:"step"`
+	}
+	if json.Unmarshal(rec.Data, &plan) != nil || plan.Step == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.steps[*plan.Step] = true
+	if !p.anyYet || *plan.Step > p.last {
+		p.last, p.anyYet = *plan.Step, true
+	}
+}
+
+func (p *planned) has(step int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.steps[step]
+}
+
+func (p *planned) newest() (int64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.last, p.anyYet
+}
+
 // truths maps a trajectory's content to its real score once its anchor
 // group was executed, for the reward endpoints. Bounded both ways for a run
 // of days: keep scores, the oldest going first, and keep anchors awaiting

@@ -31,7 +31,7 @@ import (
 
 // Subjects the gateway reads and writes.
 type Subjects struct {
-	Traj, Step, Update, Calibration, Exec, Execution string
+	Traj, Step, Update, Calibration, Exec, Execution, Plan string
 }
 
 // Config configures a Gateway.
@@ -67,6 +67,7 @@ var Endpoints = map[string]string{
 	"POST /v1/runs/{run}/steps/{step}/close": "close_step",
 	"GET /v1/runs/{run}/steps/{step}/update": "update",
 	"GET /v1/runs/{run}/calibration":         "calibration",
+	"GET /v1/runs/{run}/steps":               "steps",
 	"POST /v1/runs/{run}/rewards/openrlhf":   "rewards_openrlhf",
 	"POST /v1/runs/{run}/rewards/slime":      "rewards_slime",
 	"/":                                      "other",
@@ -92,6 +93,7 @@ type Gateway struct {
 	pub     message.Publisher
 	updates *updates
 	truths  *truths
+	planned *planned
 	cal     atomic.Pointer[calState]
 	ready   sync.WaitGroup
 }
@@ -107,14 +109,15 @@ func New(cfg Config, js jetstream.JetStream, pub message.Publisher) (*Gateway, e
 	if cfg.WorldModel == nil {
 		return nil, errors.New("gateway: a world model is required for the reward endpoints")
 	}
-	return &Gateway{cfg: cfg, js: js, pub: pub, updates: newUpdates(cfg.KeepUpdates), truths: newTruths(100_000)}, nil
+	return &Gateway{cfg: cfg, js: js, pub: pub, updates: newUpdates(cfg.KeepUpdates), truths: newTruths(100_000), planned: &planned{steps: map[int64]bool{}}}, nil
 }
 
 // Run follows the update, calibration and anchor subjects until ctx is done.
 func (g *Gateway) Run(ctx context.Context) error {
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	s := g.cfg.Subjects
 	go func() { errc <- follow(ctx, g.js, g.cfg.Stream, s.Update, g.updates.add) }()
+	go func() { errc <- follow(ctx, g.js, g.cfg.Stream, s.Plan, g.planned.add) }()
 	go func() {
 		errc <- follow(ctx, g.js, g.cfg.Stream, s.Calibration, func(r natsjs.Record) {
 			var c schemas.Calibration
@@ -145,7 +148,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		})
 	}()
 	var first error
-	for range 4 {
+	for range 5 {
 		if err := <-errc; err != nil && first == nil {
 			first = err
 		}
@@ -168,6 +171,7 @@ func (g *Gateway) Handler() http.Handler {
 	route("POST /v1/runs/{run}/steps/{step}/close", g.closeStep)
 	route("GET /v1/runs/{run}/steps/{step}/update", g.getUpdate)
 	route("GET /v1/runs/{run}/calibration", g.getCalibration)
+	route("GET /v1/runs/{run}/steps", g.getSteps)
 	route("POST /v1/runs/{run}/rewards/openrlhf", g.openrlhf)
 	route("POST /v1/runs/{run}/rewards/slime", g.slime)
 	route("/", func(w http.ResponseWriter, r *http.Request) {
@@ -267,6 +271,14 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 			fail(w, http.StatusBadRequest, "trajectory %d: %v", i, err)
 			return
 		}
+		if g.planned.has(t.Step) {
+			// Route would dead-letter it, and the step's update is (or will
+			// be) of the trajectories it planned, not of these.
+			fail(w, http.StatusConflict, "trajectory %d: step %d was planned already, from the trajectories that came before its close; "+
+				"a trainer resumed from a checkpoint numbers its steps on from the run's next, %d (GET /v1/runs/%s/steps), or starts a new --run",
+				i, t.Step, g.nextStep(), g.cfg.Run)
+			return
+		}
 		m, err := schemas.NewMessage(fmt.Sprintf("%s/traj/%s", t.Run, t.TrajID), t)
 		if err != nil {
 			fail(w, http.StatusInternalServerError, "trajectory %d: %v", i, err)
@@ -357,6 +369,39 @@ func (g *Gateway) getUpdate(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(data)
+}
+
+// StepsView is GET .../steps: where the run is, for a trainer that starts
+// or resumes.
+type StepsView struct {
+	Run     string `json:"run"`
+	Planned *int64 `json:"planned"` // the newest step planned (closed); null before any
+	Fused   *int64 `json:"fused"`   // the newest step fused; null before any
+	Next    int64  `json:"next"`    // the first step number no trajectory may have used
+}
+
+func (g *Gateway) getSteps(w http.ResponseWriter, _ *http.Request) {
+	v := StepsView{Run: g.cfg.Run, Next: g.nextStep()}
+	if n, ok := g.planned.newest(); ok {
+		v.Planned = &n
+	}
+	if u, ok := g.updates.newest(); ok {
+		step := u.Step
+		v.Fused = &step
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// nextStep is one past the newest step planned or fused (0 before any).
+func (g *Gateway) nextStep() int64 {
+	next := int64(0)
+	if n, ok := g.planned.newest(); ok {
+		next = n + 1
+	}
+	if u, ok := g.updates.newest(); ok {
+		next = max(next, u.Step+1)
+	}
+	return next
 }
 
 // CalibrationView is GET .../calibration.

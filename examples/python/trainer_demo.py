@@ -61,13 +61,17 @@ def main():
     ap.add_argument("--token", default=os.environ.get("WMRL_HTTP_TOKEN"))
     ap.add_argument("--ca", default=os.environ.get("WMRL_CA"), help="CA of an HTTPS gateway's certificate")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--first-step", type=int, default=0)
+    ap.add_argument("--first-step", type=int, default=None,
+                    help="default: the run's next step, as a trainer resumed from a checkpoint numbers its steps")
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=4)
     args = ap.parse_args()
     client = WMRLClient(args.url, run=args.run, token=args.token, ca_file=args.ca)
     rng = random.Random(7)
-    for step in range(args.first_step, args.first_step + args.steps):
+    first = client.next_step() if args.first_step is None else args.first_step
+    if args.first_step is None:
+        print(f"starting at step {first}, the run's next")
+    for step in range(first, first + args.steps):
         trajs = []
         for g in range(args.groups):
             task = rng.randrange(10)

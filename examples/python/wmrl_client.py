@@ -87,6 +87,16 @@ class WMRLClient:
         """The step's fused update, waiting up to `wait` seconds for it."""
         return self._call("GET", f"/steps/{step}/update?wait={wait}", timeout=wait + self.timeout)
 
+    def steps(self):
+        """Where the run is: the newest step planned and fused (None before
+        any), and `next`, the first step number no trajectory may have used."""
+        return self._call("GET", "/steps")
+
+    def next_step(self):
+        """The step a trainer starts at, or resumes at after a checkpoint:
+        steps the run planned already take no more trajectories (409)."""
+        return self.steps()["next"]
+
     def calibration(self):
         """The current isotonic map, its version, rho and D."""
         return self._call("GET", "/calibration")

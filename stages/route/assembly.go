@@ -58,7 +58,8 @@ func (a *Assembly) step(n int64) *stepState {
 // whose declared size or task disagrees with earlier trajectories.
 func (a *Assembly) AddTraj(t schemas.Trajectory) error {
 	if a.closed[t.Step] {
-		return fmt.Errorf("%w: late trajectory %s: step %d was already closed", schemas.ErrInvalid, t.TrajID, t.Step)
+		return fmt.Errorf("%w: late trajectory %s: step %d was already closed (a trainer resumed from a checkpoint numbers its steps on from the run's newest: wmrl status says it)",
+			schemas.ErrInvalid, t.TrajID, t.Step)
 	}
 	s := a.step(t.Step)
 	g := s.groups[t.GroupID]
