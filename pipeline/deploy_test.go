@@ -483,6 +483,30 @@ func TestCertificateAlertFiresOnItsCondition(t *testing.T) {
 			summary: "The certificate of the gateway server on expiring expires in 6d 23h 59m 0s"})
 }
 
+// WMRLStoreFillingUp fires when the store's use, at the last 6 hours'
+// rate, reaches its limit within a day, or the disk's free room reaches 0,
+// and not when it levels off below. Values grow by 10 MB a minute (14.4 GB
+// a day) from 10 GB.
+func TestStoreAlertFiresOnItsCondition(t *testing.T) {
+	input := inputSeries(`wmrl_jetstream_store_bytes{instance="filling"}`, "10e9+10e6x120") +
+		inputSeries(`wmrl_jetstream_store_limit_bytes{instance="filling"}`, "20e9x120") +
+		inputSeries(`wmrl_jetstream_store_bytes{instance="roomy"}`, "10e9+10e6x120") +
+		inputSeries(`wmrl_jetstream_store_limit_bytes{instance="roomy"}`, "100e9x120") +
+		inputSeries(`wmrl_store_disk_free_bytes{instance="roomy"}`, "50e9-10e6x120") +
+		inputSeries(`wmrl_jetstream_store_bytes{instance="unknown"}`, "10e9+10e6x120") +
+		inputSeries(`wmrl_jetstream_store_limit_bytes{instance="unknown"}`, "0x120")
+	promtoolRuleTest(t, "WMRLStoreFillingUp", input,
+		alertCheck{quietAt: "20m", firesAt: "40m", severity: "ticket", instance: "filling",
+			summary: "The JetStream store of filling, or its disk, fills within a day at the last 6 hours' rate"})
+	// The disk, shared with other files, runs out before the store's limit.
+	input = inputSeries(`wmrl_jetstream_store_bytes{instance="shared-disk"}`, "10e9+1e6x120") +
+		inputSeries(`wmrl_jetstream_store_limit_bytes{instance="shared-disk"}`, "100e9x120") +
+		inputSeries(`wmrl_store_disk_free_bytes{instance="shared-disk"}`, "10e9-10e6x120")
+	promtoolRuleTest(t, "WMRLStoreFillingUp", input,
+		alertCheck{quietAt: "20m", firesAt: "40m", severity: "ticket", instance: "shared-disk",
+			summary: "The JetStream store of shared-disk, or its disk, fills within a day at the last 6 hours' rate"})
+}
+
 // inputSeries is one of promtool's input_series entries.
 func inputSeries(series, values string) string {
 	return fmt.Sprintf("      - series: '%s'\n        values: '%s'\n", series, values)

@@ -70,6 +70,10 @@ type Metrics struct {
 	// server is up; NATSReconnects counts its reconnections.
 	NATSConnected  prometheus.Gauge
 	NATSReconnects prometheus.Counter
+	// StreamBytes is what the run's stream holds; StoreBytes and
+	// StoreLimit the JetStream account's store and its limit (0: none
+	// known); StoreDiskFree the room left on the embedded server's disk.
+	StreamBytes, StoreBytes, StoreLimit, StoreDiskFree prometheus.Gauge
 	// CertNotAfter is when the certificate a server of this process shows
 	// its clients expires (Unix seconds; 0 without TLS), by server: nats
 	// (the embedded one) and gateway.
@@ -121,6 +125,11 @@ func NewMetrics() *Metrics {
 		MaxPayload:  g("nats_max_payload_bytes", "The NATS server's max_payload, as this process's connection reports it."),
 		PredictionWait: g("prediction_wait_seconds", "How long the planned step that has waited longest for one of its groups' predictions has waited (0: none waits). "+
 			"A prediction has no deadline: a step whose group a stage between predict and fuse dead-lettered waits until it is sent again (wmrl dlq --resend)."),
+		StreamBytes: g("stream_bytes", "Bytes the run's JetStream stream holds: every message for its retention (--retention)."),
+		StoreBytes:  g("jetstream_store_bytes", "Bytes of file storage the JetStream account uses (every stream of it, this run's among them)."),
+		StoreLimit: g("jetstream_store_limit_bytes", "The JetStream account's file storage limit, or the embedded server's (75% of its disk's free space at its start); 0 when none is known. "+
+			"At it, the server refuses to store, and every stage stops until room is made."),
+		StoreDiskFree: g("store_disk_free_bytes", "Free bytes of the disk under the embedded server's store (0 with an external server)."),
 		NATSConnected: g("nats_connected", "1 while this process's connection to its NATS server is up, 0 while it is lost and reconnecting (its stages wait meanwhile)."),
 		StepLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "wmrl", Name: "step_latency_seconds", Help: "From a step's close (last input) to its update.",

@@ -286,6 +286,9 @@ func (p *Pipeline) metricsHandler() http.Handler {
 }
 
 func (p *Pipeline) start(ctx context.Context) {
+	if p.tr.srv != nil || p.cfg.runs(StageRoute) {
+		p.go_(func() error { p.watchStore(ctx); return nil })
+	}
 	if p.gateway != nil {
 		srv := &http.Server{Addr: p.cfg.HTTPAddr, Handler: p.gateway.Handler(), ReadHeaderTimeout: 10 * time.Second,
 			ErrorLog: log.New(&httpErrorLog{out: p.cfg.Out}, "", 0)}

@@ -25,8 +25,13 @@ type Status struct {
 	Stream   string
 	Messages uint64
 	Bytes    uint64
-	First    time.Time // oldest message kept
-	MaxAge   time.Duration
+	// StoreUsed is the file storage the JetStream account uses (every
+	// stream of it); StoreLimit its limit, or the embedded server's, 0
+	// when none is known. At the limit every stage stops.
+	StoreUsed  uint64
+	StoreLimit int64
+	First      time.Time // oldest message kept
+	MaxAge     time.Duration
 	// Per subject of the run: messages kept.
 	Subjects map[string]uint64
 	// The newest step watermark, update and calibration (nil: none yet),
@@ -128,6 +133,12 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 	st := &Status{Stream: c.stream, Messages: info.State.Msgs, Bytes: info.State.Bytes, First: info.State.FirstTime,
 		MaxAge: info.Config.MaxAge, Subjects: info.State.Subjects}
 	st.DeadLetters = st.Subjects[schemas.Subject(src.Prefix, run, schemas.KindDLQ)]
+	if ai, err := c.js.AccountInfo(ctx); err == nil {
+		st.StoreUsed, st.StoreLimit = ai.Store, max(ai.Limits.MaxStore, 0)
+	}
+	if st.StoreLimit == 0 && c.srv != nil {
+		st.StoreLimit = c.srv.StoreLimit()
+	}
 	last := func(kind schemas.Kind, v any) (time.Time, bool, error) {
 		m, err := stream.GetLastMsgForSubject(ctx, schemas.Subject(src.Prefix, run, kind))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {

@@ -33,6 +33,7 @@ type streamConn struct {
 	url    string
 	stream string
 	close  func()
+	srv    *natsjs.Server // the store's own server, reading --data; nil for a URL
 }
 
 // open connects to the source and checks that its stream exists; it never
@@ -51,7 +52,7 @@ func (s StreamSource) open(ctx context.Context) (*streamConn, error) {
 		if err != nil {
 			return nil, err
 		}
-		c.url = "the store in " + s.DataDir
+		c.url, c.srv = "the store in "+s.DataDir, srv
 		nc, err = srv.Connect("wmrl-reader")
 	} else {
 		c.url = natsjs.Redact(s.NATSURL)

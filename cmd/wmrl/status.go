@@ -71,6 +71,13 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 		fmt.Fprintf(w, " (retention %s)", st.MaxAge)
 	}
 	fmt.Fprintln(w)
+	switch {
+	case st.StoreLimit > 0:
+		fmt.Fprintf(w, "store:           the stream %s; the JetStream account %s of its limit %s (%.0f%%)\n",
+			gb(float64(st.Bytes)), gb(float64(st.StoreUsed)), gb(float64(st.StoreLimit)), 100*float64(st.StoreUsed)/float64(st.StoreLimit))
+	default:
+		fmt.Fprintf(w, "store:           the stream %s; the JetStream account %s, its limit not known\n", gb(float64(st.Bytes)), gb(float64(st.StoreUsed)))
+	}
 	switch s := st.LastStep; {
 	case s == nil:
 		fmt.Fprintln(w, "steps received:  none yet")
@@ -214,4 +221,15 @@ func cut(s string, n int) string {
 		return s
 	}
 	return string(r[:n-1]) + "…"
+}
+
+// gb writes a byte count in the unit that suits it.
+func gb(n float64) string {
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%.1f GB", n/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.1f MB", n/1e6)
+	}
+	return fmt.Sprintf("%.0f kB", n/1e3)
 }

@@ -94,6 +94,10 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 	if !strings.Contains(out, "steps fused:     up to 0") {
 		t.Errorf("the stopped run's status lost its last update:\n%s", out)
 	}
+	// The store's use against the embedded server's limit.
+	if !regexp.MustCompile(`(?m)^store:           the stream \d+ kB; the JetStream account \d+ kB of its limit [\d.]+ [kMG]B \(0%\)$`).MatchString(out) {
+		t.Errorf("the stopped run's status does not show the store's use against its limit:\n%s", out)
+	}
 }
 
 // TestStatusTellsAnOutageFromBadInput: the newest dead letter's line says

@@ -254,6 +254,10 @@ func Loopback(listen string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// StoreLimit is the most file storage the server's JetStream takes
+// (nats-server sets it to 75% of the store disk's free space at start).
+func (s *Server) StoreLimit() int64 { return s.ns.JetStreamConfig().MaxStore }
+
 // URL is the address clients in other processes connect to.
 func (s *Server) URL() string { return s.ns.ClientURL() }
 

@@ -1,0 +1,60 @@
+package pipeline
+
+import (
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/wmrl/wmrl/connectors/sim"
+)
+
+// The store's metrics follow what the stream holds, what the account
+// uses, its limit and the disk's free room.
+func TestStoreMetricsFollowTheStream(t *testing.T) {
+	defer func(every time.Duration) { storeEvery = every }(storeEvery)
+	storeEvery = 20 * time.Millisecond
+	cfg := testConfig(t)
+	cfg.Source = SourceExternal
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, nc, js := startClient(t, ctx, cfg)
+	defer nc.Close()
+	m := p.Metrics()
+	publishStep(t, ctx, js, sim.Policy{Run: "default", Tasks: 4, Groups: 4, GroupSize: 4}, 0)
+	stream := func() uint64 {
+		s, err := js.Stream(ctx, StreamName("wmrl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Bytes
+	}
+	waitFor(t, 20*time.Second, func() bool {
+		b := stream()
+		return b > 0 && testutil.ToFloat64(m.StreamBytes) == float64(b)
+	})
+	ai, err := js.AccountInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used := testutil.ToFloat64(m.StoreBytes); used < testutil.ToFloat64(m.StreamBytes) || used > float64(ai.Store)*2 {
+		t.Errorf("wmrl_jetstream_store_bytes %v; the stream holds %v, the account %d", used, testutil.ToFloat64(m.StreamBytes), ai.Store)
+	}
+	if got, want := testutil.ToFloat64(m.StoreLimit), float64(p.tr.srv.StoreLimit()); got != want || got <= 0 {
+		t.Errorf("wmrl_jetstream_store_limit_bytes %v, want the embedded server's %v", got, want)
+	}
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(cfg.DataDir, &fs); err != nil {
+		t.Fatal(err)
+	}
+	free := float64(fs.Bavail) * float64(fs.Bsize)
+	if got := testutil.ToFloat64(m.StoreDiskFree); got <= 0 || got < free/2 || got > free*2 {
+		t.Errorf("wmrl_store_disk_free_bytes %v; statfs of the data directory says %v", got, free)
+	}
+}
