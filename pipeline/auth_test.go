@@ -183,8 +183,8 @@ func TestAProcessWaitingForInputSaysWhereItListens(t *testing.T) {
 	defer cancel()
 	cfg := testConfig(t)
 	cfg.Source, cfg.HTTPAddr = SourceExternal, "127.0.0.1:0"
-	var out bytes.Buffer
-	cfg.Out, cfg.Quiet = &lockedWriter{w: &out}, false
+	var out syncBuffer
+	cfg.Out, cfg.Quiet = &out, false
 	run := started(t, ctx, cfg)
 	want := fmt.Sprintf("ready: run default on the embedded NATS server at %s, stages %s; trajectories go to wmrl.default.traj, step watermarks to wmrl.default.step; the trainer gateway is at %s\n",
 		run.URL(), strings.Join(AllStages, ", "), run.HTTPURL())
@@ -194,7 +194,7 @@ func TestAProcessWaitingForInputSaysWhereItListens(t *testing.T) {
 	stage := testConfig(t)
 	stage.NATSURL, stage.Stages, stage.Source = run.URL(), []string{StagePredict}, SourceExternal
 	out.Reset()
-	stage.Out, stage.Quiet = &lockedWriter{w: &out}, false
+	stage.Out, stage.Quiet = &out, false
 	started(t, ctx, stage)
 	if want := "ready: run default on NATS at " + run.URL() + ", stages predict\n"; out.String() != want {
 		t.Errorf("a stage printed %q, want %q", out.String(), want)
@@ -210,8 +210,8 @@ func TestARenewedListenCertificateIsSaidAndExported(t *testing.T) {
 	defer cancel()
 	cfg := testConfig(t)
 	cfg.Source, cfg.ListenTLS = SourceExternal, natsjs.ServerTLS{Cert: pki.ServerCert, Key: pki.ServerKey}
-	var out bytes.Buffer
-	cfg.Out, cfg.Quiet = &lockedWriter{w: &out}, false
+	var out syncBuffer
+	cfg.Out, cfg.Quiet = &out, false
 	run := started(t, ctx, cfg)
 	first, err := tls.LoadX509KeyPair(pki.ServerCert, pki.ServerKey)
 	if err != nil {
@@ -269,8 +269,8 @@ func TestARenewedGatewayCertificateIsTakenUp(t *testing.T) {
 	defer cancel()
 	cfg := testConfig(t)
 	cfg.Source, cfg.HTTPAddr, cfg.HTTPCert, cfg.HTTPKey = SourceExternal, "127.0.0.1:0", pki.ServerCert, pki.ServerKey
-	var out bytes.Buffer
-	cfg.Out, cfg.Quiet = &lockedWriter{w: &out}, false
+	var out syncBuffer
+	cfg.Out, cfg.Quiet = &out, false
 	run := started(t, ctx, cfg)
 	pool := x509.NewCertPool()
 	pem, err := os.ReadFile(pki.CA)
