@@ -91,6 +91,9 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 		fmt.Fprintf(w, "steps fused:     up to %d (%s): rho %.3f, D %.3f, calibration v%d, groups %d, anchors %d\n",
 			u.Step, ago(st.LastUpdateAt), u.Rho, u.D, u.CalibrationVersion, u.Groups, u.Anchors)
 	}
+	if next, ok := nextStep(st); ok {
+		fmt.Fprintf(w, "next step:       %d (a closed step takes no more trajectories: a trainer resumed from a checkpoint numbers its steps on from here)\n", next)
+	}
 	writeUnfused(w, st, now)
 	switch c := st.LastCalibration; {
 	case c == nil:
@@ -232,4 +235,17 @@ func gb(n float64) string {
 		return fmt.Sprintf("%.1f MB", n/1e6)
 	}
 	return fmt.Sprintf("%.0f kB", n/1e3)
+}
+
+// nextStep is one past the newest step closed or fused, as the gateway's
+// GET .../steps gives it; ok is false before any.
+func nextStep(st *pipeline.Status) (int64, bool) {
+	next, ok := int64(0), false
+	if s := st.LastStep; s != nil {
+		next, ok = s.Step+1, true
+	}
+	if u := st.LastUpdate; u != nil {
+		next, ok = max(next, u.Step+1), true
+	}
+	return next, ok
 }

@@ -53,7 +53,7 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 		return err == nil && strings.Contains(out, "steps fused:     up to 0") && strings.Contains(out, "dead letters:    1 ")
 	})
 	t.Logf("wmrl status:\n%s", out)
-	for _, want := range []string{"steps received:  up to 0", "rho ", "groups 4, anchors 1", "(wmrl dlq lists them)",
+	for _, want := range []string{"steps received:  up to 0", "next step:       1 (", "rho ", "groups 4, anchors 1", "(wmrl dlq lists them)",
 		"newest of them:  rejected by route, ", "malformed JSON", "executions:      4 in the last 1h (1 anchor groups): scored 4\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status does not show %q", want)
