@@ -252,6 +252,8 @@ func TestAnOpenGatewayBeyondThisMachineIsNamed(t *testing.T) {
 		{"0.0.0.0:8080", "t0ken", "", "without TLS: its bearer token"},
 		{"0.0.0.0:8080", "t0ken", "c.pem", ""},
 		{"127.0.0.1:8080", "", "", ""},
+		{"localhost:8080", "", "", ""},
+		{":8080", "", "", "asks for no token"}, // every interface
 		{"", "", "", ""},
 	} {
 		c := Config{HTTPAddr: tc.addr, HTTPToken: tc.token, HTTPCert: tc.cert}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -312,7 +313,9 @@ func (c *Config) exposure() string {
 // gatewayExposure says what the gateway's address leaves open to the
 // machines it reaches beyond this one, or "" when nothing is.
 func (c *Config) gatewayExposure() string {
-	if c.HTTPAddr == "" || natsjs.Loopback(c.HTTPAddr) {
+	// Unlike the embedded server's --listen, an address without a host
+	// (":8080") is every interface's.
+	if host, _, _ := net.SplitHostPort(c.HTTPAddr); c.HTTPAddr == "" || host != "" && natsjs.Loopback(c.HTTPAddr) {
 		return ""
 	}
 	switch {

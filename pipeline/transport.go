@@ -30,8 +30,8 @@ type transport struct {
 	created time.Time
 }
 
-// certWarnAhead is how long before its expiry the embedded server's
-// certificate is pointed out at the start.
+// certWarnAhead is how long before its expiry a server's certificate (the
+// embedded NATS server's, the gateway's) is pointed out at the start.
 const certWarnAhead = 7 * 24 * time.Hour
 
 func connect(ctx context.Context, cfg *Config, m *Metrics) (*transport, error) {
