@@ -24,7 +24,10 @@ checked only for syntax.
    from compute_advantage in verl/trainer/ppo/ray_trainer.py). It submits
    the batch's trajectories, closes the step, waits for the update and
    writes fused_advantage into batch["advantages"] over each response's
-   tokens.
+   tokens. It numbers wmrl's steps by the run's next (GET .../steps), not
+   by verl's: a trainer resumed from a checkpoint goes on where the run is
+   (steps the run has closed take no more trajectories), and verl's step
+   is kept as each trajectory's policy_version.
 """
 
 import os
@@ -68,14 +71,15 @@ def apply_fused_advantages(batch, step, tokenizer):  # pragma: no cover - needs 
     sizes = {}
     for u in uids:
         sizes[u] = sizes.get(u, 0) + 1
+    wstep = client().next_step()
     trajs = [{
-        "schema": 1, "run": client().run, "step": step, "group_id": str(u), "traj_id": f"{step}-{i}",
+        "schema": 1, "run": client().run, "step": wstep, "group_id": f"{wstep}-{u}", "traj_id": f"{wstep}-{i}",
         "group_size": sizes[u], "task_id": str(batch.non_tensor_batch.get("data_source", ["task"] * len(uids))[i]),
         "prompt": p, "response": r, "policy_version": step, "meta": {},
     } for i, (u, p, r) in enumerate(zip(uids, prompts, responses))]
     client().submit(trajs)
-    client().close_step(step, groups=len(sizes))
-    update = client().update(step, wait=3600)
+    client().close_step(wstep, groups=len(sizes))
+    update = client().update(wstep, wait=3600)
     fused = {it["traj_id"]: it["fused_advantage"] for it in update["items"]}
     scores = torch.tensor([fused[t["traj_id"]] for t in trajs], dtype=torch.float32)
     mask = batch.batch["response_mask"]
