@@ -93,7 +93,7 @@ func (s *simSource) publish(step int64) error {
 	trajs, wm := s.policy.Step(step)
 	msgs := make([]*message.Message, len(trajs))
 	for i, t := range trajs {
-		m, err := schemas.NewMessage(fmt.Sprintf("%s/traj/%s", t.Run, t.TrajID), t)
+		m, err := schemas.NewMessage(schemas.TrajMsgID(t), t)
 		if err != nil {
 			return err
 		}

@@ -79,14 +79,21 @@ func checkAnchors(t *testing.T, u schemas.Update, trajs []schemas.Trajectory) {
 	}
 }
 
-func TestTrainerOverHTTPAndNATS(t *testing.T) {
+// trainedOverHTTP starts a pipeline that waits for a trainer's
+// trajectories, with its gateway, and a trainer of the gateway; both stop
+// when the test ends.
+func trainedOverHTTP(t *testing.T, anchorFraction float64) (context.Context, *Pipeline, httpTrainer) {
 	cfg := testConfig(t)
 	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
-	cfg.Anchors.Fraction = 0.25
+	cfg.Anchors.Fraction = anchorFraction
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	p := started(t, ctx, cfg)
-	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	return ctx, p, httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+}
+
+func TestTrainerOverHTTPAndNATS(t *testing.T) {
+	ctx, p, h := trainedOverHTTP(t, 0.25)
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 8, GroupSize: 8}
 
 	var last schemas.Update
@@ -296,12 +303,7 @@ func TestPythonClient(t *testing.T) {
 // the run planned already is refused at once (409), told the run's next
 // step, and nothing is stored; from the next step on it trains as before.
 func TestATrainerResumedFromACheckpointIsToldTheNextStep(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	p := started(t, ctx, cfg)
-	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	_, p, h := trainedOverHTTP(t, DefaultConfig().Anchors.Fraction)
 	var steps struct {
 		Planned, Fused *int64
 		Next           int64
@@ -355,4 +357,36 @@ func TestATrainerResumedFromACheckpointIsToldTheNextStep(t *testing.T) {
 		t.Fatalf("%d trajectories stored by refused requests", after-before)
 	}
 	train(steps.Next, "-resumed")
+}
+
+// A trainer that names its groups and trajectories alike every step
+// ("g0", "g0-t0") has every step fused, each from its own trajectories: a
+// trajectory's de-duplication ID holds its step, so a later step's are not
+// dropped as copies of the first's (they were, and step 1 waited for ever).
+func TestATrainerMayReuseItsIdsEveryStep(t *testing.T) {
+	_, _, h := trainedOverHTTP(t, 0.25)
+	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 4, GroupSize: 4}
+	for step := int64(0); step < 3; step++ {
+		trajs, wm := pol.Step(step)
+		prefix := fmt.Sprintf("s%d-", step)
+		for i := range trajs {
+			trajs[i].TrajID = strings.TrimPrefix(trajs[i].TrajID, prefix)
+			trajs[i].GroupID = strings.TrimPrefix(trajs[i].GroupID, prefix)
+		}
+		if trajs[0].TrajID != "g0-t0" {
+			t.Fatalf("ids %q: want them alike every step", trajs[0].TrajID)
+		}
+		body, _ := json.Marshal(trajs)
+		h.want(http.StatusAccepted, "POST", "/trajectories", body, token, "")
+		h.want(http.StatusAccepted, "POST", fmt.Sprintf("/steps/%d/close", step), []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), token, "")
+		var u schemas.Update
+		if err := json.Unmarshal(h.want(http.StatusOK, "GET", fmt.Sprintf("/steps/%d/update?wait=30", step), nil, token, ""), &u); err != nil {
+			t.Fatal(err)
+		}
+		if u.Step != step || len(u.Items) != len(trajs) {
+			t.Fatalf("step %d: update of step %d with %d items, want %d", step, u.Step, len(u.Items), len(trajs))
+		}
+		checkFusion(t, u)
+		checkAnchors(t, u, trajs)
+	}
 }

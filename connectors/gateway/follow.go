@@ -121,15 +121,22 @@ func (p *planned) newest() (int64, bool) {
 // dead-lettered, is forgotten in turn).
 type truths struct {
 	mu      sync.Mutex
-	byTraj  map[string]string // traj_id -> content key, for anchors sent to execute
-	pending []string          // traj_ids in byTraj's arrival order (some already executed)
+	byTraj  map[trajKey]string // trajectory -> content key, for anchors sent to execute
+	pending []trajKey          // byTraj's keys in arrival order (some already executed)
 	score   map[string]float64
 	order   []string
 	keep    int
 }
 
+// trajKey names a trajectory: a trainer may give its trajectories the
+// same ids every step.
+type trajKey struct {
+	step int64
+	id   string
+}
+
 func newTruths(keep int) *truths {
-	return &truths{byTraj: map[string]string{}, score: map[string]float64{}, keep: keep}
+	return &truths{byTraj: map[trajKey]string{}, score: map[string]float64{}, keep: keep}
 }
 
 func contentKey(prompt, response string) string { return prompt + "\x00" + response }
@@ -138,8 +145,9 @@ func (t *truths) addAnchor(g schemas.Group) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, tr := range g.Trajectories {
-		t.byTraj[tr.TrajID] = contentKey(tr.Prompt, tr.Response)
-		t.pending = append(t.pending, tr.TrajID)
+		k := trajKey{g.Step, tr.TrajID}
+		t.byTraj[k] = contentKey(tr.Prompt, tr.Response)
+		t.pending = append(t.pending, k)
 	}
 	for len(t.pending) > t.keep {
 		delete(t.byTraj, t.pending[0])
@@ -153,11 +161,12 @@ func (t *truths) addExecution(e schemas.Execution) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, it := range e.Items {
-		key, ok := t.byTraj[it.TrajID]
+		k := trajKey{e.Step, it.TrajID}
+		key, ok := t.byTraj[k]
 		if !ok {
 			continue
 		}
-		delete(t.byTraj, it.TrajID)
+		delete(t.byTraj, k)
 		if it.Score == nil {
 			continue
 		}

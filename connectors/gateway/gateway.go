@@ -279,7 +279,7 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 				i, t.Step, g.nextStep(), g.cfg.Run)
 			return
 		}
-		m, err := schemas.NewMessage(fmt.Sprintf("%s/traj/%s", t.Run, t.TrajID), t)
+		m, err := schemas.NewMessage(schemas.TrajMsgID(t), t)
 		if err != nil {
 			fail(w, http.StatusInternalServerError, "trajectory %d: %v", i, err)
 			return

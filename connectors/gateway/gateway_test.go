@@ -348,7 +348,7 @@ func TestTruthsStayBounded(t *testing.T) {
 			tr.addExecution(schemas.Execution{Items: []schemas.ExecItem{{TrajID: id, Score: &score}}})
 		case 1: // ungraded
 			tr.addExecution(schemas.Execution{Items: []schemas.ExecItem{{TrajID: id}}})
-			if _, waiting := tr.byTraj[id]; waiting {
+			if _, waiting := tr.byTraj[trajKey{0, id}]; waiting {
 				t.Fatalf("%s still awaited after its ungraded execution", id)
 			}
 		} // 2: never executed
@@ -371,5 +371,22 @@ func TestTruthsStayBounded(t *testing.T) {
 	tr.addExecution(schemas.Execution{Items: []schemas.ExecItem{{TrajID: "x", Score: &again}}})
 	if s, _ := tr.lookup("p", "t999"); s != 0.9 || len(tr.order) != 10 {
 		t.Fatalf("rescored content: %v with %d ordered keys", s, len(tr.order))
+	}
+}
+
+// A trainer may name its trajectories alike every step: an execution is
+// the score of its own step's trajectory, not of another step's of the
+// same id that came in between.
+func TestTruthsTellStepsApart(t *testing.T) {
+	tr := newTruths(10)
+	score := 0.25
+	tr.addAnchor(schemas.Group{Step: 0, Trajectories: []schemas.Trajectory{{TrajID: "g0-t0", Prompt: "p", Response: "step 0's"}}})
+	tr.addAnchor(schemas.Group{Step: 1, Trajectories: []schemas.Trajectory{{TrajID: "g0-t0", Prompt: "p", Response: "step 1's"}}})
+	tr.addExecution(schemas.Execution{Step: 0, Items: []schemas.ExecItem{{TrajID: "g0-t0", Score: &score}}})
+	if s, ok := tr.lookup("p", "step 0's"); !ok || s != score {
+		t.Errorf("step 0's solution: %v, %v; want its execution's %v", s, ok, score)
+	}
+	if s, ok := tr.lookup("p", "step 1's"); ok {
+		t.Errorf("step 1's solution, not executed yet, scored %v", s)
 	}
 }
