@@ -35,15 +35,16 @@ func TestStoreMetricsFollowTheStream(t *testing.T) {
 		}
 		return info.State.Bytes
 	}
+	// The account's use is counted apart from the stream's, and may lag it.
 	waitFor(t, 20*time.Second, func() bool {
 		b := stream()
-		return b > 0 && testutil.ToFloat64(m.StreamBytes) == float64(b)
+		return b > 0 && testutil.ToFloat64(m.StreamBytes) == float64(b) && testutil.ToFloat64(m.StoreBytes) >= float64(b)
 	})
 	ai, err := js.AccountInfo(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if used := testutil.ToFloat64(m.StoreBytes); used < testutil.ToFloat64(m.StreamBytes) || used > float64(ai.Store)*2 {
+	if used := testutil.ToFloat64(m.StoreBytes); used > float64(ai.Store)*2 {
 		t.Errorf("wmrl_jetstream_store_bytes %v; the stream holds %v, the account %d", used, testutil.ToFloat64(m.StreamBytes), ai.Store)
 	}
 	if got, want := testutil.ToFloat64(m.StoreLimit), float64(p.tr.srv.StoreLimit()); got != want || got <= 0 {
