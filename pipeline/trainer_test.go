@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -388,5 +390,29 @@ func TestATrainerMayReuseItsIdsEveryStep(t *testing.T) {
 		}
 		checkFusion(t, u)
 		checkAnchors(t, u, trajs)
+	}
+}
+
+// A step of long solutions, larger than one request may be (the gateway
+// takes 16 MiB), goes through the Python client in several requests and is
+// fused whole: 1,024 trajectories of 20 kB.
+func TestPythonClientSendsAStepLargerThanARequest(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	_, p, _ := trainedOverHTTP(t, DefaultConfig().Anchors.Fraction)
+	out, err := exec.Command(py, "../examples/python/trainer_demo.py", "--url", p.HTTPURL(), "--token", token,
+		"--steps", "1", "--groups", "128", "--group-size", "8", "--response-bytes", "20000").CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("python trainer: %v", err)
+	}
+	m := regexp.MustCompile(`step 0: 1024 fused advantages match, .*, ([\d.]+) MB of trajectories`).FindSubmatch(out)
+	if m == nil {
+		t.Fatal("the python trainer did not have its step of 1024 fused")
+	}
+	if mb, _ := strconv.ParseFloat(string(m[1]), 64); mb < 16.8 {
+		t.Fatalf("the step was %v MB, not over one request's 16 MiB", mb)
 	}
 }

@@ -12,6 +12,7 @@ Exits non-zero on any mismatch. Standard library only.
 """
 
 import argparse
+import json
 import math
 import os
 import random
@@ -54,6 +55,11 @@ def check(update):
     return len(update["items"])
 
 
+def pad(code, n):
+    """code, with a comment that makes it n bytes long (or as it is)."""
+    return code if len(code) + 3 > n else code + "\n# " + "x" * (n - len(code) - 3)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", required=True)
@@ -65,6 +71,8 @@ def main():
                     help="default: the run's next step, as a trainer resumed from a checkpoint numbers its steps")
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--response-bytes", type=int, default=0,
+                    help="pad each solution with a comment to this length, as long generated code is")
     args = ap.parse_args()
     client = WMRLClient(args.url, run=args.run, token=args.token, ca_file=args.ca)
     rng = random.Random(7)
@@ -79,7 +87,7 @@ def main():
                 trajs.append({
                     "schema": 1, "run": args.run, "step": step, "group_id": f"py{step}-g{g}",
                     "traj_id": f"py{step}-g{g}-t{i}", "group_size": args.group_size, "task_id": f"task-{task}",
-                    "prompt": f"Solve task {task}.", "response": f"print({rng.random()})",
+                    "prompt": f"Solve task {task}.", "response": pad(f"print({rng.random()})", args.response_bytes),
                     "policy_version": step, "meta": {},
                 })
         assert client.submit(trajs) == len(trajs)
@@ -87,7 +95,8 @@ def main():
         update = client.update(step, wait=60)
         n = check(update)
         assert n == len(trajs), f"update has {n} items for {len(trajs)} trajectories"
-        print(f"step {step}: {n} fused advantages match, rho {update['rho']:.3f}, anchors {update['anchors']}")
+        mb = sum(len(json.dumps(t)) for t in trajs) / 1e6
+        print(f"step {step}: {n} fused advantages match, rho {update['rho']:.3f}, anchors {update['anchors']}, {mb:.1f} MB of trajectories")
     try:
         client.update(10**9, wait=0)
         raise AssertionError("an unknown step returned an update")

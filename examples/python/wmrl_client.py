@@ -24,6 +24,8 @@ import urllib.error
 import urllib.request
 
 RETRIED = (429, 503)
+# A request's body at most: the gateway takes 16 MiB; half leaves room.
+MAX_REQUEST_BYTES = 8 << 20
 
 
 class WMRLError(Exception):
@@ -60,7 +62,8 @@ class WMRLClient:
                 time.sleep(wait)
 
     def _once(self, method, path, body, timeout):
-        data = None if body is None else json.dumps(body).encode()
+        # body: JSON-able, or bytes already encoded
+        data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
         req = urllib.request.Request(self.base + path, data=data, method=method)
         req.add_header("Content-Type", "application/json")
         if self.token:
@@ -75,9 +78,27 @@ class WMRLClient:
                 msg = e.reason
             raise WMRLError(e.code, msg, retry_after(e.headers.get("Retry-After"))) from None
 
-    def submit(self, trajectories):
-        """Publish a list of trajectories; returns how many were accepted."""
-        return self._call("POST", "/trajectories", trajectories)["accepted"]
+    def submit(self, trajectories, max_bytes=MAX_REQUEST_BYTES):
+        """Publish a list of trajectories; returns how many were accepted.
+
+        A step of long prompts and solutions can be larger than one request
+        may be (the gateway takes 16 MiB): it goes in requests of at most
+        max_bytes each. Each request is taken whole or not at all; if one is
+        refused, those before it are stored, and sending the whole list
+        again once the cause is fixed stores each trajectory once."""
+        accepted, parts, size = 0, [], 2
+        for t in trajectories:
+            b = json.dumps(t).encode()
+            if len(b) + 2 > max_bytes:
+                raise ValueError(f"trajectory {t.get('traj_id')!r} is {len(b)} bytes of JSON, over the {max_bytes} a request may take")
+            if parts and size + len(b) + 1 > max_bytes:
+                accepted += self._call("POST", "/trajectories", b"[" + b",".join(parts) + b"]")["accepted"]
+                parts, size = [], 2
+            parts.append(b)
+            size += len(b) + 1
+        if parts:
+            accepted += self._call("POST", "/trajectories", b"[" + b",".join(parts) + b"]")["accepted"]
+        return accepted
 
     def close_step(self, step, groups):
         """Publish the step's watermark: it has `groups` groups, no more will come."""
