@@ -127,7 +127,8 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 			Exec:  p.topo.Out(StageRoute, schemas.KindExec),
 			Plan:  p.topo.Out(StageRoute, schemas.KindPlan),
 		},
-		InFlight: p.execInFlight,
+		InFlight:   p.execInFlight,
+		MaxPayload: int(p.tr.nc.MaxPayload()),
 	}, p.stagePublisher(StageRoute))
 	if err != nil {
 		return err
@@ -150,7 +151,7 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 	if err := p.subscribe(StageRoute, schemas.KindStep, h.HandleStep); err != nil {
 		return err
 	}
-	p.go_(func() error { h.Run(ctx); return nil })
+	p.go_(func() error { return h.Run(ctx) })
 	return nil
 }
 
@@ -495,6 +496,7 @@ func (p *Pipeline) buildGateway() error {
 	}
 	g, err := gateway.New(gateway.Config{
 		Run: p.cfg.Run, Stream: p.tr.stream, Token: p.cfg.HTTPToken, WorldModel: wm, Breaker: p.worldModelBreaker(),
+		MaxPayload: int(p.tr.nc.MaxPayload()),
 		Instrument: p.metrics.instrumentHTTP,
 		Subjects: gateway.Subjects{
 			Traj: p.topo.Subject(schemas.KindTraj), Step: p.topo.Subject(schemas.KindStep),

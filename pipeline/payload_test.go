@@ -2,14 +2,20 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/wmrl/wmrl/connectors/sim"
+	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/fuse"
+	"github.com/wmrl/wmrl/stages/route"
 )
 
 // TestAStepTooLargeForTheServerStopsTheRun: a step's update is one
@@ -54,5 +60,40 @@ func TestAStepTooLargeForTheServerStopsTheRun(t *testing.T) {
 	ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
 	if len(ups) != 1 || len(ups[0].Items) != 3072 {
 		t.Fatalf("%d updates; want 1 of 3072 items", len(ups))
+	}
+}
+
+// A group is one message too, carrying all its trajectories: one over the
+// server's max_payload was retried, then dead-lettered, and its step never
+// planned, the trainer waiting for its update for ever. The run now stops
+// at once and says what to change; and a trajectory over max_payload by
+// itself is refused by the gateway with 413, not 503, since no retry
+// stores it.
+func TestAGroupTooLargeForTheServerStopsTheRun(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken, cfg.MaxPayloadMB = SourceExternal, "127.0.0.1:0", token, 1
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 2, GroupSize: 8}
+	trajs, wm := pol.Step(0)
+	huge := trajs[0]
+	huge.Response = strings.Repeat("y", 1<<20)
+	body, _ := json.Marshal([]schemas.Trajectory{huge})
+	h.want(http.StatusRequestEntityTooLarge, "POST", "/trajectories", body, token, "and the NATS server takes messages of at most 1048576 bytes")
+	for i := range trajs {
+		trajs[i].Response += "\n#" + strings.Repeat("x", 200_000) // 8 of them: 1.6 MB a group
+	}
+	body, _ = json.Marshal(trajs)
+	h.want(http.StatusAccepted, "POST", "/trajectories", body, token, "")
+	h.want(http.StatusAccepted, "POST", "/steps/0/close", []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), token, "")
+	err := p.Wait()
+	if ctx.Err() != nil {
+		t.Fatal("the run hung on a group too large for the server")
+	}
+	if !errors.Is(err, route.ErrGroupTooLarge) || !strings.Contains(err.Error(), "step 0's group ") ||
+		!strings.Contains(err.Error(), "(8 trajectories), and the NATS server takes at most 1.0 MiB a message") || !strings.Contains(err.Error(), "--nats-max-payload-mb") {
+		t.Fatalf("the run ended with %v; want the group too large, said with its size, the limit and what to change", err)
 	}
 }

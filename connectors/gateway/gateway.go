@@ -43,6 +43,9 @@ type Config struct {
 	Token string
 	// MaxBody caps request bodies (default 16 MiB).
 	MaxBody int64
+	// MaxPayload, if set, is the largest message the NATS server takes: a
+	// trajectory over it is refused with 413, as no retry stores it.
+	MaxPayload int
 	// MaxWait caps ?wait= (default 10 minutes).
 	MaxWait time.Duration
 	// WorldModel scores the reward endpoints' requests.
@@ -282,6 +285,11 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 		m, err := schemas.NewMessage(schemas.TrajMsgID(t), t)
 		if err != nil {
 			fail(w, http.StatusInternalServerError, "trajectory %d: %v", i, err)
+			return
+		}
+		if g.cfg.MaxPayload > 0 && len(m.Payload) > g.cfg.MaxPayload {
+			fail(w, http.StatusRequestEntityTooLarge, "trajectory %d (%s) is %d bytes of JSON, and the NATS server takes messages of at most %d bytes (its max_payload): "+
+				"raise it (--nats-max-payload-mb for the embedded server, up to 64), or send shorter prompts and solutions", i, t.TrajID, len(m.Payload), g.cfg.MaxPayload)
 			return
 		}
 		msgs[i] = m

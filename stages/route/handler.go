@@ -2,6 +2,7 @@ package route
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -33,6 +34,7 @@ type Handler struct {
 
 	redelivered func(*message.Message) bool
 	inFlight    func(context.Context) (int, error)
+	maxPayload  int
 
 	mu   sync.Mutex
 	asm  *Assembly
@@ -55,7 +57,15 @@ type Config struct {
 	// planned, and the cap lowers that step's anchors; a failed count
 	// leaves the step open until the next try. Nil: nothing in flight.
 	InFlight func(context.Context) (int, error)
+	// MaxPayload, if set, is the largest message the server takes (its
+	// max_payload): a group whose message is over it is ErrGroupTooLarge.
+	MaxPayload int
 }
+
+// ErrGroupTooLarge is a group whose trajectories together are over the
+// server's max_payload: every group message carries them all, and no retry
+// gets it stored, so Run stops with it and the step is not planned.
+var ErrGroupTooLarge = errors.New("route: group over the server's max_payload")
 
 // NewHandler builds the stage.
 func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
@@ -73,7 +83,7 @@ func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
 		cfg.Redelivered = func(*message.Message) bool { return false }
 	}
 	return &Handler{
-		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, inFlight: cfg.InFlight,
+		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, inFlight: cfg.InFlight, maxPayload: cfg.MaxPayload,
 		asm: NewAssembly(cfg.StepTimeout), done: map[int64]chan struct{}{}, sent: map[int64][]string{},
 	}, nil
 }
@@ -212,6 +222,11 @@ func (h *Handler) publish(plan schemas.Plan, groups []schemas.Group) error {
 		if err != nil {
 			return err
 		}
+		if h.maxPayload > 0 && len(m.Payload) > h.maxPayload {
+			return fmt.Errorf("%w: step %d's group %s is %.1f MiB (%d trajectories), and the NATS server takes at most %.1f MiB a message: "+
+				"raise its max_payload (deploy/nats sets 8MB; --nats-max-payload-mb for the embedded server, up to 64), or send smaller groups",
+				ErrGroupTooLarge, g.Step, g.GroupID, float64(len(m.Payload))/(1<<20), len(g.Trajectories), float64(h.maxPayload)/(1<<20))
+		}
 		toPredict = append(toPredict, m)
 		if g.Anchor {
 			m, err := schemas.NewMessage(fmt.Sprintf("%s/exec/%d/%s", h.run, g.Step, g.GroupID), g)
@@ -240,15 +255,17 @@ func (h *Handler) publish(plan schemas.Plan, groups []schemas.Group) error {
 }
 
 // Run flushes steps whose timeout passed, until ctx is done.
-func (h *Handler) Run(ctx context.Context) {
+func (h *Handler) Run(ctx context.Context) error {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
-			_ = h.Flush()
+			if err := h.Flush(); errors.Is(err, ErrGroupTooLarge) {
+				return err
+			}
 		}
 	}
 }
