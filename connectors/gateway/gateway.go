@@ -115,7 +115,8 @@ func New(cfg Config, js jetstream.JetStream, pub message.Publisher) (*Gateway, e
 	return &Gateway{cfg: cfg, js: js, pub: pub, updates: newUpdates(cfg.KeepUpdates), truths: newTruths(100_000), planned: &planned{steps: map[int64]bool{}}}, nil
 }
 
-// Run follows the update, calibration and anchor subjects until ctx is done.
+// Run follows the update, plan, calibration and anchor subjects until ctx
+// is done.
 func (g *Gateway) Run(ctx context.Context) error {
 	errc := make(chan error, 5)
 	s := g.cfg.Subjects

@@ -85,7 +85,8 @@ class WMRLClient:
         may be (the gateway takes 16 MiB): it goes in requests of at most
         max_bytes each. Each request is taken whole or not at all; if one is
         refused, those before it are stored, and sending the whole list
-        again once the cause is fixed stores each trajectory once."""
+        again once the cause is fixed (within the stream's de-duplication
+        window, 10 minutes) stores each trajectory once."""
         accepted, parts, size = 0, [], 2
         for t in trajectories:
             b = json.dumps(t).encode()
