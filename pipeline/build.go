@@ -509,7 +509,7 @@ func (p *Pipeline) buildGateway() error {
 		return err
 	}
 	if p.cfg.HTTPCert != "" {
-		certs, err := tlsfiles.Load(p.cfg.HTTPCert, p.cfg.HTTPKey, p.certRenewed(certGateway, "the trainer gateway"))
+		certs, err := tlsfiles.Load(p.cfg.HTTPCert, p.cfg.HTTPKey, certRenewed(&p.cfg, p.metrics, certGateway, "the trainer gateway"))
 		if err != nil {
 			return fmt.Errorf("pipeline: gateway: %w", err)
 		}
@@ -526,15 +526,19 @@ func (p *Pipeline) buildGateway() error {
 
 // certRenewed says, of a renewal of server's certificate files, that
 // what (the server, as a subject) presents the new certificate, or that
-// the pair does not load yet; and exports the new expiry.
-func (p *Pipeline) certRenewed(server, what string) func(time.Time, error) {
+// the pair does not load yet (whatever Quiet says); and exports the new
+// expiry. The embedded server's is made before the pipeline, with its
+// metrics.
+func certRenewed(cfg *Config, m *Metrics, server, what string) func(time.Time, error) {
 	return func(until time.Time, err error) {
 		if err != nil {
-			fmt.Fprintf(p.cfg.Out, "%s: its renewed certificate does not load (%v); it presents the one before until it does\n", what, err)
+			fmt.Fprintf(cfg.Out, "%s's renewed certificate does not load (%v); it presents the one before until it does\n", what, err)
 			return
 		}
-		p.metrics.CertNotAfter.WithLabelValues(server).Set(float64(until.Unix()))
-		p.notef("%s presents its renewed certificate, valid until %s", what, until.UTC().Format(time.RFC3339))
+		m.CertNotAfter.WithLabelValues(server).Set(float64(until.Unix()))
+		if !cfg.Quiet {
+			fmt.Fprintf(cfg.Out, "%s presents its renewed certificate, valid until %s\n", what, until.UTC().Format(time.RFC3339))
+		}
 	}
 }
 

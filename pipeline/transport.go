@@ -41,16 +41,7 @@ func connect(ctx context.Context, cfg *Config, m *Metrics) (*transport, error) {
 		t.srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{
 			StoreDir: cfg.storeDir(), Listen: cfg.Listen, MaxPayload: cfg.MaxPayloadMB << 20,
 			Auth: cfg.NATSAuth, TLS: cfg.ListenTLS,
-			OnCertificate: func(until time.Time, err error) {
-				if err != nil {
-					fmt.Fprintf(cfg.Out, "nats: the embedded server's renewed certificate does not load (%v); it presents the one before until it does\n", err)
-					return
-				}
-				m.CertNotAfter.WithLabelValues(certNATS).Set(float64(until.Unix()))
-				if !cfg.Quiet {
-					fmt.Fprintf(cfg.Out, "nats: the embedded server presents its renewed certificate, valid until %s\n", until.UTC().Format(time.RFC3339))
-				}
-			},
+			OnCertificate: certRenewed(cfg, m, certNATS, "nats: the embedded server"),
 		})
 		if err != nil {
 			return nil, err
