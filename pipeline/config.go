@@ -222,7 +222,10 @@ type Config struct {
 	// that certificate, read again when the files change.
 	HTTPCert, HTTPKey string
 
-	MetricsAddr string    // serve Prometheus /metrics here when set
+	MetricsAddr string // serve Prometheus /metrics here when set
+	// PprofRemote serves MetricsAddr's Go profiles to other machines too;
+	// without it they go to requests from this one only.
+	PprofRemote bool
 	Out         io.Writer // progress lines (default os.Stdout)
 	Quiet       bool      // no progress lines
 }
@@ -310,12 +313,29 @@ func (c *Config) exposure() string {
 	return ""
 }
 
+// beyondThisMachine says whether an HTTP server listening on addr is
+// reached from other machines. Unlike the embedded server's --listen, an
+// address without a host (":8080") is every interface's.
+func beyondThisMachine(addr string) bool {
+	host, _, _ := net.SplitHostPort(addr)
+	return addr != "" && (host == "" || !natsjs.Loopback(addr))
+}
+
+// metricsExposure says what --metrics leaves open to the machines it
+// reaches beyond this one, or "" when nothing worse than the metrics
+// themselves is.
+func (c *Config) metricsExposure() string {
+	if !c.PprofRemote || !beyondThisMachine(c.MetricsAddr) {
+		return ""
+	}
+	return fmt.Sprintf("--pprof-remote serves Go's profiles on %s, beyond this machine, to whoever reaches it: "+
+		"the command line (its URLs' passwords hidden), the heap, and CPU profiles and traces that each cost the run a core while they are taken", c.MetricsAddr)
+}
+
 // gatewayExposure says what the gateway's address leaves open to the
 // machines it reaches beyond this one, or "" when nothing is.
 func (c *Config) gatewayExposure() string {
-	// Unlike the embedded server's --listen, an address without a host
-	// (":8080") is every interface's.
-	if host, _, _ := net.SplitHostPort(c.HTTPAddr); c.HTTPAddr == "" || host != "" && natsjs.Loopback(c.HTTPAddr) {
+	if !beyondThisMachine(c.HTTPAddr) {
 		return ""
 	}
 	switch {

@@ -8,7 +8,6 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -16,7 +15,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/wmrl/wmrl/connectors/gateway"
 	"github.com/wmrl/wmrl/connectors/natsjs"
@@ -104,8 +102,10 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 			p.presents(certNATS, "the embedded NATS server's certificate (--listen-cert)", until)
 		}
 	}
-	if open := cfg.gatewayExposure(); open != "" {
-		p.notef("%s", open)
+	for _, open := range []string{cfg.gatewayExposure(), cfg.metricsExposure()} {
+		if open != "" {
+			p.notef("%s", open)
+		}
 	}
 	if err := p.build(ctx); err != nil {
 		if p.httpListener != nil {
@@ -269,20 +269,6 @@ func (p *Pipeline) reader(ctx context.Context, stage, subject string) (*natsjs.R
 // kind.
 func consumerName(stage, run string, kind schemas.Kind) string {
 	return natsjs.SafeName(fmt.Sprintf("%s_%s_%s", stage, run, kind))
-}
-
-// metricsHandler serves Prometheus metrics at /metrics (and any path but
-// the profiles, as before) and Go's profiles at /debug/pprof/, so a leak in
-// a run of days can be looked at where it happens.
-func (p *Pipeline) metricsHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/", promhttp.HandlerFor(p.metrics.Registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return mux
 }
 
 func (p *Pipeline) start(ctx context.Context) {

@@ -1,0 +1,78 @@
+package pipeline
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"regexp"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+)
+
+// metricsHandler serves Prometheus metrics at /metrics (and any path but
+// the profiles, as before) and Go's profiles at /debug/pprof/, so a leak in
+// a run of days can be looked at where it happens. Metrics go to whoever
+// asks, as Prometheus expects. Profiles go to requests from this machine
+// only, unless cfg.PprofRemote: they show the command line, and a CPU
+// profile or a trace costs the run a core for as long as it is asked to
+// run.
+func (p *Pipeline) metricsHandler() http.Handler {
+	prof := http.NewServeMux()
+	prof.HandleFunc("/debug/pprof/", pprof.Index)
+	prof.HandleFunc("/debug/pprof/cmdline", cmdline)
+	prof.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	prof.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	prof.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux := http.NewServeMux()
+	mux.Handle("/", promhttp.HandlerFor(p.metrics.Registry, promhttp.HandlerOpts{}))
+	mux.Handle("/debug/pprof/", profilesFor(prof, p.cfg.PprofRemote))
+	return mux
+}
+
+// profilesFor lets requests from another machine through to h only when
+// remote is set, and tells the others how to reach the profiles.
+func profilesFor(h http.Handler, remote bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !remote && !natsjs.Loopback(r.RemoteAddr) {
+			http.Error(w, fmt.Sprintf("Go's profiles are served to this machine only: they show the command line, "+
+				"and a CPU profile costs the run a core. Ask from the machine itself (an SSH tunnel to the --metrics port), "+
+				"or start the run with --pprof-remote (%s is not a loopback address)", r.RemoteAddr), http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// cmdline is pprof's /debug/pprof/cmdline with the passwords of URLs
+// hidden: --nats may carry a user's password in its user info.
+func cmdline(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	args := make([]string, len(os.Args))
+	for i, a := range os.Args {
+		args[i] = hideURLSecrets(a)
+	}
+	fmt.Fprint(w, strings.Join(args, "\x00"))
+}
+
+// urlUserInfo matches a URL's scheme and user info, in any part of an
+// argument (a flag's value, one URL of a list).
+var urlUserInfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)([^/@\s,?#]*)@`)
+
+// hideURLSecrets replaces what follows the user name in the user info of
+// every URL in s ("nats://ann:secret@host" becomes "nats://ann:xxxxx@host";
+// a token alone, "nats://secret@host", becomes "nats://xxxxx@host").
+func hideURLSecrets(s string) string {
+	return urlUserInfo.ReplaceAllStringFunc(s, func(m string) string {
+		sub := urlUserInfo.FindStringSubmatch(m)
+		user, _, hasPassword := strings.Cut(sub[2], ":")
+		if !hasPassword {
+			return sub[1] + "xxxxx@"
+		}
+		return sub[1] + user + ":xxxxx@"
+	})
+}
