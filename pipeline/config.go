@@ -329,7 +329,7 @@ func (c *Config) metricsExposure() string {
 		return ""
 	}
 	return fmt.Sprintf("--pprof-remote serves Go's profiles on %s, beyond this machine, to whoever reaches it: "+
-		"the command line (its URLs' passwords hidden), the heap, and CPU profiles and traces that each cost the run a core while they are taken", c.MetricsAddr)
+		"the command line (its URLs' user info hidden), the heap, and CPU profiles and traces that each cost the run a core while they are taken", c.MetricsAddr)
 }
 
 // gatewayExposure says what the gateway's address leaves open to the

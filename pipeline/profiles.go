@@ -47,32 +47,25 @@ func profilesFor(h http.Handler, remote bool) http.Handler {
 	})
 }
 
-// cmdline is pprof's /debug/pprof/cmdline with the passwords of URLs
-// hidden: --nats may carry a user's password in its user info.
+// cmdline is pprof's /debug/pprof/cmdline with the user info of URLs
+// hidden as natsjs.Redact hides it in the run's output: --nats may carry
+// a user's password, and a --sandbox-url or --wm-url one too.
 func cmdline(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	args := make([]string, len(os.Args))
 	for i, a := range os.Args {
-		args[i] = hideURLSecrets(a)
+		args[i] = redactArg(a)
 	}
 	fmt.Fprint(w, strings.Join(args, "\x00"))
 }
 
-// urlUserInfo matches a URL's scheme and user info, in any part of an
-// argument (a flag's value, one URL of a list).
-var urlUserInfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)([^/@\s,?#]*)@`)
+// urlUserInfo matches a URL's scheme and user info anywhere in an
+// argument (a flag's value, each URL of a list), up to the last '@' of
+// its authority, as a password may hold an '@' unescaped.
+var urlUserInfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/\s,?#]*@`)
 
-// hideURLSecrets replaces what follows the user name in the user info of
-// every URL in s ("nats://ann:secret@host" becomes "nats://ann:xxxxx@host";
-// a token alone, "nats://secret@host", becomes "nats://xxxxx@host").
-func hideURLSecrets(s string) string {
-	return urlUserInfo.ReplaceAllStringFunc(s, func(m string) string {
-		sub := urlUserInfo.FindStringSubmatch(m)
-		user, _, hasPassword := strings.Cut(sub[2], ":")
-		if !hasPassword {
-			return sub[1] + "xxxxx@"
-		}
-		return sub[1] + user + ":xxxxx@"
-	})
-}
+// redactArg writes the user info of every URL in a command-line argument
+// as "***" ("--nats=nats://ann:secret@host" becomes
+// "--nats=nats://***@host").
+func redactArg(s string) string { return urlUserInfo.ReplaceAllString(s, "${1}***@") }

@@ -73,7 +73,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.IntVar(&cfg.Replicas, "replicas", 0, "replicas of the stream and the checkpoint bucket on a JetStream cluster: 3 survives a node's loss (needs --nats); 0 creates them with 1 and leaves existing ones as they are")
 	fs.IntVar(&cfg.CheckpointEvery, "checkpoint-every", 0, "calibrate and fuse checkpoint their state every this many anchor groups (0: 256) and when they stop, so that a restart does not need what --retention aged out")
 	fs.StringVar(&cfg.MetricsAddr, "metrics", "", "serve Prometheus /metrics on this address, and Go's profiles at /debug/pprof/ to this machine")
-	fs.BoolVar(&cfg.PprofRemote, "pprof-remote", false, "serve --metrics's Go profiles to other machines too (they show the command line, its URLs' passwords hidden, and a CPU profile costs the run a core)")
+	fs.BoolVar(&cfg.PprofRemote, "pprof-remote", false, "serve --metrics's Go profiles to other machines too (they show the command line, its URLs' user info hidden, and a CPU profile costs the run a core)")
 	fs.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "serve the trainer HTTP gateway on this address")
 	fs.StringVar(&cfg.HTTPCert, "http-cert", "", "certificate (PEM) for the gateway to speak HTTPS with, read again when it changes; with --http-key")
 	fs.StringVar(&cfg.HTTPKey, "http-key", "", "key (PEM) of --http-cert")

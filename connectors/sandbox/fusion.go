@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -165,7 +166,7 @@ func (f *Fusion) Execute(ctx context.Context, t schemas.Trajectory) (execute.Res
 		}
 	}
 	if last != nil {
-		return execute.Result{}, fmt.Errorf("sandbox fusion at %s: %w", f.URL, last)
+		return execute.Result{}, fmt.Errorf("sandbox fusion at %s: %w", redacted(f.URL), last)
 	}
 	return f.judge(resp, timeout)
 }
@@ -249,4 +250,13 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// redacted is u with its password hidden, as net/http's own errors give
+// it: the error goes to the dead letters and the run's output.
+func redacted(u string) string {
+	if p, err := url.Parse(u); err == nil {
+		return p.Redacted()
+	}
+	return u
 }

@@ -146,8 +146,15 @@ func TestSandboxFusionFailures(t *testing.T) {
 	}
 	down := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	down.Close()
-	if _, err := (&Fusion{URL: down.URL, Task: task, Retries: 1}).Execute(context.Background(), schemas.Trajectory{Response: "print(1)"}); err == nil {
+	// A password in the URL (sent as basic auth) stays out of the error,
+	// which goes to the dead letters and the run's output.
+	withPassword := strings.Replace(down.URL, "://", "://ops:s3cret@", 1)
+	_, err = (&Fusion{URL: withPassword, Task: task, Retries: 1}).Execute(context.Background(), schemas.Trajectory{Response: "print(1)"})
+	if err == nil {
 		t.Fatal("an unreachable sandbox gave a result; want an error so the group is retried")
+	}
+	if strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "ops:xxxxx@") {
+		t.Errorf("an unreachable sandbox: %v; want its URL's password hidden", err)
 	}
 }
 
