@@ -86,6 +86,45 @@ func (p *Pipeline) sayDone() {
 	if p.cfg.Quiet || p.progress == nil {
 		return
 	}
+	archived := ""
+	if p.archived != nil {
+		archived = " and archived"
+	}
+	fused, seen := p.seen()
+	fmt.Fprintf(p.cfg.Out, "done: steps 0-%d fused%s, %d of them by this process in %s, %s\n",
+		p.progress.target-1, archived, fused, time.Since(p.started).Round(100*time.Millisecond), seen)
+}
+
+// sayStopped closes a run stopped from outside (Ctrl-C, SIGTERM) with
+// where it is and how to go on, so that a stop is not mistaken for a loss.
+func (p *Pipeline) sayStopped() {
+	p.errMu.Lock()
+	failed := p.err != nil // said by the caller
+	p.errMu.Unlock()
+	if p.cfg.Quiet || failed {
+		return
+	}
+	line := "stopped after " + time.Since(p.started).Round(100*time.Millisecond).String()
+	if p.fuse != nil {
+		fused, seen := p.seen()
+		if fused > 0 {
+			var newest dto.Metric
+			_ = p.metrics.Steps.Write(&newest)
+			line += fmt.Sprintf(": the newest step fused %d, %d steps fused by this process, %s", int64(newest.GetGauge().GetValue()), fused, seen)
+		} else {
+			line += ": no step fused by this process"
+		}
+	}
+	again := "on the same --data"
+	if p.tr.srv == nil {
+		again = "with the same --nats and --run"
+	}
+	fmt.Fprintf(p.cfg.Out, "%s. What it held is handed back; start it again %s to go on where it stopped\n", line, again)
+}
+
+// seen is how many steps this process fused, and what it saw of them:
+// the world model's ranking on the anchors and what was lost.
+func (p *Pipeline) seen() (fused uint64, seen string) {
 	var h dto.Metric
 	_ = p.metrics.WithinSpearman.Write(&h)
 	ranked := "no anchor group ranked"
@@ -103,14 +142,9 @@ func (p *Pipeline) sayDone() {
 	if lost == nil {
 		lost = []string{"nothing"}
 	}
-	archived := ""
-	if p.archived != nil {
-		archived = " and archived"
-	}
 	var steps dto.Metric
 	_ = p.metrics.StepLatency.Write(&steps)
-	fmt.Fprintf(p.cfg.Out, "done: steps 0-%d fused%s, %d of them by this process in %s, which saw %s; lost %s\n",
-		p.progress.target-1, archived, steps.GetHistogram().GetSampleCount(), time.Since(p.started).Round(100*time.Millisecond), ranked, strings.Join(lost, ", "))
+	return steps.GetHistogram().GetSampleCount(), fmt.Sprintf("which saw %s; lost %s", ranked, strings.Join(lost, ", "))
 }
 
 // loss is one kind of what a step did not get to the gradient as

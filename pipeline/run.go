@@ -320,6 +320,7 @@ func (p *Pipeline) start(ctx context.Context) {
 		p.wg.Wait()
 		_ = p.pub.Close()
 		p.tr.close()
+		p.doneOnce.Do(p.sayStopped) // unless it said it was done
 		close(p.done)
 	}()
 }
