@@ -19,8 +19,9 @@ import (
 
 func statusCommand() *cobra.Command {
 	var (
-		src pipeline.StreamSource
-		run string
+		src    pipeline.StreamSource
+		run    string
+		asJSON bool
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -46,6 +47,9 @@ Reads a running pipeline's server with --nats URL, or a stopped one's
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return writeStatusJSON(cmd.OutOrStdout(), st, run, time.Now())
+			}
 			where := natsjs.Redact(src.NATSURL)
 			if where == "" {
 				where = src.DataDir
@@ -55,6 +59,7 @@ Reads a running pipeline's server with --nats URL, or a stopped one's
 		},
 	}
 	streamSourceFlags(cmd.Flags(), &src, &run)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as one JSON document (snake_case keys; null where the run has none yet) for scripts")
 	return cmd
 }
 

@@ -70,6 +70,22 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 		}
 	}
 
+	// The same as JSON, for scripts.
+	doc := statusJSON(t, ctx, "--nats", p.URL())
+	if doc.Fused == nil || doc.Fused.Step != 0 || doc.Fused.Groups != 4 || doc.Fused.Anchors != 1 || doc.Fused.Rho < 1 ||
+		doc.NextStep == nil || *doc.NextStep != 1 || doc.Received == nil || doc.Received.Step != 0 || doc.Calibration == nil {
+		t.Errorf("status --json: received %+v, fused %+v, next %v, calibration %+v", doc.Received, doc.Fused, doc.NextStep, doc.Calibration)
+	}
+	if dl := doc.DeadLetters.Newest; doc.DeadLetters.Count != 1 || dl == nil || dl.Kind != "rejected" || dl.Stage != "route" || !strings.Contains(dl.Reason, "malformed JSON") {
+		t.Errorf("status --json dead letters: %+v, newest %+v", doc.DeadLetters, dl)
+	}
+	if doc.Executions.Groups != 1 || doc.Executions.ByStatus["scored"] != 4 || len(doc.Unfused) != 0 {
+		t.Errorf("status --json executions %+v, unfused %+v", doc.Executions, doc.Unfused)
+	}
+	if c := consumerOf(doc, "route_default_traj"); c == nil || c.Backlog != 0 || c.LastDelivery == nil || c.Unread {
+		t.Errorf("status --json route_default_traj: %+v", c)
+	}
+
 	if err := p.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -94,10 +110,49 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 	if !strings.Contains(out, "steps fused:     up to 0") {
 		t.Errorf("the stopped run's status lost its last update:\n%s", out)
 	}
+	doc = statusJSON(t, ctx, "--data", cfg.DataDir)
+	if c := consumerOf(doc, "route_default_traj"); c == nil || c.Backlog != 16 || c.PullsWaiting != 0 || !c.Unread {
+		t.Errorf("status --json of the stopped run, route_default_traj: %+v; want 16 unread", c)
+	}
+	if doc.Store.LimitBytes == nil || *doc.Store.LimitBytes <= 0 || doc.Store.StreamBytes == 0 {
+		t.Errorf("status --json of the stopped run, store: %+v", doc.Store)
+	}
 	// The store's use against the embedded server's limit.
 	if !regexp.MustCompile(`(?m)^store:           the stream \d+ kB; the JetStream account \d+ kB of its limit [\d.]+ [kMG]B \(0%\)$`).MatchString(out) {
 		t.Errorf("the stopped run's status does not show the store's use against its limit:\n%s", out)
 	}
+}
+
+// statusJSON runs wmrl status --json with args and decodes it, refusing
+// keys the document does not have.
+func statusJSON(t *testing.T, ctx context.Context, args ...string) statusDoc {
+	t.Helper()
+	out, err := wmrl(ctx, append([]string{"status", "--json"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc statusDoc
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&doc); err != nil {
+		t.Fatalf("status --json: %v:\n%s", err, out)
+	}
+	// The keys a script reads, as the README names them.
+	for _, key := range []string{`"next_step": `, `"fused": `, `"dead_letters": {`, `"consumers": [`, `"unread": `, `"limit_bytes": `} {
+		if !strings.Contains(out, key) {
+			t.Errorf("status --json has no %s:\n%s", key, out)
+		}
+	}
+	return doc
+}
+
+func consumerOf(doc statusDoc, name string) *consumerDoc {
+	for i := range doc.Consumers {
+		if doc.Consumers[i].Name == name {
+			return &doc.Consumers[i]
+		}
+	}
+	return nil
 }
 
 // TestStatusTellsAnOutageFromBadInput: the newest dead letter's line says

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"time"
+
+	"github.com/wmrl/wmrl/pipeline"
+)
+
+// statusDoc is `wmrl status --json`: what the text shows, for a script
+// (a job scheduler's health check, a trainer's pre-flight) to read. Times
+// are RFC 3339 in UTC, ages in seconds at "at"; an object is null when
+// the run has none yet.
+type statusDoc struct {
+	Run              string         `json:"run"`
+	Stream           string         `json:"stream"`
+	At               time.Time      `json:"at"` // when the status was read
+	MessagesKept     uint64         `json:"messages_kept"`
+	RetentionSeconds float64        `json:"retention_seconds,omitzero"`
+	Store            storeDoc       `json:"store"`
+	Received         *stepDoc       `json:"received"`
+	Fused            *fusedDoc      `json:"fused"`
+	NextStep         *int64         `json:"next_step"` // where a trainer (resumed) numbers its steps on
+	Unfused          []unfusedDoc   `json:"unfused"`
+	Calibration      *calibDoc      `json:"calibration"`
+	DeadLetters      deadLettersDoc `json:"dead_letters"`
+	Executions       executionsDoc  `json:"executions"`
+	Consumers        []consumerDoc  `json:"consumers"`
+}
+
+type storeDoc struct {
+	StreamBytes  uint64 `json:"stream_bytes"`
+	AccountBytes uint64 `json:"account_bytes"`
+	LimitBytes   *int64 `json:"limit_bytes"` // null: not known
+}
+
+type stepDoc struct {
+	Step       int64     `json:"step"`
+	At         time.Time `json:"at"`
+	AgeSeconds float64   `json:"age_seconds"`
+}
+
+type fusedDoc struct {
+	stepDoc
+	Rho                float64 `json:"rho"`
+	D                  float64 `json:"d"`
+	CalibrationVersion int64   `json:"calibration_version"`
+	Groups             int     `json:"groups"`
+	Anchors            int     `json:"anchors"`
+}
+
+type unfusedDoc struct {
+	Step      int64     `json:"step"`
+	PlannedAt time.Time `json:"planned_at"`
+	// HeldBack: below the newest fused step, so waiting for an anchor
+	// group within its deadline or for a prediction, which has none.
+	HeldBack bool `json:"held_back"`
+}
+
+type calibDoc struct {
+	stepDoc       // the step of the newest anchor group absorbed
+	Version int64 `json:"version"`
+	Groups  int64 `json:"anchor_groups"`
+}
+
+type deadLettersDoc struct {
+	Count  uint64         `json:"count"`
+	Newest *deadLetterDoc `json:"newest"`
+}
+
+type deadLetterDoc struct {
+	Kind       string    `json:"kind"` // "given_up" (a service down) or "rejected" (bad input)
+	Stage      string    `json:"stage"`
+	Subject    string    `json:"subject"`
+	Reason     string    `json:"reason"`
+	At         time.Time `json:"at"`
+	AgeSeconds float64   `json:"age_seconds"`
+}
+
+type executionsDoc struct {
+	WindowSeconds float64        `json:"window_seconds"`
+	Since         time.Time      `json:"since,omitzero"`
+	Capped        bool           `json:"capped"` // more groups than read: Since is later than the window
+	Groups        int            `json:"anchor_groups"`
+	ByStatus      map[string]int `json:"by_status"`
+	ByCause       map[string]int `json:"by_cause"`
+	NewestFailure *failureDoc    `json:"newest_failure"`
+}
+
+type failureDoc struct {
+	Status string    `json:"status"`
+	Detail string    `json:"detail"`
+	At     time.Time `json:"at"`
+}
+
+type consumerDoc struct {
+	Name         string     `json:"name"`
+	Subject      string     `json:"subject"`
+	Backlog      uint64     `json:"backlog"`
+	InFlight     int        `json:"in_flight"`
+	Redelivered  int        `json:"redelivered"`
+	PullsWaiting int        `json:"pulls_waiting"`
+	LastDelivery *time.Time `json:"last_delivery"`
+	// Unread: a backlog and no pull request waiting; nothing reads it.
+	Unread bool `json:"unread"`
+}
+
+func writeStatusJSON(w io.Writer, st *pipeline.Status, run string, now time.Time) error {
+	now = now.UTC()
+	age := func(t time.Time) float64 { return now.Sub(t).Seconds() }
+	step := func(n int64, at time.Time) stepDoc { return stepDoc{Step: n, At: at.UTC(), AgeSeconds: age(at)} }
+	d := statusDoc{
+		Run: run, Stream: st.Stream, At: now, RetentionSeconds: st.MaxAge.Seconds(),
+		Store:       storeDoc{StreamBytes: st.Bytes, AccountBytes: st.StoreUsed},
+		Unfused:     []unfusedDoc{},
+		DeadLetters: deadLettersDoc{Count: st.DeadLetters},
+		Consumers:   []consumerDoc{},
+	}
+	for _, n := range st.Subjects {
+		d.MessagesKept += n
+	}
+	if st.StoreLimit > 0 {
+		d.Store.LimitBytes = &st.StoreLimit
+	}
+	if s := st.LastStep; s != nil {
+		r := step(s.Step, st.LastStepAt)
+		d.Received = &r
+	}
+	if u := st.LastUpdate; u != nil {
+		d.Fused = &fusedDoc{stepDoc: step(u.Step, st.LastUpdateAt), Rho: u.Rho, D: u.D, CalibrationVersion: u.CalibrationVersion, Groups: u.Groups, Anchors: u.Anchors}
+	}
+	if next, ok := nextStep(st); ok {
+		d.NextStep = &next
+	}
+	for _, u := range st.Unfused {
+		d.Unfused = append(d.Unfused, unfusedDoc{Step: u.Step, PlannedAt: u.Planned.UTC(), HeldBack: st.LastUpdate != nil && u.Step < st.LastUpdate.Step})
+	}
+	if c := st.LastCalibration; c != nil {
+		d.Calibration = &calibDoc{stepDoc: step(c.Step, st.LastCalibAt), Version: c.Version, Groups: c.Seq}
+	}
+	if dl := st.LastDeadLetter; dl != nil {
+		kind := "rejected"
+		if pipeline.GivenUp(*dl) {
+			kind = "given_up"
+		}
+		d.DeadLetters.Newest = &deadLetterDoc{Kind: kind, Stage: dl.Stage, Subject: dl.Subject, Reason: dl.Reason, At: st.LastDeadLetterAt.UTC(), AgeSeconds: age(st.LastDeadLetterAt)}
+	}
+	es := st.Executions
+	d.Executions = executionsDoc{WindowSeconds: pipeline.ExecutionsWindow.Seconds(), Capped: es.Capped, Groups: es.Groups,
+		ByStatus: nonNil(es.ByStatus), ByCause: nonNil(es.ByCause)}
+	if !es.Since.IsZero() {
+		d.Executions.Since = es.Since.UTC()
+	}
+	if f := es.NewestFailure; f.Status != "" {
+		d.Executions.NewestFailure = &failureDoc{Status: f.Status, Detail: f.Detail, At: es.NewestFailureAt.UTC()}
+	}
+	for _, c := range st.Consumers {
+		cd := consumerDoc{Name: c.Name, Subject: c.Subject, Backlog: c.Backlog, InFlight: c.InFlight, Redelivered: c.Redelivered,
+			PullsWaiting: c.Waiting, Unread: c.Backlog > 0 && c.Waiting == 0}
+		if c.LastDelivery != nil {
+			t := c.LastDelivery.UTC()
+			cd.LastDelivery = &t
+		}
+		d.Consumers = append(d.Consumers, cd)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(d)
+}
+
+func nonNil(m map[string]int) map[string]int {
+	if m == nil {
+		return map[string]int{}
+	}
+	return m
+}
