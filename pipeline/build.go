@@ -542,6 +542,21 @@ func certRenewed(cfg *Config, m *Metrics, server, what string) func(time.Time, e
 	}
 }
 
+// clientCARead says that the embedded server's --listen-client-ca file
+// changed: how many CAs it now trusts, or that the file does not load and
+// the CAs before stay trusted (whatever Quiet says).
+func clientCARead(cfg *Config) func(int, error) {
+	return func(n int, err error) {
+		if err != nil {
+			fmt.Fprintf(cfg.Out, "nats: the embedded server's client CA file changed and does not load (%v); it trusts the CAs before until it does\n", err)
+			return
+		}
+		if !cfg.Quiet {
+			fmt.Fprintf(cfg.Out, "nats: the embedded server read its client CA file again: it trusts %d CA certificate(s) for the next connections\n", n)
+		}
+	}
+}
+
 // presents exports the expiry of the certificate a server starts with, and
 // points it out when it is near.
 func (p *Pipeline) presents(server, what string, until time.Time) {

@@ -42,6 +42,7 @@ func connect(ctx context.Context, cfg *Config, m *Metrics) (*transport, error) {
 			StoreDir: cfg.storeDir(), Listen: cfg.Listen, MaxPayload: cfg.MaxPayloadMB << 20,
 			Auth: cfg.NATSAuth, TLS: cfg.ListenTLS,
 			OnCertificate: certRenewed(cfg, m, certNATS, "nats: the embedded server"),
+			OnClientCA:    clientCARead(cfg),
 		})
 		if err != nil {
 			return nil, err

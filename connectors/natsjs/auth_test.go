@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -207,6 +208,87 @@ func TestARenewedCertificateServesTheNextConnection(t *testing.T) {
 	}
 	if len(failures) != 1 {
 		t.Errorf("failed loads heard: %v; want one, for two connections", failures)
+	}
+}
+
+// The embedded server reads its client CA file again when it changes: a
+// CA added to the bundle in place admits its clients from the next
+// connection on, and a bundle that does not load is said once while the
+// CAs before stay trusted.
+func TestAClientCAAddedInPlaceIsTrustedByTheNextConnection(t *testing.T) {
+	pki, other := natstest.NewPKI(t), natstest.NewPKI(t)
+	bundle := filepath.Join(t.TempDir(), "client-ca.pem")
+	write := func(at time.Duration, files ...string) {
+		t.Helper()
+		var b []byte
+		for _, f := range files {
+			c, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b = append(b, c...)
+		}
+		if len(files) == 0 {
+			b = []byte("-----BEGIN CERTIFICATE-----\nhalf written")
+		}
+		if err := os.WriteFile(bundle, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// Modification times a minute apart, whatever the file system's
+		// resolution.
+		if err := os.Chtimes(bundle, time.Now().Add(at), time.Now().Add(at)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0, pki.CA)
+	var mu sync.Mutex
+	var counts []int
+	var failures []error
+	srv, err := natsjs.StartServer(context.Background(), natsjs.ServerConfig{
+		StoreDir: t.TempDir(), Listen: "127.0.0.1:0", TLS: natsjs.ServerTLS{Cert: pki.ServerCert, Key: pki.ServerKey, ClientCA: bundle},
+		OnClientCA: func(n int, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failures = append(failures, err)
+			} else {
+				counts = append(counts, n)
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	ours := natsjs.Auth{CA: pki.CA, Cert: pki.ClientCert, Key: pki.ClientKey}
+	theirs := natsjs.Auth{CA: pki.CA, Cert: other.ClientCert, Key: other.ClientKey} // signed by the other CA
+	if err := connect(srv.URL(), ours); err != nil {
+		t.Fatalf("a client of the trusted CA: %v", err)
+	}
+	if err := connect(srv.URL(), theirs); err == nil {
+		t.Fatal("a client of a CA not in the bundle was admitted")
+	}
+	write(time.Minute, pki.CA, other.CA)
+	for _, a := range []natsjs.Auth{ours, theirs} {
+		if err := connect(srv.URL(), a); err != nil {
+			t.Errorf("after the other CA was added to the bundle, client %s: %v", a.Cert, err)
+		}
+	}
+	write(2 * time.Minute)
+	for range 2 {
+		for _, a := range []natsjs.Auth{ours, theirs} {
+			if err := connect(srv.URL(), a); err != nil {
+				t.Errorf("with a bundle that does not load, client %s: %v; want the CAs before trusted", a.Cert, err)
+			}
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(counts, []int{2}) {
+		t.Errorf("changes heard: %v; want one, of 2 CAs", counts)
+	}
+	if len(failures) != 1 || !strings.Contains(failures[0].Error(), bundle) {
+		t.Errorf("failed loads heard: %v; want one naming %s, for four connections", failures, bundle)
 	}
 }
 

@@ -3,6 +3,7 @@ package natsjs
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -42,6 +43,10 @@ type ServerConfig struct {
 	// and key files: the new certificate's expiry, or why it could not be
 	// loaded (the one before stays in use).
 	OnCertificate func(notAfter time.Time, err error)
+	// OnClientCA, if set, hears of each change of TLS's client CA file:
+	// how many certificates it now holds, or why it could not be loaded
+	// (the CAs before stay trusted).
+	OnClientCA func(certificates int, err error)
 }
 
 // ServerTLS is the embedded server's side of TLS: PEM files of its
@@ -202,6 +207,20 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 			return nil, fmt.Errorf("natsjs: embedded server's TLS: %w", err)
 		}
 		tc.Certificates, tc.GetCertificate = nil, certs.GetCertificate
+		// So is the client CA: a CA added to the bundle in place is
+		// trusted by the next handshake.
+		if cfg.TLS.ClientCA != "" {
+			cas, err := tlsfiles.LoadCAs(cfg.TLS.ClientCA, cfg.OnClientCA)
+			if err != nil {
+				return nil, fmt.Errorf("natsjs: embedded server's TLS: %w", err)
+			}
+			base := tc.Clone()
+			tc.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+				c := base.Clone()
+				c.ClientCAs = cas.Pool()
+				return c, nil
+			}
+		}
 		opts.TLS, opts.TLSConfig, opts.TLSVerify = true, tc, cfg.TLS.ClientCA != ""
 	}
 	ns, err := server.NewServer(opts)

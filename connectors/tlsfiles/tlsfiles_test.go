@@ -70,3 +70,40 @@ func TestReloaderReadsRenewalsAndKeepsTheLastGoodPair(t *testing.T) {
 		t.Errorf("heard %d renewals and %d failures (%v); want 1 and 1", len(renewals), len(heard), heard)
 	}
 }
+
+// A client CA file that cannot be used is refused at the start, naming
+// the file and what is wrong; a bundle is counted whole.
+func TestCAsNameWhatIsWrongWithTheFile(t *testing.T) {
+	pki, other := natstest.NewPKI(t), natstest.NewPKI(t)
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.pem")
+	broken := filepath.Join(dir, "broken.pem")
+	bundle := filepath.Join(dir, "bundle.pem")
+	ours, _ := os.ReadFile(pki.CA)
+	theirs, _ := os.ReadFile(other.CA)
+	for f, b := range map[string]string{
+		empty:  "not PEM at all\n",
+		broken: "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+		bundle: string(ours) + "# a comment between\n" + string(theirs),
+	} {
+		if err := os.WriteFile(f, []byte(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for f, want := range map[string]string{
+		filepath.Join(dir, "none.pem"): "none.pem",
+		empty:                          "no PEM certificate in it",
+		broken:                         "broken.pem: certificate 1:",
+	} {
+		if _, err := tlsfiles.LoadCAs(f, nil); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", filepath.Base(f), err, want)
+		}
+	}
+	cas, err := tlsfiles.LoadCAs(bundle, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(cas.Pool().Subjects()); n != 2 { //nolint:staticcheck // not a system pool
+		t.Errorf("the bundle gave %d CAs, want 2", n)
+	}
+}
