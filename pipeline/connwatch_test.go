@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -164,5 +166,58 @@ func TestGatewayErrorsArePrintedOnceAMinuteAHost(t *testing.T) {
 		"gateway: http: TLS handshake error from 10.0.0.7:53201: remote error: tls: bad certificate (the same from there at most once a minute)\n"
 	if out.String() != want {
 		t.Errorf("printed %q, want %q", out.String(), want)
+	}
+}
+
+// /healthz, on the gateway (without its token) and on the metrics
+// address, answers 200 while the process's NATS connection is up, 503
+// naming the reconnection while its server is away, and 200 again once
+// it is back.
+func TestHealthFollowsTheServer(t *testing.T) {
+	ext := newExternalServer(t)
+	cfg := testConfig(t)
+	cfg.NATSURL, cfg.Source = ext.url(), SourceExternal
+	cfg.HTTPAddr, cfg.HTTPToken = "127.0.0.1:0", "t0ken"
+	cfg.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	probes := []string{p.HTTPURL() + "/healthz", "http://" + cfg.MetricsAddr + "/healthz"}
+	// Each probe's answer: its status, and whether its body says what it
+	// should for that status.
+	answer := func(url string) (int, string) {
+		resp, err := http.Get(url)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") == "" {
+			return resp.StatusCode, "no Retry-After: " + string(b)
+		}
+		return resp.StatusCode, string(b)
+	}
+	all := func(code int, says string) func() bool {
+		return func() bool {
+			for _, u := range probes {
+				if got, body := answer(u); got != code || !strings.Contains(body, says) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	waitFor(t, 30*time.Second, all(http.StatusOK, `"status":"ok"`))
+	if _, body := answer(probes[1]); !strings.Contains(body, `"stages":["route","predict"`) {
+		t.Errorf("the metrics address's health names no stages: %s", body)
+	}
+	ext.stop()
+	waitFor(t, 30*time.Second, all(http.StatusServiceUnavailable, "the NATS connection is reconnecting"))
+	ext.start(natsjs.Auth{})
+	waitFor(t, 30*time.Second, all(http.StatusOK, `"status":"ok"`))
+	for _, u := range probes {
+		if code, body := answer(u); code != http.StatusOK {
+			t.Errorf("%s after the server's return: %d %s", u, code, body)
+		}
 	}
 }

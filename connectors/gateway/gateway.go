@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -73,6 +72,7 @@ var Endpoints = map[string]string{
 	"GET /v1/runs/{run}/steps":               "steps",
 	"POST /v1/runs/{run}/rewards/openrlhf":   "rewards_openrlhf",
 	"POST /v1/runs/{run}/rewards/slime":      "rewards_slime",
+	"GET /healthz":                           "health",
 	"/":                                      "other",
 }
 
@@ -98,7 +98,6 @@ type Gateway struct {
 	truths  *truths
 	planned *planned
 	cal     atomic.Pointer[calState]
-	ready   sync.WaitGroup
 }
 
 type calState struct {
@@ -178,10 +177,28 @@ func (g *Gateway) Handler() http.Handler {
 	route("GET /v1/runs/{run}/steps", g.getSteps)
 	route("POST /v1/runs/{run}/rewards/openrlhf", g.openrlhf)
 	route("POST /v1/runs/{run}/rewards/slime", g.slime)
+	// Probes carry no token: the health check is outside the guard.
+	var health http.Handler = http.HandlerFunc(g.health)
+	if g.cfg.Instrument != nil {
+		health = g.cfg.Instrument(Endpoints["GET /healthz"], health)
+	}
+	mux.Handle("GET /healthz", health)
 	route("/", func(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path)
 	})
 	return mux
+}
+
+// health answers a load balancer's or an orchestrator's probe, without a
+// token: 200 while the gateway's NATS connection is up, 503 with a
+// Retry-After while it is not (trajectories would be refused then).
+func (g *Gateway) health(w http.ResponseWriter, _ *http.Request) {
+	if err := natsjs.Health(g.js.Conn()); err != nil {
+		w.Header().Set("Retry-After", "1")
+		fail(w, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "run": g.cfg.Run})
 }
 
 // guard checks the token, the run and the body size before any handler.

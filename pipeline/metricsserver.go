@@ -1,6 +1,8 @@
 package pipeline
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/pprof"
@@ -14,9 +16,10 @@ import (
 )
 
 // metricsHandler serves Prometheus metrics at /metrics (and any path but
-// the profiles, as before) and Go's profiles at /debug/pprof/, so a leak in
-// a run of days can be looked at where it happens. Metrics go to whoever
-// asks, as Prometheus expects. Profiles go to requests from this machine
+// the others, as before), the process's health at /healthz, and Go's
+// profiles at /debug/pprof/, so a leak in a run of days can be looked at
+// where it happens. Metrics and health go to whoever asks, as Prometheus
+// and orchestrators expect. Profiles go to requests from this machine
 // only, unless cfg.PprofRemote: they show the command line, and a CPU
 // profile or a trace costs the run a core for as long as it is asked to
 // run.
@@ -30,7 +33,38 @@ func (p *Pipeline) metricsHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", promhttp.HandlerFor(p.metrics.Registry, promhttp.HandlerOpts{}))
 	mux.Handle("/debug/pprof/", profilesFor(prof, p.cfg.PprofRemote))
+	mux.HandleFunc("GET /healthz", p.healthz)
 	return mux
+}
+
+// healthz answers an orchestrator's probe of this process (a Kubernetes
+// liveness or readiness probe, a load balancer's check): 200 while its
+// stages consume and its NATS connection is up, 503 with the reason and a
+// Retry-After while it starts, stops or has lost its server (its stages
+// then wait; nothing is lost, so a liveness probe should allow for a
+// server's restart).
+func (p *Pipeline) healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	if err := p.health(); err != nil {
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = enc.Encode(map[string]string{"status": "unavailable", "run": p.cfg.Run, "error": err.Error()})
+		return
+	}
+	_ = enc.Encode(map[string]any{"status": "ok", "run": p.cfg.Run, "stages": p.cfg.Stages})
+}
+
+// health is nil while the process's stages consume and its NATS
+// connection is up, else what it is doing instead.
+func (p *Pipeline) health() error {
+	switch {
+	case p.router.IsClosed():
+		return errors.New("stopping")
+	case !p.router.IsRunning():
+		return errors.New("starting: the stages are not consuming yet")
+	}
+	return natsjs.Health(p.tr.nc)
 }
 
 // profilesFor lets requests from another machine through to h only when
