@@ -3,6 +3,7 @@
 package pythonclient
 
 import (
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
@@ -115,5 +116,66 @@ func TestClientGivesUpAndSaysWhy(t *testing.T) {
 	}
 	if n := len(bad.requests()); n != 1 {
 		t.Errorf("%d requests on a 502; want 1", n)
+	}
+}
+
+// freeAddr is a loopback address nothing listens on (for now).
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// A gateway that is not up yet (a wmrl run starting, or restarted under a
+// trainer) is asked again until it answers, which is said once; one that
+// never answers is raised as WMRLError after retry_for, with the cause.
+func TestClientWaitsForAGatewayThatIsNotUpYet(t *testing.T) {
+	addr := freeAddr(t)
+	type result struct {
+		out string
+		at  time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		out := ask(t, "http://"+addr, 30)
+		done <- result{out, time.Now()}
+	}()
+	time.Sleep(1500 * time.Millisecond)
+	g := newGateway(t, "1", 200)
+	g.Close() // newGateway's listener is on another port: serve the same on addr
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := time.Now()
+	srv := &http.Server{Handler: g.Config.Handler}
+	go srv.Serve(l)
+	defer srv.Close()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the client did not answer within a minute of the gateway coming up")
+	}
+	lines := strings.Split(r.out, "\n")
+	if last := lines[len(lines)-1]; last != "reward 0.7" || r.at.Before(up) {
+		t.Fatalf("client printed %q; want the reward once the gateway was up", r.out)
+	}
+	if n := strings.Count(r.out, "asking again for up to 30 s"); n != 1 || !strings.Contains(r.out, "answers again, after") {
+		t.Errorf("the wait was said %d times, want once, and its end:\n%s", n, r.out)
+	}
+
+	start := time.Now()
+	if got := ask(t, "http://"+freeAddr(t), 2); !strings.Contains(got, "error None None could not reach http://127.0.0.1:") ||
+		!strings.Contains(got, "Connection refused") {
+		t.Errorf("a gateway that never answers: the client printed %q; want WMRLError with the cause", got)
+	}
+	if took := time.Since(start); took < 2*time.Second {
+		t.Errorf("the client gave up after %v, before retry_for", took)
 	}
 }

@@ -13,17 +13,27 @@ Use fused_advantage where your trainer would use the GRPO advantage.
 A 503 (the world model or NATS is down for the moment) or 429 is asked
 again for up to `retry_for` seconds (default 120; 0: never), waiting what
 its Retry-After says; after that WMRLError is raised, with the status and
-the gateway's reason. Asking again is safe: a trajectory or watermark sent
-twice within the stream's dedup window (10 minutes) is stored once.
+the gateway's reason. So is a gateway that cannot be reached (refused,
+reset, timed out: a wmrl run being restarted, a gateway not up yet),
+asked again every second or so and said once on the "wmrl" logger; after
+`retry_for` WMRLError is raised with status None and the cause. A TLS
+certificate error is raised at once: asking again would not change it.
+Asking again is safe: a trajectory or watermark sent twice within the
+stream's dedup window (10 minutes) is stored once.
 """
 
 import json
+import logging
 import ssl
 import time
 import urllib.error
 import urllib.request
 
 RETRIED = (429, 503)
+# Seconds between attempts to reach a gateway that does not answer.
+UNREACHABLE_WAIT = 1.0
+
+log = logging.getLogger("wmrl")
 # A request's body at most: the gateway takes 16 MiB; half leaves room.
 MAX_REQUEST_BYTES = 8 << 20
 
@@ -51,15 +61,33 @@ class WMRLClient:
         self.ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
 
     def _call(self, method, path, body=None, timeout=None):
-        deadline = time.monotonic() + self.retry_for
+        start = time.monotonic()
+        deadline = start + self.retry_for
+        said = False
         while True:
             try:
-                return self._once(method, path, body, timeout)
+                result = self._once(method, path, body, timeout)
+                if said:
+                    log.warning("wmrl gateway %s answers again, after %.0f s", self.base, time.monotonic() - start)
+                return result
             except WMRLError as e:
                 wait = e.retry_after if e.retry_after is not None else 1.0
                 if e.status not in RETRIED or time.monotonic() + wait > deadline:
                     raise
                 time.sleep(wait)
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+                # Not answered: refused or not resolved (URLError), or cut
+                # off while the answer was read.
+                cause = unreachable(e)
+                if cause is None:
+                    raise  # a TLS certificate error: asking again would not change it
+                now = time.monotonic()
+                if now >= deadline:
+                    raise WMRLError(None, f"could not reach {self.base} for {now - start:.0f} s: {cause}") from None
+                if not said:
+                    log.warning("wmrl gateway %s: %s; asking again for up to %.0f s", self.base, cause, self.retry_for)
+                    said = True
+                time.sleep(min(UNREACHABLE_WAIT, deadline - now))  # the last attempt at the deadline
 
     def _once(self, method, path, body, timeout):
         # body: JSON-able, or bytes already encoded
@@ -129,6 +157,16 @@ class WMRLClient:
 
     def slime_reward(self, prompt, response, label=None):
         return self._call("POST", "/rewards/slime", {"prompt": prompt, "response": response, "label": label})
+
+
+def unreachable(err):
+    """What kept a request from the gateway, when asking again may get
+    through (refused, reset, timed out, name not resolved yet); None for a
+    TLS error or anything else, which asking again would not change."""
+    reason = err.reason if isinstance(err, urllib.error.URLError) else err
+    if isinstance(reason, ssl.SSLError) or not isinstance(reason, OSError):
+        return None
+    return str(reason)
 
 
 def retry_after(value):
