@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -298,6 +300,69 @@ func TestPythonClient(t *testing.T) {
 			}
 		}
 		p.Stop()
+	}
+}
+
+// A Python trainer keeps training through a restart of the run under it:
+// the gateway goes away mid-run (its requests refused or cut off), comes
+// back on the same data and address, and the trainer finishes every step
+// with every fused advantage as it recomputes it, having said the wait
+// once.
+func TestAPythonTrainerOutlivesARestartOfTheRun(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPToken = SourceExternal, token
+	cfg.HTTPAddr = fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const steps = 30
+	cmd := exec.CommandContext(ctx, py, "../examples/python/trainer_demo.py", "--url", "http://"+cfg.HTTPAddr, "--token", token, "--steps", strconv.Itoa(steps))
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	read := bufio.NewScanner(stdout)
+	for read.Scan() {
+		lines = append(lines, read.Text())
+		if strings.HasPrefix(read.Text(), "step 4: ") {
+			break
+		}
+	}
+	if err := p.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the trainer finds nothing there
+	p, err = Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	for read.Scan() {
+		lines = append(lines, read.Text())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the trainer failed across the restart: %v\n%s\n%s", err, strings.Join(lines, "\n"), stderr.String())
+	}
+	for step := range steps {
+		if want := fmt.Sprintf("step %d: 32 fused advantages match", step); !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, want) }) {
+			t.Errorf("no %q:\n%s", want, strings.Join(lines, "\n"))
+		}
+	}
+	if n := strings.Count(stderr.String(), "asking again for up to"); n != 1 {
+		t.Errorf("the trainer said its wait %d times, want once:\n%s", n, stderr.String())
 	}
 }
 
