@@ -373,7 +373,7 @@ func TestWorkDirsAreRemovedAsAnyUser(t *testing.T) {
 			t.Errorf("%s: %s", r.status, r.detail)
 		}
 	}
-	if left, _ := filepath.Glob(filepath.Join(tmp, "wmrl-exec-*")); len(left) > 0 {
+	if left, _ := filepath.Glob(filepath.Join(tmp, WorkParent, "*")); len(left) > 0 {
 		t.Fatalf("work directories left behind: %v", left)
 	}
 }
@@ -655,10 +655,17 @@ func TestExecutionsWithUsersOfTheirOwnCannotReachEachOther(t *testing.T) {
 		t.Skip("users of their own need root")
 	}
 	task := housing(t)
-	victim := "import time\nopen('submission.csv', 'w').write('id,price\\n')\ntime.sleep(2)\n"
+	victim := "import time\nopen('submission.csv', 'w').write('id,price\\n')\ntime.sleep(3)\n"
+	// The thief looks for the other's directory beside its own, and says
+	// whether it could list them and how long its own directory's name is.
 	thief := `import glob, os, time
-time.sleep(0.5)
+time.sleep(1)
 mine = os.getcwd()
+try:
+    os.listdir(os.path.dirname(mine))
+    listed = "listed"
+except PermissionError:
+    listed = "not listed"
 for d in glob.glob(os.path.dirname(mine) + "/wmrl-exec-*"):
     if d != mine:
         try:
@@ -666,6 +673,7 @@ for d in glob.glob(os.path.dirname(mine) + "/wmrl-exec-*"):
             raise SystemExit("read " + d + "/submission.csv")
         except (PermissionError, FileNotFoundError):
             pass
+raise SystemExit("%s, name of %d characters" % (listed, len(os.path.basename(mine))))
 `
 	steal := func(s *Subprocess) execute.Result {
 		var wg sync.WaitGroup
@@ -681,12 +689,25 @@ for d in glob.glob(os.path.dirname(mine) + "/wmrl-exec-*"):
 		return r
 	}
 	limits := Limits{Timeout: 20 * time.Second}
-	if r := steal(&Subprocess{Task: task, Limits: limits}); r.Status != schemas.ExecCrashed || !strings.Contains(r.Detail, "read /") {
-		t.Fatalf("both as nobody: %s: %s; want the thief to read the other's submission (else this test proves nothing)", r.Status, r.Detail)
+	// This process's own user lists the executions' parent: the victim's
+	// directory is there while it runs (else the thief finds nothing for
+	// want of anything to find).
+	seen := make(chan []string, 1)
+	go func() {
+		time.Sleep(500 * time.Millisecond) // both started, neither ended
+		dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), WorkParent, "wmrl-exec-*"))
+		seen <- dirs
+	}()
+	want := "not listed, name of 42 characters" // "wmrl-exec-" and 32 hex digits
+	if r := steal(&Subprocess{Task: task, Limits: limits}); r.Status != schemas.ExecCrashed || !strings.Contains(r.Detail, want) {
+		t.Fatalf("both as nobody: %s: %s; want the thief unable to list the other's directory (%q)", r.Status, r.Detail, want)
+	}
+	if dirs := <-seen; len(dirs) != 2 {
+		t.Fatalf("%d execution directories while both ran, want 2: %v", len(dirs), dirs)
 	}
 	own := &Subprocess{Task: task, Limits: limits, UIDs: []uint32{2000000101, 2000000102}}
-	if r := steal(own); r.Status != schemas.ExecInvalid {
-		t.Fatalf("users of their own: %s: %s; want the thief kept out (then no submission of its own: invalid)", r.Status, r.Detail)
+	if r := steal(own); r.Status != schemas.ExecCrashed || !strings.Contains(r.Detail, want) {
+		t.Fatalf("users of their own: %s: %s; want the thief kept out (%q)", r.Status, r.Detail, want)
 	}
 
 	// A daemon that leaves its process group outlives the execution's
@@ -731,5 +752,32 @@ func TestTaskJSONAloneGivesTheLimits(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "task.json"), []byte(`{"name":"x","metric":"mse"}`), 0o644)
 	if _, err := ReadTaskJSON(dir); err == nil || !strings.Contains(err.Error(), `metric "mse"`) {
 		t.Fatalf("a bad metric: %v", err)
+	}
+}
+
+// A WorkParent that is not this user's own directory (a symlink planted
+// in a shared /tmp, or another user's) is refused, naming it: whoever
+// made it could list the executions in it.
+func TestAWorkParentNotOfThisUserIsRefused(t *testing.T) {
+	task := housing(t)
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	if err := os.Symlink(t.TempDir(), filepath.Join(tmp, WorkParent)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := exe(task).Run(context.Background(), "print(1)\n")
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(tmp, WorkParent)+" is not a directory of this process's user") {
+		t.Fatalf("a symlink for the work parent: %v; want it refused, named", err)
+	}
+	// Its own, made too open (by an older wmrl, or by hand), is closed.
+	os.Remove(filepath.Join(tmp, WorkParent))
+	if err := os.Mkdir(filepath.Join(tmp, WorkParent), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := exe(task).Run(context.Background(), "print(1)\n"); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(tmp, WorkParent)); err != nil || fi.Mode().Perm() != 0o711 {
+		t.Errorf("the work parent after a run: %v %v; want mode 0711", fi.Mode(), err)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -246,7 +248,7 @@ func (s *Subprocess) run(ctx context.Context, code string, data bool) (run Run, 
 		return Run{}, err
 	}
 	defer free()
-	dir, err := os.MkdirTemp("", "wmrl-exec-")
+	dir, err := newWorkDir()
 	if err != nil {
 		return Run{}, fmt.Errorf("sandbox: work dir: %w", err)
 	}
@@ -332,6 +334,43 @@ func (s *Subprocess) prepare(dir, code string, withData bool, uid uint32) error 
 		}
 	}
 	return nil
+}
+
+// WorkParent is the directory, under TMPDIR, that every execution's own
+// directory is made in. Only this process's user may list it: code run as
+// another user (nobody, or one of --exec-uids) enters its own directory,
+// whose path it knows, but cannot find another's, whose name carries 128
+// random bits. An RL policy that learned to read a concurrent candidate's
+// submission would be rewarded for it.
+const WorkParent = "wmrl-execs"
+
+// newWorkDir makes an execution's directory in WorkParent.
+func newWorkDir() (string, error) {
+	parent := filepath.Join(os.TempDir(), WorkParent)
+	if err := os.Mkdir(parent, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", err
+	}
+	// One made by another user (in a /tmp every user writes) could be
+	// listed, or replaced, by them.
+	fi, err := os.Lstat(parent)
+	if err != nil {
+		return "", err
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !fi.IsDir() || !ok || int(st.Uid) != os.Geteuid() {
+		return "", fmt.Errorf("%s is not a directory of this process's user (uid %d): remove it, or set TMPDIR to a directory of this user's", parent, os.Geteuid())
+	}
+	if fi.Mode().Perm() != 0o711 {
+		if err := os.Chmod(parent, 0o711); err != nil {
+			return "", err
+		}
+	}
+	var name [16]byte
+	rand.Read(name[:])
+	dir := filepath.Join(parent, "wmrl-exec-"+hex.EncodeToString(name[:]))
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", err
+	}
+	return dir, nil
 }
 
 // removeWorkDir removes an execution's directory. Its data/ is read-only,
