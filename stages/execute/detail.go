@@ -46,11 +46,16 @@ const (
 // counts and times that differ between two failures of the same kind.
 var numbers = regexp.MustCompile(`\b(?:\d+(?:\.\d+)?(?:ns|µs|ms|s|m|h)?)+\b`)
 
+// randomIDs matches a long hexadecimal token standing alone: the random
+// name of an execution's work directory (the subprocess sandbox's has 32
+// hex digits), which differs between two failures of the same kind.
+var randomIDs = regexp.MustCompile(`\b[0-9a-f]{16,}\b`)
+
 // Cause is what a detail says went wrong, as a key to count failures by:
 // the last line of a crash's stderr (a Python exception: "ModuleNotFoundError:
 // No module named 'lightgbm'"), the signal that killed it, the limit that
-// ended it, or what the grader refused; with numbers as N, so that one
-// kind of failure with other sizes counts once.
+// ended it, or what the grader refused; with numbers and random IDs as N,
+// so that one kind of failure with other sizes or paths counts once.
 func Cause(detail string) string {
 	d := " " + strings.TrimSpace(detail) // a note may be all there is
 	for {
@@ -80,5 +85,5 @@ func Cause(detail string) string {
 	if d == "" {
 		return "(no detail)"
 	}
-	return numbers.ReplaceAllString(d, "N")
+	return numbers.ReplaceAllString(randomIDs.ReplaceAllString(d, "N"), "N")
 }

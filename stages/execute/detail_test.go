@@ -64,6 +64,9 @@ func TestCauseIsWhatWentWrongWithoutItsNumbers(t *testing.T) {
 		{"(" + NoteNotIsolated + ")", "(no detail)"},
 		{"", "(no detail)"},
 		{"ModuleNotFoundError: No module named 'sklearn2'", "ModuleNotFoundError: No module named 'sklearn2'"},
+		// The sandbox's work directory has a random name: one cause for every execution.
+		{"exit code 1: x | FileNotFoundError: [Errno 2] No such file or directory: '/tmp/wmrl-execs/wmrl-exec-5f0c3e9a1b7d4e2f8a6c0b9d3e1f7a24/out/x.csv'",
+			"FileNotFoundError: [Errno N] No such file or directory: '/tmp/wmrl-execs/wmrl-exec-N/out/x.csv'"},
 	} {
 		if got := Cause(c.detail); got != c.want {
 			t.Errorf("Cause(%q)\n = %q\nwant %q", c.detail, got, c.want)
