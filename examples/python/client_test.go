@@ -179,3 +179,67 @@ func TestClientWaitsForAGatewayThatIsNotUpYet(t *testing.T) {
 		t.Errorf("the client gave up after %v, before retry_for", took)
 	}
 }
+
+// An update is asked for in long polls of at most poll seconds, until it
+// comes or wait has passed: the gateway holds a poll 10 minutes at most
+// and a load balancer may cut one idle for a minute, where a step's
+// anchors may execute for longer. A 404 other than "no update yet" (an
+// unknown run) is raised at once.
+func TestClientPollsForAnUpdateUntilItComes(t *testing.T) {
+	var mu sync.Mutex
+	var waits []string
+	var polls int
+	g := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		polls++
+		n := polls
+		waits = append(waits, r.URL.Query().Get("wait"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case !strings.HasPrefix(r.URL.Path, "/v1/runs/default/"):
+			w.WriteHeader(http.StatusNotFound)
+			w.Write([]byte(`{"error": "unknown run \"other\" (this gateway serves run \"default\")"}`))
+		case n < 3 || strings.HasSuffix(r.URL.Path, "/steps/9/update"):
+			time.Sleep(200 * time.Millisecond) // the long poll, shortened
+			w.WriteHeader(http.StatusNotFound)
+			w.Write([]byte(`{"error": "step 3 has no update yet (waited 1s)"}`))
+		default:
+			w.Write([]byte(`{"step": 3, "items": []}`))
+		}
+	}))
+	defer g.Close()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	script := `
+import sys, time
+from wmrl_client import WMRLClient, WMRLError
+def show(run, step, wait):
+    c = WMRLClient(sys.argv[1], run=run)
+    start = time.monotonic()
+    try:
+        print("update of step", c.update(step, wait=wait, poll=1)["step"])
+    except WMRLError as e:
+        print("error", e.status, "after", "at least 2.5 s" if time.monotonic() - start >= 2.5 else "under 1 s" if time.monotonic() - start < 1 else "%.1f s" % (time.monotonic() - start))
+show("default", 3, 30)
+show("default", 9, 2.5)
+show("other", 3, 30)
+`
+	out, err := exec.Command(py, "-c", script, g.URL).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	want := "update of step 3\nerror 404 after at least 2.5 s\nerror 404 after under 1 s"
+	if got := strings.TrimSpace(string(out)); got != want {
+		t.Errorf("client printed %q; want %q", got, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, w := range waits {
+		if secs, err := strconv.ParseFloat(w, 64); err != nil || secs > 1 {
+			t.Errorf("a poll asked to wait %q; want at most poll, 1 s", w)
+		}
+	}
+}

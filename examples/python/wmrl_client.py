@@ -133,9 +133,23 @@ class WMRLClient:
         """Publish the step's watermark: it has `groups` groups, no more will come."""
         return self._call("POST", f"/steps/{step}/close", {"groups": groups})
 
-    def update(self, step, wait=60.0):
-        """The step's fused update, waiting up to `wait` seconds for it."""
-        return self._call("GET", f"/steps/{step}/update?wait={wait}", timeout=wait + self.timeout)
+    def update(self, step, wait=60.0, poll=50.0):
+        """The step's fused update, waiting up to `wait` seconds for it.
+
+        It asks in long polls of at most `poll` seconds each: the gateway
+        holds one for 10 minutes at most, and a load balancer in between
+        may cut a request idle for a minute (AWS's default is 60 s). A
+        step whose anchors execute for 20 minutes takes `wait` of more than
+        that. After `wait`, the gateway's 404 ("has no update yet") is
+        raised as WMRLError."""
+        deadline = time.monotonic() + wait
+        while True:
+            ask = max(0.0, min(poll, deadline - time.monotonic()))
+            try:
+                return self._call("GET", f"/steps/{step}/update?wait={ask:.3f}", timeout=ask + self.timeout)
+            except WMRLError as e:
+                if e.status != 404 or "has no update yet" not in e.message or time.monotonic() >= deadline:
+                    raise
 
     def steps(self):
         """Where the run is: the newest step planned and fused (None before
