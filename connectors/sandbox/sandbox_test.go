@@ -373,7 +373,7 @@ func TestWorkDirsAreRemovedAsAnyUser(t *testing.T) {
 			t.Errorf("%s: %s", r.status, r.detail)
 		}
 	}
-	if left, _ := filepath.Glob(filepath.Join(tmp, WorkParent, "*")); len(left) > 0 {
+	if left, _ := filepath.Glob(filepath.Join(WorkParent(), "*")); len(left) > 0 {
 		t.Fatalf("work directories left behind: %v", left)
 	}
 }
@@ -695,7 +695,7 @@ raise SystemExit("%s, name of %d characters" % (listed, len(os.path.basename(min
 	seen := make(chan []string, 1)
 	go func() {
 		time.Sleep(500 * time.Millisecond) // both started, neither ended
-		dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), WorkParent, "wmrl-exec-*"))
+		dirs, _ := filepath.Glob(filepath.Join(WorkParent(), "wmrl-exec-*"))
 		seen <- dirs
 	}()
 	want := "not listed, name of 42 characters" // "wmrl-exec-" and 32 hex digits
@@ -762,22 +762,22 @@ func TestAWorkParentNotOfThisUserIsRefused(t *testing.T) {
 	task := housing(t)
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
-	if err := os.Symlink(t.TempDir(), filepath.Join(tmp, WorkParent)); err != nil {
+	if err := os.Symlink(t.TempDir(), WorkParent()); err != nil {
 		t.Fatal(err)
 	}
 	_, err := exe(task).Run(context.Background(), "print(1)\n")
-	if err == nil || !strings.Contains(err.Error(), filepath.Join(tmp, WorkParent)+" is not a directory of this process's user") {
+	if err == nil || !strings.Contains(err.Error(), WorkParent()+" is not a directory of this process's user") {
 		t.Fatalf("a symlink for the work parent: %v; want it refused, named", err)
 	}
 	// Its own, made too open (by an older wmrl, or by hand), is closed.
-	os.Remove(filepath.Join(tmp, WorkParent))
-	if err := os.Mkdir(filepath.Join(tmp, WorkParent), 0o777); err != nil {
+	os.Remove(WorkParent())
+	if err := os.Mkdir(WorkParent(), 0o777); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := exe(task).Run(context.Background(), "print(1)\n"); err != nil {
 		t.Fatal(err)
 	}
-	if fi, err := os.Stat(filepath.Join(tmp, WorkParent)); err != nil || fi.Mode().Perm() != 0o711 {
+	if fi, err := os.Stat(WorkParent()); err != nil || fi.Mode().Perm() != 0o711 {
 		t.Errorf("the work parent after a run: %v %v; want mode 0711", fi.Mode(), err)
 	}
 }

@@ -337,16 +337,19 @@ func (s *Subprocess) prepare(dir, code string, withData bool, uid uint32) error 
 }
 
 // WorkParent is the directory, under TMPDIR, that every execution's own
-// directory is made in. Only this process's user may list it: code run as
-// another user (nobody, or one of --exec-uids) enters its own directory,
-// whose path it knows, but cannot find another's, whose name carries 128
-// random bits. An RL policy that learned to read a concurrent candidate's
-// submission would be rewarded for it.
-const WorkParent = "wmrl-execs"
+// directory is made in: wmrl-execs-<uid>, one per user that runs wmrl.
+// Only that user may list it: code run as another user (nobody, or one of
+// --exec-uids) enters its own directory, whose path it knows, but cannot
+// find another's, whose name carries 128 random bits. An RL policy that
+// learned to read a concurrent candidate's submission would be rewarded
+// for it.
+func WorkParent() string {
+	return filepath.Join(os.TempDir(), fmt.Sprintf("wmrl-execs-%d", os.Geteuid()))
+}
 
 // newWorkDir makes an execution's directory in WorkParent.
 func newWorkDir() (string, error) {
-	parent := filepath.Join(os.TempDir(), WorkParent)
+	parent := WorkParent()
 	if err := os.Mkdir(parent, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
 		return "", err
 	}
