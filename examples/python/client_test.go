@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -241,5 +242,36 @@ show("other", 3, 30)
 		if secs, err := strconv.ParseFloat(w, 64); err != nil || secs > 1 {
 			t.Errorf("a poll asked to wait %q; want at most poll, 1 s", w)
 		}
+	}
+}
+
+// A reward request waits for the gateway's answer as long as
+// reward_timeout, past the client's timeout for other requests: the
+// world model behind it may take a minute, and asking the batch again
+// after `timeout` would only ask the world model twice.
+func TestRewardsWaitForASlowWorldModel(t *testing.T) {
+	var asked atomic.Int64
+	g := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		time.Sleep(1500 * time.Millisecond) // the world model thinking
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte("0.7\n"))
+	}))
+	defer g.Close()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	script := `
+import sys
+from wmrl_client import WMRLClient
+print("reward", WMRLClient(sys.argv[1], timeout=0.5).slime_reward("Task 1.", "print(1)"))
+`
+	out, err := exec.Command(py, "-c", script, g.URL).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "reward 0.7" {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	if n := asked.Load(); n != 1 {
+		t.Errorf("the reward was asked %d times; want once", n)
 	}
 }

@@ -50,11 +50,17 @@ class WMRLError(Exception):
 
 
 class WMRLClient:
-    def __init__(self, base_url, run="default", token=None, timeout=30.0, retry_for=120.0, ca_file=None):
+    def __init__(self, base_url, run="default", token=None, timeout=30.0, retry_for=120.0, ca_file=None, reward_timeout=600.0):
         self.base = base_url.rstrip("/") + f"/v1/runs/{run}"
         self.run = run
         self.token = token
         self.timeout = timeout
+        # reward_timeout: how long a reward request may take. The gateway
+        # asks the world model, an LLM that may take a minute under load,
+        # and retries it itself (--wm-timeout, --wm-retries): the client
+        # waits for its answer (a score, or a 502/503 saying why) rather
+        # than asking again the whole batch after `timeout`.
+        self.reward_timeout = reward_timeout
         self.retry_for = retry_for
         # ca_file: the CA that signed an HTTPS gateway's certificate (None:
         # the system's).
@@ -167,10 +173,11 @@ class WMRLClient:
 
     def openrlhf_rewards(self, query, prompts=None, labels=None):
         body = {"query": query, "prompts": prompts or [""] * len(query), "labels": labels or [None] * len(query)}
-        return self._call("POST", "/rewards/openrlhf", body)["rewards"]
+        return self._call("POST", "/rewards/openrlhf", body, timeout=max(self.timeout, self.reward_timeout))["rewards"]
 
     def slime_reward(self, prompt, response, label=None):
-        return self._call("POST", "/rewards/slime", {"prompt": prompt, "response": response, "label": label})
+        return self._call("POST", "/rewards/slime", {"prompt": prompt, "response": response, "label": label},
+                          timeout=max(self.timeout, self.reward_timeout))
 
 
 def unreachable(err):
