@@ -129,6 +129,7 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 		},
 		InFlight:   p.execInFlight,
 		MaxPayload: int(p.tr.nc.MaxPayload()),
+		OnShort:    p.closedShort,
 	}, p.stagePublisher(StageRoute))
 	if err != nil {
 		return err
@@ -522,6 +523,31 @@ func (p *Pipeline) buildGateway() error {
 	}
 	p.gateway, p.httpListener = g, l
 	return nil
+}
+
+// closedShort says that a step was planned on its timeout with less than
+// its watermark declared: a trainer whose groups fall short of their
+// group_size (a rollout that failed, dropped rather than sent) has every
+// such step wait out --step-timeout, which only this says.
+func (p *Pipeline) closedShort(s route.Short) {
+	p.metrics.ShortSteps.Inc()
+	var what []string
+	if s.Groups < s.Declared {
+		what = append(what, fmt.Sprintf("%d of the %d groups its watermark declared came", s.Groups, s.Declared))
+	}
+	if n := len(s.Incomplete); n > 0 {
+		var gs []string
+		for _, g := range s.Incomplete[:min(3, n)] {
+			gs = append(gs, fmt.Sprintf("%s %d of %d", g.GroupID, g.Got, g.Want))
+		}
+		if n > 3 {
+			gs = append(gs, fmt.Sprintf("and %d more", n-3))
+		}
+		what = append(what, fmt.Sprintf("%d group(s) with fewer trajectories than their group_size (%s)", n, strings.Join(gs, ", ")))
+	}
+	p.notef("route: step %d closed %s after its watermark, on --step-timeout, with %s; it was planned with what came. "+
+		"A trainer that drops a failed rollout should send its group with the group_size it has, and a watermark with the groups it sends, "+
+		"or every such step waits this long", s.Step, s.Waited.Round(time.Millisecond), strings.Join(what, " and "))
 }
 
 // certRenewed says, of a renewal of server's certificate files, that

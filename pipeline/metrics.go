@@ -70,6 +70,9 @@ type Metrics struct {
 	// server is up; NATSReconnects counts its reconnections.
 	NATSConnected  prometheus.Gauge
 	NATSReconnects prometheus.Counter
+	// ShortSteps counts steps route planned on their timeout with less
+	// than their watermark declared.
+	ShortSteps prometheus.Counter
 	// StreamBytes is what the run's stream holds; StoreBytes and
 	// StoreLimit the JetStream account's store and its limit (0: none
 	// known); StoreDiskFree the room left on the embedded server's disk.
@@ -150,6 +153,8 @@ func NewMetrics() *Metrics {
 	}
 	m.NATSReconnects = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "nats_reconnects_total",
 		Help: "Reconnections of this process's connection to its NATS server, after it was lost."})
+	m.ShortSteps = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "steps_closed_short_total",
+		Help: "Steps planned on their --step-timeout with fewer groups than their watermark declared, or groups with fewer trajectories than their group_size: each waited out the timeout."})
 	m.Archived = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "steps_archived_total",
 		Help: "Step updates whose rows are in closed, synced archive files."})
 	m.ArchiveMerged = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "archive_files_merged_total",
@@ -172,7 +177,7 @@ func NewMetrics() *Metrics {
 	m.ExecutionSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "wmrl", Name: "execution_seconds",
 		Help:    "How long the anchor executions this process ran took (the executor's own timing).",
 		Buckets: prometheus.ExponentialBuckets(0.1, 2, 16)})
-	r.MustRegister(m.Latency, m.StepLatency, m.NATSReconnects, m.CertNotAfter, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
+	r.MustRegister(m.Latency, m.StepLatency, m.NATSReconnects, m.ShortSteps, m.CertNotAfter, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
 		m.Executions, m.ExecutionSeconds)
 	return m
 }

@@ -481,3 +481,40 @@ func TestPythonClientSendsAStepLargerThanARequest(t *testing.T) {
 		t.Fatalf("the step was %v MB, not over one request's 16 MiB", mb)
 	}
 }
+
+// A trainer that drops a failed rollout but declares the group's full
+// size, or sends fewer groups than its watermark says, has its step
+// planned on --step-timeout with what came: the step is fused, and the
+// run says what was short and how to stop waiting, and counts it.
+func TestAStepShortOfItsWatermarkIsSaid(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
+	cfg.StepTimeout, cfg.Quiet = time.Second, false
+	out := &syncBuffer{}
+	cfg.Out = out
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 4, GroupSize: 4}
+	trajs, wm := pol.Step(0)
+	dropped := trajs[1] // one rollout of the first group failed
+	trajs = slices.Delete(trajs, 1, 2)
+	body, _ := json.Marshal(trajs)
+	h.want(http.StatusAccepted, "POST", "/trajectories", body, token, "")
+	h.want(http.StatusAccepted, "POST", "/steps/0/close", []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups+1)), token, "")
+	var u schemas.Update
+	if err := json.Unmarshal(h.want(http.StatusOK, "GET", "/steps/0/update?wait=30", nil, token, ""), &u); err != nil {
+		t.Fatal(err)
+	}
+	if len(u.Items) != len(trajs) {
+		t.Fatalf("update of %d items, want the %d that came", len(u.Items), len(trajs))
+	}
+	said := out.String()
+	if !regexp.MustCompile(`route: step 0 closed 1(\.\d+)?s after its watermark`).MatchString(said) || !strings.Contains(said, "on --step-timeout, with 4 of the 5 groups its watermark declared came and 1 group(s) with fewer trajectories than their group_size ("+dropped.GroupID+" 3 of 4)") {
+		t.Errorf("the run said:\n%s", said)
+	}
+	if n := testutil.ToFloat64(p.Metrics().ShortSteps); n != 1 {
+		t.Errorf("wmrl_steps_closed_short_total %v, want 1", n)
+	}
+}

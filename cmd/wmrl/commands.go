@@ -104,6 +104,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.IntVar(&cfg.Debiaser.Bins, "bins", cfg.Debiaser.Bins, "equal-width bins before the isotonic fit (0: raw pairs)")
 	fs.IntVar(&cfg.Debiaser.BufferSize, "buffer", cfg.Debiaser.BufferSize, "anchor pairs kept for the fit")
 	fs.StringVar(estimator, "rho", string(fuse.DefaultEstimator), "rho estimator: reference, ratio, advantage or off")
+	fs.DurationVar(&cfg.StepTimeout, "step-timeout", 30*time.Second, "a step is planned this long after its watermark with what came, when groups are missing or short of their group_size (said, and counted in wmrl_steps_closed_short_total)")
 	fs.DurationVar(&cfg.AnchorDeadline, "anchor-deadline", cfg.AnchorDeadline, "anchors later than this fall back to world-model rewards for their step")
 	fs.DurationVar(&cfg.PairWait, "pair-wait", cfg.PairWait, "an anchor group's prediction or execution waits at most this long for the other (their pairs calibrate even when late), then goes to the dead letters")
 	fs.DurationVar(&cfg.StuckAfter, "stuck-after", cfg.StuckAfter, "say so when a step still misses a group's prediction this long after fuse got its plan (a prediction has no deadline: a step waits for every group's)")

@@ -164,6 +164,15 @@ func (a *Assembly) Plan(run string, n int64, sched *Scheduler, inFlight int, sen
 }
 
 // Close forgets step n's trajectories and marks it closed.
+// Declared is the number of groups step n's watermark declared, and when
+// it came (zero before it has).
+func (a *Assembly) Declared(n int64) (groups int, at time.Time) {
+	if s := a.steps[n]; s != nil && s.watermark != nil {
+		return s.watermark.Groups, s.watermarkAt
+	}
+	return 0, time.Time{}
+}
+
 func (a *Assembly) Close(n int64) {
 	delete(a.steps, n)
 	a.closed[n] = true

@@ -35,6 +35,7 @@ type Handler struct {
 	redelivered func(*message.Message) bool
 	inFlight    func(context.Context) (int, error)
 	maxPayload  int
+	onShort     func(Short)
 
 	mu   sync.Mutex
 	asm  *Assembly
@@ -60,6 +61,29 @@ type Config struct {
 	// MaxPayload, if set, is the largest message the server takes (its
 	// max_payload): a group whose message is over it is ErrGroupTooLarge.
 	MaxPayload int
+	// OnShort, if set, hears of each step planned with less than its
+	// watermark declared (fewer groups, or groups with fewer trajectories
+	// than their group_size), once it is stored: such a step waited out
+	// StepTimeout.
+	OnShort func(Short)
+}
+
+// Short is a step planned with less than its watermark declared, on its
+// timeout.
+type Short struct {
+	Step int64
+	// Declared is the watermark's group count, Groups the groups that came.
+	Declared, Groups int
+	// Waited is from the watermark to the plan.
+	Waited time.Duration
+	// Incomplete are the groups with fewer trajectories than their size.
+	Incomplete []ShortGroup
+}
+
+// ShortGroup is a group with Got of its Want trajectories.
+type ShortGroup struct {
+	GroupID   string
+	Got, Want int
 }
 
 // ErrGroupTooLarge is a group whose trajectories together are over the
@@ -83,7 +107,7 @@ func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
 		cfg.Redelivered = func(*message.Message) bool { return false }
 	}
 	return &Handler{
-		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, inFlight: cfg.InFlight, maxPayload: cfg.MaxPayload,
+		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, inFlight: cfg.InFlight, maxPayload: cfg.MaxPayload, onShort: cfg.OnShort,
 		asm: NewAssembly(cfg.StepTimeout), done: map[int64]chan struct{}{}, sent: map[int64][]string{},
 	}, nil
 }
@@ -201,12 +225,32 @@ func (h *Handler) Flush() error {
 		if err := h.publish(plan, groups); err != nil {
 			return err // the step stays open; the next input or tick retries
 		}
+		if h.onShort != nil {
+			declared, at := h.asm.Declared(step)
+			if short := shortOf(plan, declared, now.Sub(at)); short != nil {
+				h.onShort(*short)
+			}
+		}
 		h.asm.Close(step)
 		close(h.doneFor(step))
 		delete(h.done, step)
 		delete(h.sent, step)
 	}
 	return nil
+}
+
+// shortOf is what plan lacks of its watermark's declared groups, or nil.
+func shortOf(plan schemas.Plan, declared int, waited time.Duration) *Short {
+	short := Short{Step: plan.Step, Declared: declared, Groups: len(plan.Groups), Waited: waited}
+	for _, g := range plan.Groups {
+		if len(g.TrajIDs) < g.Want {
+			short.Incomplete = append(short.Incomplete, ShortGroup{GroupID: g.GroupID, Got: len(g.TrajIDs), Want: g.Want})
+		}
+	}
+	if short.Groups >= declared && short.Incomplete == nil {
+		return nil
+	}
+	return &short
 }
 
 func (h *Handler) countInFlight() (int, error) {

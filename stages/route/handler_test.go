@@ -222,3 +222,47 @@ func TestResumedStepKeepsTheAnchorsSentBeforeARestart(t *testing.T) {
 		t.Fatalf("step 6: anchors %v with the cap reached, count asked %d times", ids, asked)
 	}
 }
+
+// A step planned on its timeout with fewer groups than its watermark
+// declared, or a group short of its group_size, is reported with what it
+// lacked and how long it waited; a complete step is not.
+func TestAStepClosedShortIsReported(t *testing.T) {
+	now := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+	var shorts []Short
+	h, err := NewHandler(Config{
+		Run: "r", Out: Topics{Group: "group", Exec: "exec", Plan: "plan"},
+		Scheduler: SchedulerConfig{Fraction: 0.5}, StepTimeout: 30 * time.Second,
+		Now:     func() time.Time { return now },
+		OnShort: func(s Short) { shorts = append(shorts, s) },
+	}, &recorder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	assemble(t, h, 0) // complete: planned at once
+	if err := h.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Step 1: group a has 1 of its 2, group b both, the watermark says 3.
+	h.mu.Lock()
+	for _, tr := range []schemas.Trajectory{traj(1, "a", 0, 2), traj(1, "b", 0, 2), traj(1, "b", 1, 2)} {
+		if err := h.asm.AddTraj(tr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.asm.AddWatermark(schemas.StepClose{Schema: 1, Run: "r", Step: 1, Groups: 3}, now); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Unlock()
+	now = now.Add(29 * time.Second)
+	if err := h.Flush(); err != nil || len(shorts) != 0 {
+		t.Fatalf("before the timeout: %v, %+v; want nothing planned, nothing said", err, shorts)
+	}
+	now = now.Add(2 * time.Second)
+	if err := h.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	want := []Short{{Step: 1, Declared: 3, Groups: 2, Waited: 31 * time.Second, Incomplete: []ShortGroup{{GroupID: "a", Got: 1, Want: 2}}}}
+	if fmt.Sprint(shorts) != fmt.Sprint(want) {
+		t.Errorf("reported %+v; want %+v", shorts, want)
+	}
+}
