@@ -266,8 +266,8 @@ func TestPythonClient(t *testing.T) {
 		if got := strings.HasPrefix(p.HTTPURL(), "https://"); got != https {
 			t.Fatalf("https %v: gateway at %s", https, p.HTTPURL())
 		}
-		trainer := func(steps string) *exec.Cmd {
-			args := []string{"../examples/python/trainer_demo.py", "--url", p.HTTPURL(), "--token", token, "--steps", steps}
+		trainer := func(steps string, more ...string) *exec.Cmd {
+			args := append([]string{"../examples/python/trainer_demo.py", "--url", p.HTTPURL(), "--token", token, "--steps", steps}, more...)
 			if https {
 				args = append(args, "--ca", pki.CA)
 			}
@@ -291,6 +291,16 @@ func TestPythonClient(t *testing.T) {
 		t.Logf("%s", out)
 		if err != nil || !strings.HasSuffix(strings.TrimSpace(string(out)), "ok") {
 			t.Fatalf("https %v: verl and TRL reward functions: %v", https, err)
+		}
+		// A trainer whose rollouts fail now and then sends their groups
+		// short (send_step): no step waits out --step-timeout for them.
+		out, err = trainer("2", "--drop-one").CombinedOutput()
+		t.Logf("%s", out)
+		if err != nil || !strings.Contains(string(out), "31 fused advantages match") {
+			t.Fatalf("https %v: a python trainer dropping a rollout a step: %v", https, err)
+		}
+		if n := testutil.ToFloat64(p.Metrics().ShortSteps); n != 0 {
+			t.Errorf("https %v: %v steps closed short of their watermark, want none", https, n)
 		}
 		if https {
 			// Without the CA, the client does not trust the gateway.

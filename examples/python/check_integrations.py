@@ -2,6 +2,7 @@
 
 import os
 import sys
+import types
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "verl"))
@@ -21,4 +22,50 @@ r = f(prompts=["Solve task 1.", "Solve task 2."], completions=["print(1)", [{"ro
       task_id=["task-1", "task-2"])
 assert len(r) == 2 and all(x is None or 0.0 <= x <= 1.0 for x in r), r
 print("verl compute_score", s["score"], "trl rewards", r)
+
+
+# verl's apply_fused_advantages, with stand-ins for what it takes from
+# verl and torch: a DataProto's two dicts, a tokenizer's batch_decode, and
+# torch.tensor, unsqueeze and * over plain lists.
+class Tensor(list):
+    def unsqueeze(self, dim):
+        assert dim == -1
+        return Tensor([[x] for x in self])
+
+    def __mul__(self, mask):
+        return Tensor([[row[0] * m for m in ms] for row, ms in zip(self, mask)])
+
+
+torch = types.ModuleType("torch")
+torch.tensor = lambda xs, dtype=None: Tensor(xs)
+torch.float32 = "float32"
+sys.modules["torch"] = torch
+
+
+class Tokenizer:
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return list(rows)
+
+
+class Batch:
+    pass
+
+
+# Two groups of verl's uids; the second lost a rollout that failed.
+uids = ["u0", "u0", "u0", "u0", "u1", "u1", "u1"]
+batch = Batch()
+batch.non_tensor_batch = {"uid": uids, "data_source": ["task-%d" % (i // 4) for i in range(len(uids))]}
+batch.batch = {"prompts": ["Solve task %d." % (i // 4) for i in range(len(uids))],
+               "responses": ["print(%d)" % i for i in range(len(uids))],
+               "response_mask": [[1, 1, 0]] * len(uids)}
+wstep = wmrl_verl.client().next_step()
+out = wmrl_verl.apply_fused_advantages(batch, 7, Tokenizer())
+update = wmrl_verl.client().update(wstep, wait=0)
+fused = {it["traj_id"]: it["fused_advantage"] for it in update["items"]}
+assert len(fused) == len(uids), update
+for i, row in enumerate(out.batch["advantages"]):
+    want = fused[f"{wstep}-{i}"]
+    assert row == [want, want, 0], (i, row, want)
+assert out.batch["returns"] is out.batch["advantages"]
+print("verl apply_fused_advantages: step", wstep, "groups", update["groups"], "advantages", [r[0] for r in out.batch["advantages"]])
 print("ok")

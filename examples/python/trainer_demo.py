@@ -71,6 +71,8 @@ def main():
                     help="default: the run's next step, as a trainer resumed from a checkpoint numbers its steps")
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--drop-one", action="store_true",
+                    help="drop one trajectory of each step, as a trainer drops a rollout that failed")
     ap.add_argument("--response-bytes", type=int, default=0,
                     help="pad each solution with a comment to this length, as long generated code is")
     args = ap.parse_args()
@@ -90,8 +92,9 @@ def main():
                     "prompt": f"Solve task {task}.", "response": pad(f"print({rng.random()})", args.response_bytes),
                     "policy_version": step, "meta": {},
                 })
-        assert client.submit(trajs) == len(trajs)
-        client.close_step(step, groups=args.groups)
+        if args.drop_one:
+            trajs.pop(1)  # a rollout that failed: its group is sent one short
+        assert client.send_step(step, trajs) == args.groups
         update = client.update(step, wait=60)
         n = check(update)
         assert n == len(trajs), f"update has {n} items for {len(trajs)} trajectories"

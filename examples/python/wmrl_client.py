@@ -3,8 +3,9 @@
     client = WMRLClient("http://127.0.0.1:8080", run="default", token=None)
     # a gateway that speaks HTTPS (wmrl --http-cert) under a CA of your own:
     client = WMRLClient("https://wmrl.internal:8443", token=..., ca_file="ca.pem")
-    client.submit(trajectories)           # list of dicts in the NATS contract's shape
-    client.close_step(step, groups=16)
+    client.send_step(step, trajectories)  # dicts in the NATS contract's shape; sets
+                                          # step, run and each group's size, then closes it
+    # (or client.submit(trajectories) and client.close_step(step, groups=16))
     update = client.update(step, wait=60)  # the step's fused update (long poll)
     adv = {it["traj_id"]: it["fused_advantage"] for it in update["items"]}
 
@@ -134,6 +135,21 @@ class WMRLClient:
         if parts:
             accepted += self._call("POST", "/trajectories", b"[" + b",".join(parts) + b"]")["accepted"]
         return accepted
+
+    def send_step(self, step, trajectories):
+        """Send a whole step and close it: every trajectory, with `step`,
+        the client's run and its group's size as sent (`group_size`: how
+        many of the list share its `group_id`), then the watermark with the
+        number of groups. A rollout dropped because it failed thus shrinks
+        its group instead of holding the step for the pipeline's
+        --step-timeout. Returns the number of groups."""
+        sizes = {}
+        for t in trajectories:
+            sizes[t["group_id"]] = sizes.get(t["group_id"], 0) + 1
+        sent = [dict(t, schema=t.get("schema", 1), run=self.run, step=step, group_size=sizes[t["group_id"]]) for t in trajectories]
+        self.submit(sent)
+        self.close_step(step, groups=len(sizes))
+        return len(sizes)
 
     def close_step(self, step, groups):
         """Publish the step's watermark: it has `groups` groups, no more will come."""

@@ -1,9 +1,10 @@
 """wmrl in verl: debiased rewards, or fused advantages in place of GRPO's.
 
-Runs here: `compute_score` (only the client is needed). Cannot run here:
-`apply_fused_advantages` needs torch and verl's DataProto (no GPU stack on
-this machine); it is written against verl's GRPO trainer as of 2026 and is
-checked only for syntax.
+Runs here: `compute_score` (only the client is needed). `apply_fused_advantages`
+needs torch and verl's DataProto (no GPU stack on this machine): it is
+written against verl's GRPO trainer as of 2026, and run here against a
+live gateway with stand-ins for the few things it takes from them
+(examples/python/check_integrations.py).
 
 1. Debiased rewards only (a config change): in the verl config,
 
@@ -68,17 +69,13 @@ def apply_fused_advantages(batch, step, tokenizer):  # pragma: no cover - needs 
     uids = batch.non_tensor_batch["uid"]  # verl's group id per sample
     prompts = tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True)
     responses = tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True)
-    sizes = {}
-    for u in uids:
-        sizes[u] = sizes.get(u, 0) + 1
     wstep = client().next_step()
     trajs = [{
-        "schema": 1, "run": client().run, "step": wstep, "group_id": f"{wstep}-{u}", "traj_id": f"{wstep}-{i}",
-        "group_size": sizes[u], "task_id": str(batch.non_tensor_batch.get("data_source", ["task"] * len(uids))[i]),
+        "group_id": f"{wstep}-{u}", "traj_id": f"{wstep}-{i}",
+        "task_id": str(batch.non_tensor_batch.get("data_source", ["task"] * len(uids))[i]),
         "prompt": p, "response": r, "policy_version": step, "meta": {},
     } for i, (u, p, r) in enumerate(zip(uids, prompts, responses))]
-    client().submit(trajs)
-    client().close_step(wstep, groups=len(sizes))
+    client().send_step(wstep, trajs)  # each group's size as sent
     update = client().update(wstep, wait=3600)
     fused = {it["traj_id"]: it["fused_advantage"] for it in update["items"]}
     scores = torch.tensor([fused[t["traj_id"]] for t in trajs], dtype=torch.float32)
