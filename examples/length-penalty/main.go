@@ -64,7 +64,9 @@ func penalty(n, limit int, perChar float64) float64 {
 type access struct{ creds, ca, cert, key string }
 
 func (a access) options() []nats.Option {
-	opts := []nats.Option{nats.Name("length-penalty")}
+	// A stage runs for days: it waits for its server through a restart of
+	// the run (nats.go gives up after 60 tries, about 2 minutes, by default).
+	opts := []nats.Option{nats.Name("length-penalty"), nats.MaxReconnects(-1)}
 	if tok := os.Getenv("WMRL_NATS_TOKEN"); tok != "" {
 		opts = append(opts, nats.Token(tok))
 	}

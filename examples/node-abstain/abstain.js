@@ -70,7 +70,10 @@ function abstain(pred, maxSpread) {
 
 // connectOptions are nats.js's options for what the server asks.
 function connectOptions(f, env) {
-  const opts = { servers: f.nats, name: "node-abstain" };
+  // A stage runs for days: it waits for its server through a restart of
+  // the run (nats.js gives up after 10 tries, about 20 s, by default, and
+  // the stage would end while its steps wait for it).
+  const opts = { servers: f.nats, name: "node-abstain", maxReconnectAttempts: -1 };
   if (env.WMRL_NATS_TOKEN) {
     opts.token = env.WMRL_NATS_TOKEN;
   }
@@ -107,10 +110,18 @@ async function main() {
   await jsm.consumers.add(stream, { durable_name: durable, filter_subject: input, ack_policy: AckPolicy.Explicit });
   const consumer = await js.consumers.get(stream, durable);
   const messages = await consumer.consume();
+  let stopping = false;
   const stop = async () => {
+    stopping = true;
     await messages.close();
     await nc.drain();
   };
+  (async () => {
+    for await (const s of nc.status()) {
+      if (s.type === "disconnect") console.error(`abstain: lost the server at ${s.server}; reconnecting`);
+      if (s.type === "reconnect") console.error(`abstain: reconnected to ${s.server}`);
+    }
+  })();
   process.on("SIGTERM", stop);
   process.on("SIGINT", stop);
   console.error(`abstain: ${input} -> ${output}, withdrawing scores whose samples spread over ${f.maxSpread}`);
@@ -146,6 +157,13 @@ async function main() {
       console.error(`abstain: publish failed, retrying: ${err.message}`);
       m.nak(1000); // retried; the ID makes the retry safe
     }
+  }
+  if (!stopping) {
+    // The messages ended without a signal: the connection closed for good
+    // (a server that refused the credentials). Exit non-zero, for a
+    // supervisor to see and restart, rather than as if asked to stop.
+    const err = await nc.closed();
+    throw new Error(`the connection to ${f.nats} closed for good${err ? ": " + (err.message || err) : ""}`);
   }
 }
 

@@ -3,6 +3,7 @@
 package nodeabstain
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -207,4 +208,110 @@ func TestNodeStageWithdrawsUnsureScores(t *testing.T) {
 		t.Errorf("dead letters %q; want the malformed message's, from the stage, with its reason", dl)
 	}
 	t.Logf("%d scores withdrawn, %d kept, %d null world-model rewards", withdrawn, kept, nulls)
+}
+
+// TestNodeStageOutlivesARestartOfTheRun: the run (and its embedded server)
+// stops and stays down for longer than nats.js reconnects by default (10
+// tries, 2 s apart); the stage waits, says so, reconnects when the run is
+// started again on the same data and address, and the steps after the
+// restart pass through it.
+func TestNodeStageOutlivesARestartOfTheRun(t *testing.T) {
+	needNode(t)
+	cfg := pipeline.DefaultConfig()
+	cfg.DataDir, cfg.Listen = t.TempDir(), fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	cfg.Steps, cfg.ExecLatency, cfg.TopologyFile, cfg.Quiet = 3, time.Millisecond, "topology.yaml", true
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p, err := pipeline.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(t.TempDir(), "stage.log")
+	stageLog, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stageLog.Close()
+	stageOut := func() string { b, _ := os.ReadFile(logPath); return string(b) }
+	stage := exec.CommandContext(ctx, "node", "abstain.js", "--nats", p.URL())
+	stage.Stdout, stage.Stderr = stageLog, stageLog
+	if err := stage.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- stage.Wait() }()
+	defer stage.Process.Kill()
+	if err := p.Wait(); err != nil {
+		t.Fatalf("the first run: %v\nstage:\n%s", err, stageOut())
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("the stage ended while the run was down: %v\n%s", err, stageOut())
+	case <-time.After(25 * time.Second):
+	}
+	cfg.Steps = 6
+	p, err = pipeline.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case err := <-exited:
+		t.Fatalf("the stage ended after the restart: %v\n%s", err, stageOut())
+	case <-time.After(time.Minute):
+		t.Fatalf("steps 3-5 not fused a minute after the restart\nstage:\n%s", stageOut())
+	}
+	for _, want := range []string{"abstain: lost the server at ", "abstain: reconnected to "} {
+		if !strings.Contains(stageOut(), want) {
+			t.Errorf("the stage did not say %q:\n%s", want, stageOut())
+		}
+	}
+}
+
+// TestNodeStageExitsWhenRefused: a run that comes back asking for a token
+// the stage does not have makes nats.js close the connection for good;
+// the stage exits non-zero saying so, for its supervisor to see, instead
+// of ending as if it had been asked to stop.
+func TestNodeStageExitsWhenRefused(t *testing.T) {
+	needNode(t)
+	cfg := pipeline.DefaultConfig()
+	cfg.DataDir, cfg.Listen = t.TempDir(), fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	cfg.Steps, cfg.ExecLatency, cfg.TopologyFile, cfg.Quiet = 2, time.Millisecond, "topology.yaml", true
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := pipeline.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stage := exec.CommandContext(ctx, "node", "abstain.js", "--nats", p.URL())
+	var out bytes.Buffer
+	stage.Stdout, stage.Stderr = &out, &out
+	if err := stage.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- stage.Wait() }()
+	defer stage.Process.Kill()
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Steps, cfg.NATSAuth.Token = 4, "not-the-stage's"
+	p, err = pipeline.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	select {
+	case err := <-exited:
+		if err == nil || !strings.Contains(out.String(), "closed for good") {
+			t.Fatalf("the refused stage exited with %v:\n%s", err, out.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("the refused stage still runs a minute on:\n%s", out.String())
+	}
 }
