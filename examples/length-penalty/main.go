@@ -86,7 +86,17 @@ func (a access) options() []nats.Option {
 }
 
 func serve(ctx context.Context, url string, opts []nats.Option, prefix, run string, limit int, perChar float64) error {
-	nc, err := nats.Connect(url, opts...)
+	// Say when the server goes and comes back, and leave when the
+	// connection is closed for good (a server that refused the
+	// credentials), for a supervisor to see, rather than wait for ever.
+	closed := make(chan struct{})
+	nc, err := nats.Connect(url, append(opts,
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			log.Printf("lost the server at %s (%v); reconnecting", url, err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Printf("reconnected to %s", nc.ConnectedUrlRedacted()) }),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
+	)...)
 	if err != nil {
 		return err
 	}
@@ -124,8 +134,12 @@ func serve(ctx context.Context, url string, opts []nats.Option, prefix, run stri
 		return err
 	}
 	defer cc.Stop()
-	<-ctx.Done()
-	return nil
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-closed:
+		return fmt.Errorf("the connection to %s closed for good: %v", url, nc.LastError())
+	}
 }
 
 // shape lowers each graded item's score by the penalty for its length.

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -107,4 +110,54 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Logf("length-penalty: %s", b)
 	return len(b), nil
+}
+
+// TestTheStageLeavesWhenRefused: a run that comes back asking for a token
+// the stage does not have makes nats.go close the connection for good;
+// the stage exits non-zero saying so, instead of waiting for ever on a
+// connection that will not come back.
+func TestTheStageLeavesWhenRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the stage")
+	}
+	bin := filepath.Join(t.TempDir(), "length-penalty")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	cfg := pipeline.DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.Quiet, cfg.Steps = t.TempDir(), fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t)), true, 2
+	cfg.TopologyFile, cfg.ExecLatency = "topology.yaml", time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := pipeline.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stage := exec.CommandContext(ctx, bin, "--nats", p.URL())
+	var out bytes.Buffer
+	stage.Stderr = &out
+	if err := stage.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- stage.Wait() }()
+	defer stage.Process.Kill()
+	if err := p.Wait(); err != nil { // two steps through the stage
+		t.Fatal(err)
+	}
+	cfg.Steps, cfg.NATSAuth.Token = 4, "not-the-stage's"
+	if p, err = pipeline.Start(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	select {
+	case err := <-exited:
+		for _, want := range []string{"lost the server at", "closed for good", "Authorization Violation"} {
+			if err == nil || !strings.Contains(out.String(), want) {
+				t.Errorf("the refused stage exited with %v, without %q:\n%s", err, want, out.String())
+			}
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the refused stage still runs a minute on")
+	}
 }
