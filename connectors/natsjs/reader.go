@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -160,6 +161,11 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 		}
 		if ctx.Err() != nil {
 			return Record{}, ctx.Err()
+		}
+		if r.js.Conn().IsClosed() {
+			// Closed for good (by its owner, or by nats.go after its
+			// reconnections ran out): no retry can read on.
+			return Record{}, fmt.Errorf("natsjs: read %s: %w (last error: %v)", r.subject, nats.ErrConnectionClosed, r.js.Conn().LastError())
 		}
 		if r.OnRetry != nil {
 			r.OnRetry(err)

@@ -2,9 +2,12 @@ package natsjs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // TestReaderSinceStartsAtItsTime: a reader since t reads the messages
@@ -42,5 +45,32 @@ func TestReaderSinceStartsAtItsTime(t *testing.T) {
 		if string(rec.Data) != fmt.Sprint(want) || rec.Time.Before(since) || time.Since(rec.Time) > time.Minute {
 			t.Fatalf("read %q stored at %v; want %d, stored after %v", rec.Data, rec.Time, want, since)
 		}
+	}
+}
+
+// TestReaderEndsOnAConnectionClosedForGood: a reader whose connection was
+// closed for good (nats.go closes it once its reconnections run out)
+// says so at once, instead of retrying for ever on it: `wmrl dlq
+// --follow` and the gateway's followers would otherwise hang silently.
+func TestReaderEndsOnAConnectionClosedForGood(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js, _ := streamS(t, ctx)
+	if _, err := js.Publish(ctx, "s.a", []byte("0")); err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewReader(ctx, js, "S", "s.a", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.Next(ctx); err != nil {
+		t.Fatal(err)
+	}
+	js.Conn().Close()
+	start := time.Now()
+	_, err = r.Next(ctx)
+	if !errors.Is(err, nats.ErrConnectionClosed) {
+		t.Fatalf("Next on a closed connection: %v after %v; want it said, not retried", err, time.Since(start))
 	}
 }
