@@ -130,6 +130,12 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 		InFlight:   p.execInFlight,
 		MaxPayload: int(p.tr.nc.MaxPayload()),
 		OnShort:    p.closedShort,
+		OnNoWatermark: func(n route.NoWatermark) {
+			p.notef("route: step %d has had %d trajectories in %d groups for %v and no watermark: it is planned only once one comes "+
+				"(%s, {\"groups\": n}; the Python client's close_step or send_step), after the step's last trajectory",
+				n.Step, n.Trajectories, n.Groups, n.Waited.Round(time.Second), p.topo.In(StageRoute, schemas.KindStep))
+		},
+		WatermarkWait: cfg.StuckAfter,
 	}, p.stagePublisher(StageRoute))
 	if err != nil {
 		return err

@@ -528,3 +528,29 @@ func TestAStepShortOfItsWatermarkIsSaid(t *testing.T) {
 		t.Errorf("wmrl_steps_closed_short_total %v, want 1", n)
 	}
 }
+
+// A step whose trajectories came without a watermark is said once after
+// --stuck-after, naming the subject to send it on; it is planned once the
+// watermark comes.
+func TestAStepWithoutItsWatermarkIsSaid(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
+	cfg.StuckAfter, cfg.Quiet = time.Second, false
+	out := &syncBuffer{}
+	cfg.Out = out
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 4, GroupSize: 4}
+	trajs, wm := pol.Step(0)
+	body, _ := json.Marshal(trajs)
+	h.want(http.StatusAccepted, "POST", "/trajectories", body, token, "")
+	said := regexp.MustCompile(`route: step 0 has had 16 trajectories in 4 groups for \d+s and no watermark: it is planned only once one comes \(wmrl\.default\.step,`)
+	waitFor(t, 30*time.Second, func() bool { return said.MatchString(out.String()) })
+	h.want(http.StatusAccepted, "POST", "/steps/0/close", []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), token, "")
+	h.want(http.StatusOK, "GET", "/steps/0/update?wait=30", nil, token, "")
+	if n := strings.Count(out.String(), "no watermark"); n != 1 {
+		t.Errorf("said %d times, want once:\n%s", n, out.String())
+	}
+}

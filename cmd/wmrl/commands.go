@@ -107,7 +107,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.DurationVar(&cfg.StepTimeout, "step-timeout", 30*time.Second, "a step is planned this long after its watermark with what came, when groups are missing or short of their group_size (said, and counted in wmrl_steps_closed_short_total)")
 	fs.DurationVar(&cfg.AnchorDeadline, "anchor-deadline", cfg.AnchorDeadline, "anchors later than this fall back to world-model rewards for their step")
 	fs.DurationVar(&cfg.PairWait, "pair-wait", cfg.PairWait, "an anchor group's prediction or execution waits at most this long for the other (their pairs calibrate even when late), then goes to the dead letters")
-	fs.DurationVar(&cfg.StuckAfter, "stuck-after", cfg.StuckAfter, "say so when a step still misses a group's prediction this long after fuse got its plan (a prediction has no deadline: a step waits for every group's)")
+	fs.DurationVar(&cfg.StuckAfter, "stuck-after", cfg.StuckAfter, "say so when a step still misses a group's prediction this long after fuse got its plan (a prediction has no deadline: a step waits for every group's), or has had trajectories this long and no watermark")
 	fs.DurationVar(&cfg.ExecLatency, "exec-latency", cfg.ExecLatency, "latency of the simulated executor")
 	fs.IntVar(&cfg.ExecSlots, "exec-slots", 16, "executions at once in this process's execute stage")
 	fs.IntVar(&cfg.ExecDownAfter, "exec-down-after", cfg.ExecDownAfter, "after this many executions in a row failed (the executor's errors, not a solution's), publish anchor groups at once with their executions ungraded, so that their steps use the world model for them, until one succeeds again (0: never; each group then waits out its retries)")

@@ -164,6 +164,17 @@ func (a *Assembly) Plan(run string, n int64, sched *Scheduler, inFlight int, sen
 }
 
 // Close forgets step n's trajectories and marks it closed.
+// Received is how many trajectories, in how many groups, step n holds.
+func (a *Assembly) Received(n int64) (trajectories, groups int) {
+	if s := a.steps[n]; s != nil {
+		for _, g := range s.groups {
+			trajectories += len(g.trajs)
+		}
+		groups = len(s.groups)
+	}
+	return trajectories, groups
+}
+
 // Declared is the number of groups step n's watermark declared, and when
 // it came (zero before it has).
 func (a *Assembly) Declared(n int64) (groups int, at time.Time) {

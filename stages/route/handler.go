@@ -37,10 +37,17 @@ type Handler struct {
 	maxPayload  int
 	onShort     func(Short)
 
+	onNoWatermark func(NoWatermark)
+	watermarkWait time.Duration
+
 	mu   sync.Mutex
 	asm  *Assembly
 	done map[int64]chan struct{} // closed when the step's outputs are stored
 	sent map[int64][]string      // anchors sent before a restart, of steps not planned
+	// firstAt: when this process got an open step's first trajectory;
+	// noWatermarkSaid: the steps OnNoWatermark heard of.
+	firstAt         map[int64]time.Time
+	noWatermarkSaid map[int64]bool
 }
 
 // Config configures a Handler.
@@ -61,11 +68,25 @@ type Config struct {
 	// MaxPayload, if set, is the largest message the server takes (its
 	// max_payload): a group whose message is over it is ErrGroupTooLarge.
 	MaxPayload int
+	// OnNoWatermark, if set, hears once of each step that has had
+	// trajectories for WatermarkWait (default 5 minutes) and no watermark:
+	// it is planned only once its watermark comes, which a trainer may
+	// have forgotten to send.
+	OnNoWatermark func(NoWatermark)
+	WatermarkWait time.Duration
 	// OnShort, if set, hears of each step planned with less than its
 	// watermark declared (fewer groups, or groups with fewer trajectories
 	// than their group_size), once it is stored: such a step waited out
 	// StepTimeout.
 	OnShort func(Short)
+}
+
+// NoWatermark is a step that has had trajectories for Waited and no
+// watermark.
+type NoWatermark struct {
+	Step                 int64
+	Trajectories, Groups int
+	Waited               time.Duration
 }
 
 // Short is a step planned with less than its watermark declared, on its
@@ -106,9 +127,14 @@ func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
 	if cfg.Redelivered == nil {
 		cfg.Redelivered = func(*message.Message) bool { return false }
 	}
+	if cfg.WatermarkWait == 0 {
+		cfg.WatermarkWait = 5 * time.Minute
+	}
 	return &Handler{
 		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, inFlight: cfg.InFlight, maxPayload: cfg.MaxPayload, onShort: cfg.OnShort,
+		onNoWatermark: cfg.OnNoWatermark, watermarkWait: cfg.WatermarkWait,
 		asm: NewAssembly(cfg.StepTimeout), done: map[int64]chan struct{}{}, sent: map[int64][]string{},
+		firstAt: map[int64]time.Time{}, noWatermarkSaid: map[int64]bool{},
 	}, nil
 }
 
@@ -163,6 +189,9 @@ func (h *Handler) HandleTraj(msg *message.Message) error {
 	if err := h.asm.AddTraj(t); err != nil {
 		h.mu.Unlock()
 		return fmt.Errorf("route: %w", err)
+	}
+	if _, ok := h.firstAt[t.Step]; !ok {
+		h.firstAt[t.Step] = h.now()
 	}
 	done := h.doneFor(t.Step)
 	h.mu.Unlock()
@@ -235,6 +264,18 @@ func (h *Handler) Flush() error {
 		close(h.doneFor(step))
 		delete(h.done, step)
 		delete(h.sent, step)
+		delete(h.firstAt, step)
+		delete(h.noWatermarkSaid, step)
+	}
+	if h.onNoWatermark != nil {
+		for step, first := range h.firstAt {
+			if _, at := h.asm.Declared(step); !at.IsZero() || h.noWatermarkSaid[step] || now.Sub(first) < h.watermarkWait {
+				continue
+			}
+			h.noWatermarkSaid[step] = true
+			trajs, groups := h.asm.Received(step)
+			h.onNoWatermark(NoWatermark{Step: step, Trajectories: trajs, Groups: groups, Waited: now.Sub(first)})
+		}
 	}
 	return nil
 }

@@ -266,3 +266,60 @@ func TestAStepClosedShortIsReported(t *testing.T) {
 		t.Errorf("reported %+v; want %+v", shorts, want)
 	}
 }
+
+// A step with trajectories and no watermark for WatermarkWait is reported
+// once, with what it holds; one whose watermark came is not.
+func TestAStepWithoutItsWatermarkIsReported(t *testing.T) {
+	now := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+	var heard []NoWatermark
+	h, err := NewHandler(Config{
+		Run: "r", Out: Topics{Group: "group", Exec: "exec", Plan: "plan"},
+		Scheduler: SchedulerConfig{Fraction: 0.5}, WatermarkWait: time.Minute,
+		Now:           func() time.Time { return now },
+		OnNoWatermark: func(n NoWatermark) { heard = append(heard, n) },
+	}, &recorder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // lets the held trajectories go
+	send := func(tr schemas.Trajectory) {
+		tr.Run = "r"
+		m := msgOf(t, tr, false)
+		m.SetContext(ctx)
+		go h.HandleTraj(m)
+	}
+	for i := range 2 {
+		send(traj(3, "a", i, 4)) // step 3: no watermark will come
+		send(traj(4, "b", i, 2)) // step 4: its watermark comes late
+	}
+	waitTrajs := func() {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			h.mu.Lock()
+			a, _ := h.asm.Received(3)
+			b, _ := h.asm.Received(4)
+			h.mu.Unlock()
+			if a == 2 && b == 2 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the trajectories did not arrive")
+			}
+		}
+	}
+	waitTrajs()
+	now = now.Add(59 * time.Second)
+	h.Flush()
+	h.mu.Lock()
+	if err := h.asm.AddWatermark(schemas.StepClose{Schema: 1, Run: "r", Step: 4, Groups: 1}, now); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Unlock()
+	now = now.Add(2 * time.Second)
+	h.Flush()
+	h.Flush()
+	want := []NoWatermark{{Step: 3, Trajectories: 2, Groups: 1, Waited: 61 * time.Second}}
+	if fmt.Sprint(heard) != fmt.Sprint(want) {
+		t.Errorf("heard %+v; want %+v", heard, want)
+	}
+}
