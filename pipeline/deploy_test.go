@@ -461,6 +461,16 @@ func TestPredictionWaitAlertFiresOnItsCondition(t *testing.T) {
 			summary: "A step on held has waited 16m 0s for a group's prediction"})
 }
 
+// WMRLStepsClosedShort fires for a trainer whose steps close short every
+// minute, once it has gone on for a while, and not for a few short steps.
+func TestStepsClosedShortAlertFiresOnItsCondition(t *testing.T) {
+	input := inputSeries(`wmrl_steps_closed_short_total{instance="dropping"}`, "0+1x90") +
+		inputSeries(`wmrl_steps_closed_short_total{instance="rare"}`, "0 0 1x30 2x30 3x27")
+	promtoolRuleTest(t, "WMRLStepsClosedShort", input,
+		alertCheck{quietAt: "15m", firesAt: "30m", severity: "ticket", instance: "dropping",
+			summary: "30 steps on dropping closed short of their watermark in the last hour"})
+}
+
 // WMRLNATSConnectionLost fires once a process has been without its server
 // for 5 minutes, and not for a loss of two minutes that ended.
 func TestConnectionLostAlertFiresOnItsCondition(t *testing.T) {
