@@ -9,6 +9,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/fuse"
 )
 
@@ -45,6 +46,9 @@ func (p *progress) complete() bool {
 // onUpdate runs for every update this process's fuse stage stores.
 func (p *Pipeline) onUpdate(u schemas.Update) {
 	p.metrics.ObserveUpdate(u)
+	if u.CalibrationVersion == 0 && p.cfg.Debias && !p.cfg.Quiet {
+		p.beforeFitOnce.Do(func() { p.sayBeforeFit(u) })
+	}
 	latency := u.PublishedAt.Sub(u.ClosedAt)
 	if p.source != nil {
 		if d := p.source.updated(u.Step); d > 0 {
@@ -61,6 +65,30 @@ func (p *Pipeline) onUpdate(u schemas.Update) {
 	if p.progress != nil && p.progress.add(u.Step) {
 		p.finishIfComplete()
 	}
+}
+
+// sayBeforeFit says, at the first update fused before the calibration's
+// first fit, what the map does until then and about when the fit comes:
+// the step lines' "calibration v0" is a phase of its own, in which (with
+// the default flat map) only the anchor groups move the policy.
+func (p *Pipeline) sayBeforeFit(u schemas.Update) {
+	pairs := 0
+	for _, it := range u.Items {
+		if it.Source == fuse.SourceAnchor && it.Reward != nil {
+			pairs++
+		}
+	}
+	first := p.cfg.Debiaser.FirstFit()
+	when := ""
+	if left := int64(first) - u.PairsTotal; pairs > 0 && left > 0 {
+		when = fmt.Sprintf("; at %d a step, about %d steps from now", pairs, (left+int64(pairs)-1)/int64(pairs))
+	}
+	what := "scores every world-model trajectory of a group alike (at the anchors' mean score), so only the anchor groups move the policy"
+	if p.cfg.Debiaser.BeforeFit == calibrate.BeforeFitIdentity {
+		what = "passes the world model's raw scores through, unchecked by the anchors"
+	}
+	p.notef("calibration: until its first isotonic fit, after %d anchor pairs (%d so far%s), the map %s (--before-fit, --min-pairs, --refit-every)",
+		first, u.PairsTotal, when, what)
 }
 
 // finishIfComplete stops a run of a fixed number of steps once every step

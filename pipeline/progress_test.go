@@ -41,6 +41,11 @@ func TestAStoppedRunSaysWhereItIs(t *testing.T) {
 	if got, _ := strconv.Atoi(m[2]); got != steps {
 		t.Errorf("says %d steps fused by this process; it printed %d step lines", got, steps)
 	}
+	// The phase before the first fit is said once, with the fit's cadence
+	// (testConfig: 32 pairs, refit every 16).
+	if n := strings.Count(out.String(), "calibration: until its first isotonic fit, after 32 anchor pairs ("); n != 1 {
+		t.Errorf("the phase before the first fit was said %d times, want once:\n%s", n, out.String())
+	}
 	if strings.Contains(out.String(), "done:") {
 		t.Errorf("a stopped run said it was done:\n%s", out.String())
 	}

@@ -50,8 +50,9 @@ type Pipeline struct {
 	dl           *deadLetters
 	state        *natsjs.StateStore // checkpoints; opened by the first stage that keeps one
 
-	started  time.Time
-	doneOnce sync.Once // the closing line of a run of --steps
+	started       time.Time
+	doneOnce      sync.Once // the closing line of a run of --steps
+	beforeFitOnce sync.Once // the line about the calibration before its first fit
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
