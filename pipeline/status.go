@@ -36,8 +36,12 @@ type Status struct {
 	Subjects map[string]uint64
 	// The newest step watermark, update and calibration (nil: none yet),
 	// with when each was stored.
-	LastStep        *schemas.StepClose
-	LastStepAt      time.Time
+	LastStep   *schemas.StepClose
+	LastStepAt time.Time
+	// LastTrajStep is the step of the newest trajectory (nil: none), with
+	// when it was stored: one past LastStep's waits for its watermark.
+	LastTrajStep    *int64
+	LastTrajAt      time.Time
 	LastUpdate      *schemas.Update
 	LastUpdateAt    time.Time
 	LastCalibration *schemas.Calibration
@@ -163,6 +167,18 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 		return nil, err
 	} else if ok {
 		st.LastStep = &step
+	}
+	// The newest trajectory is anyone's input, malformed maybe (it is
+	// then dead-lettered): it says nothing of the step then.
+	if m, err := stream.GetLastMsgForSubject(ctx, schemas.Subject(src.Prefix, run, schemas.KindTraj)); err == nil {
+		var traj struct {
+			Step *int64 `json:"step"`
+		}
+		if json.Unmarshal(m.Data, &traj) == nil && traj.Step != nil {
+			st.LastTrajStep, st.LastTrajAt = traj.Step, m.Time
+		}
+	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, fmt.Errorf("pipeline: status: last %s: %w", schemas.KindTraj, err)
 	}
 	if st.LastUpdateAt, ok, err = last(schemas.KindUpdate, &up); err != nil {
 		return nil, err

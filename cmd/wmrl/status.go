@@ -89,6 +89,9 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 	default:
 		fmt.Fprintf(w, "steps received:  up to %d (its watermark %s)\n", s.Step, ago(st.LastStepAt))
 	}
+	if n := st.LastTrajStep; n != nil && (st.LastStep == nil || *n > st.LastStep.Step) {
+		fmt.Fprintf(w, "trajectories:    of step %d, the newest %s, whose watermark has not come: a step is planned only once it does\n", *n, ago(st.LastTrajAt))
+	}
 	switch u := st.LastUpdate; {
 	case u == nil:
 		fmt.Fprintln(w, "steps fused:     none yet")

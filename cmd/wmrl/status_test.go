@@ -110,7 +110,13 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 	if !strings.Contains(out, "steps fused:     up to 0") {
 		t.Errorf("the stopped run's status lost its last update:\n%s", out)
 	}
+	if !regexp.MustCompile(`(?m)^trajectories:    of step 1, the newest \S+, \S+ ago, whose watermark has not come`).MatchString(out) {
+		t.Errorf("the stopped run's status does not show step 1 waiting for its watermark:\n%s", out)
+	}
 	doc = statusJSON(t, ctx, "--data", cfg.DataDir)
+	if n := doc.NewestTrajectory; n == nil || n.Step != 1 || doc.Received == nil || doc.Received.Step != 0 {
+		t.Errorf("status --json of the stopped run: newest trajectory %+v, received %+v; want step 1 past the watermark of 0", n, doc.Received)
+	}
 	if c := consumerOf(doc, "route_default_traj"); c == nil || c.Backlog != 16 || c.PullsWaiting != 0 || !c.Unread {
 		t.Errorf("status --json of the stopped run, route_default_traj: %+v; want 16 unread", c)
 	}

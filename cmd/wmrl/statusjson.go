@@ -13,13 +13,16 @@ import (
 // are RFC 3339 in UTC, ages in seconds at "at"; an object is null when
 // the run has none yet.
 type statusDoc struct {
-	Run              string         `json:"run"`
-	Stream           string         `json:"stream"`
-	At               time.Time      `json:"at"` // when the status was read
-	MessagesKept     uint64         `json:"messages_kept"`
-	RetentionSeconds float64        `json:"retention_seconds,omitzero"`
-	Store            storeDoc       `json:"store"`
-	Received         *stepDoc       `json:"received"`
+	Run              string    `json:"run"`
+	Stream           string    `json:"stream"`
+	At               time.Time `json:"at"` // when the status was read
+	MessagesKept     uint64    `json:"messages_kept"`
+	RetentionSeconds float64   `json:"retention_seconds,omitzero"`
+	Store            storeDoc  `json:"store"`
+	Received         *stepDoc  `json:"received"`
+	// NewestTrajectory: the step of the newest trajectory; past Received's,
+	// it waits for its watermark.
+	NewestTrajectory *stepDoc       `json:"newest_trajectory"`
 	Fused            *fusedDoc      `json:"fused"`
 	NextStep         *int64         `json:"next_step"` // where a trainer (resumed) numbers its steps on
 	Unfused          []unfusedDoc   `json:"unfused"`
@@ -126,6 +129,10 @@ func writeStatusJSON(w io.Writer, st *pipeline.Status, run string, now time.Time
 	if s := st.LastStep; s != nil {
 		r := step(s.Step, st.LastStepAt)
 		d.Received = &r
+	}
+	if n := st.LastTrajStep; n != nil {
+		r := step(*n, st.LastTrajAt)
+		d.NewestTrajectory = &r
 	}
 	if u := st.LastUpdate; u != nil {
 		d.Fused = &fusedDoc{stepDoc: step(u.Step, st.LastUpdateAt), Rho: u.Rho, D: u.D, CalibrationVersion: u.CalibrationVersion, Groups: u.Groups, Anchors: u.Anchors}
