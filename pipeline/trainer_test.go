@@ -492,20 +492,26 @@ func TestPythonClientSendsAStepLargerThanARequest(t *testing.T) {
 	}
 }
 
+// watchedOverHTTP starts a pipeline for a trainer over HTTP, as edit
+// changes it, whose output the test reads.
+func watchedOverHTTP(t *testing.T, edit func(*Config)) (*Pipeline, httpTrainer, *syncBuffer) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
+	out := &syncBuffer{}
+	cfg.Out, cfg.Quiet = out, false
+	edit(&cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	p := started(t, ctx, cfg)
+	return p, httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}, out
+}
+
 // A trainer that drops a failed rollout but declares the group's full
 // size, or sends fewer groups than its watermark says, has its step
 // planned on --step-timeout with what came: the step is fused, and the
 // run says what was short and how to stop waiting, and counts it.
 func TestAStepShortOfItsWatermarkIsSaid(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
-	cfg.StepTimeout, cfg.Quiet = time.Second, false
-	out := &syncBuffer{}
-	cfg.Out = out
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	p := started(t, ctx, cfg)
-	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	p, h, out := watchedOverHTTP(t, func(cfg *Config) { cfg.StepTimeout = time.Second })
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 4, GroupSize: 4}
 	trajs, wm := pol.Step(0)
 	dropped := trajs[1] // one rollout of the first group failed
@@ -533,15 +539,7 @@ func TestAStepShortOfItsWatermarkIsSaid(t *testing.T) {
 // --stuck-after, naming the subject to send it on; it is planned once the
 // watermark comes.
 func TestAStepWithoutItsWatermarkIsSaid(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
-	cfg.StuckAfter, cfg.Quiet = time.Second, false
-	out := &syncBuffer{}
-	cfg.Out = out
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	p := started(t, ctx, cfg)
-	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	_, h, out := watchedOverHTTP(t, func(cfg *Config) { cfg.StuckAfter = time.Second })
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 4, GroupSize: 4}
 	trajs, wm := pol.Step(0)
 	body, _ := json.Marshal(trajs)

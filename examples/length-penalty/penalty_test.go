@@ -26,13 +26,7 @@ import (
 // run's server asks, as one reached from other machines would, for a
 // token and a client certificate over TLS.
 func TestPenaltyReachesTheUpdates(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the stage")
-	}
-	bin := filepath.Join(t.TempDir(), "length-penalty")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildStage(t)
 	cfg := pipeline.DefaultConfig()
 	cfg.DataDir, cfg.Listen, cfg.Quiet, cfg.Steps = t.TempDir(), "127.0.0.1:0", true, 6
 	cfg.TopologyFile = "topology.yaml"
@@ -105,6 +99,20 @@ func TestPenaltyReachesTheUpdates(t *testing.T) {
 	}
 }
 
+// buildStage builds this stage's binary for the test, or skips it with
+// -short.
+func buildStage(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the stage")
+	}
+	bin := filepath.Join(t.TempDir(), "length-penalty")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(b []byte) (int, error) {
@@ -117,13 +125,7 @@ func (w testWriter) Write(b []byte) (int, error) {
 // the stage exits non-zero saying so, instead of waiting for ever on a
 // connection that will not come back.
 func TestTheStageLeavesWhenRefused(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the stage")
-	}
-	bin := filepath.Join(t.TempDir(), "length-penalty")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildStage(t)
 	cfg := pipeline.DefaultConfig()
 	cfg.DataDir, cfg.Listen, cfg.Quiet, cfg.Steps = t.TempDir(), fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t)), true, 2
 	cfg.TopologyFile, cfg.ExecLatency = "topology.yaml", time.Millisecond

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -210,6 +211,30 @@ func TestNodeStageWithdrawsUnsureScores(t *testing.T) {
 	t.Logf("%d scores withdrawn, %d kept, %d null world-model rewards", withdrawn, kept, nulls)
 }
 
+// restartable is a run of steps on a fixed address, which a test can
+// stop and start again where the stage finds it.
+func restartable(t *testing.T, steps int64) pipeline.Config {
+	cfg := pipeline.DefaultConfig()
+	cfg.DataDir, cfg.Listen = t.TempDir(), fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	cfg.Steps, cfg.ExecLatency, cfg.TopologyFile, cfg.Quiet = steps, time.Millisecond, "topology.yaml", true
+	return cfg
+}
+
+// startStage runs abstain.js on url, its output to out, until the test
+// ends; the channel has its exit once it has ended.
+func startStage(t *testing.T, ctx context.Context, out io.Writer, url string) <-chan error {
+	t.Helper()
+	stage := exec.CommandContext(ctx, "node", "abstain.js", "--nats", url)
+	stage.Stdout, stage.Stderr = out, out
+	if err := stage.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- stage.Wait() }()
+	t.Cleanup(func() { stage.Process.Kill() })
+	return exited
+}
+
 // TestNodeStageOutlivesARestartOfTheRun: the run (and its embedded server)
 // stops and stays down for longer than nats.js reconnects by default (10
 // tries, 2 s apart); the stage waits, says so, reconnects when the run is
@@ -217,9 +242,7 @@ func TestNodeStageWithdrawsUnsureScores(t *testing.T) {
 // restart pass through it.
 func TestNodeStageOutlivesARestartOfTheRun(t *testing.T) {
 	needNode(t)
-	cfg := pipeline.DefaultConfig()
-	cfg.DataDir, cfg.Listen = t.TempDir(), fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
-	cfg.Steps, cfg.ExecLatency, cfg.TopologyFile, cfg.Quiet = 3, time.Millisecond, "topology.yaml", true
+	cfg := restartable(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	p, err := pipeline.Start(ctx, cfg)
@@ -233,14 +256,7 @@ func TestNodeStageOutlivesARestartOfTheRun(t *testing.T) {
 	}
 	defer stageLog.Close()
 	stageOut := func() string { b, _ := os.ReadFile(logPath); return string(b) }
-	stage := exec.CommandContext(ctx, "node", "abstain.js", "--nats", p.URL())
-	stage.Stdout, stage.Stderr = stageLog, stageLog
-	if err := stage.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- stage.Wait() }()
-	defer stage.Process.Kill()
+	exited := startStage(t, ctx, stageLog, p.URL())
 	if err := p.Wait(); err != nil {
 		t.Fatalf("the first run: %v\nstage:\n%s", err, stageOut())
 	}
@@ -279,24 +295,15 @@ func TestNodeStageOutlivesARestartOfTheRun(t *testing.T) {
 // of ending as if it had been asked to stop.
 func TestNodeStageExitsWhenRefused(t *testing.T) {
 	needNode(t)
-	cfg := pipeline.DefaultConfig()
-	cfg.DataDir, cfg.Listen = t.TempDir(), fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
-	cfg.Steps, cfg.ExecLatency, cfg.TopologyFile, cfg.Quiet = 2, time.Millisecond, "topology.yaml", true
+	cfg := restartable(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	p, err := pipeline.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stage := exec.CommandContext(ctx, "node", "abstain.js", "--nats", p.URL())
 	var out bytes.Buffer
-	stage.Stdout, stage.Stderr = &out, &out
-	if err := stage.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- stage.Wait() }()
-	defer stage.Process.Kill()
+	exited := startStage(t, ctx, &out, p.URL())
 	if err := p.Wait(); err != nil {
 		t.Fatal(err)
 	}
