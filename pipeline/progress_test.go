@@ -42,9 +42,14 @@ func TestAStoppedRunSaysWhereItIs(t *testing.T) {
 		t.Errorf("says %d steps fused by this process; it printed %d step lines", got, steps)
 	}
 	// The phase before the first fit is said once, with the fit's cadence
-	// (testConfig: 32 pairs, refit every 16).
-	if n := strings.Count(out.String(), "calibration: until its first isotonic fit, after 32 anchor pairs ("); n != 1 {
-		t.Errorf("the phase before the first fit was said %d times, want once:\n%s", n, out.String())
+	// (testConfig: 32 pairs, refit every 16), if a step was fused in it:
+	// with steps in flight, the first fit can come before step 0 is fused.
+	want := 0
+	if regexp.MustCompile(`(?m)^step .* calibration v0 `).MatchString(out.String()) {
+		want = 1
+	}
+	if n := strings.Count(out.String(), "calibration: until its first isotonic fit, after 32 anchor pairs ("); n != want {
+		t.Errorf("the phase before the first fit was said %d times, want %d:\n%s", n, want, out.String())
 	}
 	if strings.Contains(out.String(), "done:") {
 		t.Errorf("a stopped run said it was done:\n%s", out.String())
