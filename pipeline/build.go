@@ -127,14 +127,10 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 			Exec:  p.topo.Out(StageRoute, schemas.KindExec),
 			Plan:  p.topo.Out(StageRoute, schemas.KindPlan),
 		},
-		InFlight:   p.execInFlight,
-		MaxPayload: int(p.tr.nc.MaxPayload()),
-		OnShort:    p.closedShort,
-		OnNoWatermark: func(n route.NoWatermark) {
-			p.notef("route: step %d has had %d trajectories in %d groups for %v and no watermark: it is planned only once one comes "+
-				"(%s, {\"groups\": n}; the Python client's close_step or send_step), after the step's last trajectory",
-				n.Step, n.Trajectories, n.Groups, n.Waited.Round(time.Second), p.topo.In(StageRoute, schemas.KindStep))
-		},
+		InFlight:      p.execInFlight,
+		MaxPayload:    int(p.tr.nc.MaxPayload()),
+		OnShort:       p.closedShort,
+		OnNoWatermark: p.noWatermark,
 		WatermarkWait: cfg.StuckAfter,
 	}, p.stagePublisher(StageRoute))
 	if err != nil {
@@ -554,6 +550,14 @@ func (p *Pipeline) closedShort(s route.Short) {
 	p.notef("route: step %d closed %s after its watermark, on --step-timeout, with %s; it was planned with what came. "+
 		"A trainer that drops a failed rollout should send its group with the group_size it has, and a watermark with the groups it sends, "+
 		"or every such step waits this long", s.Step, s.Waited.Round(time.Millisecond), strings.Join(what, " and "))
+}
+
+// noWatermark says that a step has had trajectories for --stuck-after
+// and no watermark, which a trainer may have forgotten to send.
+func (p *Pipeline) noWatermark(n route.NoWatermark) {
+	p.notef("route: step %d has had %d trajectories in %d groups for %v and no watermark: it is planned only once one comes "+
+		"(%s, {\"groups\": n}; the Python client's close_step or send_step), after the step's last trajectory",
+		n.Step, n.Trajectories, n.Groups, n.Waited.Round(time.Second), p.topo.In(StageRoute, schemas.KindStep))
 }
 
 // certRenewed says, of a renewal of server's certificate files, that

@@ -160,16 +160,17 @@ func (g *Gateway) Run(ctx context.Context) error {
 }
 
 // Handler routes the API. Each endpoint checks the token, the run and the
-// body size first (guard), inside its instrumentation.
+// body size first (guard), inside its instrumentation; the health check,
+// which probes call without a token, is instrumented only.
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
-	route := func(pattern string, h http.HandlerFunc) {
-		var handler http.Handler = g.guard(h)
+	instrumented := func(pattern string, h http.Handler) {
 		if g.cfg.Instrument != nil {
-			handler = g.cfg.Instrument(Endpoints[pattern], handler)
+			h = g.cfg.Instrument(Endpoints[pattern], h)
 		}
-		mux.Handle(pattern, handler)
+		mux.Handle(pattern, h)
 	}
+	route := func(pattern string, h http.HandlerFunc) { instrumented(pattern, g.guard(h)) }
 	route("POST /v1/runs/{run}/trajectories", g.postTrajectories)
 	route("POST /v1/runs/{run}/steps/{step}/close", g.closeStep)
 	route("GET /v1/runs/{run}/steps/{step}/update", g.getUpdate)
@@ -177,12 +178,7 @@ func (g *Gateway) Handler() http.Handler {
 	route("GET /v1/runs/{run}/steps", g.getSteps)
 	route("POST /v1/runs/{run}/rewards/openrlhf", g.openrlhf)
 	route("POST /v1/runs/{run}/rewards/slime", g.slime)
-	// Probes carry no token: the health check is outside the guard.
-	var health http.Handler = http.HandlerFunc(g.health)
-	if g.cfg.Instrument != nil {
-		health = g.cfg.Instrument(Endpoints["GET /healthz"], health)
-	}
-	mux.Handle("GET /healthz", health)
+	instrumented("GET /healthz", http.HandlerFunc(g.health))
 	route("/", func(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path)
 	})
