@@ -121,10 +121,10 @@ func (p *planned) newest() (int64, bool) {
 // dead-lettered, is forgotten in turn).
 type truths struct {
 	mu      sync.Mutex
-	byTraj  map[trajKey]string // trajectory -> content key, for anchors sent to execute
+	byTraj  map[trajKey]digest // trajectory -> its content's, for anchors sent to execute
 	pending []trajKey          // byTraj's keys in arrival order (some already executed)
-	score   map[string]float64
-	order   []string
+	score   map[digest]float64
+	order   []digest
 	keep    int
 }
 
@@ -136,10 +136,12 @@ type trajKey struct {
 }
 
 func newTruths(keep int) *truths {
-	return &truths{byTraj: map[trajKey]string{}, score: map[string]float64{}, keep: keep}
+	return &truths{byTraj: map[trajKey]digest{}, score: map[digest]float64{}, keep: keep}
 }
 
-func contentKey(prompt, response string) string { return prompt + "\x00" + response }
+// contentKey names an executed solution. Not its task: an anchor's is the
+// trainer's task id, a reward request's whatever label its trainer sends.
+func contentKey(prompt, response string) digest { return digestOf(prompt, response) }
 
 func (t *truths) addAnchor(g schemas.Group) {
 	t.mu.Lock()

@@ -57,6 +57,11 @@ type Config struct {
 	// KeepUpdates whole in memory (default 256; older ones are read back
 	// from the stream).
 	KeepUpdates int
+	// Remember is how long the reward endpoints keep the world model's
+	// score of a solution, so that the same solution asked again (a trainer
+	// retrying a request it gave up on) is not scored again (default 15
+	// minutes; negative: never kept past its call).
+	Remember time.Duration
 	// Instrument, if set, wraps each endpoint's handler (named as in
 	// Endpoints) to count and time its requests, refused ones included.
 	Instrument func(endpoint string, h http.Handler) http.Handler
@@ -86,6 +91,9 @@ func (c *Config) setDefaults() {
 	if c.KeepUpdates == 0 {
 		c.KeepUpdates = 256
 	}
+	if c.Remember == 0 {
+		c.Remember = 15 * time.Minute
+	}
 }
 
 // Gateway serves the HTTP API. Create it with New, start its followers with
@@ -98,6 +106,12 @@ type Gateway struct {
 	truths  *truths
 	planned *planned
 	cal     atomic.Pointer[calState]
+
+	predictions *predictions
+	// life ends when Run returns: the world-model calls of the reward
+	// endpoints outlive their requests, not the gateway.
+	life context.Context
+	stop context.CancelFunc
 }
 
 type calState struct {
@@ -111,12 +125,15 @@ func New(cfg Config, js jetstream.JetStream, pub message.Publisher) (*Gateway, e
 	if cfg.WorldModel == nil {
 		return nil, errors.New("gateway: a world model is required for the reward endpoints")
 	}
-	return &Gateway{cfg: cfg, js: js, pub: pub, updates: newUpdates(cfg.KeepUpdates), truths: newTruths(100_000), planned: &planned{steps: map[int64]bool{}}}, nil
+	life, stop := context.WithCancel(context.Background())
+	return &Gateway{cfg: cfg, js: js, pub: pub, updates: newUpdates(cfg.KeepUpdates), truths: newTruths(100_000), planned: &planned{steps: map[int64]bool{}},
+		predictions: newPredictions(100_000, cfg.Remember), life: life, stop: stop}, nil
 }
 
 // Run follows the update, plan, calibration and anchor subjects until ctx
 // is done.
 func (g *Gateway) Run(ctx context.Context) error {
+	defer g.stop()
 	errc := make(chan error, 5)
 	s := g.cfg.Subjects
 	go func() { errc <- follow(ctx, g.js, g.cfg.Stream, s.Update, g.updates.add) }()

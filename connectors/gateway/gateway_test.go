@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/breaker"
 	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/predict"
 )
 
 // judge speaks /v1/chat/completions. It scores a solution by the "score=X"
@@ -32,6 +34,7 @@ import (
 type judge struct {
 	*httptest.Server
 	barrier int
+	gate    chan struct{} // if set, each answer waits for it to close
 
 	mu       sync.Mutex
 	cond     *sync.Cond
@@ -42,8 +45,10 @@ type judge struct {
 
 var scoreInCode = regexp.MustCompile(`score=([0-9.]+)`)
 
-func newJudge(t *testing.T, barrier int) *judge {
-	j := &judge{barrier: barrier}
+func newJudge(t *testing.T, barrier int) *judge { return newGatedJudge(t, barrier, nil) }
+
+func newGatedJudge(t *testing.T, barrier int, gate chan struct{}) *judge {
+	j := &judge{barrier: barrier, gate: gate}
 	j.cond = sync.NewCond(&j.mu)
 	j.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
@@ -55,6 +60,9 @@ func newJudge(t *testing.T, barrier int) *judge {
 		}
 		j.enter()
 		defer j.leave()
+		if j.gate != nil {
+			<-j.gate
+		}
 		content := `{"status":"scored","score":` + scoreOf(req.Messages[len(req.Messages)-1].Content) + `,"rationale":"read"}`
 		if bytes.Contains([]byte(req.Messages[len(req.Messages)-1].Content), []byte("garbage")) {
 			content = "I cannot tell."
@@ -388,5 +396,195 @@ func TestTruthsTellStepsApart(t *testing.T) {
 	}
 	if s, ok := tr.lookup("p", "step 1's"); ok {
 		t.Errorf("step 1's solution, not executed yet, scored %v", s)
+	}
+}
+
+// TestARetriedRewardWaitsForTheCallUnderWay: a trainer whose client gave up
+// waiting for a slow world model (its timeout, a load balancer's) and asks
+// again is answered from the call it already paid for, not by a second
+// call; the same request later is answered without asking, through the map
+// current then.
+func TestARetriedRewardWaitsForTheCallUnderWay(t *testing.T) {
+	gate := make(chan struct{})
+	j := newGatedJudge(t, 1, gate)
+	g, base := newGateway(t, j.URL, nil)
+	body := `{"prompt":"Task 3.","response":"score=0.4","label":"t3"}`
+
+	impatient := &http.Client{Timeout: 200 * time.Millisecond}
+	if resp, err := impatient.Post(base+"/rewards/slime", "application/json", strings.NewReader(body)); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the first request was answered %d while the world model was still scoring", resp.StatusCode)
+	}
+	type answer struct {
+		code int
+		body string
+	}
+	again := make(chan answer)
+	go func() {
+		code, b := post(t, base+"/rewards/slime", json.RawMessage(body))
+		again <- answer{code, strings.TrimSpace(string(b))}
+	}()
+	time.Sleep(200 * time.Millisecond) // the retry is waiting too
+	close(gate)
+	if a := <-again; a.code != http.StatusOK || a.body != "0.4" {
+		t.Fatalf("the retry: %d %s; want 0.4", a.code, a.body)
+	}
+	if calls, _ := j.seen(); calls != 1 {
+		t.Fatalf("the world model was asked %d times for one solution asked twice; want once", calls)
+	}
+
+	m, err := calibrate.NewIsotonic([]float64{0, 1}, []float64{0.5, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.cal.Store(&calState{c: schemas.Calibration{Version: 1}, m: m})
+	if code, b := post(t, base+"/rewards/slime", json.RawMessage(body)); code != http.StatusOK || strings.TrimSpace(string(b)) != "0.7" {
+		t.Fatalf("asked again after a refit: %d %s; want 0.7, the remembered 0.4 through the new map", code, b)
+	}
+	if calls, _ := j.seen(); calls != 1 {
+		t.Fatalf("the world model was asked %d times; want once", calls)
+	}
+	// The same response to another task is another solution.
+	if code, b := post(t, base+"/rewards/slime", map[string]any{"prompt": "Task 3.", "response": "score=0.4", "label": "t4"}); code != http.StatusOK || strings.TrimSpace(string(b)) != "0.7" {
+		t.Fatalf("another task: %d %s", code, b)
+	}
+	if calls, _ := j.seen(); calls != 2 {
+		t.Fatalf("the world model was asked %d times after another task's solution; want 2", calls)
+	}
+}
+
+// TestASolutionTwiceInABatchIsAskedOnce: a group of identical completions
+// (common once a policy converges on a task) costs one world-model call.
+func TestASolutionTwiceInABatchIsAskedOnce(t *testing.T) {
+	j := newJudge(t, 1)
+	_, base := newGateway(t, j.URL, nil)
+	code, b := post(t, base+"/rewards/openrlhf", map[string]any{
+		"query":   []string{"Task 1.score=0.2", "Task 1.score=0.3", "Task 1.score=0.2", "Task 1.score=0.2"},
+		"prompts": []string{"Task 1.", "Task 1.", "Task 1.", "Task 1."}})
+	var got struct{ Rewards []*float64 }
+	if json.Unmarshal(b, &got); code != http.StatusOK || len(got.Rewards) != 4 {
+		t.Fatalf("openrlhf: %d %s", code, b)
+	}
+	for i, want := range []float64{0.2, 0.3, 0.2, 0.2} {
+		if got.Rewards[i] == nil || *got.Rewards[i] != want {
+			t.Fatalf("reward %d = %s, want %v (all: %s)", i, show(got.Rewards[i]), want, b)
+		}
+	}
+	if calls, _ := j.seen(); calls != 2 {
+		t.Fatalf("the world model was asked %d times for 2 distinct solutions", calls)
+	}
+}
+
+// TestAFailedCallIsNotRemembered: a world model that failed is asked again
+// by the next request for the same solution.
+func TestAFailedCallIsNotRemembered(t *testing.T) {
+	var up atomic.Bool
+	var calls atomic.Int64
+	wm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if !up.Load() {
+			http.Error(w, "overloaded", http.StatusInternalServerError)
+			return
+		}
+		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"role": "assistant",
+			"content": `{"status":"scored","score":0.6,"rationale":"read"}`}}}})
+	}))
+	defer wm.Close()
+	_, base := newGateway(t, wm.URL, nil)
+	body := json.RawMessage(`{"prompt":"Task 1.","response":"print(1)"}`)
+	if code, b := post(t, base+"/rewards/slime", body); code != http.StatusBadGateway {
+		t.Fatalf("while the world model fails: %d %s; want 502", code, b)
+	}
+	failed := calls.Load()
+	up.Store(true)
+	if code, b := post(t, base+"/rewards/slime", body); code != http.StatusOK || strings.TrimSpace(string(b)) != "0.6" {
+		t.Fatalf("once it answers: %d %s; want 0.6", code, b)
+	}
+	if calls.Load() == failed {
+		t.Fatal("the failed call was remembered: the world model was not asked again")
+	}
+}
+
+// TestPredictionsStayBoundedAndExpire: what the reward endpoints remember
+// is bounded in count and in age; a call under way is joined, whatever its
+// age.
+func TestPredictionsStayBoundedAndExpire(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ps := newPredictions(3, time.Minute)
+	ps.now = func() time.Time { return now }
+	key := func(i int) digest { return digestOf("task", "p", strconv.Itoa(i)) }
+	for i := range 10 {
+		p, asked := ps.get(key(i))
+		if asked {
+			t.Fatalf("solution %d: asked before", i)
+		}
+		ps.settle([]*prediction{p}, []predict.Score{{Value: float64(i), Graded: true}}, nil)
+	}
+	if len(ps.byKey) > 3 || len(ps.order) > 3 {
+		t.Fatalf("remembers %d (%d in order); want at most 3", len(ps.byKey), len(ps.order))
+	}
+	if p, asked := ps.get(key(9)); !asked || p.score.Value != 9 {
+		t.Fatalf("the newest: asked %v, %v", asked, p.score)
+	}
+	if _, asked := ps.get(key(0)); asked {
+		t.Fatal("the oldest was still remembered past the bound")
+	}
+	under, _ := ps.get(key(100)) // under way for longer than the ttl
+	now = now.Add(2 * time.Minute)
+	if _, asked := ps.get(key(9)); asked {
+		t.Fatal("a score older than the ttl was remembered")
+	}
+	if p, asked := ps.get(key(100)); !asked || p != under {
+		t.Fatal("a call under way was not joined")
+	}
+}
+
+// TestWhatTheGatewayKeepsOfASolutionIsSmall: over days the gateway sees
+// hundreds of thousands of executed anchors and scored solutions, of tens
+// of kilobytes each; what it keeps of each is a digest, not the text.
+func TestWhatTheGatewayKeepsOfASolutionIsSmall(t *testing.T) {
+	const n, size = 2000, 32 << 10
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	tr := newTruths(n)
+	ps := newPredictions(n, time.Hour)
+	score := 0.5
+	before := heap()
+	for i := range n {
+		code := strconv.Itoa(i) + strings.Repeat("x", size)
+		tr.addAnchor(schemas.Group{Step: int64(i), Trajectories: []schemas.Trajectory{{TrajID: "t", Prompt: "p", Response: code}}})
+		tr.addExecution(schemas.Execution{Step: int64(i), Items: []schemas.ExecItem{{TrajID: "t", Score: &score}}})
+		p, _ := ps.get(ask{task: "x", prompt: "p", response: code}.key())
+		ps.settle([]*prediction{p}, []predict.Score{{Value: score, Graded: true}}, nil)
+	}
+	after := heap()
+	grew := after - min(before, after)
+	if s, ok := tr.lookup("p", strconv.Itoa(n-1)+strings.Repeat("x", size)); !ok || s != score {
+		t.Fatalf("the newest anchor's score: %v, %v", s, ok)
+	}
+	t.Logf("grew %.2f MB", float64(grew)/(1<<20))
+	if grew > n*size/16 {
+		t.Fatalf("keeping %d solutions of %d kB grew the heap by %.1f MB; want a digest of each, not its text", n, size>>10, float64(grew)/(1<<20))
+	}
+	runtime.KeepAlive(tr)
+	runtime.KeepAlive(ps)
+}
+
+// TestAnUnreadableReplyIsNotRemembered: a solution the world model's reply
+// could not grade is null, and asked again next time.
+func TestAnUnreadableReplyIsNotRemembered(t *testing.T) {
+	j := newJudge(t, 1)
+	_, base := newGateway(t, j.URL, nil)
+	for range 2 {
+		if code, b := post(t, base+"/rewards/slime", map[string]any{"prompt": "Task 1.", "response": "garbage"}); code != http.StatusOK || strings.TrimSpace(string(b)) != "null" {
+			t.Fatalf("unreadable: %d %s; want null", code, b)
+		}
+	}
+	if calls, _ := j.seen(); calls != 2 {
+		t.Fatalf("the world model was asked %d times for an ungraded solution asked twice; want 2", calls)
 	}
 }

@@ -3,17 +3,21 @@ package gateway
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/breaker"
+	"github.com/wmrl/wmrl/stages/predict"
 )
 
 // Reward endpoints for trainers that take only rewards. They return the
@@ -26,57 +30,180 @@ import (
 // ask is one solution to score.
 type ask struct{ task, prompt, response string }
 
+// key names a solution by its content, as the world model sees it.
+func (a ask) key() digest { return digestOf(a.task, a.prompt, a.response) }
+
 // rewards scores solutions: the real score of those executed as anchors, the
 // world model's through the current map for the rest. The rest go to the
 // world model in one call, which an HTTP world model answers concurrently: a
 // trainer's batch costs one round trip, not one per solution. A solution is
 // named by a hash of its content, so the same solution gets the same score
-// wherever it sits in a batch.
+// wherever it sits in a batch, and a solution the world model is scoring or
+// scored lately (Config.Remember) is not asked again: a trainer that gave
+// up waiting and asks again (its client's timeout, a load balancer's) waits
+// for the call it paid for. The call goes on when the trainer hangs up; its
+// world-model scores are remembered raw and mapped when answered, so a
+// refit since is applied.
 func (g *Gateway) rewards(ctx context.Context, asks []ask) ([]*float64, error) {
 	out := make([]*float64, len(asks))
+	waits := make([]*prediction, len(asks))
+	var mine []*prediction
 	var trajs []schemas.Trajectory
-	var at []int
 	for i, a := range asks {
 		if s, ok := g.truths.lookup(a.prompt, a.response); ok {
 			out[i] = &s
 			continue
 		}
-		sum := sha256.Sum256([]byte(contentKey(a.prompt, a.response)))
-		trajs = append(trajs, schemas.Trajectory{Schema: schemas.Version, Run: g.cfg.Run, TrajID: "rm-" + hex.EncodeToString(sum[:8]),
-			TaskID: a.task, Prompt: a.prompt, Response: a.response})
-		at = append(at, i)
+		k := a.key()
+		p, asked := g.predictions.get(k)
+		waits[i] = p
+		if !asked {
+			mine = append(mine, p)
+			trajs = append(trajs, schemas.Trajectory{Schema: schemas.Version, Run: g.cfg.Run, TrajID: "rm-" + hex.EncodeToString(k[:8]),
+				TaskID: a.task, Prompt: a.prompt, Response: a.response})
+		}
 	}
-	if len(trajs) == 0 {
-		return out, nil
+	if len(mine) > 0 {
+		call, err := g.cfg.Breaker.Ask()
+		if err != nil {
+			g.predictions.settle(mine, nil, err)
+			return nil, err
+		}
+		go g.predict(call, mine, trajs)
 	}
-	call, err := g.cfg.Breaker.Ask()
-	if err != nil {
-		return nil, err
+	st := g.cal.Load()
+	for i, p := range waits {
+		if p == nil {
+			continue
+		}
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if p.err != nil {
+			return nil, p.err
+		}
+		if !p.score.Graded {
+			continue
+		}
+		v := p.score.Value
+		if st != nil && st.m != nil {
+			v = st.m.Predict(v)
+		}
+		out[i] = &v
 	}
-	cctx, cancel := call.Context(ctx)
-	scores, err := g.cfg.WorldModel.Predict(cctx, trajs)
+	return out, nil
+}
+
+// predict asks the world model for ps, until it answers or the gateway
+// stops, whoever still waits for them.
+func (g *Gateway) predict(call breaker.Call, ps []*prediction, trajs []schemas.Trajectory) {
+	ctx, cancel := call.Context(g.life)
+	scores, err := g.cfg.WorldModel.Predict(ctx, trajs)
 	cancel()
 	if err == nil && len(scores) != len(trajs) {
 		err = fmt.Errorf("world model %s returned %d scores for %d solutions", g.cfg.WorldModel.Name(), len(scores), len(trajs))
 	}
-	if down := call.End(ctx, err); down != nil { // ctx done: the trainer hung up, which says nothing of the world model
-		return nil, down
+	if down := call.End(g.life, err); down != nil { // life done: the gateway stopped, which says nothing of the world model
+		err = down
 	}
-	if err != nil {
-		return nil, err
+	g.predictions.settle(ps, scores, err)
+}
+
+// digest names a solution's content in 32 bytes: what the gateway keeps of
+// solutions for a run of days is their digests, not their text.
+type digest [sha256.Size]byte
+
+// digestOf hashes parts, each prefixed with its length so that no two
+// different lists of parts run together alike.
+func digestOf(parts ...string) digest {
+	h := sha256.New()
+	var n [8]byte
+	for _, p := range parts {
+		binary.LittleEndian.PutUint64(n[:], uint64(len(p)))
+		h.Write(n[:])
+		io.WriteString(h, p)
 	}
-	st := g.cal.Load()
-	for j, s := range scores {
-		if !s.Graded {
-			continue
+	var d digest
+	h.Sum(d[:0])
+	return d
+}
+
+// prediction is the world model's score of one solution: done closes when
+// the call ends, with score or err.
+type prediction struct {
+	key   digest
+	done  chan struct{}
+	score predict.Score
+	err   error
+	at    time.Time // when it ended
+}
+
+// predictions remembers the world model's scores of the reward endpoints'
+// solutions for a while (keep at most, each for ttl after it came), and the
+// calls under way. A failed call, or a reply the world model gave that could
+// not be read, is not remembered: the next ask calls again.
+type predictions struct {
+	mu    sync.Mutex
+	byKey map[digest]*prediction
+	order []*prediction // oldest first
+	keep  int
+	ttl   time.Duration
+	now   func() time.Time
+}
+
+func newPredictions(keep int, ttl time.Duration) *predictions {
+	return &predictions{byKey: map[digest]*prediction{}, keep: keep, ttl: ttl, now: time.Now}
+}
+
+// get returns k's prediction, and whether it was asked for already (under
+// way, or come within ttl); if not, the caller must ask and settle it.
+func (ps *predictions) get(k digest) (p *prediction, asked bool) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	now := ps.now()
+	if p := ps.byKey[k]; p != nil && !ps.stale(p, now) {
+		return p, true
+	}
+	p = &prediction{key: k, done: make(chan struct{})}
+	ps.byKey[k] = p
+	ps.order = append(ps.order, p)
+	for len(ps.order) > 0 {
+		old := ps.order[0]
+		current := ps.byKey[old.key] == old
+		if current && len(ps.order) <= ps.keep && !ps.stale(old, now) {
+			break
 		}
-		v := s.Value
-		if st != nil && st.m != nil {
-			v = st.m.Predict(v)
+		if current {
+			delete(ps.byKey, old.key) // one under way still answers who waits for it
 		}
-		out[at[j]] = &v
+		ps.order[0] = nil
+		ps.order = ps.order[1:]
 	}
-	return out, nil
+	return p, false
+}
+
+// stale: p came more than ttl ago. The lock is held.
+func (ps *predictions) stale(p *prediction, now time.Time) bool {
+	return !p.at.IsZero() && now.Sub(p.at) > ps.ttl
+}
+
+// settle ends the calls of ps with scores (in the same order) or err.
+func (ps *predictions) settle(preds []*prediction, scores []predict.Score, err error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	now := ps.now()
+	for i, p := range preds {
+		if p.err = err; err == nil {
+			p.score = scores[i]
+		}
+		p.at = now
+		close(p.done)
+		if (err != nil || !p.score.Graded) && ps.byKey[p.key] == p {
+			delete(ps.byKey, p.key)
+		}
+	}
 }
 
 // openrlhf serves OpenRLHF's --remote_rm_url:

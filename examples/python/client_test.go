@@ -3,6 +3,7 @@
 package pythonclient
 
 import (
+	"encoding/json"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	wmrlgateway "github.com/wmrl/wmrl/connectors/gateway"
+	"github.com/wmrl/wmrl/connectors/openai"
 )
 
 // gateway answers the slime reward endpoint with the statuses in answers,
@@ -273,5 +277,55 @@ print("reward", WMRLClient(sys.argv[1], timeout=0.5).slime_reward("Task 1.", "pr
 	}
 	if n := asked.Load(); n != 1 {
 		t.Errorf("the reward was asked %d times; want once", n)
+	}
+}
+
+// TestARetriedRewardIsScoredOnce: a reward request the client gave up on
+// (its reward_timeout, shorter here than the world model takes) and asked
+// again is answered by the real gateway from the world-model call already
+// under way: the trainer gets its reward and the world model, an LLM paid
+// by the token, is asked once.
+func TestARetriedRewardIsScoredOnce(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	var asked atomic.Int64
+	judge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		select {
+		case <-time.After(2 * time.Second): // the world model thinking
+		case <-r.Context().Done():
+			return
+		}
+		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"role": "assistant",
+			"content": `{"status":"scored","score":0.7,"rationale":"read"}`}}}})
+	}))
+	defer judge.Close()
+	wm, err := openai.New(openai.Config{BaseURL: judge.URL + "/v1", Model: "judge"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := wmrlgateway.New(wmrlgateway.Config{Run: "default", WorldModel: wm}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(g.Handler())
+	defer srv.Close()
+	script := `
+import sys, time
+from wmrl_client import WMRLClient
+start = time.monotonic()
+print("reward", WMRLClient(sys.argv[1], timeout=0.3, reward_timeout=0.3).slime_reward("Task 1.", "print(1)"))
+print("after", time.monotonic() - start, file=sys.stderr)
+`
+	cmd := exec.Command(py, "-c", script, srv.URL)
+	cmd.Dir = "."
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "reward 0.7") || !strings.Contains(string(out), "asking again") {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	if n := asked.Load(); n != 1 {
+		t.Errorf("the world model was asked %d times for one reward; want once\n%s", n, out)
 	}
 }
