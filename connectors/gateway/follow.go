@@ -1,10 +1,12 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -79,13 +81,18 @@ func (u *updates) newest() (schemas.Update, bool) {
 }
 
 // planned is the set of steps route has planned (closed): trajectories
-// for them come too late to be fused.
+// for them come too late to be fused. Route plans steps about in order, so
+// a run of days is held as the few ranges of consecutive steps, not a step
+// at a time.
 type planned struct {
 	mu     sync.Mutex
-	steps  map[int64]bool
+	ranges []stepRange // sorted, apart by at least one step not planned
 	last   int64
 	anyYet bool
 }
+
+// stepRange is the steps lo to hi, both included.
+type stepRange struct{ lo, hi int64 }
 
 func (p *planned) add(rec natsjs.Record) {
 	var plan struct {
@@ -96,16 +103,30 @@ func (p *planned) add(rec natsjs.Record) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.steps[*plan.Step] = true
-	if !p.anyYet || *plan.Step > p.last {
-		p.last, p.anyYet = *plan.Step, true
+	n := *plan.Step
+	if !p.anyYet || n > p.last {
+		p.last, p.anyYet = n, true
+	}
+	// i: the first range ending at n-1 or later, the one n joins if any.
+	i, _ := slices.BinarySearchFunc(p.ranges, n, func(r stepRange, n int64) int { return cmp.Compare(r.hi+1, n) })
+	switch {
+	case i < len(p.ranges) && p.ranges[i].lo <= n+1 && p.ranges[i].hi+1 >= n:
+		r := &p.ranges[i]
+		r.lo, r.hi = min(r.lo, n), max(r.hi, n)
+		if i+1 < len(p.ranges) && p.ranges[i+1].lo == r.hi+1 {
+			r.hi = p.ranges[i+1].hi
+			p.ranges = slices.Delete(p.ranges, i+1, i+2)
+		}
+	default:
+		p.ranges = slices.Insert(p.ranges, i, stepRange{n, n})
 	}
 }
 
 func (p *planned) has(step int64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.steps[step]
+	i, _ := slices.BinarySearchFunc(p.ranges, step, func(r stepRange, n int64) int { return cmp.Compare(r.hi, n) })
+	return i < len(p.ranges) && p.ranges[i].lo <= step
 }
 
 func (p *planned) newest() (int64, bool) {

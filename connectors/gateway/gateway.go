@@ -126,7 +126,7 @@ func New(cfg Config, js jetstream.JetStream, pub message.Publisher) (*Gateway, e
 		return nil, errors.New("gateway: a world model is required for the reward endpoints")
 	}
 	life, stop := context.WithCancel(context.Background())
-	return &Gateway{cfg: cfg, js: js, pub: pub, updates: newUpdates(cfg.KeepUpdates), truths: newTruths(100_000), planned: &planned{steps: map[int64]bool{}},
+	return &Gateway{cfg: cfg, js: js, pub: pub, updates: newUpdates(cfg.KeepUpdates), truths: newTruths(100_000), planned: &planned{},
 		predictions: newPredictions(100_000, cfg.Remember), life: life, stop: stop}, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/openai"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/breaker"
@@ -586,5 +588,44 @@ func TestAnUnreadableReplyIsNotRemembered(t *testing.T) {
 	}
 	if calls, _ := j.seen(); calls != 2 {
 		t.Fatalf("the world model was asked %d times for an ungraded solution asked twice; want 2", calls)
+	}
+}
+
+// TestPlannedStepsStayFew: a run of days plans a step at a time; the
+// gateway keeps ranges of consecutive steps, not a set growing by one a
+// step, and still knows each step, in order or not.
+func TestPlannedStepsStayFew(t *testing.T) {
+	p := &planned{}
+	plan := func(n int64) { p.add(natsjs.Record{Data: []byte(fmt.Sprintf(`{"step":%d}`, n))}) }
+	gap := func(n int64) bool { return n%1000 == 7 }
+	for n := int64(100); n < 10_000; n++ {
+		if !gap(n) {
+			plan(n)
+		}
+	}
+	plan(12_000)
+	if len(p.ranges) != 11 {
+		t.Fatalf("%d ranges for 10 gaps and a step apart: %v", len(p.ranges), p.ranges)
+	}
+	known := func(n int64) bool { return n >= 100 && n < 10_000 && !gap(n) || n == 12_000 }
+	for n := int64(-2); n < 12_005; n++ {
+		if p.has(n) != known(n) {
+			t.Fatalf("step %d: planned %v, want %v", n, p.has(n), known(n))
+		}
+	}
+	for n := int64(9_999); n >= 0; n-- { // the gaps and the steps before, newest first, and again
+		plan(n)
+	}
+	if want := []stepRange{{0, 9_999}, {12_000, 12_000}}; !slices.Equal(p.ranges, want) {
+		t.Fatalf("after the gaps were planned: %v; want %v", p.ranges, want)
+	}
+	plan(10_000)
+	plan(11_999)
+	plan(11_998)
+	if want := []stepRange{{0, 10_000}, {11_998, 12_000}}; !slices.Equal(p.ranges, want) {
+		t.Fatalf("joined at both ends: %v; want %v", p.ranges, want)
+	}
+	if last, _ := p.newest(); last != 12_000 {
+		t.Fatalf("newest %d", last)
 	}
 }
