@@ -95,9 +95,24 @@ function connectOptions(f, env) {
   return opts;
 }
 
+// connectHint says what a refused connection may lack. A server that asks
+// every client for a certificate (wmrl run --listen-client-ca) ends the
+// TLS session of one without a certificate, and nats.js only times out.
+function connectHint(f) {
+  if ((f["nats-ca"] || /^tls:/.test(f.nats)) && !f["nats-cert"]) {
+    return " (a server that asks for a client certificate, as wmrl run --listen-client-ca does, closes the connection without a word: give --nats-cert and --nats-key)";
+  }
+  return "";
+}
+
 async function main() {
   const f = flags(process.argv.slice(2));
-  const nc = await connect(connectOptions(f, process.env));
+  let nc;
+  try {
+    nc = await connect(connectOptions(f, process.env));
+  } catch (err) {
+    throw new Error(`could not connect to ${f.nats}: ${err.message || err}${connectHint(f)}`);
+  }
   const jsm = await jetstreamManager(nc);
   const js = jetstream(nc);
   const stream = "WMRL_" + f.prefix.toUpperCase();

@@ -322,3 +322,29 @@ func TestNodeStageExitsWhenRefused(t *testing.T) {
 		t.Fatalf("the refused stage still runs a minute on:\n%s", out.String())
 	}
 }
+
+// TestNodeStageWithoutItsCertificateSaysSo: a server that asks every client
+// for a certificate ends the TLS session of one without, and nats.js only
+// times out; the stage exits non-zero naming the flags it lacks.
+func TestNodeStageWithoutItsCertificateSaysSo(t *testing.T) {
+	needNode(t)
+	t.Parallel()
+	cfg := pipeline.DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.Source, cfg.Quiet = t.TempDir(), "127.0.0.1:0", pipeline.SourceExternal, true
+	pki := natstest.NewPKI(t)
+	cfg.NATSAuth.Token = "t0ken"
+	cfg.ListenTLS = natsjs.ServerTLS{Cert: pki.ServerCert, Key: pki.ServerKey, ClientCA: pki.CA}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := pipeline.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	stage := exec.CommandContext(ctx, "node", "abstain.js", "--nats", p.URL(), "--nats-ca", pki.CA)
+	stage.Env = append(os.Environ(), "WMRL_NATS_TOKEN=t0ken")
+	out, err := stage.CombinedOutput()
+	if err == nil || ctx.Err() != nil || !strings.Contains(string(out), "could not connect to "+p.URL()) || !strings.Contains(string(out), "give --nats-cert and --nats-key") {
+		t.Fatalf("the stage without its certificate: %v (context %v)\n%s", err, ctx.Err(), out)
+	}
+}
