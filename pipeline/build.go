@@ -501,6 +501,7 @@ func (p *Pipeline) buildGateway() error {
 		Run: p.cfg.Run, Stream: p.tr.stream, Token: p.cfg.HTTPToken, WorldModel: wm, Breaker: p.worldModelBreaker(),
 		MaxPayload: int(p.tr.nc.MaxPayload()),
 		Instrument: p.metrics.instrumentHTTP,
+		Answered:   func(a gateway.Answer, n int) { p.metrics.RewardAnswers.WithLabelValues(string(a)).Add(float64(n)) },
 		Subjects: gateway.Subjects{
 			Traj: p.topo.Subject(schemas.KindTraj), Step: p.topo.Subject(schemas.KindStep),
 			Update: p.topo.Out(StageFuse, schemas.KindUpdate), Calibration: p.topo.Out(StageCalibrate, schemas.KindCalibration),

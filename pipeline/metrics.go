@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/wmrl/wmrl/connectors/gateway"
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/fuse"
@@ -54,6 +55,9 @@ type Metrics struct {
 	// pipeline, reward latency and 503s included.
 	HTTPRequests *prometheus.CounterVec
 	HTTPSeconds  *prometheus.HistogramVec
+	// RewardAnswers counts the solutions the gateway's reward endpoints
+	// scored, by where the score came from (gateway.Answers).
+	RewardAnswers *prometheus.CounterVec
 	// Executions counts the anchor executions this process ran, by
 	// status; ExecutionSeconds times them.
 	Executions       *prometheus.CounterVec
@@ -168,6 +172,13 @@ func NewMetrics() *Metrics {
 	m.HTTPSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "wmrl", Name: "http_request_seconds",
 		Help:    "Time the trainer gateway took to answer, by endpoint (an update's long poll included).",
 		Buckets: prometheus.ExponentialBuckets(1e-3, 4, 10)}, []string{"endpoint"})
+	m.RewardAnswers = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "reward_solutions_total",
+		Help: "Solutions the trainer gateway's reward endpoints scored, by answer: execution (executed as an anchor: its real score), " +
+			"world_model (asked) and remembered (the same solution's world-model score, from a call under way or within 15 minutes: not asked again)."},
+		[]string{"answer"})
+	for _, a := range gateway.Answers {
+		m.RewardAnswers.WithLabelValues(string(a))
+	}
 	m.Executions = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "executions_total",
 		Help: "Anchor executions this process ran, by status: scored, invalid_submission, crashed and timed_out (all scores; the last three 0), " +
 			"sandbox_error (no score)."}, []string{"status"})
@@ -178,7 +189,7 @@ func NewMetrics() *Metrics {
 		Help:    "How long the anchor executions this process ran took (the executor's own timing).",
 		Buckets: prometheus.ExponentialBuckets(0.1, 2, 16)})
 	r.MustRegister(m.Latency, m.StepLatency, m.NATSReconnects, m.ShortSteps, m.CertNotAfter, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
-		m.Executions, m.ExecutionSeconds)
+		m.RewardAnswers, m.Executions, m.ExecutionSeconds)
 	return m
 }
 

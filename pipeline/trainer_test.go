@@ -188,6 +188,18 @@ func TestTrainerOverHTTPAndNATS(t *testing.T) {
 	if one == nil || *one < 0 || *one > 1 {
 		t.Fatalf("slime reward %v", one)
 	}
+	// Asked again (a trainer that gave up waiting), the same solution is
+	// answered from the world model's score it already gave.
+	var again *float64
+	json.Unmarshal(h.want(http.StatusOK, "POST", "/rewards/slime", []byte(`{"prompt":"p","response":"print(3)","label":"task-2"}`), token, ""), &again)
+	if again == nil || *again != *one {
+		t.Fatalf("slime reward asked again: %v; want %v", again, *one)
+	}
+	for answer, want := range map[gateway.Answer]float64{gateway.AnsweredByExecution: 1, gateway.AnsweredByWorldModel: 2, gateway.AnsweredRemembered: 1} {
+		if got := testutil.ToFloat64(p.Metrics().RewardAnswers.WithLabelValues(string(answer))); got != want {
+			t.Errorf("wmrl_reward_solutions_total{answer=%q} = %v, want %v", answer, got, want)
+		}
+	}
 }
 
 func TestGatewayRejectsBadRequestsAndChangesNothing(t *testing.T) {

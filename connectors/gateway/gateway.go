@@ -62,10 +62,29 @@ type Config struct {
 	// retrying a request it gave up on) is not scored again (default 15
 	// minutes; negative: never kept past its call).
 	Remember time.Duration
+	// Answered, if set, hears how the reward endpoints answered each
+	// request's solutions: n of them by Answer.
+	Answered func(how Answer, n int)
 	// Instrument, if set, wraps each endpoint's handler (named as in
 	// Endpoints) to count and time its requests, refused ones included.
 	Instrument func(endpoint string, h http.Handler) http.Handler
 }
+
+// Answer is where a reward endpoint's score of a solution came from.
+type Answer string
+
+const (
+	// AnsweredByExecution: the solution was executed as an anchor; its real score.
+	AnsweredByExecution Answer = "execution"
+	// AnsweredByWorldModel: the world model was asked.
+	AnsweredByWorldModel Answer = "world_model"
+	// AnsweredRemembered: the world model's score from a call under way or
+	// come within Config.Remember, for the same solution; not asked again.
+	AnsweredRemembered Answer = "remembered"
+)
+
+// Answers are the Answer values, for a metric's series.
+var Answers = []Answer{AnsweredByExecution, AnsweredByWorldModel, AnsweredRemembered}
 
 // Endpoints names the API's endpoints for Config.Instrument: the route
 // patterns, and "other" for whatever matches none.

@@ -63,6 +63,7 @@ func (g *Gateway) rewards(ctx context.Context, asks []ask) ([]*float64, error) {
 				TaskID: a.task, Prompt: a.prompt, Response: a.response})
 		}
 	}
+	g.answered(asks, waits, len(mine))
 	if len(mine) > 0 {
 		call, err := g.cfg.Breaker.Ask()
 		if err != nil {
@@ -94,6 +95,26 @@ func (g *Gateway) rewards(ctx context.Context, asks []ask) ([]*float64, error) {
 		out[i] = &v
 	}
 	return out, nil
+}
+
+// answered tells Config.Answered how asks are answered: those without a
+// prediction to wait for by their execution, the rest by the world model,
+// asked for the first mine of them.
+func (g *Gateway) answered(asks []ask, waits []*prediction, mine int) {
+	if g.cfg.Answered == nil {
+		return
+	}
+	waiting := 0
+	for _, p := range waits {
+		if p != nil {
+			waiting++
+		}
+	}
+	for how, n := range [...]int{len(asks) - waiting, mine, waiting - mine} { // in the order of Answers
+		if n > 0 {
+			g.cfg.Answered(Answers[how], n)
+		}
+	}
 }
 
 // predict asks the world model for ps, until it answers or the gateway
