@@ -241,18 +241,7 @@ func TestWorldModelFailureIsABadGateway(t *testing.T) {
 // connector's retries, minutes against a world model that hangs), and the
 // first request after the Retry-After that gets an answer brings 200s back.
 func TestWorldModelDownAnswers503AtOnce(t *testing.T) {
-	var up atomic.Bool
-	var calls atomic.Int64
-	wm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
-		if !up.Load() {
-			http.Error(w, "overloaded", http.StatusInternalServerError)
-			return
-		}
-		content := `{"status":"scored","score":0.7,"rationale":"read"}`
-		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"role": "assistant", "content": content}}}})
-	}))
-	defer wm.Close()
+	wm, up, calls := failingWorldModel(t, "0.7")
 	const probe = 2 * time.Second
 	_, base := newGateway(t, wm.URL, &breaker.Breaker{Name: "the world model", After: 2, Probe: probe})
 	ask := func() (int, string, string) {
@@ -302,6 +291,23 @@ func TestWorldModelDownAnswers503AtOnce(t *testing.T) {
 	if code, _, body := ask(); code != http.StatusOK {
 		t.Fatalf("after a probe got an answer: %d %s; want 200", code, body)
 	}
+}
+
+// failingWorldModel speaks /v1/chat/completions: 500 "overloaded" until up
+// is set, then score for every solution. calls counts its requests.
+func failingWorldModel(t *testing.T, score string) (srv *httptest.Server, up *atomic.Bool, calls *atomic.Int64) {
+	up, calls = new(atomic.Bool), new(atomic.Int64)
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if !up.Load() {
+			http.Error(w, "overloaded", http.StatusInternalServerError)
+			return
+		}
+		content := `{"status":"scored","score":` + score + `,"rationale":"read"}`
+		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"role": "assistant", "content": content}}}})
+	}))
+	t.Cleanup(srv.Close)
+	return srv, up, calls
 }
 
 // refusing is a publisher whose store is unavailable.
@@ -480,18 +486,7 @@ func TestASolutionTwiceInABatchIsAskedOnce(t *testing.T) {
 // TestAFailedCallIsNotRemembered: a world model that failed is asked again
 // by the next request for the same solution.
 func TestAFailedCallIsNotRemembered(t *testing.T) {
-	var up atomic.Bool
-	var calls atomic.Int64
-	wm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
-		if !up.Load() {
-			http.Error(w, "overloaded", http.StatusInternalServerError)
-			return
-		}
-		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"role": "assistant",
-			"content": `{"status":"scored","score":0.6,"rationale":"read"}`}}}})
-	}))
-	defer wm.Close()
+	wm, up, calls := failingWorldModel(t, "0.6")
 	_, base := newGateway(t, wm.URL, nil)
 	body := json.RawMessage(`{"prompt":"Task 1.","response":"print(1)"}`)
 	if code, b := post(t, base+"/rewards/slime", body); code != http.StatusBadGateway {
