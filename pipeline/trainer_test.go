@@ -304,6 +304,10 @@ func TestPythonClient(t *testing.T) {
 		if err != nil || !strings.HasSuffix(strings.TrimSpace(string(out)), "ok") {
 			t.Fatalf("https %v: verl and TRL reward functions: %v", https, err)
 		}
+		// TRL's batch and verl's batch were a request each.
+		if n := testutil.ToFloat64(p.Metrics().HTTPRequests.WithLabelValues("rewards_openrlhf", "200")); n != 2 {
+			t.Errorf("https %v: %v OpenRLHF reward requests for TRL's batch and verl's; want 2", https, n)
+		}
 		// A trainer whose rollouts fail now and then sends their groups
 		// short (send_step): no step waits out --step-timeout for them.
 		out, err = trainer("2", "--drop-one").CombinedOutput()

@@ -21,7 +21,13 @@ f = wmrl_trl.make_reward_func(url, token=token, ca_file=ca)
 r = f(prompts=["Solve task 1.", "Solve task 2."], completions=["print(1)", [{"role": "assistant", "content": "print(2)"}]],
       task_id=["task-1", "task-2"])
 assert len(r) == 2 and all(x is None or 0.0 <= x <= 1.0 for x in r), r
-print("verl compute_score", s["score"], "trl rewards", r)
+# verl's batch reward manager: one request for the batch, the same scores
+# as one at a time (the same solution twice scored alike).
+b = wmrl_verl.compute_score_batch(["sim"] * 3, ["print(42)", "print(43)", "print(42)"], ["task-3", "task-3", "task-3"],
+                                  [{"prompt": "Solve task 3."}, {"prompt": "Solve task 3."}, {"prompt": "Solve task 3."}])
+assert len(b) == 3 and b[0] == s and b[2] == s, (b, s)
+assert b[1] == wmrl_verl.compute_score("sim", "print(43)", "task-3", {"prompt": "Solve task 3."}), b
+print("verl compute_score", s["score"], "compute_score_batch", [x["score"] for x in b], "trl rewards", r)
 
 
 # verl's apply_fused_advantages, with stand-ins for what it takes from

@@ -8,9 +8,18 @@ live gateway with stand-ins for the few things it takes from them
 
 1. Debiased rewards only (a config change): in the verl config,
 
+       reward_model:
+         reward_manager: batch
        custom_reward_function:
          path: examples/verl/wmrl_verl.py
-         name: compute_score
+         name: compute_score_batch
+
+   verl's batch reward manager hands the whole batch to
+   `compute_score_batch`, which sends it as one request: the gateway asks
+   the world model for every solution at once (up to its
+   --wm-concurrency). With verl's default manager (naive) use `name:
+   compute_score`, which verl calls one solution at a time: a batch then
+   waits for the world model once per solution, one after another.
 
    and export WMRL_URL=http://host:8080 (WMRL_RUN, WMRL_HTTP_TOKEN optional;
    WMRL_RETRY_FOR, default 120: how many seconds a reward waits out the
@@ -60,6 +69,18 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if score is None:
         return {"score": 0.0, "wmrl_ungraded": True}  # verl needs a float; flagged, not hidden
     return {"score": score, "wmrl_ungraded": False}
+
+
+def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=None, **kwargs):
+    """verl's batch reward manager's custom reward: compute_score for a
+    whole batch in one request (the gateway's OpenRLHF endpoint), so the
+    world model scores the batch concurrently, not one solution after
+    another. The same solution twice in a batch is scored once."""
+    extra_infos = extra_infos if extra_infos is not None else [None] * len(solution_strs)
+    prompts = [(e or {}).get("prompt", "") for e in extra_infos]
+    scores = client().openrlhf_rewards([p + s for p, s in zip(prompts, solution_strs)], prompts=prompts,
+                                       labels=[str(g) for g in ground_truths])
+    return [{"score": 0.0, "wmrl_ungraded": True} if x is None else {"score": x, "wmrl_ungraded": False} for x in scores]
 
 
 def apply_fused_advantages(batch, step, tokenizer):  # pragma: no cover - needs verl + torch
