@@ -49,6 +49,9 @@ func (p *Pipeline) onUpdate(u schemas.Update) {
 	if u.CalibrationVersion == 0 && p.cfg.Debias && !p.cfg.Quiet {
 		p.beforeFitOnce.Do(func() { p.sayBeforeFit(u) })
 	}
+	if den := p.cfg.Denoiser.Effective(); u.Rho == 1 && u.CalibrationSeq < int64(den.Warmup) && den.Estimator != fuse.EstimatorOff && !p.cfg.Quiet {
+		p.warmUpOnce.Do(func() { p.sayWarmingUp(u, den) })
+	}
 	latency := u.PublishedAt.Sub(u.ClosedAt)
 	if p.source != nil {
 		if d := p.source.updated(u.Step); d > 0 {
@@ -81,7 +84,7 @@ func (p *Pipeline) sayBeforeFit(u schemas.Update) {
 	first := p.cfg.Debiaser.FirstFit()
 	when := ""
 	if left := int64(first) - u.PairsTotal; pairs > 0 && left > 0 {
-		when = fmt.Sprintf("; at %d a step, about %d steps from now", pairs, (left+int64(pairs)-1)/int64(pairs))
+		when = fmt.Sprintf("; at %d a step, %s", pairs, stepsFromNow(left, int64(pairs)))
 	}
 	what := "scores every world-model trajectory of a group alike (at the anchors' mean score), so only the anchor groups move the policy"
 	if p.cfg.Debiaser.BeforeFit == calibrate.BeforeFitIdentity {
@@ -89,6 +92,26 @@ func (p *Pipeline) sayBeforeFit(u schemas.Update) {
 	}
 	p.notef("calibration: until its first isotonic fit, after %d anchor pairs (%d so far%s), the map %s (--before-fit, --min-pairs, --refit-every)",
 		first, u.PairsTotal, when, what)
+}
+
+// sayWarmingUp says, at the first update fused at rho 1 in the denoiser's
+// warm-up, that the anchors' weight waits for its anchor groups to be
+// measured, and about when that is.
+func (p *Pipeline) sayWarmingUp(u schemas.Update, den fuse.DenoiserConfig) {
+	when := ""
+	if left := int64(den.Warmup) - u.CalibrationSeq; u.Anchors > 0 && left > 0 {
+		when = fmt.Sprintf("; at %d a step, %s", u.Anchors, stepsFromNow(left, int64(u.Anchors)))
+	}
+	p.notef("rho: the anchor groups' weight is 1, as in plain GRPO, until %d anchor groups have measured the world model's disagreement "+
+		"(%d absorbed so far%s); then it follows that disagreement, within [%g, %g] (--rho)", den.Warmup, u.CalibrationSeq, when, den.RhoMin, den.RhoMax)
+}
+
+// stepsFromNow says about when left more come, at perStep a step.
+func stepsFromNow(left, perStep int64) string {
+	if n := (left + perStep - 1) / perStep; n != 1 {
+		return fmt.Sprintf("about %d steps from now", n)
+	}
+	return "about a step from now"
 }
 
 // finishIfComplete stops a run of a fixed number of steps once every step

@@ -51,6 +51,15 @@ func TestAStoppedRunSaysWhereItIs(t *testing.T) {
 	if n := strings.Count(out.String(), "calibration: until its first isotonic fit, after 32 anchor pairs ("); n != want {
 		t.Errorf("the phase before the first fit was said %d times, want %d:\n%s", n, want, out.String())
 	}
+	// So is rho's warm-up (testConfig: 4 anchor groups), if a step was
+	// fused at rho 1.
+	want = 0
+	if regexp.MustCompile(`(?m)^step .* rho 1\.000 `).MatchString(out.String()) {
+		want = 1
+	}
+	if n := strings.Count(out.String(), "rho: the anchor groups' weight is 1, as in plain GRPO, until 4 anchor groups have measured"); n != want {
+		t.Errorf("rho's warm-up was said %d times, want %d:\n%s", n, want, out.String())
+	}
 	if strings.Contains(out.String(), "done:") {
 		t.Errorf("a stopped run said it was done:\n%s", out.String())
 	}
@@ -65,5 +74,8 @@ func TestAStoppedRunSaysWhereItIs(t *testing.T) {
 	}
 	if !strings.Contains(out2.String(), "done: steps 0-") || strings.Contains(out2.String(), "stopped after") {
 		t.Errorf("a finished run's output:\n%s", out2.String())
+	}
+	if strings.Contains(out2.String(), "rho: the anchor groups' weight is 1") {
+		t.Errorf("a run resumed past rho's warm-up said it was in it:\n%s", out2.String())
 	}
 }

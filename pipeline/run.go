@@ -53,6 +53,7 @@ type Pipeline struct {
 	started       time.Time
 	doneOnce      sync.Once // the closing line of a run of --steps
 	beforeFitOnce sync.Once // the line about the calibration before its first fit
+	warmUpOnce    sync.Once // the line about rho before the denoiser's warm-up ends
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup

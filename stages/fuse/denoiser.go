@@ -84,6 +84,13 @@ func (c *DenoiserConfig) setDefaults() {
 	}
 }
 
+// Effective is the configuration in force: zero values take the
+// reference defaults.
+func (c DenoiserConfig) Effective() DenoiserConfig {
+	c.setDefaults()
+	return c
+}
+
 // Validate reports the first invalid field.
 func (c DenoiserConfig) Validate() error {
 	switch c.Estimator {
