@@ -147,9 +147,20 @@ type WorldModel struct {
 	tmpl  *template.Template
 	slots chan struct{}
 
-	mu    sync.Mutex
-	cache map[string]predict.Score
-	order []string
+	mu       sync.Mutex
+	cache    map[string]predict.Score
+	order    []string
+	inflight map[string]*asking // prompts being asked, for a copy of one to wait on
+}
+
+// asking is one prompt's request under way: done closes when it ends, with
+// s or err; dropped if its asker's context ended first, which says nothing
+// of the model.
+type asking struct {
+	done    chan struct{}
+	s       predict.Score
+	err     error
+	dropped bool
 }
 
 var _ predict.WorldModel = (*WorldModel)(nil)
@@ -173,7 +184,7 @@ func New(cfg Config) (*WorldModel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: prompt template: %v", ErrConfig, err)
 	}
-	return &WorldModel{cfg: cfg, tmpl: tmpl, slots: make(chan struct{}, cfg.Concurrency), cache: map[string]predict.Score{}}, nil
+	return &WorldModel{cfg: cfg, tmpl: tmpl, slots: make(chan struct{}, cfg.Concurrency), cache: map[string]predict.Score{}, inflight: map[string]*asking{}}, nil
 }
 
 // LoadTemplate reads a prompt template file.
@@ -212,6 +223,9 @@ func (w *WorldModel) Predict(ctx context.Context, trajs []schemas.Trajectory) ([
 	return out, nil
 }
 
+// one scores t. The same prompt asked again while a request for it is under
+// way (copies of one solution in a group, once a policy converges on a
+// task) waits for that request rather than paying for another.
 func (w *WorldModel) one(ctx context.Context, t schemas.Trajectory) (predict.Score, error) {
 	summary, _ := t.Meta["data_summary"].(string)
 	var msg strings.Builder
@@ -220,10 +234,53 @@ func (w *WorldModel) one(ctx context.Context, t schemas.Trajectory) (predict.Sco
 	}
 	sum := sha256.Sum256([]byte(w.cfg.Model + "\x00" + msg.String()))
 	key := hex.EncodeToString(sum[:])
-	if s, ok := w.cached(key); ok {
-		return s, nil
+	for {
+		a, asker := w.ask(key)
+		if asker {
+			a.s, a.err = w.score(ctx, msg.String())
+			a.dropped = ctx.Err() != nil
+			if a.err == nil && a.s.Graded {
+				w.store(key, a.s)
+			}
+			w.mu.Lock()
+			delete(w.inflight, key)
+			w.mu.Unlock()
+			close(a.done)
+			return a.s, a.err
+		}
+		select {
+		case <-a.done:
+		case <-ctx.Done():
+			return predict.Score{}, ctx.Err()
+		}
+		if !a.dropped {
+			return a.s, a.err
+		}
+		// Its asker gave up, not the model: ask again.
 	}
-	replies, err := w.complete(ctx, msg.String())
+}
+
+// ask returns the request for key: the cached score (done already), one
+// under way to wait on, or a new one for the caller to make (asker).
+func (w *WorldModel) ask(key string) (a *asking, asker bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if s, ok := w.cache[key]; ok {
+		a = &asking{done: make(chan struct{}), s: s}
+		close(a.done)
+		return a, false
+	}
+	if a := w.inflight[key]; a != nil {
+		return a, false
+	}
+	a = &asking{done: make(chan struct{})}
+	w.inflight[key] = a
+	return a, true
+}
+
+// score asks the model for msg's verdicts and sums them up.
+func (w *WorldModel) score(ctx context.Context, msg string) (predict.Score, error) {
+	replies, err := w.complete(ctx, msg)
 	var perm permanentError
 	if errors.As(err, &perm) {
 		return predict.Score{Reason: err.Error()}, nil
@@ -247,16 +304,7 @@ func (w *WorldModel) one(ctx context.Context, t schemas.Trajectory) (predict.Sco
 	}
 	mean, sd := stat.PopMeanStdDev(scores, nil)
 	v := majority(verdicts)
-	s := predict.Score{Value: mean, Graded: true, Spread: sd, Verdict: v.Status, Rationale: v.Rationale}
-	w.store(key, s)
-	return s, nil
-}
-
-func (w *WorldModel) cached(key string) (predict.Score, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	s, ok := w.cache[key]
-	return s, ok
+	return predict.Score{Value: mean, Graded: true, Spread: sd, Verdict: v.Status, Rationale: v.Rationale}, nil
 }
 
 func (w *WorldModel) store(key string, s predict.Score) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/predict"
 )
 
 // server speaks /v1/chat/completions; reply decides each response.
@@ -316,5 +317,77 @@ func TestTheVerdictIsTheMostFrequentStatus(t *testing.T) {
 		if got := majority(vs); got.Status != c.want || got.Rationale != fmt.Sprint("reply ", c.from) {
 			t.Errorf("majority of %v = %+v; want %s from reply %d", c.statuses, got, c.want, c.from)
 		}
+	}
+}
+
+// TestCopiesOfASolutionAreAskedOnce: a group whose policy wrote the same
+// solution several times costs one request for it, every copy gets its
+// score, and a copy whose asker gave up asks again itself.
+func TestCopiesOfASolutionAreAskedOnce(t *testing.T) {
+	release := make(chan struct{})
+	s := newServer(t, func(_ int64, req map[string]any, w http.ResponseWriter) {
+		<-release
+		msg := req["messages"].([]any)[0].(map[string]any)["content"].(string)
+		score := "0.25"
+		if strings.Contains(msg, "print(2)") {
+			score = "0.75"
+		}
+		choices(w, `{"status":"scored","score":`+score+`,"rationale":"ok"}`)
+	})
+	w := wm(t, s.URL, nil)
+	group := []schemas.Trajectory{traj("t1", "print(1)"), traj("t2", "print(2)"), traj("t3", "print(1)"), traj("t4", "print(1)")}
+	time.AfterFunc(200*time.Millisecond, func() { close(release) })
+	scores, err := w.Predict(context.Background(), group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []float64{0.25, 0.75, 0.25, 0.25} {
+		if !scores[i].Graded || scores[i].Value != want {
+			t.Fatalf("trajectory %d: %+v, want %v", i, scores[i], want)
+		}
+	}
+	if n := s.calls.Load(); n != 2 {
+		t.Fatalf("%d requests for 2 distinct solutions", n)
+	}
+
+	// An asker that gives up leaves its copies to ask for themselves.
+	gate := make(chan struct{})
+	s2 := newServer(t, func(n int64, _ map[string]any, w http.ResponseWriter) {
+		if n == 1 {
+			<-gate // the first request hangs until its asker has gone
+		}
+		choices(w, `{"status":"scored","score":0.5,"rationale":"ok"}`)
+	})
+	defer close(gate)
+	w2 := wm(t, s2.URL, nil)
+	impatient, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() {
+		_, err := w2.Predict(impatient, []schemas.Trajectory{traj("a", "print(3)")})
+		first <- err
+	}()
+	for s2.calls.Load() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	copyDone := make(chan []predict.Score, 1)
+	go func() {
+		sc, err := w2.Predict(context.Background(), []schemas.Trajectory{traj("b", "print(3)")})
+		if err != nil {
+			t.Error(err)
+		}
+		copyDone <- sc
+	}()
+	time.Sleep(50 * time.Millisecond) // the copy waits on the first request
+	cancel()
+	if err := <-first; err == nil {
+		t.Fatal("the first asker was not cut short")
+	}
+	select {
+	case sc := <-copyDone:
+		if len(sc) != 1 || !sc[0].Graded || sc[0].Value != 0.5 {
+			t.Fatalf("the copy: %+v", sc)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the copy waited on the request its asker gave up")
 	}
 }
