@@ -295,3 +295,36 @@ func TestCheckpointOfADeletedStreamIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A run restarted with other correction settings says so, as a notice
+// rather than an error, and goes on under the new ones.
+func TestARestartWithOtherSettingsIsSaid(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Steps = 3
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Steps, cfg.Quiet = 5, false
+	cfg.Denoiser.Estimator = fuse.EstimatorReference
+	cfg.Debiaser.Bins = 0
+	out := &syncBuffer{}
+	cfg.Out = out
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`fuse: the checkpoint was made with other settings (debias true, denoiser {"estimator":"advantage",`,
+		`rebuilding rho from the retained calibrations under the new settings`,
+		`calibrate: the checkpoint was made with other calibration settings (`,
+		`done: steps 0-4`,
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "invalid config") {
+		t.Errorf("changed settings read as an invalid config:\n%s", out.String())
+	}
+}

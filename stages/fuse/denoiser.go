@@ -9,6 +9,10 @@ import (
 // ErrConfig reports an invalid DenoiserConfig.
 var ErrConfig = errors.New("fuse: invalid config")
 
+// ErrOtherSettings refuses a checkpoint made with other correction
+// settings than the stage's: a restart with changed flags.
+var ErrOtherSettings = errors.New("fuse: the checkpoint was made with other settings")
+
 // Estimator names how rho, the anchor groups' inverse-variance weight, is
 // estimated from anchor groups.
 type Estimator string

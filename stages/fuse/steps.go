@@ -108,8 +108,8 @@ func (s *Steps) Restore(c Checkpoint) error {
 	if c.Debias != s.debias || !reflect.DeepEqual(c.Denoiser.Config, s.den.Config()) {
 		was, _ := json.Marshal(c.Denoiser.Config)
 		now, _ := json.Marshal(s.den.Config())
-		return fmt.Errorf("%w: checkpoint made with debias %v and denoiser %s, now debias %v and denoiser %s",
-			ErrConfig, c.Debias, was, s.debias, now)
+		return fmt.Errorf("%w (debias %v, denoiser %s; now debias %v, denoiser %s)",
+			ErrOtherSettings, c.Debias, was, s.debias, now)
 	}
 	den, err := RestoreDenoiser(c.Denoiser)
 	if err != nil {

@@ -203,8 +203,8 @@ func TestStepsRestoreFromACheckpoint(t *testing.T) {
 		"another estimator": {Run: "r", Debias: true, AnchorDeadline: time.Hour, Denoiser: DenoiserConfig{Warmup: 4, Estimator: EstimatorRatio}},
 	} {
 		s, _ := NewSteps(other)
-		if err := s.Restore(back); !errors.Is(err, ErrConfig) {
-			t.Errorf("%s: restoring a checkpoint made otherwise gives %v, want ErrConfig", name, err)
+		if err := s.Restore(back); !errors.Is(err, ErrOtherSettings) {
+			t.Errorf("%s: restoring a checkpoint made otherwise gives %v, want ErrOtherSettings", name, err)
 		}
 		if s.den.Snapshot().Count != 0 || s.seq != 0 {
 			t.Errorf("%s: a refused checkpoint changed the state", name)
