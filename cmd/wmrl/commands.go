@@ -21,7 +21,14 @@ func rootCommand() *cobra.Command {
 		Short:         "World-model rewards for RL: predict every trajectory, execute a few, correct, fuse",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if path, _ := cmd.Flags().GetString(configFlag); path != "" {
+				return applyConfigFile(cmd.Flags(), cmd.CommandPath(), path)
+			}
+			return nil
+		},
 	}
+	root.PersistentFlags().String(configFlag, "", "YAML file of this command's settings (name: value, a flag's name without its dashes; a list for a flag given once per value); a flag on the command line wins")
 	root.AddCommand(runCommand(), stageCommand(), serveCommand(), simCommand(), replayCommand(), auditCommand(), compactCommand(), dlqCommand(), statusCommand(), wmEvalCommand())
 	return root
 }
