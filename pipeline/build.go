@@ -452,7 +452,7 @@ func (p *Pipeline) worldModel() (predict.WorldModel, error) {
 	if p.cfg.WorldModel == "openai" {
 		onAttempt = p.worldModelBreaker().Attempt
 	}
-	wm, err := NewWorldModel(p.cfg, onAttempt)
+	wm, err := NewWorldModel(p.cfg, onAttempt, p.metrics.ObserveWMRequest)
 	if err != nil {
 		return nil, err
 	}
@@ -462,14 +462,14 @@ func (p *Pipeline) worldModel() (predict.WorldModel, error) {
 
 // NewWorldModel builds the world model cfg configures (WorldModel and the
 // WM* fields; the task's limits from TaskDir): the simulated one, or an
-// OpenAI-compatible server's client, which tells onAttempt, if set, how
-// each request ended.
-func NewWorldModel(cfg Config, onAttempt func(error)) (predict.WorldModel, error) {
+// OpenAI-compatible server's client, which tells onAttempt and onRequest,
+// if set, how each request ended (openai.Config's OnAttempt, OnRequest).
+func NewWorldModel(cfg Config, onAttempt func(error), onRequest func(openai.Request)) (predict.WorldModel, error) {
 	if cfg.WorldModel != "openai" {
 		return sim.DefaultWorldModel(), nil
 	}
 	oc := cfg.openaiConfig()
-	oc.OnAttempt = onAttempt
+	oc.OnAttempt, oc.OnRequest = onAttempt, onRequest
 	if cfg.TaskDir != "" && cfg.executor() != "sim" {
 		// What an execution may take is part of its outcome. task.json
 		// alone: a world model's process needs no private answers.

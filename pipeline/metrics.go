@@ -15,6 +15,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/gateway"
 	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/openai"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/fuse"
 )
@@ -55,6 +56,11 @@ type Metrics struct {
 	// pipeline, reward latency and 503s included.
 	HTTPRequests *prometheus.CounterVec
 	HTTPSeconds  *prometheus.HistogramVec
+	// WMRequests, WMRequestSeconds and WMTokens count, time and weigh the
+	// requests this process's OpenAI-compatible world model made.
+	WMRequests       *prometheus.CounterVec
+	WMRequestSeconds prometheus.Histogram
+	WMTokens         *prometheus.CounterVec
 	// RewardAnswers counts the solutions the gateway's reward endpoints
 	// scored, by where the score came from (gateway.Answers).
 	RewardAnswers *prometheus.CounterVec
@@ -179,6 +185,21 @@ func NewMetrics() *Metrics {
 	for _, a := range gateway.Answers {
 		m.RewardAnswers.WithLabelValues(string(a))
 	}
+	m.WMRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "wm_requests_total",
+		Help: "Requests this process made to its OpenAI-compatible world model (--world-model openai), by outcome: answered, " +
+			"refused (a 4xx or a reply that is not chat completions: those trajectories ungraded) and failed (timeout, connection error, 429, 5xx: retried)."},
+		[]string{"outcome"})
+	for _, o := range []string{openai.RequestAnswered, openai.RequestRefused, openai.RequestFailed} {
+		m.WMRequests.WithLabelValues(o)
+	}
+	m.WMRequestSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "wmrl", Name: "wm_request_seconds",
+		Help:    "How long the world model's requests took, whatever their outcome (a request of --wm-samples replies is one).",
+		Buckets: prometheus.ExponentialBuckets(0.05, 2, 14)})
+	m.WMTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "wm_tokens_total",
+		Help: "Tokens the world model's answered requests used, by kind (prompt, completion), as its server reports them in usage."},
+		[]string{"kind"})
+	m.WMTokens.WithLabelValues("prompt")
+	m.WMTokens.WithLabelValues("completion")
 	m.Executions = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "executions_total",
 		Help: "Anchor executions this process ran, by status: scored, invalid_submission, crashed and timed_out (all scores; the last three 0), " +
 			"sandbox_error (no score)."}, []string{"status"})
@@ -189,8 +210,16 @@ func NewMetrics() *Metrics {
 		Help:    "How long the anchor executions this process ran took (the executor's own timing).",
 		Buckets: prometheus.ExponentialBuckets(0.1, 2, 16)})
 	r.MustRegister(m.Latency, m.StepLatency, m.NATSReconnects, m.ShortSteps, m.CertNotAfter, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
-		m.RewardAnswers, m.Executions, m.ExecutionSeconds)
+		m.RewardAnswers, m.WMRequests, m.WMRequestSeconds, m.WMTokens, m.Executions, m.ExecutionSeconds)
 	return m
+}
+
+// ObserveWMRequest counts, times and weighs one world-model request.
+func (m *Metrics) ObserveWMRequest(r openai.Request) {
+	m.WMRequests.WithLabelValues(r.Outcome).Inc()
+	m.WMRequestSeconds.Observe(r.Duration.Seconds())
+	m.WMTokens.WithLabelValues("prompt").Add(float64(r.Usage.PromptTokens))
+	m.WMTokens.WithLabelValues("completion").Add(float64(r.Usage.CompletionTokens))
 }
 
 // instrumentHTTP counts and times one gateway endpoint's requests. Its

@@ -60,7 +60,8 @@ func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
 		if h.Sum32()%7 == 0 {
 			content = "I am not sure."
 		}
-		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"content": content}}}})
+		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"content": content}}},
+			"usage": map[string]any{"prompt_tokens": 100, "completion_tokens": 20}})
 	}))
 	defer srv.Close()
 	cfg := testConfig(t)
@@ -70,8 +71,23 @@ func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
 	cfg.WorldModel, cfg.WMURL, cfg.WMModel, cfg.WMConcurrency = "openai", srv.URL+"/v1", "judge", concurrency
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := Run(ctx, cfg); err != nil {
+	p := started(t, ctx, cfg)
+	if err := p.Wait(); err != nil {
 		t.Fatal(err)
+	}
+	// Every request is counted, timed and weighed by the usage it reported.
+	mu.Lock()
+	asked := float64(calls)
+	mu.Unlock()
+	m := p.Metrics()
+	if n := testutil.ToFloat64(m.WMRequests.WithLabelValues("answered")); n != asked || testutil.ToFloat64(m.WMRequests.WithLabelValues("failed")) != 0 {
+		t.Errorf("wmrl_wm_requests_total{outcome=answered} = %v for %v requests answered", n, asked)
+	}
+	if pt, ct := testutil.ToFloat64(m.WMTokens.WithLabelValues("prompt")), testutil.ToFloat64(m.WMTokens.WithLabelValues("completion")); pt != 100*asked || ct != 20*asked {
+		t.Errorf("wmrl_wm_tokens_total: %v prompt, %v completion for %v requests of 100 and 20", pt, ct, asked)
+	}
+	if n := testutil.CollectAndCount(m.WMRequestSeconds); n != 1 {
+		t.Errorf("%d wmrl_wm_request_seconds series", n)
 	}
 	ungraded, graded := 0, 0
 	for _, b := range readStored(t, cfg.DataDir, "wmrl.default.pred") {

@@ -50,7 +50,7 @@ within-group Spearman buys.`,
 			if err != nil {
 				return err
 			}
-			wm, err := pipeline.NewWorldModel(cfg, nil)
+			wm, err := pipeline.NewWorldModel(cfg, nil, nil)
 			if err != nil {
 				return err
 			}

@@ -64,6 +64,9 @@ type Config struct {
 	// context says nothing of the server and is not told. Called from the
 	// requests' goroutines.
 	OnAttempt func(err error)
+	// OnRequest, if set, hears of each request the server answered or
+	// failed, as OnAttempt does, with its time and the tokens it used.
+	OnRequest func(Request)
 	// CacheSize bounds the (model, prompt) cache (default 100000; -1: off).
 	CacheSize int
 	Client    *http.Client
@@ -351,7 +354,32 @@ type chatResponse struct {
 			Content string `json:"content"`
 		} `json:"message"`
 	} `json:"choices"`
+	Usage Usage `json:"usage"`
 }
+
+// Usage is the tokens a request used, as the server reports them (zero
+// when it does not).
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
+// Request is one request to the server, for Config.OnRequest.
+type Request struct {
+	// Outcome: RequestAnswered (replies came), RequestRefused (the server
+	// answered with something unusable: a 4xx, or not chat completions)
+	// or RequestFailed (a timeout, a connection error, 429 or 5xx).
+	Outcome  string
+	Duration time.Duration
+	Usage    Usage
+}
+
+// Request outcomes.
+const (
+	RequestAnswered = "answered"
+	RequestRefused  = "refused"
+	RequestFailed   = "failed"
+)
 
 // complete asks for Samples replies, topping up with further requests when
 // a server ignores n (llama.cpp does).
@@ -395,15 +423,12 @@ func (w *WorldModel) request(ctx context.Context, user string, n int) ([]string,
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		replies, err := w.post(ctx, url, body)
+		start := time.Now()
+		replies, usage, err := w.post(ctx, url, body)
 		<-w.slots
 		var perm permanentError
-		if w.cfg.OnAttempt != nil && ctx.Err() == nil {
-			if errors.As(err, &perm) {
-				w.cfg.OnAttempt(nil) // it answered, with something we cannot use
-			} else {
-				w.cfg.OnAttempt(err)
-			}
+		if ctx.Err() == nil {
+			w.report(err, time.Since(start), usage)
 		}
 		if err == nil || errors.As(err, &perm) || ctx.Err() != nil {
 			return replies, err
@@ -411,6 +436,25 @@ func (w *WorldModel) request(ctx context.Context, user string, n int) ([]string,
 		last = err
 	}
 	return nil, fmt.Errorf("gave up after %d attempts: %w", w.cfg.Retries+1, last)
+}
+
+// report tells OnAttempt and OnRequest how a request the caller did not
+// cut short ended.
+func (w *WorldModel) report(err error, took time.Duration, usage Usage) {
+	var perm permanentError
+	outcome := RequestAnswered
+	switch {
+	case errors.As(err, &perm):
+		outcome, err = RequestRefused, nil // it answered, with something we cannot use
+	case err != nil:
+		outcome = RequestFailed
+	}
+	if w.cfg.OnAttempt != nil {
+		w.cfg.OnAttempt(err)
+	}
+	if w.cfg.OnRequest != nil {
+		w.cfg.OnRequest(Request{Outcome: outcome, Duration: took, Usage: usage})
+	}
 }
 
 // retryAfter carries a server's Retry-After.
@@ -442,12 +486,12 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-func (w *WorldModel) post(ctx context.Context, url string, body []byte) ([]string, error) {
+func (w *WorldModel) post(ctx context.Context, url string, body []byte) ([]string, Usage, error) {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
 	defer cancel()
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return nil, permanentError{fmt.Sprintf("request: %v", err)}
+		return nil, Usage{}, permanentError{fmt.Sprintf("request: %v", err)}
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	if w.cfg.APIKey != "" {
@@ -455,30 +499,30 @@ func (w *WorldModel) post(ctx context.Context, url string, body []byte) ([]strin
 	}
 	resp, err := w.cfg.Client.Do(hreq)
 	if err != nil {
-		return nil, err // connection error or timeout: retried
+		return nil, Usage{}, err // connection error or timeout: retried
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	if err != nil {
-		return nil, err
+		return nil, Usage{}, err
 	}
 	switch {
 	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 || resp.StatusCode == http.StatusRequestTimeout:
 		err := fmt.Errorf("HTTP %d: %s", resp.StatusCode, snippet(raw))
 		secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
-		return nil, retryAfter{err: err, wait: time.Duration(secs) * time.Second}
+		return nil, Usage{}, retryAfter{err: err, wait: time.Duration(secs) * time.Second}
 	case resp.StatusCode != http.StatusOK:
-		return nil, permanentError{fmt.Sprintf("world model refused the request: HTTP %d: %s", resp.StatusCode, snippet(raw))}
+		return nil, Usage{}, permanentError{fmt.Sprintf("world model refused the request: HTTP %d: %s", resp.StatusCode, snippet(raw))}
 	}
 	var cr chatResponse
 	if err := json.Unmarshal(raw, &cr); err != nil {
-		return nil, permanentError{fmt.Sprintf("unreadable response (not chat completions JSON): %s", snippet(raw))}
+		return nil, Usage{}, permanentError{fmt.Sprintf("unreadable response (not chat completions JSON): %s", snippet(raw))}
 	}
 	out := make([]string, 0, len(cr.Choices))
 	for _, c := range cr.Choices {
 		out = append(out, c.Message.Content)
 	}
-	return out, nil
+	return out, cr.Usage, nil
 }
 
 func snippet(b []byte) string {

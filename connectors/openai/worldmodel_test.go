@@ -194,8 +194,12 @@ func TestRetriesFailingAndRateLimitingServers(t *testing.T) {
 func TestEachRequestIsReported(t *testing.T) {
 	s := newServer(t, func(n int64, _ map[string]any, w http.ResponseWriter) {
 		switch {
-		case n <= 3:
+		case n <= 2:
 			overloadedThenScores(n, w)
+		case n == 3:
+			json.NewEncoder(w).Encode(map[string]any{
+				"choices": []any{map[string]any{"message": map[string]any{"role": "assistant", "content": `{"status":"scored","score":0.25,"rationale":"ok"}`}}},
+				"usage":   map[string]any{"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150}})
 		case n == 4:
 			http.Error(w, "no such model", http.StatusNotFound)
 		default:
@@ -204,6 +208,7 @@ func TestEachRequestIsReported(t *testing.T) {
 	})
 	var mu sync.Mutex
 	var seen []string
+	var requests []Request
 	w := wm(t, s.URL, func(c *Config) {
 		c.CacheSize = -1
 		c.OnAttempt = func(err error) {
@@ -214,6 +219,11 @@ func TestEachRequestIsReported(t *testing.T) {
 			} else {
 				seen = append(seen, "failure")
 			}
+		}
+		c.OnRequest = func(r Request) {
+			mu.Lock()
+			defer mu.Unlock()
+			requests = append(requests, r)
 		}
 	})
 	if _, err := w.Predict(context.Background(), []schemas.Trajectory{traj("t", "x")}); err != nil {
@@ -227,6 +237,21 @@ func TestEachRequestIsReported(t *testing.T) {
 	defer mu.Unlock()
 	if got := strings.Join(seen, " "); got != "failure failure answer answer" {
 		t.Fatalf("requests told: %q; want failure failure answer answer", got)
+	}
+	// OnRequest hears of the same requests, with their outcome, time and
+	// the tokens the answer's usage gives.
+	var outcomes []string
+	for _, r := range requests {
+		outcomes = append(outcomes, r.Outcome)
+		if r.Duration <= 0 {
+			t.Errorf("request %+v took no time", r)
+		}
+	}
+	if got := strings.Join(outcomes, " "); got != "failed failed answered refused" {
+		t.Fatalf("requests heard: %q; want failed failed answered refused", got)
+	}
+	if u := requests[2].Usage; u != (Usage{PromptTokens: 120, CompletionTokens: 30}) {
+		t.Errorf("the answer's usage %+v; want 120 prompt and 30 completion tokens", u)
 	}
 }
 
