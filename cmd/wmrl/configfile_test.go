@@ -72,14 +72,14 @@ rho: reference
 func TestAConfigFileSaysWhatIsWrong(t *testing.T) {
 	for text, want := range map[string]string{
 		"anchor-fraction: 0.1\nanchor-fractoin: 0.2\n": `wmrl.yaml:2: wmrl run has no setting "anchor-fractoin" (did you mean "anchor-fraction"?)`,
-		"bins: [1, 2]\n":                               `wmrl.yaml:1: bins: takes one value, not a list`,
-		"bins: ten\n":                                  `wmrl.yaml:1: bins: invalid argument "ten" for "--bins" flag`,
-		"bins:\n":                                      `wmrl.yaml:1: bins: no value`,
-		"- bins\n":                                     `wmrl.yaml:1: want a mapping of settings (name: value), got a list`,
-		"bins: 1\nbins: 2\n":                           `wmrl.yaml:2: "bins" is set already on line 1`,
-		"config: other.yaml\n":                         `has no setting "config"`,
-		"exec-env: [{A: 1}]\n":                         `exec-env: line 1: want a list of values, got a mapping in it`,
-		"bins: 1\n  nested: 2\n":                       `wmrl.yaml: yaml:`,
+		"bins: [1, 2]\n":         `wmrl.yaml:1: bins: takes one value, not a list`,
+		"bins: ten\n":            `wmrl.yaml:1: bins: invalid argument "ten" for "--bins" flag`,
+		"bins:\n":                `wmrl.yaml:1: bins: no value`,
+		"- bins\n":               `wmrl.yaml:1: want a mapping of settings (name: value), got a list`,
+		"bins: 1\nbins: 2\n":     `wmrl.yaml:2: "bins" is set already on line 1`,
+		"config: other.yaml\n":   `has no setting "config"`,
+		"exec-env: [{A: 1}]\n":   `exec-env: line 1: want a list of values, got a mapping in it`,
+		"bins: 1\n  nested: 2\n": `wmrl.yaml: yaml:`,
 	} {
 		cfg := pipeline.DefaultConfig()
 		var estimator string
