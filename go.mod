@@ -3,6 +3,7 @@ module github.com/wmrl/wmrl
 go 1.26.8
 
 require (
+	github.com/KimMachineGun/automemlimit v1.0.2
 	github.com/ThreeDotsLabs/watermill v1.4.7
 	github.com/go-json-experiment/json v1.27.2
 	github.com/nats-io/jwt/v2 v2.8.3
@@ -44,6 +45,7 @@ require (
 	github.com/oklog/ulid v1.3.1 // indirect
 	github.com/parquet-go/bitpack v1.0.3 // indirect
 	github.com/parquet-go/jsonlite v1.5.5 // indirect
+	github.com/pbnjay/memory v0.0.0-20210728143218-7b4eea64cf58 // indirect
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/prometheus/common v0.72.0 // indirect

@@ -145,6 +145,7 @@ func runCommand() *cobra.Command {
 			cfg.Denoiser.Estimator = fuse.Estimator(estimator)
 			cfg.Out = cmd.OutOrStdout()
 			noArchive(&cfg)
+			followMemoryLimit(cmd.Context(), cfg.Out, cfg.Quiet)
 			return pipeline.Run(cmd.Context(), cfg)
 		},
 	}
@@ -174,6 +175,7 @@ func stageCommand() *cobra.Command {
 			cfg.Source = pipeline.SourceExternal
 			cfg.Denoiser.Estimator = fuse.Estimator(estimator)
 			cfg.Out = cmd.OutOrStdout()
+			followMemoryLimit(cmd.Context(), cfg.Out, cfg.Quiet)
 			return pipeline.Run(cmd.Context(), cfg)
 		},
 	}
@@ -195,6 +197,7 @@ func serveCommand() *cobra.Command {
 			cfg.Stages = []string{}
 			cfg.Source = pipeline.SourceExternal
 			cfg.Out = cmd.OutOrStdout()
+			followMemoryLimit(cmd.Context(), cfg.Out, cfg.Quiet)
 			return pipeline.Run(cmd.Context(), cfg)
 		},
 	}
