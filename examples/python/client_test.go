@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -329,3 +330,62 @@ print("after", time.monotonic() - start, file=sys.stderr)
 		t.Errorf("the world model was asked %d times for one reward; want once\n%s", n, out)
 	}
 }
+
+// TestABatchLargerThanARequestIsSplit: a reward batch of long solutions
+// larger than a request may be goes to the real gateway in several
+// requests, sent at once, and each reward comes back in its place.
+func TestABatchLargerThanARequestIsSplit(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	// The world model scores a solution by the number it prints.
+	judge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Messages []struct{ Content string } `json:"messages"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		score := "0"
+		if m := printed.FindStringSubmatch(req.Messages[0].Content); m != nil {
+			score = m[1]
+		}
+		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"role": "assistant",
+			"content": `{"status":"scored","score":` + score + `,"rationale":"read"}`}}}})
+	}))
+	defer judge.Close()
+	wm, err := openai.New(openai.Config{BaseURL: judge.URL + "/v1", Model: "judge"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := wmrlgateway.New(wmrlgateway.Config{Run: "default", WorldModel: wm}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var requests atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		g.Handler().ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	script := `
+import sys
+from wmrl_client import WMRLClient
+c = WMRLClient(sys.argv[1])
+n = 60
+prompts = ["Task %d: %s" % (i, "x" * 150) for i in range(n)]
+query = [p + "print(0.%02d)" % i for i, p in enumerate(prompts)]
+r = c.openrlhf_rewards(query, prompts=prompts, labels=["t%d" % i for i in range(n)], max_bytes=2000)
+assert r == [i / 100 for i in range(n)], r
+print("ok", len(r))
+`
+	cmd := exec.Command(py, "-c", script, srv.URL)
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "ok 60" {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	if n := requests.Load(); n < 6 {
+		t.Errorf("%d requests for a batch of about 23 kB in requests of 2 kB", n)
+	}
+}
+
+var printed = regexp.MustCompile(`print\(([0-9.]+)\)`)

@@ -23,6 +23,7 @@ Asking again is safe: a trajectory or watermark sent twice within the
 stream's dedup window (10 minutes) is stored once.
 """
 
+import concurrent.futures
 import json
 import logging
 import ssl
@@ -187,9 +188,36 @@ class WMRLClient:
         """The current isotonic map, its version, rho and D."""
         return self._call("GET", "/calibration")
 
-    def openrlhf_rewards(self, query, prompts=None, labels=None):
-        body = {"query": query, "prompts": prompts or [""] * len(query), "labels": labels or [None] * len(query)}
-        return self._call("POST", "/rewards/openrlhf", body, timeout=max(self.timeout, self.reward_timeout))["rewards"]
+    def openrlhf_rewards(self, query, prompts=None, labels=None, max_bytes=MAX_REQUEST_BYTES):
+        """Rewards of a batch, in its order (None: ungraded). A batch of
+        long prompts and solutions can be larger than one request may be
+        (the gateway takes 16 MiB): it goes in requests of at most max_bytes
+        each, sent at once, so that the world model still scores the whole
+        batch together."""
+        prompts = prompts or [""] * len(query)
+        labels = labels or [None] * len(query)
+        if not (len(prompts) == len(labels) == len(query)):
+            raise ValueError(f"query, prompts and labels differ in length ({len(query)}, {len(prompts)}, {len(labels)})")
+        chunks, start, size = [], 0, 0
+        for i, item in enumerate(zip(query, prompts, labels)):
+            n = len(json.dumps(item).encode()) + 3
+            if n + 64 > max_bytes:
+                raise ValueError(f"solution {i} is {n} bytes of JSON, over the {max_bytes} a request may take")
+            if i > start and size + n + 64 > max_bytes:
+                chunks.append((start, i))
+                start, size = i, 0
+            size += n
+        chunks.append((start, len(query)))
+
+        def ask(chunk):
+            a, b = chunk
+            body = {"query": query[a:b], "prompts": prompts[a:b], "labels": labels[a:b]}
+            return self._call("POST", "/rewards/openrlhf", body, timeout=max(self.timeout, self.reward_timeout))["rewards"]
+
+        if len(chunks) == 1:
+            return ask(chunks[0])
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(chunks))) as pool:
+            return [r for part in pool.map(ask, chunks) for r in part]
 
     def slime_reward(self, prompt, response, label=None):
         return self._call("POST", "/rewards/slime", {"prompt": prompt, "response": response, "label": label},
