@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -622,5 +623,31 @@ func TestPlannedStepsStayFew(t *testing.T) {
 	}
 	if last, _ := p.newest(); last != 12_000 {
 		t.Fatalf("newest %d", last)
+	}
+}
+
+// panicking is a world model that panics.
+type panicking struct{}
+
+func (panicking) Predict(context.Context, []schemas.Trajectory) ([]predict.Score, error) {
+	panic("index out of range")
+}
+func (panicking) Name() string { return "broken" }
+
+// TestAWorldModelThatPanicsFailsTheRequest: the world model's call runs
+// apart from its request; a panic in it fails the request with 502 and
+// leaves the gateway serving.
+func TestAWorldModelThatPanicsFailsTheRequest(t *testing.T) {
+	g, err := New(Config{Run: "r", WorldModel: panicking{}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(g.Handler())
+	defer srv.Close()
+	for range 2 {
+		code, b := post(t, srv.URL+"/v1/runs/r/rewards/slime", map[string]any{"prompt": "p", "response": "r"})
+		if code != http.StatusBadGateway || !strings.Contains(string(b), "world model broken panicked: index out of range") {
+			t.Fatalf("a panicking world model: %d %s; want 502 saying so", code, b)
+		}
 	}
 }

@@ -121,7 +121,7 @@ func (g *Gateway) answered(asks []ask, waits []*prediction, mine int) {
 // stops, whoever still waits for them.
 func (g *Gateway) predict(call breaker.Call, ps []*prediction, trajs []schemas.Trajectory) {
 	ctx, cancel := call.Context(g.life)
-	scores, err := g.cfg.WorldModel.Predict(ctx, trajs)
+	scores, err := g.askWorldModel(ctx, trajs)
 	cancel()
 	if err == nil && len(scores) != len(trajs) {
 		err = fmt.Errorf("world model %s returned %d scores for %d solutions", g.cfg.WorldModel.Name(), len(scores), len(trajs))
@@ -130,6 +130,18 @@ func (g *Gateway) predict(call breaker.Call, ps []*prediction, trajs []schemas.T
 		err = down
 	}
 	g.predictions.settle(ps, scores, err)
+}
+
+// askWorldModel is the world model's Predict, a panic in it an error: the
+// call runs apart from the request (net/http would have recovered it there),
+// and a panic would end the process.
+func (g *Gateway) askWorldModel(ctx context.Context, trajs []schemas.Trajectory) (scores []predict.Score, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			scores, err = nil, fmt.Errorf("world model %s panicked: %v", g.cfg.WorldModel.Name(), r)
+		}
+	}()
+	return g.cfg.WorldModel.Predict(ctx, trajs)
 }
 
 // digest names a solution's content in 32 bytes: what the gateway keeps of
