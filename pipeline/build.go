@@ -59,7 +59,7 @@ func (p *Pipeline) build(ctx context.Context) error {
 			var wm predict.WorldModel
 			if wm, err = p.worldModel(); err == nil {
 				h := &predict.Handler{Run: cfg.Run, Out: p.topo.Out(StagePredict, schemas.KindPred), Pub: p.stagePublisher(stage), WM: wm,
-					LastAttempt: p.dl.lastAttempt, Breaker: p.worldModelBreaker()}
+					LastAttempt: p.dl.lastAttempt, Breaker: p.worldModelBreaker(), Predicted: (&replies{notef: p.notef}).predicted}
 				err = p.subscribe(stage, schemas.KindGroup, h.Handle)
 			}
 		case StageExecute:

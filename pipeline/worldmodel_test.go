@@ -141,6 +141,11 @@ func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
 	if nulls == 0 {
 		t.Fatal("no ungraded world-model reward reached the updates as null")
 	}
+	// A reply now and then that cannot be read is not the setup: nothing
+	// is said of it beyond the step lines' counts.
+	if strings.Contains(out.String(), "graded none of the last") || strings.Contains(out.String(), "refused") {
+		t.Errorf("a world model answering most requests was said to fail:\n%s", out.String())
+	}
 	// The run's closing line adds them up.
 	lost := regexp.MustCompile(fmt.Sprintf(`; lost (.*, )?wm ungraded %d(,|\n)`, nulls))
 	if want := "done: steps 0-3 fused and archived, 4 of them by this process in "; !strings.Contains(out.String(), want) ||
@@ -326,5 +331,35 @@ func TestPipelineGivesUpOnAWorldModelThatNeverAnswers(t *testing.T) {
 	}
 	if graded == 0 || !strings.Contains(out, "predict: the world model is back after ") {
 		t.Errorf("step 11 has %d world-model rewards; want some once the server answers again:\n%s", graded, out)
+	}
+}
+
+// A world model that refuses every request (here: an unknown model name,
+// as vLLM answers it) leaves every trajectory ungraded; the run says why,
+// with the server's answer, rather than only counting them.
+func TestAWorldModelRefusingEveryRequestIsSaid(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNotFound)
+		w.Write([]byte(`{"object":"error","message":"The model ` + "`qwen-typo`" + ` does not exist.","type":"NotFoundError","code":404}`))
+	}))
+	defer srv.Close()
+	cfg := testConfig(t)
+	cfg.Steps = 2
+	var out syncBuffer
+	cfg.Quiet, cfg.Out = false, &out
+	cfg.WorldModel, cfg.WMURL, cfg.WMModel = "openai", srv.URL+"/v1", "qwen-typo"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"predict: world model refused the request: HTTP 404: {\"object\":\"error\",\"message\":\"The model `qwen-typo` does not exist.\"",
+		"predict: the world model graded none of the last 64 trajectories (world model refused the request: HTTP 404: 64); the newest: ",
+		"the model's name (--wm-model)",
+	} {
+		if n := strings.Count(out.String(), want); n != 1 {
+			t.Errorf("%q said %d times, want once:\n%s", want, n, out.String())
+		}
 	}
 }

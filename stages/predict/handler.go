@@ -53,6 +53,9 @@ type Handler struct {
 	LastAttempt func(*message.Message) bool
 	// Breaker, if set, stops asking a world model that keeps failing.
 	Breaker *breaker.Breaker
+	// Predicted, if set, is told of the scores of every group the world
+	// model answered, graded or not (not of a group given up on).
+	Predicted func([]Score)
 }
 
 // Handle predicts one group. Invalid input wraps schemas.ErrInvalid; a
@@ -83,6 +86,9 @@ func (h *Handler) Handle(msg *message.Message) error {
 			return err
 		}
 		return h.giveUp(g, err, "world model failed on every attempt: "+err.Error())
+	}
+	if h.Predicted != nil {
+		h.Predicted(scores)
 	}
 	return h.publish(g, scores)
 }
