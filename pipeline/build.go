@@ -59,7 +59,7 @@ func (p *Pipeline) build(ctx context.Context) error {
 			var wm predict.WorldModel
 			if wm, err = p.worldModel(); err == nil {
 				h := &predict.Handler{Run: cfg.Run, Out: p.topo.Out(StagePredict, schemas.KindPred), Pub: p.stagePublisher(stage), WM: wm,
-					LastAttempt: p.dl.lastAttempt, Breaker: p.worldModelBreaker(), Predicted: (&replies{notef: p.notef}).predicted}
+					LastAttempt: p.dl.lastAttempt, Breaker: p.worldModelBreaker(), Predicted: p.worldModelReplies().predicted}
 				err = p.subscribe(stage, schemas.KindGroup, h.Handle)
 			}
 		case StageExecute:
@@ -410,6 +410,15 @@ func (p *Pipeline) worldModelBreaker() *breaker.Breaker {
 	return p.wmBreaker
 }
 
+// worldModelReplies is the process's one watch on what the world model's
+// answers come to, so that predict and the gateway do not each say it.
+func (p *Pipeline) worldModelReplies() *replies {
+	if p.wmReplies == nil {
+		p.wmReplies = &replies{notef: p.notef}
+	}
+	return p.wmReplies
+}
+
 // breaker gives a stage's work up at once while the service it calls keeps
 // failing (then says what becomes of the work meanwhile), shows it on
 // gauge, and says so when it starts and stops.
@@ -502,6 +511,7 @@ func (p *Pipeline) buildGateway() error {
 		MaxPayload: int(p.tr.nc.MaxPayload()),
 		Instrument: p.metrics.instrumentHTTP,
 		Answered:   func(a gateway.Answer, n int) { p.metrics.RewardAnswers.WithLabelValues(string(a)).Add(float64(n)) },
+		Predicted:  p.worldModelReplies().predicted,
 		Subjects: gateway.Subjects{
 			Traj: p.topo.Subject(schemas.KindTraj), Step: p.topo.Subject(schemas.KindStep),
 			Update: p.topo.Out(StageFuse, schemas.KindUpdate), Calibration: p.topo.Out(StageCalibrate, schemas.KindCalibration),

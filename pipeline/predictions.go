@@ -37,7 +37,7 @@ func (r *replies) predicted(scores []predict.Score) {
 	for _, s := range scores {
 		if s.Graded {
 			if r.ungraded >= UngradedInARow {
-				r.notef("predict: the world model graded a trajectory again, after %d in a row it did not", r.ungraded)
+				r.notef("world model: graded a trajectory again, after %d in a row it did not", r.ungraded)
 			}
 			r.ungraded, r.byCause = 0, nil
 			continue
@@ -48,7 +48,7 @@ func (r *replies) predicted(scores []predict.Score) {
 				r.refused = map[string]bool{}
 			}
 			r.refused[cause] = true
-			r.notef("predict: %.400s; such trajectories are ungraded (\"wm ungraded\" in the step lines), never scored 0", s.Reason)
+			r.notef("%.400s; such trajectories are ungraded (\"wm ungraded\" in the step lines, null from the reward endpoints), never scored 0", s.Reason)
 		}
 		if r.byCause == nil {
 			r.byCause = map[string]int{}
@@ -60,7 +60,7 @@ func (r *replies) predicted(scores []predict.Score) {
 			for _, c := range slices.Sorted(maps.Keys(r.byCause)) {
 				counts = append(counts, fmt.Sprintf("%s: %d", c, r.byCause[c]))
 			}
-			r.notef("predict: the world model graded none of the last %d trajectories (%s); the newest: %.300s. Ungraded alike, they are more "+
+			r.notef("world model: graded none of the last %d trajectories (%s); the newest: %.300s. Ungraded alike, they are more "+
 				"likely the setup than the solutions: the model's name (--wm-model), its key (WMRL_WM_API_KEY), a reply cut short "+
 				"(--wm-max-tokens) or a prompt it does not answer in the JSON asked for (--wm-template); their steps train on the anchors",
 				r.ungraded, strings.Join(counts, ", "), s.Reason)

@@ -43,6 +43,7 @@ type Pipeline struct {
 	gateway       *gateway.Gateway
 	wm            predict.WorldModel
 	wmBreaker     *breaker.Breaker // the world model's, shared by predict and the gateway
+	wmReplies     *replies         // what its answers came to, told by predict and the gateway
 	// httpListener is bound in build, so Start fails on a busy address and
 	// HTTPURL is known as soon as Start returns.
 	httpListener net.Listener

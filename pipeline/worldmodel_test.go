@@ -354,12 +354,57 @@ func TestAWorldModelRefusingEveryRequestIsSaid(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"predict: world model refused the request: HTTP 404: {\"object\":\"error\",\"message\":\"The model `qwen-typo` does not exist.\"",
-		"predict: the world model graded none of the last 64 trajectories (world model refused the request: HTTP 404: 64); the newest: ",
-		"the model's name (--wm-model)",
+		"world model refused the request: HTTP 404: {\"object\":\"error\",\"message\":\"The model `qwen-typo` does not exist.\"",
+		"world model: graded none of the last 64 trajectories (world model refused the request: HTTP 404: 64); the newest: ",
 	} {
-		if n := strings.Count(out.String(), want); n != 1 {
+		if n := linesStarting(out.String(), want); n != 1 {
 			t.Errorf("%q said %d times, want once:\n%s", want, n, out.String())
 		}
 	}
+	if !strings.Contains(out.String(), "the model's name (--wm-model)") {
+		t.Errorf("no hint at what to check:\n%s", out.String())
+	}
+}
+
+// The gateway's reward endpoints say it too: a trainer whose every reward
+// comes back null learns why from the run.
+func TestAWorldModelRefusingTheGatewayIsSaid(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"error":"invalid api key"}`, http.StatusUnauthorized)
+	}))
+	defer srv.Close()
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr = SourceExternal, "127.0.0.1:0"
+	var out syncBuffer
+	cfg.Quiet, cfg.Out = false, &out
+	cfg.WorldModel, cfg.WMURL, cfg.WMModel = "openai", srv.URL+"/v1", "judge"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	for range 2 {
+		resp, err := http.Post(p.HTTPURL()+"/v1/runs/default/rewards/slime", "application/json", strings.NewReader(`{"prompt":"p","response":"print(1)"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || strings.TrimSpace(string(b)) != "null" {
+			t.Fatalf("a reward the world model refused: %d %s; want null", resp.StatusCode, b)
+		}
+	}
+	want := `world model refused the request: HTTP 401: {"error":"invalid api key"}`
+	if n := linesStarting(out.String(), want); n != 1 {
+		t.Errorf("%q said %d times, want once:\n%s", want, n, out.String())
+	}
+}
+
+// linesStarting counts the lines of out that begin with prefix.
+func linesStarting(out, prefix string) int {
+	n := 0
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			n++
+		}
+	}
+	return n
 }

@@ -65,6 +65,9 @@ type Config struct {
 	// Answered, if set, hears how the reward endpoints answered each
 	// request's solutions: n of them by Answer.
 	Answered func(how Answer, n int)
+	// Predicted, if set, is told of the scores of every call the world
+	// model answered, graded or not.
+	Predicted func([]predict.Score)
 	// Instrument, if set, wraps each endpoint's handler (named as in
 	// Endpoints) to count and time its requests, refused ones included.
 	Instrument func(endpoint string, h http.Handler) http.Handler

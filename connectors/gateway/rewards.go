@@ -129,6 +129,9 @@ func (g *Gateway) predict(call breaker.Call, ps []*prediction, trajs []schemas.T
 	if down := call.End(g.life, err); down != nil { // life done: the gateway stopped, which says nothing of the world model
 		err = down
 	}
+	if err == nil && g.cfg.Predicted != nil {
+		g.cfg.Predicted(scores)
+	}
 	g.predictions.settle(ps, scores, err)
 }
 
