@@ -1,11 +1,13 @@
 package offline
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"hash/fnv"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +19,24 @@ import (
 	"github.com/wmrl/wmrl/stages/execute"
 	"github.com/wmrl/wmrl/stages/fuse"
 )
+
+// lockedBuffer is a bytes.Buffer the pipeline's goroutines may write to.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
 
 // archiveRun runs the pipeline for steps and returns its archived rows and
 // recorded settings.
@@ -34,10 +54,20 @@ func archiveRun(t *testing.T, steps int64, edit func(*pipeline.Config)) ([]archi
 	if edit != nil {
 		edit(&cfg)
 	}
+	var out lockedBuffer
+	cfg.Quiet, cfg.Out = false, &out
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := pipeline.Run(ctx, cfg); err != nil {
 		t.Fatal(err)
+	}
+	if ctx.Err() != nil {
+		// What the run said, and its dead letters, for the one who
+		// looks into why it did not finish.
+		var dead strings.Builder
+		pipeline.ReadDeadLetters(context.Background(), pipeline.StreamSource{DataDir: cfg.DataDir, Prefix: cfg.Prefix}, cfg.Run, false,
+			func(dl schemas.DeadLetter) error { fmt.Fprintf(&dead, "%s %s: %s\n", dl.Stage, dl.Subject, dl.Reason); return nil })
+		t.Fatalf("the run of %d steps did not finish within 2 minutes; it said:\n%s\ndead letters:\n%s", steps, out.String(), dead.String())
 	}
 	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
 	if err != nil {
