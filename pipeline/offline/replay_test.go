@@ -66,7 +66,10 @@ func archiveRun(t *testing.T, steps int64, edit func(*pipeline.Config)) ([]archi
 		// looks into why it did not finish.
 		var dead strings.Builder
 		pipeline.ReadDeadLetters(context.Background(), pipeline.StreamSource{DataDir: cfg.DataDir, Prefix: cfg.Prefix}, cfg.Run, false,
-			func(dl schemas.DeadLetter) error { fmt.Fprintf(&dead, "%s %s: %s\n", dl.Stage, dl.Subject, dl.Reason); return nil })
+			func(dl schemas.DeadLetter) error {
+				fmt.Fprintf(&dead, "%s %s: %s\n", dl.Stage, dl.Subject, dl.Reason)
+				return nil
+			})
 		t.Fatalf("the run of %d steps did not finish within 2 minutes; it said:\n%s\ndead letters:\n%s", steps, out.String(), dead.String())
 	}
 	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
