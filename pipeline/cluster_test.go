@@ -1,7 +1,6 @@
 package pipeline
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/stagetest"
 )
 
 // startDeployCluster checks what wmrl needs of deploy/nats/n{1,2,3}.conf
@@ -250,25 +250,4 @@ func TestPipelineWaitsForItsCluster(t *testing.T) {
 
 // syncBuffer is a bytes.Buffer the pipeline's goroutines may write to
 // while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) Reset() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.b.Reset()
-}
+type syncBuffer = stagetest.Output

@@ -1,17 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
+	"github.com/wmrl/wmrl/stages/stagetest"
 )
 
 // freePort is a loopback address nothing listens on, below the ephemeral
@@ -67,22 +66,7 @@ func waitHTTP(t *testing.T, url string, p *proc) {
 }
 
 // lockedBuffer collects a process's output while the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type lockedBuffer = stagetest.Output
 
 // TestPythonTrainerAgainstTheBinary runs the Python client as a trainer
 // against `wmrl run --source external --http`, then through `wmrl serve`

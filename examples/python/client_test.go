@@ -299,19 +299,10 @@ func TestARetriedRewardIsScoredOnce(t *testing.T) {
 		case <-r.Context().Done():
 			return
 		}
-		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"role": "assistant",
-			"content": `{"status":"scored","score":0.7,"rationale":"read"}`}}}})
+		verdict(w, "0.7")
 	}))
 	defer judge.Close()
-	wm, err := openai.New(openai.Config{BaseURL: judge.URL + "/v1", Model: "judge"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := wmrlgateway.New(wmrlgateway.Config{Run: "default", WorldModel: wm}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(g.Handler())
+	srv := httptest.NewServer(gatewayOn(t, judge.URL).Handler())
 	defer srv.Close()
 	script := `
 import sys, time
@@ -349,18 +340,10 @@ func TestABatchLargerThanARequestIsSplit(t *testing.T) {
 		if m := printed.FindStringSubmatch(req.Messages[0].Content); m != nil {
 			score = m[1]
 		}
-		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"role": "assistant",
-			"content": `{"status":"scored","score":` + score + `,"rationale":"read"}`}}}})
+		verdict(w, score)
 	}))
 	defer judge.Close()
-	wm, err := openai.New(openai.Config{BaseURL: judge.URL + "/v1", Model: "judge"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := wmrlgateway.New(wmrlgateway.Config{Run: "default", WorldModel: wm}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := gatewayOn(t, judge.URL)
 	var requests atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		requests.Add(1)
@@ -389,3 +372,24 @@ print("ok", len(r))
 }
 
 var printed = regexp.MustCompile(`print\(([0-9.]+)\)`)
+
+// verdict answers a chat completion whose reply scores the solution score.
+func verdict(w http.ResponseWriter, score string) {
+	json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"role": "assistant",
+		"content": `{"status":"scored","score":` + score + `,"rationale":"read"}`}}}})
+}
+
+// gatewayOn is the real gateway for run "default", its world model the
+// OpenAI-compatible server at judgeURL; it touches no NATS.
+func gatewayOn(t *testing.T, judgeURL string) *wmrlgateway.Gateway {
+	t.Helper()
+	wm, err := openai.New(openai.Config{BaseURL: judgeURL + "/v1", Model: "judge"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := wmrlgateway.New(wmrlgateway.Config{Run: "default", WorldModel: wm}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}

@@ -1,13 +1,11 @@
 package offline
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"hash/fnv"
 	"math"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,25 +16,8 @@ import (
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/execute"
 	"github.com/wmrl/wmrl/stages/fuse"
+	"github.com/wmrl/wmrl/stages/stagetest"
 )
-
-// lockedBuffer is a bytes.Buffer the pipeline's goroutines may write to.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // archiveRun runs the pipeline for steps and returns its archived rows and
 // recorded settings.
@@ -54,7 +35,7 @@ func archiveRun(t *testing.T, steps int64, edit func(*pipeline.Config)) ([]archi
 	if edit != nil {
 		edit(&cfg)
 	}
-	var out lockedBuffer
+	var out stagetest.Output
 	cfg.Quiet, cfg.Out = false, &out
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

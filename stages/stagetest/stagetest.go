@@ -4,6 +4,7 @@
 package stagetest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"sync"
@@ -69,4 +70,30 @@ func Message(t testing.TB, ctx context.Context, v any) *message.Message {
 	m := message.NewMessage("id", b)
 	m.SetContext(ctx)
 	return m
+}
+
+// Output is a bytes.Buffer that a pipeline's or a process's goroutines may
+// write to while the test reads it.
+type Output struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (o *Output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.Write(p)
+}
+
+func (o *Output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.String()
+}
+
+// Reset empties it.
+func (o *Output) Reset() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.b.Reset()
 }
