@@ -43,7 +43,7 @@ func followMemoryLimit(ctx context.Context, out io.Writer, quiet bool) {
 	}
 	fmt.Fprintf(out, "memory: the cgroup allows %s; the Go runtime collects garbage harder rather than grow its heap past %s "+
 		"(GOMEMLIMIT, %.0f%% of it; set GOMEMLIMIT, or AUTOMEMLIMIT to another share or off, to choose)\n",
-		mib(int64(allowed)), mib(set), 100*memoryLimitShare)
+		mib(int64(allowed)), mib(set), 100*float64(set)/float64(allowed)) // AUTOMEMLIMIT may have set another share
 }
 
 func mib(n int64) string { return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20)) }

@@ -47,8 +47,8 @@ func memoryCgroup(t *testing.T, limit int64) (procs string) {
 }
 
 // A run in a container (a cgroup with a memory limit) gives the Go runtime
-// a soft limit of 90% of it and says so; GOMEMLIMIT set by hand is left as
-// it is.
+// a soft limit of 90% of it and says so; AUTOMEMLIMIT sets another share,
+// and GOMEMLIMIT set by hand is left as it is.
 func TestARunFollowsItsContainersMemoryLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
@@ -100,6 +100,10 @@ func TestARunFollowsItsContainersMemoryLimit(t *testing.T) {
 	}
 	if !strings.HasPrefix(first, "memory: the cgroup allows 512 MiB; the Go runtime collects garbage harder rather than grow its heap past 461 MiB") {
 		t.Errorf("first line %q; want it to say the limit", first)
+	}
+	first, limit = run("AUTOMEMLIMIT=0.5")
+	if limit != 256<<20 || !strings.Contains(first, "past 256 MiB (GOMEMLIMIT, 50% of it;") {
+		t.Errorf("with AUTOMEMLIMIT=0.5: limit %v, first line %q; want half of 512 MiB, said so", limit, first)
 	}
 	first, limit = run("GOMEMLIMIT=300MiB")
 	if limit != 300<<20 || strings.HasPrefix(first, "memory:") {
