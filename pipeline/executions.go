@@ -51,12 +51,18 @@ func (e *executions) executed(it schemas.ExecItem) {
 	e.failed++
 	e.byStatus[it.Status]++
 	if e.failed == FailedInARow {
-		var counts []string
-		for _, s := range slices.Sorted(maps.Keys(e.byStatus)) {
-			counts = append(counts, fmt.Sprintf("%s %d", s, e.byStatus[s]))
-		}
 		e.notef("execute: none of the last %d executions scored (%s); the newest: %.300s. Failing alike, they are more likely the sandbox's setup "+
 			"than the policy: a package the solutions import missing from the Python that runs them (--exec-python), or limits too tight "+
-			"(--exec-timeout, --exec-memory-mb); each scores 0", e.failed, strings.Join(counts, ", "), it.Detail)
+			"(--exec-timeout, --exec-memory-mb); each scores 0", e.failed, countsBy(e.byStatus, " "), it.Detail)
 	}
+}
+
+// countsBy lists counts by key, the keys in order: "crashed 3, timed_out 1"
+// with sep " ".
+func countsBy(counts map[string]int, sep string) string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
+		out = append(out, fmt.Sprintf("%s%s%d", k, sep, counts[k]))
+	}
+	return strings.Join(out, ", ")
 }

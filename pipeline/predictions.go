@@ -1,10 +1,7 @@
 package pipeline
 
 import (
-	"fmt"
-	"maps"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 
@@ -56,14 +53,10 @@ func (r *replies) predicted(scores []predict.Score) {
 		r.ungraded++
 		r.byCause[cause]++
 		if r.ungraded == UngradedInARow {
-			var counts []string
-			for _, c := range slices.Sorted(maps.Keys(r.byCause)) {
-				counts = append(counts, fmt.Sprintf("%s: %d", c, r.byCause[c]))
-			}
 			r.notef("world model: graded none of the last %d trajectories (%s); the newest: %.300s. Ungraded alike, they are more "+
 				"likely the setup than the solutions: the model's name (--wm-model), its key (WMRL_WM_API_KEY), a reply cut short "+
 				"(--wm-max-tokens) or a prompt it does not answer in the JSON asked for (--wm-template); their steps train on the anchors",
-				r.ungraded, strings.Join(counts, ", "), s.Reason)
+				r.ungraded, countsBy(r.byCause, ": "), s.Reason)
 		}
 	}
 }
