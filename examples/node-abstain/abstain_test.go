@@ -26,6 +26,7 @@ import (
 	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/stagetest"
 )
 
 // needNode skips the test unless node and the stage's packages are
@@ -104,17 +105,12 @@ func TestNodeStageWithdrawsUnsureScores(t *testing.T) {
 		t.Fatal(err)
 	}
 	const maxSpread = 0.15
-	logPath := filepath.Join(t.TempDir(), "stage.log")
-	stageLog, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stageLog.Close()
-	stageOut := func() string { b, _ := os.ReadFile(logPath); return string(b) }
+	var stageLog stagetest.Output // the stage's output, read while it runs
+	stageOut := stageLog.String
 	stage := exec.CommandContext(ctx, "node", "abstain.js", "--nats", p.URL(), "--max-spread", fmt.Sprint(maxSpread),
 		"--nats-ca", pki.CA, "--nats-cert", pki.ClientCert, "--nats-key", pki.ClientKey)
 	stage.Env = append(os.Environ(), "WMRL_NATS_TOKEN="+auth.Token)
-	stage.Stdout, stage.Stderr = stageLog, stageLog
+	stage.Stdout, stage.Stderr = &stageLog, &stageLog
 	if err := stage.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -249,14 +245,9 @@ func TestNodeStageOutlivesARestartOfTheRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logPath := filepath.Join(t.TempDir(), "stage.log")
-	stageLog, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stageLog.Close()
-	stageOut := func() string { b, _ := os.ReadFile(logPath); return string(b) }
-	exited := startStage(t, ctx, stageLog, p.URL())
+	var stageLog stagetest.Output // the stage's output, read while it runs
+	stageOut := stageLog.String
+	exited := startStage(t, ctx, &stageLog, p.URL())
 	if err := p.Wait(); err != nil {
 		t.Fatalf("the first run: %v\nstage:\n%s", err, stageOut())
 	}
