@@ -549,14 +549,8 @@ func (p *Pipeline) closedShort(s route.Short) {
 		what = append(what, fmt.Sprintf("%d of the %d groups its watermark declared came", s.Groups, s.Declared))
 	}
 	if n := len(s.Incomplete); n > 0 {
-		var gs []string
-		for _, g := range s.Incomplete[:min(3, n)] {
-			gs = append(gs, fmt.Sprintf("%s %d of %d", g.GroupID, g.Got, g.Want))
-		}
-		if n > 3 {
-			gs = append(gs, fmt.Sprintf("and %d more", n-3))
-		}
-		what = append(what, fmt.Sprintf("%d group(s) with fewer trajectories than their group_size (%s)", n, strings.Join(gs, ", ")))
+		gs := Few(s.Incomplete, 3, func(g route.ShortGroup) string { return fmt.Sprintf("%s %d of %d", g.GroupID, g.Got, g.Want) })
+		what = append(what, fmt.Sprintf("%d group(s) with fewer trajectories than their group_size (%s)", n, gs))
 	}
 	p.notef("route: step %d closed %s after its watermark, on --step-timeout, with %s; it was planned with what came. "+
 		"A trainer that drops a failed rollout should send its group with the group_size it has, and a watermark with the groups it sends, "+
@@ -678,10 +672,5 @@ func (p *Pipeline) noteLimits(executor string, task *sandbox.Task, limits string
 // groupsOf names the groups of a step that a step of n groups misses: all
 // of them up to five, then how many more.
 func groupsOf(missing []string, n int) string {
-	const show = 5
-	names := strings.Join(missing[:min(show, len(missing))], ", ")
-	if len(missing) > show {
-		names += fmt.Sprintf(" and %d more", len(missing)-show)
-	}
-	return fmt.Sprintf("%d of its %d groups (%s)", len(missing), n, names)
+	return fmt.Sprintf("%d of its %d groups (%s)", len(missing), n, Few(missing, 5, func(g string) string { return g }))
 }

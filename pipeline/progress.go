@@ -9,6 +9,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/fuse"
 )
@@ -41,6 +42,19 @@ func (p *progress) complete() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return int64(len(p.seen)) == p.target
+}
+
+// missing lists the steps of [0, target) not seen, in order.
+func (p *progress) missing() []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []int64
+	for s := range p.target {
+		if !p.seen[s] {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // onUpdate runs for every update this process's fuse stage stores.
@@ -125,7 +139,7 @@ func (p *Pipeline) finishIfComplete() {
 	if fused && p.archiveWriter != nil {
 		p.archiveWriter.SetMaxAge(0) // the last steps' rows: close the file at once
 	}
-	if fused && (p.archived == nil || p.archived.complete() && p.archiveWriter.PendingLate() == 0) {
+	if fused && (p.archived == nil || p.archived.complete() && len(p.archiveWriter.PendingLate()) == 0) {
 		p.doneOnce.Do(p.sayDone)
 		p.cancel()
 	}
@@ -166,11 +180,51 @@ func (p *Pipeline) sayStopped() {
 			line += ": no step fused by this process"
 		}
 	}
+	if w := p.archiveWaits(); w != "" {
+		line += "; " + w
+	}
 	again := "on the same --data"
 	if p.tr.srv == nil {
 		again = "with the same --nats and --run"
 	}
 	fmt.Fprintf(p.cfg.Out, "%s. What it held is handed back; start it again %s to go on where it stopped\n", line, again)
+}
+
+// archiveWaits says, of a run of a fixed number of steps stopped with
+// every step fused, what the archive had not written: the updates of
+// steps, and late anchor groups' pairs (whose calibrations come after
+// their steps). Empty when it had them all or steps remain to fuse.
+func (p *Pipeline) archiveWaits() string {
+	if p.progress == nil || p.archived == nil || !p.progress.complete() {
+		return ""
+	}
+	var waits []string
+	if steps := p.archived.missing(); len(steps) > 0 {
+		waits = append(waits, "the updates of steps "+Few(steps, 3, func(s int64) string { return fmt.Sprint(s) }))
+	}
+	if late := p.archiveWriter.PendingLate(); len(late) > 0 {
+		waits = append(waits, "the pairs of late anchor groups "+Few(late, 3, func(g archive.LateGroup) string {
+			return fmt.Sprintf("%s of step %d", g.GroupID, g.Step)
+		}))
+	}
+	if waits == nil {
+		return ""
+	}
+	return fmt.Sprintf("all %d steps fused, the archive waited for %s", p.progress.target, strings.Join(waits, " and "))
+}
+
+// Few names the first show of xs, then says how many more there are:
+// "3, 5, 8 and 12 more".
+func Few[T any](xs []T, show int, name func(T) string) string {
+	var names []string
+	for _, x := range xs[:min(len(xs), show)] {
+		names = append(names, name(x))
+	}
+	out := strings.Join(names, ", ")
+	if len(xs) > show {
+		out += fmt.Sprintf(" and %d more", len(xs)-show)
+	}
+	return out
 }
 
 // seen is how many steps this process fused, and what it saw of them:

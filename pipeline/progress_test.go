@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/archive"
 )
 
 // A run stopped from outside says where it is and that starting it again
@@ -77,5 +78,41 @@ func TestAStoppedRunSaysWhereItIs(t *testing.T) {
 	}
 	if strings.Contains(out2.String(), "rho: the anchor groups' weight is 1") {
 		t.Errorf("a run resumed past rho's warm-up said it was in it:\n%s", out2.String())
+	}
+}
+
+// A run of --steps stopped with every step fused but not everything
+// archived says what the archive waited for: a run that does not end has
+// a reason to give.
+func TestAStoppedRunSaysWhatTheArchiveWaitedFor(t *testing.T) {
+	w, err := archive.OpenWriter(archive.WriterConfig{Dir: t.TempDir(), Run: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	late := []archive.LateGroup{{Step: 2, GroupID: "s2-g5"}, {Step: 2, GroupID: "s2-g1"}}
+	if _, err := w.Add(archive.UpdateKey(2), nil, late); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Add(archive.LateKey(2, "s2-g5"), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	p := &Pipeline{progress: newProgress(6, []int64{0, 1, 2, 3, 4}), archived: newProgress(6, []int64{2}), archiveWriter: w}
+	if got := p.archiveWaits(); got != "" {
+		t.Errorf("with a step left to fuse, it says %q", got)
+	}
+	p.progress.add(5)
+	want := "all 6 steps fused, the archive waited for the updates of steps 0, 1, 3 and 2 more and the pairs of late anchor groups s2-g1 of step 2"
+	if got := p.archiveWaits(); got != want {
+		t.Errorf("says %q\nwant %q", got, want)
+	}
+	for _, s := range []int64{0, 1, 3, 4, 5} {
+		p.archived.add(s)
+	}
+	if _, err := w.Add(archive.LateKey(2, "s2-g1"), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.archiveWaits(); got != "" {
+		t.Errorf("with everything archived, it says %q", got)
 	}
 }

@@ -168,15 +168,9 @@ func writeUnfused(w io.Writer, st *pipeline.Status, now time.Time) {
 		}
 	}
 	list := func(us []pipeline.UnfusedStep) string {
-		const show = 5
-		var parts []string
-		for _, u := range us[:min(show, len(us))] {
-			parts = append(parts, fmt.Sprintf("%d (planned %s ago)", u.Step, now.Sub(u.Planned).Round(time.Second)))
-		}
-		if len(us) > show {
-			parts = append(parts, fmt.Sprintf("and %d more", len(us)-show))
-		}
-		return strings.Join(parts, ", ")
+		return pipeline.Few(us, 5, func(u pipeline.UnfusedStep) string {
+			return fmt.Sprintf("%d (planned %s ago)", u.Step, now.Sub(u.Planned).Round(time.Second))
+		})
 	}
 	if len(behind) > 0 {
 		fmt.Fprintf(w, "held back:       step %s, not fused while later steps are: each waits for an anchor group (up to --anchor-deadline) "+

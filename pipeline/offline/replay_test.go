@@ -51,7 +51,16 @@ func archiveRun(t *testing.T, steps int64, edit func(*pipeline.Config)) ([]archi
 				fmt.Fprintf(&dead, "%s %s: %s\n", dl.Stage, dl.Subject, dl.Reason)
 				return nil
 			})
-		t.Fatalf("the run of %d steps did not finish within 2 minutes; it said:\n%s\ndead letters:\n%s", steps, out.String(), dead.String())
+		var state strings.Builder
+		if st, err := pipeline.ReadStatus(context.Background(), pipeline.StreamSource{DataDir: cfg.DataDir, Prefix: cfg.Prefix}, cfg.Run); err != nil {
+			fmt.Fprintf(&state, "status: %v\n", err)
+		} else {
+			fmt.Fprintf(&state, "subjects %v\nlast calibration %+v\n", st.Subjects, st.LastCalibration)
+			for _, c := range st.Consumers {
+				fmt.Fprintf(&state, "consumer %s %s backlog %d in flight %d redelivered %d waiting %d\n", c.Name, c.Subject, c.Backlog, c.InFlight, c.Redelivered, c.Waiting)
+			}
+		}
+		t.Fatalf("the run of %d steps did not finish within 2 minutes; it said:\n%s\ndead letters:\n%s\n%s", steps, out.String(), dead.String(), state.String())
 	}
 	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
 	if err != nil {

@@ -96,7 +96,11 @@ func (s *Stage) HandleCalibration(msg *message.Message) error {
 		if done := s.W.Has(LateKey(c.Step, c.GroupID)); done != nil {
 			return wait(ctx, done)
 		}
-		if g, _, ok := s.W.Late(c.Step, c.GroupID); ok {
+		// One look at both: the update added between a look for its late
+		// group and one for the update would leave a late group's rows
+		// unwritten and its calibration acknowledged.
+		g, update, late := s.W.Late(c.Step, c.GroupID)
+		if late {
 			commit, err := s.W.Add(LateKey(c.Step, c.GroupID), FromLate(c, g, s.Now()), nil)
 			if err != nil {
 				return outage(err)
@@ -109,8 +113,8 @@ func (s *Stage) HandleCalibration(msg *message.Message) error {
 			}
 			return nil
 		}
-		if done := s.W.Has(UpdateKey(c.Step)); done != nil {
-			return wait(ctx, done) // in time for its step: no rows
+		if update != nil {
+			return wait(ctx, update) // in time for its step: no rows
 		}
 		select {
 		case <-s.updateOf(c.Step):

@@ -213,3 +213,42 @@ func TestStageStopsWaitingForCodeNothingSends(t *testing.T) {
 		t.Errorf("rows with code by step: %v, want steps 2 and 3's anchors", coded)
 	}
 }
+
+// TestALateCalibrationRacingItsUpdateIsArchived: a late anchor group's
+// calibration handled while its step's update is being added gets its
+// rows, whichever handler gets to the writer first. The stage used to
+// look for the late group, then for the update, with the update added in
+// between: the calibration was acknowledged with no rows, and a run of a
+// fixed number of steps waited for them for ever (a CI failure of
+// TestReplayReproducesLateAnchors).
+func TestALateCalibrationRacingItsUpdateIsArchived(t *testing.T) {
+	w, err := OpenWriter(WriterConfig{Dir: t.TempDir(), Run: "r", MaxAge: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	s := NewStage("r", w)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const steps = 2000
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*steps)
+	for step := range int64(steps) {
+		c := schemas.Calibration{Schema: 1, Run: "r", Seq: step + 1, Version: 1, Step: step, GroupID: "b",
+			Pairs: []schemas.CalibratedPair{{TrajID: "b0", Predicted: 0.1, True: 0.4, Before: 0.2}}}
+		update, calibration := stagetest.Message(t, ctx, testUpdate(step, "b")), stagetest.Message(t, ctx, c)
+		wg.Add(2)
+		go func() { defer wg.Done(); errs <- s.HandleUpdate(update) }()
+		go func() { defer wg.Done(); errs <- s.HandleCalibration(calibration) }()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if pending := w.PendingLate(); len(pending) != 0 {
+		t.Fatalf("%d of %d late groups' calibrations were acknowledged without their rows, the first step %d's", len(pending), steps, pending[0].Step)
+	}
+}

@@ -1,6 +1,7 @@
 package archive
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -255,30 +256,32 @@ func (w *Writer) Archived() []int64 {
 	return out
 }
 
-// PendingLate counts the late anchor groups named by archived updates
-// whose pairs are not archived yet.
-func (w *Writer) PendingLate() int {
+// PendingLate lists the late anchor groups named by archived updates
+// whose pairs are not archived yet, by step and group.
+func (w *Writer) PendingLate() []LateGroup {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	n := 0
-	for k := range w.late {
+	var out []LateGroup
+	for k, g := range w.late {
 		if w.has(k) == nil {
-			n++
+			out = append(out, g)
 		}
 	}
-	return n
+	slices.SortFunc(out, func(a, b LateGroup) int {
+		return cmp.Or(cmp.Compare(a.Step, b.Step), strings.Compare(a.GroupID, b.GroupID))
+	})
+	return out
 }
 
 // Late returns the late anchor group an archived (or being archived)
-// update named, with the commit of that update.
-func (w *Writer) Late(step int64, group string) (LateGroup, *Commit, bool) {
+// update named (ok false: none named it), with the commit of the step's
+// update (nil: not added yet). Both are read at once: a group not named
+// by an update that is added is one that was in time.
+func (w *Writer) Late(step int64, group string) (g LateGroup, update *Commit, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	g, ok := w.late[LateKey(step, group)]
-	if !ok {
-		return LateGroup{}, nil, false
-	}
-	return g, w.has(UpdateKey(step)), true
+	g, ok = w.late[LateKey(step, group)]
+	return g, w.has(UpdateKey(step)), ok
 }
 
 // Add archives rows under key (with the late groups an update named) and
