@@ -56,7 +56,7 @@ type ResendOptions struct {
 // a resend interrupted between storing and removing, and run again within
 // the stream's de-duplication window, does not send it twice.
 func ResendDeadLetters(ctx context.Context, src StreamSource, run string, opt ResendOptions, fn func(schemas.DeadLetter, Resend) error) error {
-	c, err := src.open(ctx)
+	c, err := src.open(ctx, false)
 	if err != nil {
 		return err
 	}

@@ -120,7 +120,7 @@ type ConsumerStatus struct {
 
 // ReadStatus reads run's status from the source's stream.
 func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, error) {
-	c, err := src.open(ctx)
+	c, err := src.open(ctx, false)
 	if err != nil {
 		return nil, err
 	}

@@ -25,6 +25,9 @@ type StreamSource struct {
 	Auth    natsjs.Auth
 	DataDir string
 	Prefix  string
+	// Note hears what a reader that follows a server (dlq --follow) has
+	// to say about its connection: lost, and back. Nil: nothing is said.
+	Note func(string)
 }
 
 // streamConn is an open StreamSource.
@@ -38,8 +41,11 @@ type streamConn struct {
 
 // open connects to the source and checks that its stream exists; it never
 // creates one (a reader that made an empty stream would hide a wrong
-// --prefix or --data).
-func (s StreamSource) open(ctx context.Context) (*streamConn, error) {
+// --prefix or --data). A connection to a URL gives up reconnecting after
+// nats.go's 2 minutes, but one that follows: that one waits for the
+// server for as long as it is followed (a pipeline restarted in the
+// meantime), and says so.
+func (s StreamSource) open(ctx context.Context, follow bool) (*streamConn, error) {
 	if s.NATSURL == "" && s.Auth.ForClient() {
 		return nil, fmt.Errorf("pipeline: %s are for a server's URL (--nats); a stopped pipeline's --data is read directly", clientOnlyFlags)
 	}
@@ -58,6 +64,9 @@ func (s StreamSource) open(ctx context.Context) (*streamConn, error) {
 		c.url = natsjs.Redact(s.NATSURL)
 		var opts []nats.Option
 		if opts, err = s.Auth.Options(); err == nil {
+			if follow {
+				opts = append(opts, s.following(c.url)...)
+			}
 			nc, err = nats.Connect(s.NATSURL, append(opts, nats.Name("wmrl-reader"), nats.Timeout(10*time.Second))...)
 		}
 	}
@@ -85,11 +94,34 @@ func (s StreamSource) open(ctx context.Context) (*streamConn, error) {
 	return c, nil
 }
 
+// following are the options of a connection that waits for its server
+// for good, saying when it is lost and when it is back.
+func (s StreamSource) following(url string) []nats.Option {
+	note := s.Note
+	if note == nil {
+		note = func(string) {}
+	}
+	return []nats.Option{
+		nats.MaxReconnects(-1),
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if nc.IsClosed() {
+				return // closed here, when the reader is done
+			}
+			why := ""
+			if err != nil {
+				why = ": " + err.Error()
+			}
+			note(fmt.Sprintf("lost the connection to %s%s; waiting for it to come back (Ctrl-C to stop)", url, why))
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) { note(fmt.Sprintf("connected to %s again", url)) }),
+	}
+}
+
 // ReadStored returns every message retained on subject in the store of a
 // stopped pipeline's data directory (the embedded server's), by opening the
 // store with a server of its own: for offline inspection and tests.
 func ReadStored(ctx context.Context, dataDir, prefix, subject string) ([][]byte, error) {
-	c, err := StreamSource{DataDir: dataDir, Prefix: prefix}.open(ctx)
+	c, err := StreamSource{DataDir: dataDir, Prefix: prefix}.open(ctx, false)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +142,7 @@ func ReadStored(ctx context.Context, dataDir, prefix, subject string) ([][]byte,
 // so, rather than skipped: whatever landed there is what the reader came
 // to see.
 func ReadDeadLetters(ctx context.Context, src StreamSource, run string, follow bool, fn func(schemas.DeadLetter) error) error {
-	c, err := src.open(ctx)
+	c, err := src.open(ctx, follow)
 	if err != nil {
 		return err
 	}

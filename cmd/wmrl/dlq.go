@@ -75,6 +75,7 @@ stopped one from its --data directory.`,
 				return resendDeadLetters(cmd, src, run, chosen, dryRun, asJSON)
 			}
 			var sum dlqSummary
+			src.Note = func(s string) { fmt.Fprintln(cmd.ErrOrStderr(), "dlq: "+s) }
 			err := pipeline.ReadDeadLetters(cmd.Context(), src, run, follow, func(dl schemas.DeadLetter) error {
 				if !chosen(dl) {
 					return nil
@@ -95,7 +96,7 @@ stopped one from its --data directory.`,
 	streamSourceFlags(fs, &src, &run)
 	fs.StringVar(&stage, "stage", "", "only the dead letters of this stage")
 	fs.DurationVar(&since, "since", 0, "only the dead letters of the last this long")
-	fs.BoolVar(&follow, "follow", false, "after the stored ones, show new dead letters as they come, until Ctrl-C")
+	fs.BoolVar(&follow, "follow", false, "after the stored ones, show new dead letters as they come, until Ctrl-C (through restarts of the server)")
 	fs.BoolVar(&asJSON, "json", false, "one JSON object per dead letter, as stored (subject, stage, reason, payload, time)")
 	fs.BoolVar(&resend, "resend", false, "send the dead letters given up (for an outage) back to their subjects and remove them, but those of steps fused already")
 	fs.BoolVar(&dryRun, "dry-run", false, "say what --resend would send and keep, and change nothing")

@@ -258,3 +258,64 @@ func TestResendSendsBackWhatAnOutageGaveUp(t *testing.T) {
 		t.Errorf("--resend --follow: %v, want it refused", err)
 	}
 }
+
+// TestFollowOutlivesARestartOfTheRun: `dlq --follow` on a run's server
+// says when the server goes away, waits for it (nats.go alone gives up
+// after 2 minutes), says when it is back, and shows what is
+// dead-lettered after the restart.
+func TestFollowOutlivesARestartOfTheRun(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := pipeline.DefaultConfig()
+	cfg.DataDir, cfg.Quiet, cfg.Source = t.TempDir(), true, pipeline.SourceExternal
+	cfg.Listen = freePort(t)
+	start := func() *pipeline.Pipeline {
+		t.Helper()
+		p, err := pipeline.Start(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Stop() })
+		return p
+	}
+	p := start()
+	url := p.URL()
+
+	fctx, stopFollow := context.WithCancel(ctx)
+	var followed, said lockedBuffer
+	done := make(chan error, 1)
+	go func() {
+		root := rootCommand()
+		root.SetArgs([]string{"dlq", "--nats", url, "--follow"})
+		root.SetOut(&followed)
+		root.SetErr(&said)
+		done <- root.ExecuteContext(fctx)
+	}()
+	// Following: nothing stored, nothing shown, until the stop.
+	time.Sleep(500 * time.Millisecond)
+	if err := p.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, func() bool { return strings.Contains(said.String(), "dlq: lost the connection to "+url) })
+	time.Sleep(3 * time.Second) // reconnects failing meanwhile
+	p = start()
+	waitUntil(t, 30*time.Second, func() bool { return strings.Contains(said.String(), "dlq: connected to "+url+" again") })
+
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.Publish(ctx, "wmrl.default.traj", []byte(`{"schema": 1, "run": "default", `)); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, func() bool { return strings.Contains(followed.String(), "malformed JSON") })
+	stopFollow()
+	if err := <-done; err != nil {
+		t.Fatalf("--follow ended with %v; it said:\n%s", err, said.String())
+	}
+	if n := strings.Count(said.String(), "lost the connection"); n != 1 {
+		t.Errorf("said the connection lost %d times, for one restart and a stop:\n%s", n, said.String())
+	}
+}
