@@ -70,6 +70,7 @@ func (p *Pipeline) build(ctx context.Context) error {
 			h := execute.NewHandler(cfg.Run, p.topo.Out(StageExecute, schemas.KindExecution), p.stagePublisher(stage), exe, cfg.ExecSlots)
 			h.LastAttempt = p.dl.lastAttempt
 			h.Executed = (&executions{metrics: p.metrics, notef: p.notef}).executed
+			h.CopiesOnce, h.Shared = cfg.ExecCopiesOnce, func(schemas.ExecItem) { p.metrics.ExecutionsShared.Inc() }
 			h.Breaker = p.breaker(stage, "the executor", cfg.ExecDownAfter, cfg.ExecProbeEvery, p.metrics.ExecutorDown,
 				"anchor groups are published at once with their executions ungraded (their steps use the world model for them)")
 			if store, serr := openOutcomes(ctx, p.tr.js, p.cfg); serr == nil {

@@ -68,6 +68,9 @@ type Metrics struct {
 	// status; ExecutionSeconds times them.
 	Executions       *prometheus.CounterVec
 	ExecutionSeconds prometheus.Histogram
+	// ExecutionsShared counts the anchor trajectories that took the
+	// execution of a copy in their group (--exec-copies-once).
+	ExecutionsShared prometheus.Counter
 	// UpdateBytes is the size of the newest update this process published,
 	// which must fit the server's max_payload (MaxPayload): a step over it
 	// stops the run.
@@ -209,8 +212,10 @@ func NewMetrics() *Metrics {
 	m.ExecutionSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "wmrl", Name: "execution_seconds",
 		Help:    "How long the anchor executions this process ran took (the executor's own timing).",
 		Buckets: prometheus.ExponentialBuckets(0.1, 2, 16)})
+	m.ExecutionsShared = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "executions_shared_total",
+		Help: "Anchor trajectories this process did not execute because a copy in their group (the same prompt and response) was, whose outcome they took (--exec-copies-once)."})
 	r.MustRegister(m.Latency, m.StepLatency, m.NATSReconnects, m.ShortSteps, m.CertNotAfter, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
-		m.RewardAnswers, m.WMRequests, m.WMRequestSeconds, m.WMTokens, m.Executions, m.ExecutionSeconds)
+		m.RewardAnswers, m.WMRequests, m.WMRequestSeconds, m.WMTokens, m.Executions, m.ExecutionSeconds, m.ExecutionsShared)
 	return m
 }
 

@@ -91,7 +91,10 @@ type ExecutionsStatus struct {
 	Since    time.Time
 	Capped   bool
 	Groups   int
-	ByStatus map[string]int // execution status to trajectories
+	ByStatus map[string]int // execution status to trajectories executed
+	// Shared: the trajectories not executed, that took a copy's outcome
+	// in their group (--exec-copies-once); not in ByStatus.
+	Shared int
 	// ByCause counts the executions that did not score by execute.Cause
 	// of their detail.
 	ByCause map[string]int
@@ -258,6 +261,10 @@ func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream,
 		if json.Unmarshal(rec.Data, &e) == nil {
 			es.Groups++
 			for _, it := range e.Items {
+				if it.CopyOf != "" {
+					es.Shared++
+					continue
+				}
 				es.ByStatus[it.Status]++
 				if it.Status != schemas.ExecScored {
 					es.NewestFailure, es.NewestFailureAt = it, rec.Time

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/wmrl/wmrl/pipeline/offline"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
+	"github.com/wmrl/wmrl/stages/execute"
 )
 
 // TestPipelineExecutesARealTask runs the pipeline with real execution of
@@ -277,5 +279,97 @@ func TestTheWorldModelIsToldTheExecutionLimits(t *testing.T) {
 		if !strings.Contains(p, want) {
 			t.Fatalf("a prompt without the limits (%q):\n%s", want, p)
 		}
+	}
+}
+
+// tally counts the executions its executor runs.
+type tally struct {
+	execute.Executor
+	n atomic.Int64
+}
+
+func (c *tally) Execute(ctx context.Context, t schemas.Trajectory) (execute.Result, error) {
+	c.n.Add(1)
+	return c.Executor.Execute(ctx, t)
+}
+
+// TestCopiesOfASolutionAreExecutedOnceInARun: with --exec-copies-once, a
+// run of the example task (5 candidate solutions, groups of 8, so most
+// groups hold copies) runs each anchor group's distinct solutions once in
+// the sandbox; the archive marks every copy with the trajectory it shares,
+// its true score the sandbox's grade of the solution, its seconds 0.
+func TestCopiesOfASolutionAreExecutedOnceInARun(t *testing.T) {
+	dir, _ := housingTask(t)
+	task, err := sandbox.LoadTask(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := &tally{Executor: &sandbox.Subprocess{Task: task}}
+	cfg := testConfig(t)
+	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = dir, 3, 4, 8
+	cfg.Anchors.Fraction, cfg.ExecutorImpl, cfg.ExecCopiesOnce = 0.5, exe, true
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, _ := sim.NewTaskPolicy("default", dir, task.Name, task.Description, 0, 4, 8)
+	code := map[string]string{}
+	for step := range int64(3) {
+		trajs, _ := pol.Step(step)
+		for _, tr := range trajs {
+			code[tr.TrajID] = tr.Response
+		}
+	}
+	byTraj := map[string]archive.Row{}
+	for _, r := range rows {
+		byTraj[r.TrajID] = r
+	}
+	anchors, copies := 0, 0
+	distinct := map[[2]string]bool{} // group, solution
+	for _, r := range rows {
+		if !r.IsAnchor {
+			if r.ExecCopyOf != nil {
+				t.Errorf("%s, not an anchor, is a copy of %s", r.TrajID, *r.ExecCopyOf)
+			}
+			continue
+		}
+		anchors++
+		distinct[[2]string{r.GroupID, code[r.TrajID]}] = true
+		if r.ExecCopyOf == nil {
+			continue
+		}
+		copies++
+		first, ok := byTraj[*r.ExecCopyOf]
+		switch {
+		case !ok || first.GroupID != r.GroupID || code[first.TrajID] != code[r.TrajID] || first.ExecCopyOf != nil:
+			t.Errorf("%s is a copy of %s, which is not an executed copy of its solution in its group", r.TrajID, *r.ExecCopyOf)
+		case r.TrueScore == nil || first.TrueScore == nil || *r.TrueScore != *first.TrueScore:
+			t.Errorf("%s's true score %v, %s's %v", r.TrajID, r.TrueScore, first.TrajID, first.TrueScore)
+		case r.ExecSeconds == nil || *r.ExecSeconds != 0 || first.ExecSeconds == nil || *first.ExecSeconds == 0:
+			t.Errorf("%s took %v seconds as a copy; %s took %v", r.TrajID, r.ExecSeconds, first.TrajID, first.ExecSeconds)
+		}
+	}
+	if anchors != 3*2*8 || copies == 0 {
+		t.Fatalf("%d anchor rows, %d copies; want 48, some copies", anchors, copies)
+	}
+	if n := exe.n.Load(); n != int64(len(distinct)) || n != int64(anchors-copies) {
+		t.Fatalf("the sandbox ran %d executions for %d anchor trajectories: want one per distinct solution of a group, %d (%d copies)", n, anchors, len(distinct), copies)
+	}
+	// wmrl status counts the executions run, and the copies apart.
+	st, err := ReadStatus(ctx, StreamSource{DataDir: cfg.DataDir, Prefix: cfg.Prefix}, cfg.Run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	for _, n := range st.Executions.ByStatus {
+		ran += n
+	}
+	if int64(ran) != exe.n.Load() || st.Executions.Shared != copies {
+		t.Errorf("status: %d executions and %d shared, want %d and %d", ran, st.Executions.Shared, exe.n.Load(), copies)
 	}
 }

@@ -101,6 +101,9 @@ type UpdateItem struct {
 	ExecStatus  string   `json:"exec_status"`
 	ExecSeconds *float64 `json:"exec_seconds"`
 	ExecDetail  string   `json:"exec_detail,omitempty"`
+	// ExecCopyOf: the trajectory whose execution this anchor's shares
+	// (schemas.ExecItem.CopyOf); empty when it ran its own.
+	ExecCopyOf string `json:"exec_copy_of,omitempty"`
 	// WMVerdict: the status the world model predicted, and WMRationale
 	// its reason, when it says them; on anchor groups' items only, where
 	// there is a truth to set them against (a sentence on every item would
@@ -229,6 +232,10 @@ type ExecItem struct {
 	Status  string   `json:"status"`
 	Seconds float64  `json:"seconds"`
 	Detail  string   `json:"detail,omitempty"`
+	// CopyOf names the trajectory of the group whose execution this one
+	// shares: the same prompt and response, run once (execute's
+	// --exec-copies-once). Its Seconds are 0: it took no sandbox time.
+	CopyOf string `json:"copy_of,omitempty"`
 }
 
 // PairGroup is an anchor group's (prediction, truth) pairs (internal:

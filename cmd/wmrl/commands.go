@@ -117,6 +117,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.DurationVar(&cfg.StuckAfter, "stuck-after", cfg.StuckAfter, "say so when a step still misses a group's prediction this long after fuse got its plan (a prediction has no deadline: a step waits for every group's), or has had trajectories this long and no watermark")
 	fs.DurationVar(&cfg.ExecLatency, "exec-latency", cfg.ExecLatency, "latency of the simulated executor")
 	fs.IntVar(&cfg.ExecSlots, "exec-slots", 16, "executions at once in this process's execute stage")
+	fs.BoolVar(&cfg.ExecCopiesOnce, "exec-copies-once", false, "execute an anchor group's copies of a solution (the same prompt and response) once and give every copy that outcome: right for deterministic executions (a test suite), not where the score varies from run to run (a seed)")
 	fs.IntVar(&cfg.ExecDownAfter, "exec-down-after", cfg.ExecDownAfter, "after this many executions in a row failed (the executor's errors, not a solution's), publish anchor groups at once with their executions ungraded, so that their steps use the world model for them, until one succeeds again (0: never; each group then waits out its retries)")
 	fs.DurationVar(&cfg.ExecProbeEvery, "exec-probe-every", cfg.ExecProbeEvery, "while the executor is down (--exec-down-after), let one execution through this often to see whether it is back")
 	fs.StringVar(&cfg.ArchiveDir, "archive", "", "Parquet archive root of the archive stage (default: DATA/archive; off: no archive)")

@@ -199,10 +199,14 @@ func writeExecutions(w io.Writer, es pipeline.ExecutionsStatus, ago func(time.Ti
 			total += n
 		}
 	}
+	shared := ""
+	if es.Shared > 0 {
+		shared = fmt.Sprintf("; %d more trajectories took a copy's (--exec-copies-once)", es.Shared)
+	}
 	if es.Capped {
-		fmt.Fprintf(w, "executions:      %d in the newest %d anchor groups (since %s): %s\n", total, es.Groups, ago(es.Since), strings.Join(parts, ", "))
+		fmt.Fprintf(w, "executions:      %d in the newest %d anchor groups (since %s): %s%s\n", total, es.Groups, ago(es.Since), strings.Join(parts, ", "), shared)
 	} else {
-		fmt.Fprintf(w, "executions:      %d in the last %s (%d anchor groups): %s\n", total, window, es.Groups, strings.Join(parts, ", "))
+		fmt.Fprintf(w, "executions:      %d in the last %s (%d anchor groups): %s%s\n", total, window, es.Groups, strings.Join(parts, ", "), shared)
 	}
 	if f := es.NewestFailure; f.Status != "" {
 		fmt.Fprintf(w, "newest failure:  %s, %s: %s\n", f.Status, ago(es.NewestFailureAt), cut(oneLine(f.Detail), 240))

@@ -198,10 +198,11 @@ func TestStatusTellsAnOutageFromBadInput(t *testing.T) {
 		"                 1 could not start the code: python3 is not found or not executable by user N\n") {
 		t.Errorf("the hour's executions show as:\n%s", b.String())
 	}
-	st.Executions.Capped, st.Executions.Since = true, now.Add(-90*time.Second)
+	st.Executions.Capped, st.Executions.Since, st.Executions.Shared = true, now.Add(-90*time.Second), 24
 	b.Reset()
 	writeStatus(&b, st, "here", "wmrl", "default", now)
-	if !strings.Contains(b.String(), "executions:      40 in the newest 5 anchor groups (since 2026-12-03T11:58:30Z, 1m30s ago): scored 30, crashed 9, sandbox_error 1\n") {
+	if !strings.Contains(b.String(), "executions:      40 in the newest 5 anchor groups (since 2026-12-03T11:58:30Z, 1m30s ago): scored 30, crashed 9, sandbox_error 1; "+
+		"24 more trajectories took a copy's (--exec-copies-once)\n") {
 		t.Errorf("the newest groups of a busy hour show as:\n%s", b.String())
 	}
 

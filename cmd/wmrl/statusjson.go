@@ -87,6 +87,7 @@ type executionsDoc struct {
 	Capped        bool           `json:"capped"` // more groups than read: Since is later than the window
 	Groups        int            `json:"anchor_groups"`
 	ByStatus      map[string]int `json:"by_status"`
+	Shared        int            `json:"shared"` // took a copy's outcome (--exec-copies-once), not in by_status
 	ByCause       map[string]int `json:"by_cause"`
 	NewestFailure *failureDoc    `json:"newest_failure"`
 }
@@ -155,7 +156,7 @@ func writeStatusJSON(w io.Writer, st *pipeline.Status, run string, now time.Time
 	}
 	es := st.Executions
 	d.Executions = executionsDoc{WindowSeconds: pipeline.ExecutionsWindow.Seconds(), Capped: es.Capped, Groups: es.Groups,
-		ByStatus: nonNil(es.ByStatus), ByCause: nonNil(es.ByCause)}
+		ByStatus: nonNil(es.ByStatus), Shared: es.Shared, ByCause: nonNil(es.ByCause)}
 	if !es.Since.IsZero() {
 		d.Executions.Since = es.Since.UTC()
 	}

@@ -97,6 +97,7 @@ var columns = []column{
 	{"prompt", func(r []Row, i int, v parquet.Value, c *colState) { r[i].Prompt = c.text(i, v, false) }},
 	{"response", func(r []Row, i int, v parquet.Value, c *colState) { r[i].Response = c.text(i, v, false) }},
 	{"response_bytes", func(r []Row, i int, v parquet.Value, c *colState) { r[i].ResponseBytes = c.int(i, v) }},
+	{"exec_copy_of", func(r []Row, i int, v parquet.Value, c *colState) { r[i].ExecCopyOf = c.text(i, v, false) }},
 }
 
 // codeColumns hold the anchors' trajectories: kilobytes a row where the
@@ -107,7 +108,7 @@ var codeColumns = map[string]bool{"prompt": true, "response": true}
 // laterColumns were added to Row after archives were first written: a file
 // without one reads it as null (its zero value), and a merge (Compact)
 // rewrites such a file with the column.
-var laterColumns = map[string]bool{"exec_detail": true, "wm_verdict": true, "wm_rationale": true, "prompt": true, "response": true, "response_bytes": true}
+var laterColumns = map[string]bool{"exec_detail": true, "wm_verdict": true, "wm_rationale": true, "prompt": true, "response": true, "response_bytes": true, "exec_copy_of": true}
 
 // missingColumns lists the later columns schema lacks.
 func missingColumns(schema *parquet.Schema) []string {
@@ -145,7 +146,7 @@ func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, r
 		case "exec_status", "wm_verdict":
 			st.texts = make([]string, n)
 			st.strs = map[string]string{}
-		case "exec_detail", "wm_rationale", "prompt", "response":
+		case "exec_detail", "wm_rationale", "prompt", "response", "exec_copy_of":
 			st.texts = make([]string, n)
 		default:
 			st.strs = map[string]string{}

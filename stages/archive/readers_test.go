@@ -198,7 +198,7 @@ func runReader(t *testing.T, env []string, name string, args ...string) map[stri
 func ourAggregates(rows []Row) map[string]string {
 	steps := map[int64]bool{}
 	tasks, runs := map[string]bool{}, map[string]bool{}
-	var predicted, truth, status, details, verdicts, rationales, prompts, responses, responseChars, anchors, late int
+	var predicted, truth, status, details, copies, verdicts, rationales, prompts, responses, responseChars, anchors, late int
 	var responseBytes int64
 	var fusedByStep, calibrated float64
 	first := rows[0].TS
@@ -213,6 +213,7 @@ func ourAggregates(rows []Row) map[string]string {
 		count(r.TrueScore != nil, &truth)
 		count(r.ExecStatus != nil, &status)
 		count(r.ExecDetail != nil, &details)
+		count(r.ExecCopyOf != nil, &copies)
 		count(r.WMVerdict != nil, &verdicts)
 		count(r.WMRationale != nil, &rationales)
 		count(r.Prompt != nil, &prompts)
@@ -238,7 +239,7 @@ func ourAggregates(rows []Row) map[string]string {
 	itoa := strconv.Itoa
 	return map[string]string{
 		"rows": itoa(len(rows)), "steps": itoa(len(steps)), "predicted": itoa(predicted),
-		"true_scores": itoa(truth), "exec_statuses": itoa(status), "exec_details": itoa(details), "wm_verdicts": itoa(verdicts), "wm_rationales": itoa(rationales), "anchors": itoa(anchors),
+		"true_scores": itoa(truth), "exec_statuses": itoa(status), "exec_details": itoa(details), "exec_copies": itoa(copies), "wm_verdicts": itoa(verdicts), "wm_rationales": itoa(rationales), "anchors": itoa(anchors),
 		"prompts": itoa(prompts), "responses": itoa(responses), "response_chars": itoa(responseChars),
 		"response_bytes": strconv.FormatInt(responseBytes, 10),
 		"late":           itoa(late), "runs": strings.Join(slices.Sorted(maps.Keys(runs)), ","),

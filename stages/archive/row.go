@@ -92,6 +92,11 @@ type Row struct {
 	// ResponseBytes is the response's length, beside it: Read leaves the
 	// code out but reads this, for the audit's bias by solution length.
 	ResponseBytes *int64 `parquet:"response_bytes,optional"`
+	// ExecCopyOf names the trajectory of the group whose execution this
+	// anchor's shares (the same prompt and response, run once, under
+	// --exec-copies-once; its exec_seconds are 0), null when it ran its
+	// own. Added after the first archives (see laterColumns).
+	ExecCopyOf *string `parquet:"exec_copy_of,optional"`
 }
 
 // UpdateKey and LateKey name what a file holds, so that a redelivered
@@ -133,7 +138,7 @@ func FromUpdate(u schemas.Update) ([]Row, []LateGroup) {
 			WMStatus: it.WMStatus, ExecSeconds: it.ExecSeconds, TS: u.PublishedAt.UTC(),
 			CalibrationSeq: u.CalibrationSeq, AbsorbedSeq: it.AbsorbedSeq, D: u.D,
 		}
-		r.ExecStatus, r.ExecDetail = nonEmpty(it.ExecStatus), nonEmpty(it.ExecDetail)
+		r.ExecStatus, r.ExecDetail, r.ExecCopyOf = nonEmpty(it.ExecStatus), nonEmpty(it.ExecDetail), nonEmpty(it.ExecCopyOf)
 		r.WMVerdict, r.WMRationale = nonEmpty(it.WMVerdict), nonEmpty(it.WMRationale)
 		if lg != nil {
 			s := ExecLate

@@ -25,6 +25,9 @@ func testUpdate(step int64, late ...string) schemas.Update {
 				FusedAdvantage: (float64(i) - 1) / 3}
 			if group == "a" {
 				it.Source, it.TrueScore, it.ExecStatus, it.ExecSeconds, it.AbsorbedSeq = SourceAnchor, f64(0.3), schemas.ExecScored, f64(0.02), 5
+				if i == 2 { // the same solution as a1's, run once
+					it.ExecCopyOf = "a1"
+				}
 				if i == 1 {
 					it.ExecDetail = fmt.Sprintf("step %d: (not isolated: no permission for network and PID namespaces)", step)
 					it.WMRationale = "reads the data as the task says"

@@ -63,6 +63,14 @@ type Handler struct {
 	// outcome (not those it failed on, nor those not run): for metrics, and
 	// to notice when none of them scores.
 	Executed func(schemas.ExecItem)
+	// CopiesOnce runs a group's copies of a solution (the same prompt and
+	// response) once, and gives each copy that execution's outcome, with
+	// CopyOf naming it. Right where an execution is deterministic (a test
+	// suite); where its score varies with the run (a training run's seed)
+	// the copies' scores are no longer independent draws. Shared, if set,
+	// is told of each copy that did not run.
+	CopiesOnce bool
+	Shared     func(schemas.ExecItem)
 
 	// done keeps the outcomes of this process's recent executions, so that
 	// a group redelivered after one of its trajectories failed (or after
@@ -162,8 +170,9 @@ func (h *Handler) Handle(msg *message.Message) error {
 	}
 	lookups.Wait()
 	downs := make([]*breaker.DownError, len(g.Trajectories)) // not run, or failed, while the executor is down
+	runs := h.runs(g.Trajectories)
 	for i, t := range g.Trajectories {
-		if have[i] {
+		if have[i] || runs[i] != i {
 			continue
 		}
 		key := doneKey(g, t)
@@ -204,6 +213,25 @@ func (h *Handler) Handle(msg *message.Message) error {
 		}()
 	}
 	wg.Wait()
+	for i, t := range g.Trajectories {
+		if have[i] || runs[i] == i {
+			continue
+		}
+		first := runs[i]
+		if errs[first] != nil {
+			errs[i], downs[i] = errs[first], downs[first]
+			continue
+		}
+		it := items[first]
+		it.TrajID, it.Seconds, it.CopyOf = t.TrajID, 0, g.Trajectories[first].TrajID
+		items[i] = it
+		if h.Shared != nil {
+			h.Shared(it)
+		}
+		if it.Score != nil {
+			h.remember(ctx, doneKey(g, t), it)
+		}
+	}
 	var failed error
 	var down *breaker.DownError
 	for i, err := range errs {
@@ -247,6 +275,27 @@ func (h *Handler) Handle(msg *message.Message) error {
 		return fmt.Errorf("%v (and publishing the group without them failed: %w: %w)", failed, schemas.ErrOutage, err)
 	}
 	return fmt.Errorf("%w (published the group with %d of %d ungraded)", failed, n, len(items))
+}
+
+// runs maps each trajectory to the one whose execution it takes: itself,
+// or under CopiesOnce the first of the group with the same prompt and
+// response.
+func (h *Handler) runs(ts []schemas.Trajectory) []int {
+	runs := make([]int, len(ts))
+	first := map[[2]string]int{}
+	for i, t := range ts {
+		runs[i] = i
+		if !h.CopiesOnce {
+			continue
+		}
+		k := [2]string{t.Prompt, t.Response}
+		if f, ok := first[k]; ok {
+			runs[i] = f
+		} else {
+			first[k] = i
+		}
+	}
+	return runs
 }
 
 func (h *Handler) publish(g schemas.Group, items []schemas.ExecItem) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -281,5 +282,80 @@ func TestExecutorDownGivesGroupsUpAtOnce(t *testing.T) {
 	e, err = handle("h", "i")
 	if err != nil || exe.runs.Load() != 6 || e.Items[0].Score == nil || e.Items[1].Score == nil {
 		t.Fatalf("back: %v, published %+v, %d runs; want both run and scored", err, e, exe.runs.Load())
+	}
+}
+
+// byResponse scores a trajectory by its response, counting the runs of
+// each response; "fails once" makes the executor fail on its first run.
+type byResponse struct {
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+func (x *byResponse) Execute(_ context.Context, t schemas.Trajectory) (Result, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.runs[t.Response]++
+	if t.Response == "fails once" && x.runs[t.Response] == 1 {
+		return Result{}, errors.New("sandbox pool busy")
+	}
+	return Result{Status: schemas.ExecScored, Score: float64(len(t.Response)) / 100, Seconds: 3, Detail: "ran " + t.Response}, nil
+}
+
+// With CopiesOnce a group's copies of a solution (prompt and response) run
+// once: each copy takes that outcome, names the trajectory it shares, and
+// counts no seconds; a solution that differs only in its prompt runs. A
+// copy of a solution whose executor failed is handed back with it, and
+// the redelivery runs it once. Without CopiesOnce every copy runs.
+func TestCopiesOfASolutionAreExecutedOnce(t *testing.T) {
+	g := anchorGroup("a", "b", "c", "d", "e", "f")
+	for i, r := range []string{"print(1)", "print(1)", "print(1)", "print(1)", "fails once", "fails once"} {
+		g.Trajectories[i].Prompt, g.Trajectories[i].Response = "p", r
+	}
+	g.Trajectories[2].Prompt = "q" // c: the same response to another prompt
+
+	exe := &byResponse{runs: map[string]int{}}
+	pub := &stagetest.Recorder{}
+	h := NewHandler("r", "execution", pub, exe, 4)
+	var shared []string
+	h.CopiesOnce, h.Shared = true, func(it schemas.ExecItem) { shared = append(shared, it.TrajID) }
+	if err := h.Handle(stagetest.Message(t, context.Background(), g)); err == nil || !strings.Contains(err.Error(), "sandbox pool busy") {
+		t.Fatalf("first delivery: %v; want the executor's error", err)
+	}
+	if err := h.Handle(stagetest.Message(t, context.Background(), g)); err != nil {
+		t.Fatal(err)
+	}
+	// a and c ran print(1) (another prompt), d shared a's; e ran twice
+	// (failed, then scored), f shared e's.
+	if want := map[string]int{"print(1)": 2, "fails once": 2}; !maps.Equal(exe.runs, want) {
+		t.Errorf("runs by response %v, want %v", exe.runs, want)
+	}
+	var e schemas.Execution
+	pub.Decode(t, 0, &e)
+	want := map[string]string{"b": "a", "d": "a", "f": "e"}
+	for i, it := range e.Items {
+		id := g.Trajectories[i].TrajID
+		wantScore := float64(len(g.Trajectories[i].Response)) / 100
+		if it.TrajID != id || it.Score == nil || *it.Score != wantScore || it.CopyOf != want[id] || it.Detail != "ran "+g.Trajectories[i].Response {
+			t.Errorf("item %d: %+v, want %s scored %v, a copy of %q", i, it, id, wantScore, want[id])
+		}
+		if (it.CopyOf != "") != (it.Seconds == 0) {
+			t.Errorf("%s: %v seconds as a copy of %q", id, it.Seconds, it.CopyOf)
+		}
+	}
+	// b and d shared on the first delivery, and were remembered there; f
+	// shared on the second.
+	if !slices.Equal(shared, []string{"b", "d", "f"}) {
+		t.Errorf("told of copies %v, want b, d, f", shared)
+	}
+
+	exe.runs = map[string]int{}
+	h = NewHandler("r", "execution", &stagetest.Recorder{}, exe, 4)
+	h.Handle(stagetest.Message(t, context.Background(), g))
+	if err := h.Handle(stagetest.Message(t, context.Background(), g)); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{"print(1)": 4, "fails once": 3}; !maps.Equal(exe.runs, want) {
+		t.Errorf("without CopiesOnce, runs by response %v, want %v", exe.runs, want)
 	}
 }

@@ -17,6 +17,7 @@ const { DuckDBInstance } = require('@duckdb/node-api');
            count(true_score)::BIGINT AS true_scores,
            count(exec_status)::BIGINT AS exec_statuses,
            count(exec_detail)::BIGINT AS exec_details,
+           count(exec_copy_of)::BIGINT AS exec_copies,
            count(wm_verdict)::BIGINT AS wm_verdicts,
            count(wm_rationale)::BIGINT AS wm_rationales,
            count(prompt)::BIGINT AS prompts,

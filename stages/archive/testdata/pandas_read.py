@@ -23,6 +23,7 @@ print(json.dumps({
     "true_scores": str(int(df["true_score"].notna().sum())),
     "exec_statuses": str(int(df["exec_status"].notna().sum())),
     "exec_details": str(int(df["exec_detail"].notna().sum())) if "exec_detail" in df else "no column",
+    "exec_copies": str(int(df["exec_copy_of"].notna().sum())) if "exec_copy_of" in df else "no column",
     "wm_verdicts": str(int(df["wm_verdict"].notna().sum())) if "wm_verdict" in df else "no column",
     "wm_rationales": str(int(df["wm_rationale"].notna().sum())) if "wm_rationale" in df else "no column",
     "prompts": str(int(df["prompt"].notna().sum())) if "prompt" in df else "no column",
