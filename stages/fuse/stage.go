@@ -116,7 +116,8 @@ func (s *Stage) HandlePlan(msg *message.Message) error {
 	if err := schemas.Decode(msg.Payload, s.RunID, &p); err != nil {
 		return fmt.Errorf("fuse: %w", err)
 	}
-	return s.add(msg.Context(), p.Step, func() { s.steps.AddPlan(p, s.Now()) })
+	_, err := s.add(msg.Context(), p.Step, func() { s.steps.AddPlan(p, s.Now()) })
+	return err
 }
 
 // HandlePrediction takes a Prediction.
@@ -125,7 +126,8 @@ func (s *Stage) HandlePrediction(msg *message.Message) error {
 	if err := schemas.Decode(msg.Payload, s.RunID, &p); err != nil {
 		return fmt.Errorf("fuse: %w", err)
 	}
-	return s.add(msg.Context(), p.Step, func() { s.steps.AddPrediction(p) })
+	_, err := s.add(msg.Context(), p.Step, func() { s.steps.AddPrediction(p) })
+	return err
 }
 
 // HandleExecution takes an Execution.
@@ -134,36 +136,32 @@ func (s *Stage) HandleExecution(msg *message.Message) error {
 	if err := schemas.Decode(msg.Payload, s.RunID, &e); err != nil {
 		return fmt.Errorf("fuse: %w", err)
 	}
-	s.mu.Lock()
-	late := s.steps.Published(e.Step)
-	s.mu.Unlock()
-	if late {
-		if s.OnLate != nil {
-			s.OnLate(e)
-		}
-		return nil
+	late, err := s.add(msg.Context(), e.Step, func() { s.steps.AddExecution(e) })
+	if late && s.OnLate != nil {
+		s.OnLate(e)
 	}
-	return s.add(msg.Context(), e.Step, func() { s.steps.AddExecution(e) })
+	return err
 }
 
-// add records an input and holds it until its step is published.
-func (s *Stage) add(ctx context.Context, step int64, record func()) error {
+// add records an input and holds it until its step is published; an
+// input of a step published already is not recorded (late).
+func (s *Stage) add(ctx context.Context, step int64, record func()) (late bool, err error) {
 	s.mu.Lock()
 	if s.steps.Published(step) {
 		s.mu.Unlock()
-		return nil
+		return true, nil
 	}
 	record()
 	done := s.doneFor(step)
 	s.mu.Unlock()
 	if err := s.Flush(ctx); err != nil {
-		return err
+		return false, err
 	}
 	select {
 	case <-done:
-		return nil
+		return false, nil
 	case <-ctx.Done():
-		return fmt.Errorf("fuse: gave up holding input of step %d: %w", step, ctx.Err())
+		return false, fmt.Errorf("fuse: gave up holding input of step %d: %w", step, ctx.Err())
 	}
 }
 
