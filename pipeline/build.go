@@ -663,11 +663,14 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 // noteLimits says what each real execution may take and, when that is
 // longer than a step waits for its anchors, what becomes of slower ones.
 func (p *Pipeline) noteLimits(executor string, task *sandbox.Task, limits string, timeout time.Duration) {
-	late := ""
+	more := ""
 	if p.cfg.runs(StageFuse) && timeout > p.cfg.AnchorDeadline {
-		late = fmt.Sprintf("; a step waits %v for its anchors (--anchor-deadline): slower ones are fused on the world model (late anchors)", p.cfg.AnchorDeadline)
+		more = fmt.Sprintf("; a step waits %v for its anchors (--anchor-deadline): slower ones are fused on the world model (late anchors)", p.cfg.AnchorDeadline)
 	}
-	p.notef("execute: %s on task %s, each execution: %s%s", executor, task.Name, limits, late)
+	if p.cfg.ExecCopiesOnce {
+		more += "; an anchor group's copies of a solution run once (--exec-copies-once)"
+	}
+	p.notef("execute: %s on task %s, each execution: %s%s", executor, task.Name, limits, more)
 }
 
 // groupsOf names the groups of a step that a step of n groups misses: all

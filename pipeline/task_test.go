@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,7 +22,6 @@ import (
 	"github.com/wmrl/wmrl/pipeline/offline"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
-	"github.com/wmrl/wmrl/stages/execute"
 )
 
 // TestPipelineExecutesARealTask runs the pipeline with real execution of
@@ -282,36 +280,31 @@ func TestTheWorldModelIsToldTheExecutionLimits(t *testing.T) {
 	}
 }
 
-// tally counts the executions its executor runs.
-type tally struct {
-	execute.Executor
-	n atomic.Int64
-}
-
-func (c *tally) Execute(ctx context.Context, t schemas.Trajectory) (execute.Result, error) {
-	c.n.Add(1)
-	return c.Executor.Execute(ctx, t)
-}
-
 // TestCopiesOfASolutionAreExecutedOnceInARun: with --exec-copies-once, a
 // run of the example task (5 candidate solutions, groups of 8, so most
 // groups hold copies) runs each anchor group's distinct solutions once in
-// the sandbox; the archive marks every copy with the trajectory it shares,
-// its true score the sandbox's grade of the solution, its seconds 0.
+// the sandbox, and says it does; the archive marks every copy with the
+// trajectory it shares, its true score the sandbox's grade of the
+// solution, its seconds 0.
 func TestCopiesOfASolutionAreExecutedOnceInARun(t *testing.T) {
 	dir, _ := housingTask(t)
 	task, err := sandbox.LoadTask(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	exe := &tally{Executor: &sandbox.Subprocess{Task: task}}
 	cfg := testConfig(t)
 	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = dir, 3, 4, 8
-	cfg.Anchors.Fraction, cfg.ExecutorImpl, cfg.ExecCopiesOnce = 0.5, exe, true
+	cfg.Anchors.Fraction, cfg.ExecCopiesOnce = 0.5, true
+	out := &syncBuffer{}
+	cfg.Quiet, cfg.Out = false, out
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := Run(ctx, cfg); err != nil {
+	p := started(t, ctx, cfg)
+	if err := p.Wait(); err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "; an anchor group's copies of a solution run once (--exec-copies-once)\n") {
+		t.Errorf("the run did not say that copies run once:\n%s", out.String())
 	}
 	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
 	if err != nil {
@@ -357,19 +350,24 @@ func TestCopiesOfASolutionAreExecutedOnceInARun(t *testing.T) {
 	if anchors != 3*2*8 || copies == 0 {
 		t.Fatalf("%d anchor rows, %d copies; want 48, some copies", anchors, copies)
 	}
-	if n := exe.n.Load(); n != int64(len(distinct)) || n != int64(anchors-copies) {
-		t.Fatalf("the sandbox ran %d executions for %d anchor trajectories: want one per distinct solution of a group, %d (%d copies)", n, anchors, len(distinct), copies)
+	ran := 0.0
+	for _, s := range []string{schemas.ExecScored, schemas.ExecInvalid, schemas.ExecCrashed, schemas.ExecTimedOut, schemas.ExecSandboxError} {
+		ran += testutil.ToFloat64(p.Metrics().Executions.WithLabelValues(s))
+	}
+	if ran != float64(len(distinct)) || ran != float64(anchors-copies) || testutil.ToFloat64(p.Metrics().ExecutionsShared) != float64(copies) {
+		t.Fatalf("the sandbox ran %v executions, %v shared, for %d anchor trajectories: want one per distinct solution of a group, %d, and %d copies",
+			ran, testutil.ToFloat64(p.Metrics().ExecutionsShared), anchors, len(distinct), copies)
 	}
 	// wmrl status counts the executions run, and the copies apart.
 	st, err := ReadStatus(ctx, StreamSource{DataDir: cfg.DataDir, Prefix: cfg.Prefix}, cfg.Run)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ran := 0
+	stored := 0
 	for _, n := range st.Executions.ByStatus {
-		ran += n
+		stored += n
 	}
-	if int64(ran) != exe.n.Load() || st.Executions.Shared != copies {
-		t.Errorf("status: %d executions and %d shared, want %d and %d", ran, st.Executions.Shared, exe.n.Load(), copies)
+	if float64(stored) != ran || st.Executions.Shared != copies {
+		t.Errorf("status: %d executions and %d shared, want %v and %d", stored, st.Executions.Shared, ran, copies)
 	}
 }
