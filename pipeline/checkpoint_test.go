@@ -8,12 +8,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/fuse"
@@ -326,5 +328,50 @@ func TestARestartWithOtherSettingsIsSaid(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "invalid config") {
 		t.Errorf("changed settings read as an invalid config:\n%s", out.String())
+	}
+}
+
+// TestARestartAfterACrashDoesNotWaitOutAckWait: a process that dies with
+// its embedded server (SIGKILL, the OOM killer) hands nothing back, and
+// its route held a step's trajectories. The process started again on its
+// data gets them at once, though the consumers' AckWait is an hour here:
+// the step is fused whole, not closed short without them.
+func TestARestartAfterACrashDoesNotWaitOutAckWait(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Source, cfg.ackWait, cfg.StepTimeout = SourceExternal, time.Hour, 20*time.Second
+	pol := sim.Policy{Run: "default", Tasks: 4, Groups: 4, GroupSize: 4}
+	trajs, wm := pol.Step(0)
+
+	p, nc, js := startClient(t, ctx, cfg)
+	for _, tr := range trajs { // no watermark: route holds them all
+		b, _ := json.Marshal(tr)
+		if _, err := js.Publish(ctx, "wmrl.default.traj", b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	route, err := js.Consumer(ctx, StreamName("wmrl"), consumerName(StageRoute, "default", schemas.KindTraj))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		info, err := route.Info(ctx)
+		return err == nil && info.NumAckPending == len(trajs)
+	})
+	nc.Close()
+	p.tr.srv.Shutdown() // the process dies with its server: nothing handed back
+	p.Stop()
+
+	var fused atomic.Pointer[schemas.Update]
+	cfg.OnUpdate = func(u schemas.Update, _ time.Duration) { fused.Store(&u) }
+	_, _, js = startClient(t, ctx, cfg)
+	b, _ := json.Marshal(wm)
+	if _, err := js.Publish(ctx, "wmrl.default.step", b); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, func() bool { return fused.Load() != nil })
+	if u := fused.Load(); u.Step != 0 || len(u.Items) != len(trajs) || len(u.Skipped) != 0 {
+		t.Fatalf("step %d fused with %d of the %d trajectories (skipped %v): those the crashed process held did not come back", u.Step, len(u.Items), len(trajs), u.Skipped)
 	}
 }

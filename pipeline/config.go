@@ -232,6 +232,10 @@ type Config struct {
 	PprofRemote bool
 	Out         io.Writer // progress lines (default os.Stdout)
 	Quiet       bool      // no progress lines
+
+	// ackWait, when set, replaces the consumers' AckWait (30 s): tests
+	// set an hour, so that what waits for it shows as never coming.
+	ackWait time.Duration
 }
 
 // DefaultConfig is `wmrl run` with no flags.

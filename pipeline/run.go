@@ -98,6 +98,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		p.metrics.NATSConnected.Set(1) // in process
 	}
 	if tr.srv != nil {
+		p.expireHeld(ctx)
 		if open := cfg.exposure(); open != "" {
 			p.notef("%s", open)
 		}
@@ -135,6 +136,25 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		}
 	}
 	return p, nil
+}
+
+// expireHeld has the embedded server, just started on its store, give
+// again at once what this process's stages' consumers had delivered to the
+// process before it and that was never settled: a process killed (SIGKILL,
+// the OOM killer) held whole steps, which would otherwise wait out the
+// consumers' AckWait (30 s) after every such restart. Consumers of
+// outside stages are left alone: their process may be alive and still
+// handling them. Failing, the restart only waits as it did.
+func (p *Pipeline) expireHeld(ctx context.Context) {
+	own := map[string]bool{}
+	for _, stage := range p.cfg.Stages {
+		for _, kind := range schemas.Kinds {
+			own[consumerName(stage, p.cfg.Run, kind)] = true
+		}
+	}
+	if _, err := natsjs.ExpirePending(ctx, p.tr.js, p.tr.stream, func(c string) bool { return own[c] }, 300*time.Millisecond); err != nil && ctx.Err() == nil {
+		p.notef("restart: %v; what the process before this one held comes again after the consumers' ack wait (30 s)", err)
+	}
 }
 
 // ready is the line a process that waits for input from outside prints
@@ -225,6 +245,7 @@ func (p *Pipeline) subscribeTo(stage string, kind schemas.Kind, subject string, 
 		Conn:          p.tr.nc,
 		Stream:        func(string) jetstream.StreamConfig { return StreamConfig(&p.cfg) },
 		ConsumerGroup: consumerName(stage, p.cfg.Run, kind),
+		AckWait:       p.cfg.ackWait,
 		MaxAckPending: p.cfg.MaxAckPending,
 		Prefetch:      1024,
 		Logger:        inputLogger{p: p, stage: stage},
