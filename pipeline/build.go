@@ -132,6 +132,7 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 		MaxPayload:    int(p.tr.nc.MaxPayload()),
 		OnShort:       p.closedShort,
 		OnNoWatermark: p.noWatermark,
+		OnDropped:     p.dropped,
 		WatermarkWait: cfg.StuckAfter,
 	}, p.stagePublisher(StageRoute))
 	if err != nil {
@@ -543,6 +544,14 @@ func (p *Pipeline) buildGateway() error {
 // its watermark declared: a trainer whose groups fall short of their
 // group_size (a rollout that failed, dropped rather than sent) has every
 // such step wait out --step-timeout, which only this says.
+// dropped says a group was not sent on to be scored: a trainer's input the
+// server would refuse, which the step goes on without.
+func (p *Pipeline) dropped(d route.Dropped) {
+	p.notef("route: step %d's group %s: %s. The step went on without it: its update has the group skipped and its trajectories ungraded. "+
+		"Raise the server's max_payload (deploy/nats sets 8MB; --nats-max-payload-mb for the embedded server, up to 64), or send smaller groups",
+		d.Step, d.GroupID, d.Reason)
+}
+
 func (p *Pipeline) closedShort(s route.Short) {
 	p.metrics.ShortSteps.Inc()
 	var what []string

@@ -15,7 +15,6 @@ import (
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/fuse"
-	"github.com/wmrl/wmrl/stages/route"
 )
 
 // TestAStepTooLargeForTheServerStopsTheRun: a step's update is one
@@ -65,13 +64,19 @@ func TestAStepTooLargeForTheServerStopsTheRun(t *testing.T) {
 
 // A group is one message too, carrying all its trajectories: one over the
 // server's max_payload was retried, then dead-lettered, and its step never
-// planned, the trainer waiting for its update for ever. The run now stops
-// at once and says what to change; and a trajectory over max_payload by
+// planned, the trainer waiting for its update for ever; later the run
+// stopped on it. Now the step goes on without it: the run says which group
+// and what to change, and the update has the group skipped with the reason
+// and its trajectories ungraded (wm_status not_sent), the other groups
+// fused, and the next step as usual. A trajectory over max_payload by
 // itself is refused by the gateway with 413, not 503, since no retry
 // stores it.
-func TestAGroupTooLargeForTheServerStopsTheRun(t *testing.T) {
+func TestAGroupTooLargeForTheServerIsSkipped(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken, cfg.MaxPayloadMB = SourceExternal, "127.0.0.1:0", token, 1
+	cfg.Anchors.Fraction = 0.5 // one of the two groups an anchor
+	out := &syncBuffer{}
+	cfg.Quiet, cfg.Out = false, out
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	p := started(t, ctx, cfg)
@@ -82,18 +87,49 @@ func TestAGroupTooLargeForTheServerStopsTheRun(t *testing.T) {
 	huge.Response = strings.Repeat("y", 1<<20)
 	body, _ := json.Marshal([]schemas.Trajectory{huge})
 	h.want(http.StatusRequestEntityTooLarge, "POST", "/trajectories", body, token, "and the NATS server takes messages of at most 1048576 bytes")
+	big := trajs[0].GroupID
 	for i := range trajs {
-		trajs[i].Response += "\n#" + strings.Repeat("x", 200_000) // 8 of them: 1.6 MB a group
+		if trajs[i].GroupID == big {
+			trajs[i].Response += "\n#" + strings.Repeat("x", 200_000) // 8 of them: 1.6 MB a group
+		}
 	}
 	body, _ = json.Marshal(trajs)
 	h.want(http.StatusAccepted, "POST", "/trajectories", body, token, "")
 	h.want(http.StatusAccepted, "POST", "/steps/0/close", []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), token, "")
-	err := p.Wait()
-	if ctx.Err() != nil {
-		t.Fatal("the run hung on a group too large for the server")
+	var u schemas.Update
+	if err := json.Unmarshal(h.want(http.StatusOK, "GET", "/steps/0/update?wait=60", nil, token, ""), &u); err != nil {
+		t.Fatal(err)
 	}
-	if !errors.Is(err, route.ErrGroupTooLarge) || !strings.Contains(err.Error(), "step 0's group ") ||
-		!strings.Contains(err.Error(), "(8 trajectories), and the NATS server takes at most 1.0 MiB a message") || !strings.Contains(err.Error(), "--nats-max-payload-mb") {
-		t.Fatalf("the run ended with %v; want the group too large, said with its size, the limit and what to change", err)
+	// The dropped group was this step's anchor (seeded choice): no anchor
+	// is left to wait for, and none is reported late.
+	if len(u.Items) != len(trajs) || u.Groups != 1 || u.Anchors != 0 || len(u.LateAnchors) != 0 || len(u.Skipped) != 1 || u.Skipped[0].GroupID != big ||
+		!strings.Contains(u.Skipped[0].Reason, "(8 trajectories), over the NATS server's max_payload of 1.0 MiB") {
+		t.Fatalf("step 0's update: %d items, %d groups, skipped %+v; want its %d items, %s skipped for its size", len(u.Items), u.Groups, u.Skipped, len(trajs), big)
 	}
+	for _, it := range u.Items {
+		notSent := it.GroupID == big
+		if notSent != (it.WMStatus == schemas.PredNotSent) || notSent != (it.Reward == nil) || (notSent && it.FusedAdvantage != 0) {
+			t.Errorf("item %s of group %s: %+v", it.TrajID, it.GroupID, it)
+		}
+	}
+	if !strings.Contains(out.String(), "route: step 0's group "+big+": not scored: the group's message is 1.5 MiB (8 trajectories), over the NATS server's max_payload of 1.0 MiB. The step went on without it") ||
+		!strings.Contains(out.String(), "--nats-max-payload-mb") {
+		t.Errorf("the run did not say which group it skipped and what to change:\n%s", out.String())
+	}
+	if strings.Contains(out.String(), "wm ungraded") {
+		t.Errorf("the group never sent counts as the world model's failure:\n%s", out.String())
+	}
+
+	// The run goes on.
+	trajs, wm = pol.Step(1)
+	body, _ = json.Marshal(trajs)
+	h.want(http.StatusAccepted, "POST", "/trajectories", body, token, "")
+	h.want(http.StatusAccepted, "POST", "/steps/1/close", []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), token, "")
+	if err := json.Unmarshal(h.want(http.StatusOK, "GET", "/steps/1/update?wait=60", nil, token, ""), &u); err != nil {
+		t.Fatal(err)
+	}
+	if len(u.Items) != len(trajs) || u.Groups != 2 || len(u.Skipped) != 0 {
+		t.Fatalf("step 1's update: %d items, %d groups, skipped %v", len(u.Items), u.Groups, u.Skipped)
+	}
+	checkFusion(t, u)
 }

@@ -268,8 +268,8 @@ func stepLosses(u schemas.Update) []loss {
 	wm, sandbox := 0, 0
 	for _, it := range u.Items {
 		switch {
-		case it.Source == fuse.SourceWorldModel && it.Reward == nil:
-			wm++
+		case it.Source == fuse.SourceWorldModel && it.Reward == nil && it.WMStatus != schemas.PredNotSent:
+			wm++ // not those of a group never sent to it (a skipped group)
 		case it.ExecStatus == schemas.ExecSandboxError:
 			sandbox++
 		}

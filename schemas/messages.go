@@ -165,6 +165,11 @@ type PlanGroup struct {
 	// trajectories' task and policy version to the update.
 	TaskID         string  `json:"task_id"`
 	PolicyVersions []int64 `json:"policy_versions"`
+	// Dropped, when set, says why the group was not sent on to be scored
+	// (its message was over the server's max_payload): the step does not
+	// wait for it, and its update has its trajectories ungraded (wm_status
+	// not_sent) and the group skipped with this reason.
+	Dropped string `json:"dropped,omitempty"`
 }
 
 // PlanDecision says why a group was or was not made an anchor.
@@ -178,6 +183,9 @@ type PlanDecision struct {
 const (
 	PredOK       = "ok"
 	PredUngraded = "ungraded"
+	// PredNotSent: the trajectory's group was never sent to the world
+	// model (PlanGroup.Dropped); in update items only.
+	PredNotSent = "not_sent"
 )
 
 // Prediction is the world model's scores for a group (internal: pred).

@@ -240,7 +240,7 @@ func (s *Steps) Waiting(since time.Time) []Waiting {
 		}
 		var missing []string
 		for _, g := range a.plan.Groups {
-			if a.preds[g.GroupID] == nil {
+			if g.Dropped == "" && a.preds[g.GroupID] == nil {
 				missing = append(missing, g.GroupID)
 			}
 		}
@@ -264,6 +264,9 @@ func (s *Steps) Ready(now time.Time) []int64 {
 		ok := true
 		late := now.Sub(a.planAt) >= s.deadline
 		for _, g := range a.plan.Groups {
+			if g.Dropped != "" {
+				continue // never sent to be scored: nothing to wait for
+			}
 			if a.preds[g.GroupID] == nil {
 				ok = false
 				break
@@ -295,11 +298,16 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 	}
 	groups := make([]Group, 0, len(a.plan.Groups))
 	record := map[string]schemas.UpdateItem{} // by trajectory: what the numbers came from
+	dropped := map[string]string{}            // group to why it was not sent
 	for _, pg := range a.plan.Groups {
 		g := Group{ID: pg.GroupID}
 		preds := map[string]schemas.PredItem{}
-		for _, it := range a.preds[pg.GroupID].Items {
-			preds[it.TrajID] = it
+		if pg.Dropped != "" {
+			dropped[pg.GroupID] = pg.Dropped
+		} else {
+			for _, it := range a.preds[pg.GroupID].Items {
+				preds[it.TrajID] = it
+			}
 		}
 		// An anchor group counts as one once executed and calibrated; at
 		// its deadline without both it is late: world-model rewards here,
@@ -324,6 +332,9 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 		}
 		for i, id := range pg.TrajIDs {
 			rec := schemas.UpdateItem{TaskID: pg.TaskID, WMStatus: schemas.PredUngraded}
+			if pg.Dropped != "" {
+				rec.WMStatus = schemas.PredNotSent
+			}
 			if i < len(pg.PolicyVersions) {
 				rec.PolicyVersion = pg.PolicyVersions[i]
 			}
@@ -368,7 +379,7 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 	res := Fuse(groups, rho, s.norm)
 	u.Groups, u.Anchors = res.Groups, res.Anchors
 	for _, sk := range res.Skipped {
-		u.Skipped = append(u.Skipped, schemas.SkippedGroup{GroupID: sk.GroupID, Reason: sk.Reason})
+		u.Skipped = append(u.Skipped, schemas.SkippedGroup{GroupID: sk.GroupID, Reason: cmp.Or(dropped[sk.GroupID], sk.Reason)})
 	}
 	for _, it := range res.Items {
 		ui := record[it.TrajID]

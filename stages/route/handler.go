@@ -2,7 +2,6 @@ package route
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -36,6 +35,7 @@ type Handler struct {
 	inFlight    func(context.Context) (int, error)
 	maxPayload  int
 	onShort     func(Short)
+	onDropped   func(Dropped)
 
 	onNoWatermark func(NoWatermark)
 	watermarkWait time.Duration
@@ -66,8 +66,10 @@ type Config struct {
 	// leaves the step open until the next try. Nil: nothing in flight.
 	InFlight func(context.Context) (int, error)
 	// MaxPayload, if set, is the largest message the server takes (its
-	// max_payload): a group whose message is over it is ErrGroupTooLarge.
+	// max_payload): a group whose message is over it is not sent on; its
+	// plan marks it dropped (PlanGroup.Dropped) and OnDropped hears of it.
 	MaxPayload int
+	OnDropped  func(Dropped)
 	// OnNoWatermark, if set, hears once of each step that has had
 	// trajectories for WatermarkWait (default 5 minutes) and no watermark:
 	// it is planned only once its watermark comes, which a trainer may
@@ -79,6 +81,13 @@ type Config struct {
 	// than their group_size), once it is stored: such a step waited out
 	// StepTimeout.
 	OnShort func(Short)
+}
+
+// Dropped is a group of a step not sent on to be scored, and why.
+type Dropped struct {
+	Step    int64
+	GroupID string
+	Reason  string
 }
 
 // NoWatermark is a step that has had trajectories for Waited and no
@@ -107,11 +116,6 @@ type ShortGroup struct {
 	Got, Want int
 }
 
-// ErrGroupTooLarge is a group whose trajectories together are over the
-// server's max_payload: every group message carries them all, and no retry
-// gets it stored, so Run stops with it and the step is not planned.
-var ErrGroupTooLarge = errors.New("route: group over the server's max_payload")
-
 // NewHandler builds the stage.
 func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
 	sched, err := NewScheduler(cfg.Scheduler)
@@ -132,6 +136,7 @@ func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
 	}
 	return &Handler{
 		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, inFlight: cfg.InFlight, maxPayload: cfg.MaxPayload, onShort: cfg.OnShort,
+		onDropped:     cfg.OnDropped,
 		onNoWatermark: cfg.OnNoWatermark, watermarkWait: cfg.WatermarkWait,
 		asm: NewAssembly(cfg.StepTimeout), done: map[int64]chan struct{}{}, sent: map[int64][]string{},
 		firstAt: map[int64]time.Time{}, noWatermarkSaid: map[int64]bool{},
@@ -251,8 +256,14 @@ func (h *Handler) Flush() error {
 			}
 		}
 		plan, groups := h.asm.Plan(h.run, step, h.sched, inFlight, sent, now)
-		if err := h.publish(plan, groups); err != nil {
+		dropped, err := h.publish(&plan, groups)
+		if err != nil {
 			return err // the step stays open; the next input or tick retries
+		}
+		if h.onDropped != nil {
+			for _, d := range dropped {
+				h.onDropped(d)
+			}
 		}
 		if h.onShort != nil {
 			declared, at := h.asm.Declared(step)
@@ -300,43 +311,58 @@ func (h *Handler) countInFlight() (int, error) {
 	return h.inFlight(ctx)
 }
 
-func (h *Handler) publish(plan schemas.Plan, groups []schemas.Group) error {
+// publish stores a step's groups, its anchor groups for execution, and
+// its plan, last. A group whose message the server would refuse (over its
+// max_payload: every group message carries all its trajectories, and no
+// retry stores it) is not sent: the plan marks it dropped, so that the step
+// goes on without it and its update says so, rather than the step, and
+// every later one, waiting for it.
+func (h *Handler) publish(plan *schemas.Plan, groups []schemas.Group) ([]Dropped, error) {
 	var toPredict, toExec []*message.Message
-	for _, g := range groups {
+	var dropped []Dropped
+	for i, g := range groups {
 		m, err := schemas.NewMessage(fmt.Sprintf("%s/group/%d/%s", h.run, g.Step, g.GroupID), g)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if h.maxPayload > 0 && len(m.Payload) > h.maxPayload {
-			return fmt.Errorf("%w: step %d's group %s is %.1f MiB (%d trajectories), and the NATS server takes at most %.1f MiB a message: "+
-				"raise its max_payload (deploy/nats sets 8MB; --nats-max-payload-mb for the embedded server, up to 64), or send smaller groups",
-				ErrGroupTooLarge, g.Step, g.GroupID, float64(len(m.Payload))/(1<<20), len(g.Trajectories), float64(h.maxPayload)/(1<<20))
+			d := Dropped{Step: g.Step, GroupID: g.GroupID,
+				Reason: fmt.Sprintf("not scored: the group's message is %.1f MiB (%d trajectories), over the NATS server's max_payload of %.1f MiB",
+					float64(len(m.Payload))/(1<<20), len(g.Trajectories), float64(h.maxPayload)/(1<<20))}
+			dropped = append(dropped, d)
+			// groups and plan.Groups are in the same order (Assembly.Plan).
+			plan.Groups[i].Dropped = d.Reason
+			if plan.Groups[i].Anchor {
+				plan.Groups[i].Anchor, plan.Decisions[i].Anchor, plan.Decisions[i].Reason = false, false, "too large to send"
+				plan.Anchors--
+			}
+			continue
 		}
 		toPredict = append(toPredict, m)
 		if g.Anchor {
 			m, err := schemas.NewMessage(fmt.Sprintf("%s/exec/%d/%s", h.run, g.Step, g.GroupID), g)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			toExec = append(toExec, m)
 		}
 	}
 	pm, err := schemas.NewMessage(fmt.Sprintf("%s/plan/%d", h.run, plan.Step), plan)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// The plan goes last: a stored plan means every output of the step is
 	// stored, which is what a restarted route relies on (MarkClosed).
 	if err := h.pub.Publish(h.out.Exec, toExec...); err != nil {
-		return fmt.Errorf("route: publish anchors of step %d: %w", plan.Step, err)
+		return nil, fmt.Errorf("route: publish anchors of step %d: %w", plan.Step, err)
 	}
 	if err := h.pub.Publish(h.out.Group, toPredict...); err != nil {
-		return fmt.Errorf("route: publish groups of step %d: %w", plan.Step, err)
+		return nil, fmt.Errorf("route: publish groups of step %d: %w", plan.Step, err)
 	}
 	if err := h.pub.Publish(h.out.Plan, pm); err != nil {
-		return fmt.Errorf("route: publish plan %d: %w", plan.Step, err)
+		return nil, fmt.Errorf("route: publish plan %d: %w", plan.Step, err)
 	}
-	return nil
+	return dropped, nil
 }
 
 // Run flushes steps whose timeout passed, until ctx is done.
@@ -348,9 +374,7 @@ func (h *Handler) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			if err := h.Flush(); errors.Is(err, ErrGroupTooLarge) {
-				return err
-			}
+			_ = h.Flush() // a failure leaves steps open; the next tick retries
 		}
 	}
 }
