@@ -240,3 +240,36 @@ func TestStepsSayWhichPredictionsAStepWaitsFor(t *testing.T) {
 		t.Fatalf("waiting %+v, want only step 2", w)
 	}
 }
+
+// A group the plan marks dropped (never sent to be scored) is waited for
+// by nothing: the step is ready on its other groups' predictions, and its
+// update has the dropped group skipped with the plan's reason, its items
+// ungraded as not sent.
+func TestStepsDoNotWaitForADroppedGroup(t *testing.T) {
+	s, err := NewSteps(StepsConfig{Run: "r", AnchorDeadline: time.Hour, Denoiser: DenoiserConfig{Estimator: EstimatorOff}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	const why = "not scored: the group's message is 9.0 MiB"
+	s.AddPlan(schemas.Plan{Step: 0, Groups: []schemas.PlanGroup{
+		{GroupID: "big", TrajIDs: []string{"b0", "b1"}, Dropped: why}, {GroupID: "w", TrajIDs: []string{"w0", "w1"}},
+	}}, t0)
+	if w := s.Waiting(t0.Add(time.Minute)); len(w) != 1 || fmt.Sprint(w[0].Missing) != "[w]" {
+		t.Fatalf("waiting %+v, want only w's prediction", w)
+	}
+	s.AddPrediction(schemas.Prediction{Step: 0, GroupID: "w", Items: []schemas.PredItem{
+		{TrajID: "w0", Score: score(0.2), Status: schemas.PredOK}, {TrajID: "w1", Score: score(0.7), Status: schemas.PredOK}}})
+	if r := s.Ready(t0); len(r) != 1 || r[0] != 0 {
+		t.Fatalf("ready %v, want step 0 without the dropped group", r)
+	}
+	u := s.Fuse(0, t0)
+	if u.Groups != 1 || len(u.Skipped) != 1 || u.Skipped[0] != (schemas.SkippedGroup{GroupID: "big", Reason: why}) || len(u.LateAnchors) != 0 {
+		t.Fatalf("update: %d groups, skipped %+v, late %v", u.Groups, u.Skipped, u.LateAnchors)
+	}
+	for _, it := range u.Items {
+		if dropped := it.GroupID == "big"; dropped != (it.WMStatus == schemas.PredNotSent) || dropped != (it.Reward == nil) {
+			t.Errorf("item %+v", it)
+		}
+	}
+}
