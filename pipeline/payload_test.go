@@ -13,7 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/wmrl/wmrl/connectors/sim"
+	"github.com/wmrl/wmrl/pipeline/offline"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/fuse"
 )
 
@@ -132,4 +134,22 @@ func TestAGroupTooLargeForTheServerIsSkipped(t *testing.T) {
 		t.Fatalf("step 1's update: %d items, %d groups, skipped %v", len(u.Items), u.Groups, u.Skipped)
 	}
 	checkFusion(t, u)
+
+	// The archive replays as it was fused, the group never sent included.
+	if err := p.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _ := archive.Files(cfg.ArchiveRoot(), cfg.Run)
+	settings, err := archive.ReadSettings(files[len(files)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := offline.Replay(rows, offline.ReplayOptions{Settings: settings}, nil)
+	if err != nil || sum.Rows != 32 || sum.MaxFusedDiff > 1e-9 || len(sum.Gaps) != 0 {
+		t.Fatalf("replay of the archive: %+v, %v", sum, err)
+	}
 }
