@@ -167,7 +167,22 @@ func (w *connWatch) closedForGood(last error) {
 	if stopping || fail == nil {
 		return
 	}
-	fail(fmt.Errorf("pipeline: the connection to NATS at %s was closed for good (its last error: %v); start the process again once the cause is fixed", w.url, last))
+	fail(w.closedError(last))
+}
+
+// closedError is why the pipeline stops when its connection was closed
+// for good. A stage that reads on the connection can hear of the close
+// before the watch does (nats.go calls the watch from its own goroutine):
+// the pipeline stops with this then too, not with the stage's "connection
+// closed".
+func (w *connWatch) closedError(last error) error {
+	return fmt.Errorf("pipeline: the connection to NATS at %s was closed for good (its last error: %v); start the process again once the cause is fixed", w.url, last)
+}
+
+func (w *connWatch) isStopping() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stopping
 }
 
 // stop marks what follows as the pipeline's own closing.

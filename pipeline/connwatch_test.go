@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
@@ -122,6 +123,28 @@ func TestAConnectionClosedForGoodStopsThePipeline(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("the pipeline still runs a minute after its server refused it")
+	}
+}
+
+// A stage that hears of the connection closed for good before the watch
+// does (nats.go calls the watch from a goroutine of its own) stops the
+// pipeline with the same reason as the watch: closed for good, and the
+// server's last error, not the stage's "connection closed". The pipeline's
+// own stop keeps the stage's error. (The test above failed once in CI on
+// the stage's error.)
+func TestAStageThatHearsOfTheCloseFirstStopsWithTheSameReason(t *testing.T) {
+	nc := &nats.Conn{}
+	stageErr := fmt.Errorf("calibrate: read pairs: natsjs: read wmrl.default.pairs: %w (last error: nats: Authorization Violation)", nats.ErrConnectionClosed)
+	p := &Pipeline{tr: &transport{nc: nc, watch: &connWatch{url: "nats://h:4222"}}, cancel: func() {}}
+	p.fail(stageErr)
+	if p.err == nil || !strings.Contains(p.err.Error(), "the connection to NATS at nats://h:4222 was closed for good") {
+		t.Errorf("stopped with %v", p.err)
+	}
+	p = &Pipeline{tr: &transport{nc: nc, watch: &connWatch{url: "nats://h:4222"}}, cancel: func() {}}
+	p.tr.watch.stop()
+	p.fail(stageErr)
+	if p.err != stageErr {
+		t.Errorf("stopping, stopped with %v; want the stage's error as it was", p.err)
 	}
 }
 

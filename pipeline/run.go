@@ -14,6 +14,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/connectors/gateway"
@@ -214,6 +215,9 @@ func (p *Pipeline) Wait() error {
 func (p *Pipeline) fail(err error) {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return
+	}
+	if errors.Is(err, nats.ErrConnectionClosed) && p.tr.watch != nil && !p.tr.watch.isStopping() {
+		err = p.tr.watch.closedError(p.tr.nc.LastError())
 	}
 	p.errMu.Lock()
 	if p.err == nil {
