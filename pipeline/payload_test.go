@@ -139,12 +139,7 @@ func TestAGroupTooLargeForTheServerIsSkipped(t *testing.T) {
 	if err := p.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, _ := archive.Files(cfg.ArchiveRoot(), cfg.Run)
-	settings, err := archive.ReadSettings(files[len(files)-1])
+	rows, settings, err := archive.ReadRun(cfg.ArchiveRoot(), cfg.Run)
 	if err != nil {
 		t.Fatal(err)
 	}

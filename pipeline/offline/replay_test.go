@@ -62,12 +62,7 @@ func archiveRun(t *testing.T, steps int64, edit func(*pipeline.Config)) ([]archi
 		}
 		t.Fatalf("the run of %d steps did not finish within 2 minutes; it said:\n%s\ndead letters:\n%s\n%s", steps, out.String(), dead.String(), state.String())
 	}
-	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, _ := archive.Files(cfg.ArchiveRoot(), cfg.Run)
-	settings, err := archive.ReadSettings(files[len(files)-1])
+	rows, settings, err := archive.ReadRun(cfg.ArchiveRoot(), cfg.Run)
 	if err != nil {
 		t.Fatal(err)
 	}

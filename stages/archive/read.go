@@ -186,6 +186,24 @@ func ReadAll(root, run string) ([]Row, error) {
 	return Read(files, nil)
 }
 
+// ReadRun reads a run's rows and the settings its newest file recorded:
+// what a replay of the run needs.
+func ReadRun(root, run string) ([]Row, Settings, error) {
+	files, err := Files(root, run)
+	if err != nil {
+		return nil, Settings{}, err
+	}
+	if len(files) == 0 {
+		return nil, Settings{}, fmt.Errorf("archive: run %s has no closed files in %s", run, RunDir(root, run))
+	}
+	settings, err := ReadSettings(files[len(files)-1])
+	if err != nil {
+		return nil, settings, err
+	}
+	rows, err := Read(files, nil)
+	return rows, settings, err
+}
+
 // RowWriter writes rows to one zstd Parquet file (replays, tests), made
 // visible under path only by Close.
 type RowWriter struct {
