@@ -206,7 +206,7 @@ func NewMetrics() *Metrics {
 	m.Executions = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "executions_total",
 		Help: "Anchor executions this process ran, by status: scored, invalid_submission, crashed and timed_out (all scores; the last three 0), " +
 			"sandbox_error (no score)."}, []string{"status"})
-	for _, s := range []string{schemas.ExecScored, schemas.ExecInvalid, schemas.ExecCrashed, schemas.ExecTimedOut, schemas.ExecSandboxError} {
+	for _, s := range schemas.ExecStatuses {
 		m.Executions.WithLabelValues(s)
 	}
 	m.ExecutionSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "wmrl", Name: "execution_seconds",

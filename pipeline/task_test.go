@@ -351,7 +351,7 @@ func TestCopiesOfASolutionAreExecutedOnceInARun(t *testing.T) {
 		t.Fatalf("%d anchor rows, %d copies; want 48, some copies", anchors, copies)
 	}
 	ran := 0.0
-	for _, s := range []string{schemas.ExecScored, schemas.ExecInvalid, schemas.ExecCrashed, schemas.ExecTimedOut, schemas.ExecSandboxError} {
+	for _, s := range schemas.ExecStatuses {
 		ran += testutil.ToFloat64(p.Metrics().Executions.WithLabelValues(s))
 	}
 	if ran != float64(len(distinct)) || ran != float64(anchors-copies) || testutil.ToFloat64(p.Metrics().ExecutionsShared) != float64(copies) {

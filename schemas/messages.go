@@ -224,6 +224,9 @@ const (
 	ExecSandboxError = "sandbox_error"      // not a score: ungraded
 )
 
+// ExecStatuses lists the statuses of an execution, scores first.
+var ExecStatuses = []string{ExecScored, ExecInvalid, ExecCrashed, ExecTimedOut, ExecSandboxError}
+
 // Execution is the real outcome of an anchor group (internal: execution).
 type Execution struct {
 	Schema  int        `json:"schema"`

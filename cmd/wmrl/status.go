@@ -193,7 +193,7 @@ func writeExecutions(w io.Writer, es pipeline.ExecutionsStatus, ago func(time.Ti
 
 	var parts []string
 	total := 0
-	for _, s := range []string{schemas.ExecScored, schemas.ExecInvalid, schemas.ExecCrashed, schemas.ExecTimedOut, schemas.ExecSandboxError} {
+	for _, s := range schemas.ExecStatuses {
 		if n := es.ByStatus[s]; n > 0 {
 			parts = append(parts, fmt.Sprintf("%s %d", s, n))
 			total += n
