@@ -20,10 +20,11 @@ import (
 )
 
 // outsideStage stands for a stage in another process between predict and
-// fuse (as examples/node-abstain is): it passes every prediction from
-// pred_raw to pred, but gives up on the first one of step 1 it is handed,
-// dead-lettering it as a stage of its own does when what it calls is down.
-func outsideStage(t *testing.T, ctx context.Context, js jetstream.JetStream) (gaveUp func() string) {
+// fuse (as examples/node-abstain is): it hands every prediction from
+// pred_raw to judge and publishes what judge returns on pred, or, when judge
+// returns nil, dead-letters the prediction, as a stage of its own does when
+// what it calls is down.
+func outsideStage(t *testing.T, ctx context.Context, js jetstream.JetStream, judge func(p schemas.Prediction, data []byte) []byte) {
 	t.Helper()
 	stream, err := js.Stream(ctx, StreamName("wmrl"))
 	if err != nil {
@@ -34,27 +35,19 @@ func outsideStage(t *testing.T, ctx context.Context, js jetstream.JetStream) (ga
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var dropped string
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		var p schemas.Prediction
 		if err := json.Unmarshal(m.Data(), &p); err != nil {
 			t.Error(err)
 			return
 		}
-		mu.Lock()
-		give := p.Step == 1 && dropped == ""
-		if give {
-			dropped = p.GroupID
-		}
-		mu.Unlock()
-		if give {
+		if out := judge(p, m.Data()); out == nil {
 			dl, _ := json.Marshal(schemas.DeadLetter{Schema: 1, Subject: m.Subject(), Stage: "judge",
 				Reason: "gave up after 10 deliveries: judge unreachable", Payload: string(m.Data()), Time: time.Now().UTC()})
 			if _, err := js.Publish(ctx, "wmrl.default.dlq", dl); err != nil {
 				t.Error(err)
 			}
-		} else if _, err := js.Publish(ctx, "wmrl.default.pred", m.Data(), jetstream.WithMsgID("judge/"+p.GroupID+"/"+m.Headers().Get(jetstream.MsgIDHeader))); err != nil {
+		} else if _, err := js.Publish(ctx, "wmrl.default.pred", out, jetstream.WithMsgID("judge/"+p.GroupID+"/"+m.Headers().Get(jetstream.MsgIDHeader))); err != nil {
 			t.Error(err)
 			return
 		}
@@ -64,7 +57,6 @@ func outsideStage(t *testing.T, ctx context.Context, js jetstream.JetStream) (ga
 		t.Fatal(err)
 	}
 	t.Cleanup(cc.Stop)
-	return func() string { mu.Lock(); defer mu.Unlock(); return dropped }
 }
 
 // TestAStepHeldByAPredictionGivenUpIsFusedOnceItIsSentAgain: a stage
@@ -90,7 +82,19 @@ func TestAStepHeldByAPredictionGivenUpIsFusedOnceItIsSentAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	p, nc, js := startClient(t, ctx, cfg)
-	gaveUp := outsideStage(t, ctx, js)
+	// The stage gives up on the first prediction of step 1 it is handed.
+	var mu sync.Mutex
+	var dropped string
+	gaveUp := func() string { mu.Lock(); defer mu.Unlock(); return dropped }
+	outsideStage(t, ctx, js, func(p schemas.Prediction, data []byte) []byte {
+		mu.Lock()
+		defer mu.Unlock()
+		if p.Step == 1 && dropped == "" {
+			dropped = p.GroupID
+			return nil
+		}
+		return data
+	})
 
 	updates := func() map[int64]schemas.Update { return decodeUpdates(t, scanAll(t, nc, "wmrl.default.update")) }
 	waitFor(t, 60*time.Second, func() bool { return strings.Contains(out.String(), "fuse: step 1 has waited") })
@@ -178,5 +182,66 @@ func TestAStepHeldByAPredictionGivenUpIsFusedOnceItIsSentAgain(t *testing.T) {
 	// The stopped pipeline's store: what is left is kept again.
 	if got := resend(StreamSource{DataDir: cfg.DataDir, Prefix: "wmrl"}, false); len(got[Resent]) != 0 || len(got[KeptFused]) != 1 {
 		t.Errorf("a second resend sent %v again", got[Resent])
+	}
+}
+
+// TestAScoreOutOfRangeFromAnOutsideStageIsDeadLettered: a shaping stage
+// between predict and fuse with a bug (it scales one world-model group's
+// scores of step 1 by 1e300, finite numbers JSON carries) must not stop
+// the run. Before scores were bounded (schemas.MaxScore), fuse fused that
+// step into advantages of NaN, could not encode the update, and failed
+// every later message on it: no step after 0 was ever published. Now fuse
+// and pair refuse the prediction, naming the score, and the step waits
+// for it as for any prediction an outside stage did not send.
+func TestAScoreOutOfRangeFromAnOutsideStageIsDeadLettered(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 4
+	top := filepath.Join(t.TempDir(), "topology.yaml")
+	if err := os.WriteFile(top, []byte("stages:\n  predict:\n    out:\n      pred: \"{prefix}.{run}.pred_raw\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.TopologyFile = top
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, nc, js := startClient(t, ctx, cfg)
+	var mu sync.Mutex
+	var scaled string
+	outsideStage(t, ctx, js, func(p schemas.Prediction, data []byte) []byte {
+		mu.Lock()
+		defer mu.Unlock()
+		if p.Step != 1 || p.Anchor || scaled != "" {
+			return data
+		}
+		scaled = p.GroupID
+		for _, it := range p.Items {
+			if it.Score != nil {
+				*it.Score *= 1e300
+			}
+		}
+		out, err := json.Marshal(p)
+		if err != nil {
+			t.Error(err)
+		}
+		return out
+	})
+
+	updates := func() map[int64]schemas.Update { return decodeUpdates(t, scanAll(t, nc, "wmrl.default.update")) }
+	waitFor(t, 60*time.Second, func() bool { time.Sleep(200 * time.Millisecond); return len(updates()) == 3 })
+	if _, ok := updates()[1]; ok {
+		t.Fatal("step 1 was fused with a prediction the pipeline refuses")
+	}
+	stages := map[string]bool{}
+	for _, b := range scanAll(t, nc, "wmrl.default.dlq") {
+		var dl schemas.DeadLetter
+		if err := json.Unmarshal(b, &dl); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(dl.Reason, "is beyond ±1e+100, the largest score the pipeline takes") || GivenUp(dl) {
+			t.Errorf("dead letter from %s: %q", dl.Stage, dl.Reason)
+		}
+		stages[dl.Stage] = true
+	}
+	if !stages[StageFuse] || !stages[StagePair] || len(stages) != 2 {
+		t.Errorf("dead letters from %v, want fuse and pair (both read pred)", stages)
 	}
 }

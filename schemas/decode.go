@@ -173,8 +173,8 @@ func (m *PairGroup) head() (int, string)   { return m.Schema, m.Run }
 func (m *Calibration) head() (int, string) { return m.Schema, m.Run }
 func (m *Update) head() (int, string)      { return m.Schema, m.Run }
 
-// Decode parses an internal message into v and checks its schema number
-// and run.
+// Decode parses an internal message into v and checks its schema number,
+// its run, and that its scores are in range (MaxScore).
 func Decode(data []byte, run string, v Internal) error {
 	if err := decodeJSON(data, v); err != nil {
 		return err
@@ -183,5 +183,11 @@ func Decode(data []byte, run string, v Internal) error {
 	if schema != Version {
 		return invalid("schema %d, this pipeline speaks schema %d", schema, Version)
 	}
-	return CheckRun(got, run)
+	if err := CheckRun(got, run); err != nil {
+		return err
+	}
+	if c, ok := v.(validator); ok {
+		return c.validate()
+	}
+	return nil
 }

@@ -198,11 +198,7 @@ func (h *Handler) Handle(msg *message.Message) error {
 				errs[i] = err
 				return
 			}
-			it := schemas.ExecItem{TrajID: t.TrajID, Status: r.Status, Seconds: r.Seconds, Detail: schemas.Clip(r.Detail, MaxDetail)}
-			if r.Status != schemas.ExecSandboxError {
-				v := r.Score
-				it.Score = &v
-			}
+			it := item(t, r)
 			items[i] = it
 			if h.Executed != nil {
 				h.Executed(it)
@@ -305,4 +301,26 @@ func (h *Handler) publish(g schemas.Group, items []schemas.ExecItem) error {
 		return err
 	}
 	return h.Pub.Publish(h.Out, out)
+}
+
+// item is t's execution as published. A score beyond schemas.MaxScore (an
+// executor's bug: no reward comes near it) is recorded as a sandbox error,
+// not a score, saying so: the group's other scores are still used, where
+// the message carrying it would be refused downstream whole.
+func item(t schemas.Trajectory, r Result) schemas.ExecItem {
+	it := schemas.ExecItem{TrajID: t.TrajID, Status: r.Status, Seconds: r.Seconds, Detail: schemas.Clip(r.Detail, MaxDetail)}
+	switch {
+	case r.Status == schemas.ExecSandboxError:
+	case !schemas.ScoreInRange(r.Score):
+		it.Status = schemas.ExecSandboxError
+		it.Detail = schemas.Clip(fmt.Sprintf("the executor's score %g is beyond ±%g, the largest the pipeline takes (status %s; %s)",
+			r.Score, schemas.MaxScore, r.Status, r.Detail), MaxDetail)
+	default:
+		v := r.Score
+		it.Score = &v
+	}
+	if !schemas.ScoreInRange(it.Seconds) || it.Seconds < 0 {
+		it.Seconds = 0
+	}
+	return it
 }

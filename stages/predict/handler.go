@@ -116,12 +116,18 @@ func (h *Handler) publish(g schemas.Group, scores []Score) error {
 	for i, s := range scores {
 		it := schemas.PredItem{TrajID: g.Trajectories[i].TrajID, Status: schemas.PredOK, Spread: s.Spread,
 			ResponseChars: len(g.Trajectories[i].Response)}
-		if s.Graded {
+		switch {
+		case s.Graded && !schemas.ScoreInRange(s.Value):
+			it.Status, it.Reason = schemas.PredUngraded, fmt.Sprintf("the world model's score %g is beyond ±%g, the largest the pipeline takes", s.Value, schemas.MaxScore)
+		case s.Graded:
 			v := s.Value
 			it.Score = &v
 			it.Verdict, it.Rationale = s.Verdict, schemas.Clip(s.Rationale, MaxRationale)
-		} else {
+		default:
 			it.Status, it.Reason = schemas.PredUngraded, s.Reason
+		}
+		if !schemas.ScoreInRange(it.Spread) {
+			it.Spread = 0
 		}
 		p.Items[i] = it
 	}
