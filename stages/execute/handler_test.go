@@ -359,3 +359,37 @@ func TestCopiesOfASolutionAreExecutedOnce(t *testing.T) {
 		t.Errorf("without CopiesOnce, runs by response %v, want %v", exe.runs, want)
 	}
 }
+
+// scoresOf scores each trajectory with its entry, by id.
+type scoresOf map[string]float64
+
+func (s scoresOf) Execute(_ context.Context, t schemas.Trajectory) (Result, error) {
+	return Result{Status: schemas.ExecScored, Score: s[t.TrajID], Seconds: 2}, nil
+}
+
+// An executor's score beyond schemas.MaxScore is recorded as a sandbox
+// error (not a score), saying why; the group's other scores are used, in a
+// message its readers take.
+func TestAScoreOutOfRangeIsASandboxError(t *testing.T) {
+	pub := &stagetest.Recorder{}
+	h := NewHandler("r", "execution", pub, scoresOf{"a": 0.5, "b": -1e300, "c": 1}, 2)
+	if err := h.Handle(stagetest.Message(t, context.Background(), anchorGroup("a", "b", "c"))); err != nil {
+		t.Fatal(err)
+	}
+	var e schemas.Execution
+	if err := schemas.Decode(pub.Payload(0), "r", &e); err != nil {
+		t.Fatalf("the execution is refused by its readers: %v", err)
+	}
+	for i, want := range []float64{0.5, 0, 1} {
+		it := e.Items[i]
+		if i == 1 {
+			if it.Score != nil || it.Status != schemas.ExecSandboxError || !strings.Contains(it.Detail, "the executor's score -1e+300 is beyond ±1e+100") {
+				t.Errorf("out of range: %+v, want a sandbox error saying why", it)
+			}
+			continue
+		}
+		if it.Score == nil || *it.Score != want || it.Status != schemas.ExecScored {
+			t.Errorf("%s: %+v, want scored %v", it.TrajID, it, want)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package predict
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -181,5 +182,39 @@ func TestCallsUnderWayAreCutShortWhenItOpens(t *testing.T) {
 	}
 	if n := pub.Count(); n != 2 { // b's group, which opened it, and the hung one
 		t.Fatalf("%d predictions recorded; want 2", n)
+	}
+}
+
+// fixedWorldModel gives its scores, in order, to a group's trajectories.
+type fixedWorldModel []Score
+
+func (fixedWorldModel) Name() string { return "fixed" }
+func (w fixedWorldModel) Predict(_ context.Context, trajs []schemas.Trajectory) ([]Score, error) {
+	return w[:len(trajs)], nil
+}
+
+// A world model's score beyond schemas.MaxScore (or not a number) is
+// recorded as ungraded, saying why, and the group's prediction is one its
+// readers take: published as it was, the whole group's would be refused.
+func TestAScoreOutOfRangeIsUngraded(t *testing.T) {
+	wm := fixedWorldModel{{Value: 0.5, Graded: true}, {Value: 1e300, Graded: true}, {Value: math.Inf(-1), Graded: true, Spread: math.NaN()}}
+	pub := &stagetest.Recorder{}
+	h := &Handler{Run: "r", Out: "pred", Pub: pub, WM: wm}
+	g := schemas.Group{Schema: schemas.Version, Run: "r", Step: 1, GroupID: "g", Trajectories: []schemas.Trajectory{{TrajID: "a"}, {TrajID: "b"}, {TrajID: "c"}}}
+	if err := h.Handle(stagetest.Message(t, context.Background(), g)); err != nil {
+		t.Fatal(err)
+	}
+	var p schemas.Prediction
+	if err := schemas.Decode(pub.Payload(0), "r", &p); err != nil {
+		t.Fatalf("the prediction is refused by its readers: %v", err)
+	}
+	if it := p.Items[0]; it.Score == nil || *it.Score != 0.5 || it.Status != schemas.PredOK {
+		t.Errorf("in range: %+v", it)
+	}
+	for i, v := range []string{"1e+300", "-Inf"} {
+		it := p.Items[i+1]
+		if it.Score != nil || it.Status != schemas.PredUngraded || !strings.Contains(it.Reason, "the world model's score "+v+" is beyond ±1e+100") {
+			t.Errorf("score %s: %+v, want it ungraded saying why", v, it)
+		}
 	}
 }

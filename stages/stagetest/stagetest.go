@@ -48,6 +48,13 @@ func (r *Recorder) Count() int {
 	return len(r.msgs)
 }
 
+// Payload is the i-th published message's payload.
+func (r *Recorder) Payload(i int) []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.msgs[i].Payload
+}
+
 // Decode unmarshals the i-th published message into v.
 func (r *Recorder) Decode(t testing.TB, i int, v any) {
 	t.Helper()
