@@ -46,8 +46,9 @@ func (p *Pipeline) build(ctx context.Context) error {
 	if p.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{}); err != nil {
 		return err
 	}
-	p.dl = &deadLetters{pub: p.pub, subject: p.topo.Subject(schemas.KindDLQ), maxAttempts: p.cfg.MaxAttempts, metrics: p.metrics, notef: p.notef}
-	p.router.AddMiddleware(p.metrics.Middleware, p.dl.Middleware)
+	p.dl = &deadLetters{pub: p.pub, subject: p.topo.Subject(schemas.KindDLQ), maxAttempts: p.cfg.MaxAttempts, metrics: p.metrics,
+		notef: p.notef, onPanic: p.panicked}
+	p.router.AddMiddleware(p.metrics.Middleware, p.dl.Middleware, recoverPanics)
 	p.metrics.initStages(p.cfg.Stages)
 	cfg := &p.cfg
 	for _, stage := range cfg.Stages {

@@ -26,6 +26,9 @@ type deadLetters struct {
 	maxAttempts int
 	metrics     *Metrics
 	notef       func(format string, args ...any)
+	// onPanic is told of a handler's panic once its message is stored (or
+	// could not be): the pipeline stops the run.
+	onPanic func(stage, subject string, pe *panicError, stored string)
 
 	mu   sync.Mutex
 	said map[string]time.Time // by stage and kind: when it was last said
@@ -45,10 +48,13 @@ func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err == nil {
 			return out, nil
 		}
+		stage := stageOf(message.HandlerNameFromCtx(msg.Context()))
+		if pe, ok := asPanic(err); ok {
+			return nil, d.panicked(stage, msg, pe)
+		}
 		if msg.Context().Err() != nil {
 			return nil, err // shutting down: hand it back
 		}
-		stage := stageOf(message.HandlerNameFromCtx(msg.Context()))
 		deliveries := msg.Metadata.Get(natsjs.MetaDeliveries)
 		if errors.Is(err, schemas.ErrOutage) {
 			d.say(stage, "outage", "%s; retrying until it passes, nothing is dead-lettered", ofStage(stage, err.Error()))
@@ -72,6 +78,23 @@ func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		d.say(stage, "dead", "%s: dead-lettered to %s: %s", stage, d.subject, reason)
 		return nil, nil
 	}
+}
+
+// panicked stores a message whose handler panicked on the dlq subject, as
+// given up (a bug, not the input's fault: resent once it is fixed), and
+// has onPanic stop the run. The message is acknowledged once stored, and
+// handed back if it could not be.
+func (d *deadLetters) panicked(stage string, msg *message.Message, pe *panicError) error {
+	subject := msg.Metadata.Get(natsjs.MetaSubject)
+	stored := "dead-lettered to " + d.subject
+	err := d.send(stage, subject, givenUpPrefix+"at once: "+stage+": "+pe.Error(), msg.Payload)
+	if err != nil {
+		stored = "it could not be dead-lettered: " + err.Error()
+	}
+	if d.onPanic != nil {
+		d.onPanic(stage, subject, pe, stored)
+	}
+	return err
 }
 
 // ofStage prefixes msg with its stage unless it names it already.

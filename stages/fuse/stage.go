@@ -146,14 +146,10 @@ func (s *Stage) HandleExecution(msg *message.Message) error {
 // add records an input and holds it until its step is published; an
 // input of a step published already is not recorded (late).
 func (s *Stage) add(ctx context.Context, step int64, record func()) (late bool, err error) {
-	s.mu.Lock()
-	if s.steps.Published(step) {
-		s.mu.Unlock()
+	done := s.record(step, record)
+	if done == nil {
 		return true, nil
 	}
-	record()
-	done := s.doneFor(step)
-	s.mu.Unlock()
 	if err := s.Flush(ctx); err != nil {
 		return false, err
 	}
@@ -163,6 +159,18 @@ func (s *Stage) add(ctx context.Context, step int64, record func()) (late bool, 
 	case <-ctx.Done():
 		return false, fmt.Errorf("fuse: gave up holding input of step %d: %w", step, ctx.Err())
 	}
+}
+
+// record runs record and returns what the step's publication closes, or
+// nil, without running it, when the step is published already.
+func (s *Stage) record(step int64, record func()) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.steps.Published(step) {
+		return nil
+	}
+	record()
+	return s.doneFor(step)
 }
 
 // Flush fuses and publishes every ready step.

@@ -184,23 +184,30 @@ func (h *Handler) HandleTraj(msg *message.Message) error {
 	if err := schemas.CheckRun(t.Run, h.run); err != nil {
 		return fmt.Errorf("route: %w", err)
 	}
+	done, err := h.addTraj(msg, t)
+	if err != nil || done == nil {
+		return err
+	}
+	return h.hold(msg.Context(), done)
+}
+
+// addTraj records t and returns what its step's plan closes, or nil for a
+// copy of a trajectory planned before.
+func (h *Handler) addTraj(msg *message.Message, t schemas.Trajectory) (<-chan struct{}, error) {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.asm.IsClosed(t.Step) && h.redelivered(msg) {
 		// Delivered before, to a route that planned its step and died
 		// before acknowledging: a duplicate, not a late trajectory.
-		h.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	if err := h.asm.AddTraj(t); err != nil {
-		h.mu.Unlock()
-		return fmt.Errorf("route: %w", err)
+		return nil, fmt.Errorf("route: %w", err)
 	}
 	if _, ok := h.firstAt[t.Step]; !ok {
 		h.firstAt[t.Step] = h.now()
 	}
-	done := h.doneFor(t.Step)
-	h.mu.Unlock()
-	return h.hold(msg.Context(), done)
+	return h.doneFor(t.Step), nil
 }
 
 // HandleStep takes one watermark message.
@@ -212,18 +219,25 @@ func (h *Handler) HandleStep(msg *message.Message) error {
 	if err := schemas.CheckRun(w.Run, h.run); err != nil {
 		return fmt.Errorf("route: %w", err)
 	}
+	done, err := h.addWatermark(w)
+	if err != nil || done == nil {
+		return err
+	}
+	return h.hold(msg.Context(), done)
+}
+
+// addWatermark records w and returns what its step's plan closes, or nil
+// for the watermark of a step planned before.
+func (h *Handler) addWatermark(w schemas.StepClose) (<-chan struct{}, error) {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.asm.IsClosed(w.Step) {
-		h.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	if err := h.asm.AddWatermark(w, h.now()); err != nil {
-		h.mu.Unlock()
-		return fmt.Errorf("route: %w", err)
+		return nil, fmt.Errorf("route: %w", err)
 	}
-	done := h.doneFor(w.Step)
-	h.mu.Unlock()
-	return h.hold(msg.Context(), done)
+	return h.doneFor(w.Step), nil
 }
 
 // hold waits until the step's outputs are stored: then the input can be

@@ -1,0 +1,109 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/connectors/sim"
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/predict"
+)
+
+// bugWorldModel has a bug that one group sets off, until fixed.
+type bugWorldModel struct {
+	group string
+	fixed *atomic.Bool
+}
+
+func (w bugWorldModel) Name() string { return "sim" }
+
+func (w bugWorldModel) Predict(ctx context.Context, trajs []schemas.Trajectory) ([]predict.Score, error) {
+	if trajs[0].GroupID == w.group && !w.fixed.Load() {
+		var seen map[string]int
+		seen[trajs[0].TrajID]++ // a write to a nil map
+	}
+	return sim.DefaultWorldModel().Predict(ctx, trajs)
+}
+
+// A handler that panics stops the run, saying where, with the message
+// stored on the dlq subject; a restart goes on without meeting it, and
+// once the bug is fixed, resending the dead letter completes the step.
+// Left to watermill's router (which recovers panics, logs them to nothing
+// here and hands the message back), the run went on silently with the
+// message panicking on every redelivery for ever, and its step never
+// fused.
+func TestAHandlerThatPanicsStopsTheRunWithItsMessageDeadLettered(t *testing.T) {
+	pol, bad, cfg := oneBrokenGroup(t, 3)
+	fixed := new(atomic.Bool)
+	cfg.WorldModelImpl = bugWorldModel{group: bad, fixed: fixed}
+	var out syncBuffer
+	cfg.Out, cfg.Quiet = &out, false
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	p, _, js := startClient(t, ctx, cfg)
+	publishStep(t, ctx, js, pol, 0)
+	stopped := make(chan error, 1)
+	go func() { stopped <- p.Wait() }()
+	var err error
+	select {
+	case err = <-stopped:
+	case <-time.After(time.Minute):
+		t.Fatalf("the run did not stop on the panic:\n%s", out.String())
+	}
+	for _, want := range []string{
+		"predict: a bug: the handler panicked on a message from wmrl.default.group (dead-lettered to wmrl.default.dlq)",
+		"panic at pipeline.bugWorldModel.Predict (panics_test.go:", "assignment to entry in nil map",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("the run stopped with %v, want it to say %q", err, want)
+		}
+	}
+	if !strings.Contains(out.String(), "goroutine ") || !strings.Contains(out.String(), "panics_test.go:") {
+		t.Errorf("the run did not print the stack:\n%s", out.String())
+	}
+	dls := readStored(t, cfg.DataDir, "wmrl.default.dlq") // the run's server stopped with it
+	var dl schemas.DeadLetter
+	if len(dls) != 1 || json.Unmarshal(dls[0], &dl) != nil || dl.Stage != StagePredict || !GivenUp(dl) ||
+		!strings.Contains(dl.Reason, "predict: panic at pipeline.bugWorldModel.Predict") || !strings.Contains(dl.Payload, `"group_id":"`+bad+`"`) {
+		t.Fatalf("dead letters %d, the first %+v; want predict's of group %s, given up (to be resent)", len(dls), dl, bad)
+	}
+
+	// The restart has nothing left to predict (it would stop again, on
+	// the same panic, had the message been handed back); the step waits
+	// for the group dead-lettered.
+	p, nc, js := startClient(t, ctx, cfg)
+	cons, err := js.Consumer(ctx, StreamName("wmrl"), consumerName(StagePredict, "default", schemas.KindGroup))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	})
+	if n := len(scanAll(t, nc, "wmrl.default.update")); n != 0 {
+		t.Fatalf("%d updates without group %s's prediction", n, bad)
+	}
+	fixed.Store(true)
+	sent := 0
+	if err := ResendDeadLetters(ctx, StreamSource{NATSURL: p.URL(), Prefix: "wmrl"}, "default", ResendOptions{}, func(_ schemas.DeadLetter, r Resend) error {
+		if r == Resent {
+			sent++
+		}
+		return nil
+	}); err != nil || sent != 1 {
+		t.Fatalf("resend: %v, %d sent", err, sent)
+	}
+	var raw [][]byte
+	waitFor(t, time.Minute, func() bool { raw = scanAll(t, nc, "wmrl.default.update"); return len(raw) == 1 })
+	if u := decodeUpdates(t, raw)[0]; u.Groups != 3 || len(u.Skipped) != 0 {
+		t.Errorf("step 0 fused with %d groups, skipped %v; want all 3", u.Groups, u.Skipped)
+	}
+	if err := p.Stop(); err != nil {
+		t.Fatal(err)
+	}
+}
