@@ -4,7 +4,7 @@ BENCH    ?= .
 COUNT    ?= 6
 PKGS     ?= ./...
 
-.PHONY: all build test bench lint
+.PHONY: all build test bench fuzz lint
 
 all: lint test
 
@@ -21,6 +21,19 @@ test:
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -count $(COUNT) $(PKGS) | tee bench.out
 	$(GO) tool benchstat bench.out
+
+# Every fuzz target (func Fuzz... in a _test.go file) for $(FUZZTIME) each;
+# make test runs their seed inputs only. A failing input is written under
+# the package's testdata/fuzz/, where make test then runs it too: commit it
+# with the fix.
+FUZZTIME ?= 30s
+fuzz:
+	@set -e; for f in $$(git ls-files '*_test.go' | xargs grep -l '^func Fuzz'); do \
+		for name in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "== $$name ($$(dirname $$f), $(FUZZTIME))"; \
+			$(GO) test ./$$(dirname $$f) -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME); \
+		done; \
+	done
 
 lint:
 	$(GO) vet ./...
