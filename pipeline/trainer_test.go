@@ -216,12 +216,16 @@ func TestGatewayRejectsBadRequestsAndChangesNothing(t *testing.T) {
 	json.Unmarshal(good, &arr)
 	delete(arr[1], "traj_id")
 	oneBad, _ := json.Marshal(arr)
+	twin := trajs[0] // another group of the step, naming its trajectory as the first group's does
+	twin.GroupID = "other"
+	twins, _ := json.Marshal(append(trajs, twin))
 
 	h.want(http.StatusUnauthorized, "POST", "/trajectories", good, "", "bearer token")
 	h.want(http.StatusUnauthorized, "POST", "/trajectories", good, "wrong", "bearer token")
 	h.want(http.StatusBadRequest, "POST", "/trajectories", []byte(`[{"schema":1,`), token, "malformed JSON")
 	h.want(http.StatusBadRequest, "POST", "/trajectories", oneBad, token, "trajectory 1: invalid message: missing field(s): traj_id")
 	h.want(http.StatusBadRequest, "POST", "/trajectories", []byte(`[]`), token, "no trajectories")
+	h.want(http.StatusBadRequest, "POST", "/trajectories", twins, token, "trajectory 2: id \\\"s0-g0-t0\\\" of group other is taken by group s0-g0 of step 0: trajectory ids must be unique within a step")
 	h.want(http.StatusRequestEntityTooLarge, "POST", "/trajectories", bytes.Repeat([]byte(" "), 17<<20), token, "over")
 	h.want(http.StatusBadRequest, "POST", "/steps/x/close", []byte(`{"groups":1}`), token, "want a non-negative integer")
 	h.want(http.StatusBadRequest, "POST", "/steps/0/close", []byte(`{}`), token, `n >= 0`)
@@ -237,7 +241,7 @@ func TestGatewayRejectsBadRequestsAndChangesNothing(t *testing.T) {
 	for _, c := range []struct {
 		endpoint, code string
 		n              float64
-	}{{"trajectories", "401", 2}, {"trajectories", "400", 3}, {"trajectories", "413", 1}, {"trajectories", "200", 0},
+	}{{"trajectories", "401", 2}, {"trajectories", "400", 4}, {"trajectories", "413", 1}, {"trajectories", "200", 0},
 		{"close_step", "400", 2}, {"update", "404", 1}, {"update", "400", 1}, {"rewards_openrlhf", "400", 1},
 		{"rewards_slime", "400", 1}, {"calibration", "404", 1}} {
 		if got := testutil.ToFloat64(p.Metrics().HTTPRequests.WithLabelValues(c.endpoint, c.code)); got != c.n {
@@ -481,6 +485,58 @@ func TestATrainerMayReuseItsIdsEveryStep(t *testing.T) {
 		}
 		checkFusion(t, u)
 		checkAnchors(t, u, trajs)
+	}
+}
+
+// A trainer that numbers the trajectories of each group alike ("t0",
+// "t1", ...), one request per group, breaks the contract that ids are a
+// step's: the update tells its items apart by them. The server's
+// de-duplication used to drop the later groups' trajectories as copies of
+// the first's, without a word, and the step waited out --step-timeout
+// short of them; published without the header, they reached fuse, which
+// gave each group's items the last group's task and scores in the update.
+// Now route refuses them, naming the group that has the id.
+func TestATrajectoryIdTwoGroupsOfAStepShareIsRefused(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr, cfg.StepTimeout = SourceExternal, "127.0.0.1:0", 2*time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, nc, _ := startClient(t, ctx, cfg)
+	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 3, GroupSize: 4}
+	trajs, wm := pol.Step(0)
+	for g := range wm.Groups {
+		group := trajs[g*pol.GroupSize : (g+1)*pol.GroupSize]
+		for i := range group {
+			group[i].TrajID = fmt.Sprintf("t%d", i)
+		}
+		body, _ := json.Marshal(group)
+		h.want(http.StatusAccepted, "POST", "/trajectories", body, "", "")
+	}
+	h.want(http.StatusAccepted, "POST", "/steps/0/close", []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), "", "")
+	var u schemas.Update
+	if err := json.Unmarshal(h.want(http.StatusOK, "GET", "/steps/0/update?wait=30", nil, "", ""), &u); err != nil {
+		t.Fatal(err)
+	}
+	first := trajs[0].GroupID
+	if u.Groups != 1 || len(u.Items) != pol.GroupSize {
+		t.Fatalf("step 0 fused %d groups, %d items; want group %s alone", u.Groups, len(u.Items), first)
+	}
+	for _, it := range u.Items {
+		if it.GroupID != first || it.TaskID != trajs[0].TaskID {
+			t.Errorf("item %s of group %s, task %s; want group %s's, task %s", it.TrajID, it.GroupID, it.TaskID, first, trajs[0].TaskID)
+		}
+	}
+	refused := 0
+	for _, b := range scanAll(t, nc, "wmrl.default.dlq") {
+		var dl schemas.DeadLetter
+		json.Unmarshal(b, &dl)
+		if dl.Stage == StageRoute && strings.Contains(dl.Reason, "is taken by group "+first+" of step 0: trajectory ids must be unique within a step") {
+			refused++
+		}
+	}
+	if want := (wm.Groups - 1) * pol.GroupSize; refused != want {
+		t.Errorf("route refused %d trajectories, want the later groups' %d", refused, want)
 	}
 }
 

@@ -27,8 +27,13 @@ func NewMessage(id string, v any) (*message.Message, error) {
 	return m, nil
 }
 
-// TrajMsgID is a trajectory's de-duplication ID: its run, step and id, so
-// that a trajectory sent again (a retried request) is stored once, while a
-// trainer that names its trajectories alike every step ("g0-t0") does not
-// have the later steps' dropped as copies of the first's.
-func TrajMsgID(t Trajectory) string { return fmt.Sprintf("%s/traj/%d/%s", t.Run, t.Step, t.TrajID) }
+// TrajMsgID is a trajectory's de-duplication ID: its run, step, group and
+// id, so that a trajectory sent again (a retried request) is stored once,
+// while a trainer that names its trajectories alike every step ("g0-t0")
+// does not have the later steps' dropped as copies of the first's. The
+// group is in it so that a trajectory id two groups of a step share
+// reaches route, which refuses the second saying why, rather than being
+// dropped by the server as a copy without a word.
+func TrajMsgID(t Trajectory) string {
+	return fmt.Sprintf("%s/traj/%d/%s/%s", t.Run, t.Step, t.GroupID, t.TrajID)
+}

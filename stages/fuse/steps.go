@@ -297,8 +297,12 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 		u.CalibrationVersion = 0
 	}
 	groups := make([]Group, 0, len(a.plan.Groups))
-	record := map[string]schemas.UpdateItem{} // by trajectory: what the numbers came from
-	dropped := map[string]string{}            // group to why it was not sent
+	// By group and trajectory: what the numbers came from. Route keeps
+	// trajectory ids unique within a step; a plan made before it did
+	// still gives each item its own record.
+	type trajKey struct{ group, traj string }
+	record := map[trajKey]schemas.UpdateItem{}
+	dropped := map[string]string{} // group to why it was not sent
 	for _, pg := range a.plan.Groups {
 		g := Group{ID: pg.GroupID}
 		preds := map[string]schemas.PredItem{}
@@ -371,7 +375,7 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 			default:
 				item.Reward = *rec.Calibrated
 			}
-			record[id] = rec
+			record[trajKey{pg.GroupID, id}] = rec
 			g.Items = append(g.Items, item)
 		}
 		groups = append(groups, g)
@@ -382,7 +386,7 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 		u.Skipped = append(u.Skipped, schemas.SkippedGroup{GroupID: sk.GroupID, Reason: cmp.Or(dropped[sk.GroupID], sk.Reason)})
 	}
 	for _, it := range res.Items {
-		ui := record[it.TrajID]
+		ui := record[trajKey{it.GroupID, it.TrajID}]
 		ui.TrajID, ui.GroupID, ui.Source = it.TrajID, it.GroupID, it.Source
 		ui.Advantage, ui.Weight, ui.FusedAdvantage = it.Advantage, it.Weight, it.FusedAdvantage
 		if it.Graded {

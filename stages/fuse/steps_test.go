@@ -273,3 +273,25 @@ func TestStepsDoNotWaitForADroppedGroup(t *testing.T) {
 		}
 	}
 }
+
+// Each item's record is its own group's, even where two groups of a plan
+// share trajectory ids (route refuses that now; a plan made before it did
+// gave every such item the last group's task and scores).
+func TestItemsKeepTheirGroupsRecords(t *testing.T) {
+	s, _ := NewSteps(StepsConfig{Run: "r", AnchorDeadline: time.Hour, Denoiser: DenoiserConfig{Estimator: EstimatorOff}})
+	t0 := time.Unix(0, 0)
+	s.AddPlan(schemas.Plan{Step: 1, Groups: []schemas.PlanGroup{
+		{GroupID: "a", TaskID: "ta", TrajIDs: []string{"0", "1"}},
+		{GroupID: "b", TaskID: "tb", TrajIDs: []string{"0", "1"}},
+	}}, t0)
+	for g, scores := range map[string][2]float64{"a": {0.1, 0.2}, "b": {0.7, 0.9}} {
+		s.AddPrediction(schemas.Prediction{Step: 1, GroupID: g, Items: []schemas.PredItem{
+			{TrajID: "0", Score: score(scores[0])}, {TrajID: "1", Score: score(scores[1])}}})
+	}
+	u := s.Fuse(1, t0)
+	for _, it := range u.Items {
+		if it.TaskID != "t"+it.GroupID || it.Predicted == nil || *it.Predicted != *it.Reward {
+			t.Errorf("group %s item %s: task %s, predicted %v, reward %v; want its own group's", it.GroupID, it.TrajID, it.TaskID, *it.Predicted, *it.Reward)
+		}
+	}
+}

@@ -21,6 +21,7 @@ type Assembly struct {
 
 type stepState struct {
 	groups      map[string]*groupState
+	groupOf     map[string]string // trajectory id -> its group
 	watermark   *schemas.StepClose
 	watermarkAt time.Time
 }
@@ -29,7 +30,6 @@ type groupState struct {
 	taskID string
 	want   int
 	trajs  []schemas.Trajectory
-	seen   map[string]bool
 }
 
 // NewAssembly returns an empty assembly.
@@ -47,29 +47,36 @@ func (a *Assembly) IsClosed(step int64) bool { return a.closed[step] }
 func (a *Assembly) step(n int64) *stepState {
 	s := a.steps[n]
 	if s == nil {
-		s = &stepState{groups: map[string]*groupState{}}
+		s = &stepState{groups: map[string]*groupState{}, groupOf: map[string]string{}}
 		a.steps[n] = s
 	}
 	return s
 }
 
-// AddTraj adds a trajectory. A redelivered one (same traj_id) is ignored.
-// It fails, with schemas.ErrInvalid, for a step already closed or a group
-// whose declared size or task disagrees with earlier trajectories.
+// AddTraj adds a trajectory. A redelivered one (same traj_id, same group)
+// is ignored. It fails, with schemas.ErrInvalid, for a step already
+// closed, a trajectory id another group of the step has (the update's
+// items are told apart by it), or a group whose declared size or task
+// disagrees with earlier trajectories.
 func (a *Assembly) AddTraj(t schemas.Trajectory) error {
 	if a.closed[t.Step] {
 		return fmt.Errorf("%w: late trajectory %s: step %d was already closed (a trainer resumed from a checkpoint numbers its steps on from the run's newest: wmrl status says it)",
 			schemas.ErrInvalid, t.TrajID, t.Step)
 	}
 	s := a.step(t.Step)
+	if other, ok := s.groupOf[t.TrajID]; ok {
+		if other == t.GroupID {
+			return nil
+		}
+		return fmt.Errorf("%w: trajectory id %q of group %s is taken by group %s of step %d: trajectory ids must be unique within a step, "+
+			"since a step's update tells its items apart by them (as \"<group>-<i>\" would be)", schemas.ErrInvalid, t.TrajID, t.GroupID, other, t.Step)
+	}
 	g := s.groups[t.GroupID]
 	if g == nil {
-		g = &groupState{taskID: t.TaskID, want: t.GroupSize, seen: map[string]bool{}}
+		g = &groupState{taskID: t.TaskID, want: t.GroupSize}
 		s.groups[t.GroupID] = g
 	}
 	switch {
-	case g.seen[t.TrajID]:
-		return nil
 	case t.GroupSize != g.want:
 		return fmt.Errorf("%w: trajectory %s declares group_size %d, group %s has %d", schemas.ErrInvalid, t.TrajID, t.GroupSize, t.GroupID, g.want)
 	case t.TaskID != g.taskID:
@@ -77,7 +84,7 @@ func (a *Assembly) AddTraj(t schemas.Trajectory) error {
 	case len(g.trajs) >= g.want:
 		return fmt.Errorf("%w: trajectory %s: group %s already has its %d trajectories", schemas.ErrInvalid, t.TrajID, t.GroupID, g.want)
 	}
-	g.seen[t.TrajID] = true
+	s.groupOf[t.TrajID] = t.GroupID
 	g.trajs = append(g.trajs, t)
 	return nil
 }

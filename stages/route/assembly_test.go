@@ -3,6 +3,7 @@ package route
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,5 +86,32 @@ func TestAssemblyRejectsInconsistentInput(t *testing.T) {
 	a.AddWatermark(schemas.StepClose{Step: 1, Groups: 1}, time.Now())
 	if err := a.AddWatermark(schemas.StepClose{Step: 1, Groups: 2}, time.Now()); !errors.Is(err, schemas.ErrInvalid) {
 		t.Fatalf("conflicting watermark: %v", err)
+	}
+}
+
+// A trajectory id is a step's: another group of the step with the same id
+// is refused, naming both groups (the update's items are told apart by
+// it); the same trajectory again, in its own group, is a redelivery.
+func TestAssemblyRefusesATrajectoryIdTwoGroupsShare(t *testing.T) {
+	a := NewAssembly(time.Second)
+	first := traj(1, "a", 0, 2)
+	if err := a.AddTraj(first); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddTraj(first); err != nil {
+		t.Fatalf("a redelivery: %v", err)
+	}
+	twin := traj(1, "b", 0, 2)
+	twin.TrajID = first.TrajID
+	err := a.AddTraj(twin)
+	if !errors.Is(err, schemas.ErrInvalid) || !strings.Contains(err.Error(), `trajectory id "a-0" of group b is taken by group a of step 1`) {
+		t.Fatalf("a trajectory id of group a in group b: %v", err)
+	}
+	twin.Step = 2 // another step may name its trajectories alike
+	if err := a.AddTraj(twin); err != nil {
+		t.Fatal(err)
+	}
+	if n, groups := a.Received(1); n != 1 || groups != 1 {
+		t.Errorf("step 1 holds %d trajectories in %d groups, want the first one alone", n, groups)
 	}
 }
