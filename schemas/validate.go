@@ -3,7 +3,8 @@ package schemas
 import "math"
 
 // MaxScore bounds the magnitude of every score on the wire (predictions,
-// executions, pairs, calibrations, updates). No reward comes near it. Below
+// executions, pairs; a calibration's and an update's numbers, computed
+// from scores, are held to twice it). No reward comes near it. Below
 // it, every statistic the stages compute from scores stays finite: squared
 // differences within a group, their ratio to the 1e-9 variance below which
 // the denoiser skips a group (about 1e210 at most), sums over the
@@ -19,19 +20,31 @@ const MaxScore = 1e100
 // most MaxScore in magnitude.
 func ScoreInRange(v float64) bool { return math.Abs(v) <= MaxScore }
 
+// maxDerived bounds what the stages compute from scores (a calibration's
+// map and calibrated scores, an update's numbers): an average of scores
+// at MaxScore can round a little past it.
+const maxDerived = 2 * MaxScore
+
 // validator is implemented by the messages that carry scores; Decode calls
 // it after the schema and run checks.
 type validator interface {
 	validate() error
 }
 
-func bad(v float64) bool   { return !ScoreInRange(v) }
-func badp(v *float64) bool { return v != nil && bad(*v) }
+func bad(v float64) bool          { return !ScoreInRange(v) }
+func badp(v *float64) bool        { return v != nil && bad(*v) }
+func badDerived(v float64) bool   { return !(math.Abs(v) <= maxDerived) }
+func badDerivedp(v *float64) bool { return v != nil && badDerived(*v) }
 
 // outOfRange is the error for the value v of what (built only on failure:
 // Decode is on every message's path).
 func outOfRange(what string, v float64) error {
 	return invalid("%s %g is beyond ±%g, the largest score the pipeline takes", what, v, MaxScore)
+}
+
+// derivedOutOfRange is the error for a value computed from scores.
+func derivedOutOfRange(what string, v float64) error {
+	return invalid("%s %g is beyond ±%g, the largest value the pipeline computes from scores (at most ±%g)", what, v, maxDerived, MaxScore)
 }
 
 func (m *Prediction) validate() error {
@@ -77,10 +90,10 @@ func (m *Calibration) validate() error {
 		}
 		for i, x := range m.Map.X {
 			switch {
-			case bad(x):
-				return outOfRange("map x", x)
-			case bad(m.Map.Y[i]):
-				return outOfRange("map y", m.Map.Y[i])
+			case badDerived(x):
+				return derivedOutOfRange("map x", x)
+			case badDerived(m.Map.Y[i]):
+				return derivedOutOfRange("map y", m.Map.Y[i])
 			}
 		}
 	}
@@ -89,8 +102,8 @@ func (m *Calibration) validate() error {
 			what string
 			v    float64
 		}{{"predicted", p.Predicted}, {"true", p.True}, {"before", p.Before}, {"after", p.After}} {
-			if bad(v.v) {
-				return outOfRange("trajectory "+p.TrajID+": "+v.what, v.v)
+			if badDerived(v.v) {
+				return derivedOutOfRange("trajectory "+p.TrajID+": "+v.what, v.v)
 			}
 		}
 	}
@@ -99,10 +112,10 @@ func (m *Calibration) validate() error {
 
 func (m *Update) validate() error {
 	switch {
-	case bad(m.Rho):
-		return outOfRange("rho", m.Rho)
-	case bad(m.D):
-		return outOfRange("d", m.D)
+	case badDerived(m.Rho):
+		return derivedOutOfRange("rho", m.Rho)
+	case badDerived(m.D):
+		return derivedOutOfRange("d", m.D)
 	}
 	for _, it := range m.Items {
 		for _, v := range [...]struct {
@@ -110,8 +123,8 @@ func (m *Update) validate() error {
 			v    *float64
 		}{{"reward", it.Reward}, {"advantage", &it.Advantage}, {"weight", &it.Weight}, {"fused_advantage", &it.FusedAdvantage},
 			{"predicted", it.Predicted}, {"calibrated", it.Calibrated}, {"true_score", it.TrueScore}, {"exec_seconds", it.ExecSeconds}} {
-			if badp(v.v) {
-				return outOfRange("trajectory "+it.TrajID+": "+v.what, *v.v)
+			if badDerivedp(v.v) {
+				return derivedOutOfRange("trajectory "+it.TrajID+": "+v.what, *v.v)
 			}
 		}
 	}

@@ -8,9 +8,9 @@ import (
 	"testing"
 )
 
-// Every score an internal message carries is bounded by MaxScore: beyond
-// it the message is invalid, naming the value and where it is; at it, the
-// message is taken.
+// Every score an internal message carries is bounded by MaxScore, and
+// what the stages compute from scores by twice it: beyond, the message is
+// invalid, naming the value and where it is; at the bound, it is taken.
 func TestDecodeRefusesScoresBeyondMaxScore(t *testing.T) {
 	head := `"schema":1,"run":"r","step":2,"group_id":"g"`
 	for _, tc := range []struct {
@@ -18,25 +18,26 @@ func TestDecodeRefusesScoresBeyondMaxScore(t *testing.T) {
 		payload string // %v is where the score goes
 		v       Internal
 		want    string
+		max     float64
 	}{
-		{"pred", `{` + head + `,"items":[{"traj_id":"t0","score":0.5},{"traj_id":"t1","score":%v}]}`, &Prediction{}, "trajectory t1: score"},
-		{"pred spread", `{` + head + `,"items":[{"traj_id":"t1","score":0.5,"spread":%v}]}`, &Prediction{}, "trajectory t1: spread"},
-		{"execution", `{` + head + `,"items":[{"traj_id":"t1","score":%v,"status":"scored"}]}`, &Execution{}, "trajectory t1: score"},
-		{"execution seconds", `{` + head + `,"items":[{"traj_id":"t1","score":null,"seconds":%v}]}`, &Execution{}, "trajectory t1: seconds"},
-		{"pairs", `{` + head + `,"pairs":[{"traj_id":"t1","predicted":0.5,"true":%v}]}`, &PairGroup{}, "trajectory t1: true"},
-		{"calibration map", `{` + head + `,"seq":1,"map":{"x":[0,1],"y":[0,%v]}}`, &Calibration{}, "map y"},
-		{"calibration pair", `{` + head + `,"seq":1,"pairs":[{"traj_id":"t1","before":%v}]}`, &Calibration{}, "trajectory t1: before"},
-		{"update rho", `{"schema":1,"run":"r","step":2,"rho":%v}`, &Update{}, "rho"},
-		{"update item", `{"schema":1,"run":"r","step":2,"rho":1,"items":[{"traj_id":"t1","calibrated":%v}]}`, &Update{}, "trajectory t1: calibrated"},
+		{"pred", `{` + head + `,"items":[{"traj_id":"t0","score":0.5},{"traj_id":"t1","score":%v}]}`, &Prediction{}, "trajectory t1: score", MaxScore},
+		{"pred spread", `{` + head + `,"items":[{"traj_id":"t1","score":0.5,"spread":%v}]}`, &Prediction{}, "trajectory t1: spread", MaxScore},
+		{"execution", `{` + head + `,"items":[{"traj_id":"t1","score":%v,"status":"scored"}]}`, &Execution{}, "trajectory t1: score", MaxScore},
+		{"execution seconds", `{` + head + `,"items":[{"traj_id":"t1","score":null,"seconds":%v}]}`, &Execution{}, "trajectory t1: seconds", MaxScore},
+		{"pairs", `{` + head + `,"pairs":[{"traj_id":"t1","predicted":0.5,"true":%v}]}`, &PairGroup{}, "trajectory t1: true", MaxScore},
+		{"calibration map", `{` + head + `,"seq":1,"map":{"x":[0,1],"y":[0,%v]}}`, &Calibration{}, "map y", maxDerived},
+		{"calibration pair", `{` + head + `,"seq":1,"pairs":[{"traj_id":"t1","before":%v}]}`, &Calibration{}, "trajectory t1: before", maxDerived},
+		{"update rho", `{"schema":1,"run":"r","step":2,"rho":%v}`, &Update{}, "rho", maxDerived},
+		{"update item", `{"schema":1,"run":"r","step":2,"rho":1,"items":[{"traj_id":"t1","calibrated":%v}]}`, &Update{}, "trajectory t1: calibrated", maxDerived},
 	} {
-		for _, v := range []float64{MaxScore, -MaxScore, 0.25} {
+		for _, v := range []float64{tc.max, -tc.max, 0.25} {
 			if err := Decode([]byte(strings.Replace(tc.payload, "%v", num(v), 1)), "r", tc.v); err != nil {
 				t.Errorf("%s: %v refused: %v", tc.kind, v, err)
 			}
 		}
-		for _, v := range []float64{math.Nextafter(MaxScore, math.Inf(1)), -1e300, math.MaxFloat64} {
+		for _, v := range []float64{math.Nextafter(tc.max, math.Inf(1)), -1e300, math.MaxFloat64} {
 			err := Decode([]byte(strings.Replace(tc.payload, "%v", num(v), 1)), "r", tc.v)
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want+" "+num(v)) || !strings.Contains(err.Error(), "beyond ±1e+100") {
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want+" "+num(v)+" is beyond ±"+num(tc.max)) {
 				t.Errorf("%s: %v: got %v, want an ErrInvalid naming %q", tc.kind, v, err, tc.want)
 			}
 		}

@@ -18,12 +18,13 @@ import (
 // send) through the calibrate and fuse cores, each message as JSON through
 // schemas.Decode as the stages read it. Whatever Decode accepts must give a
 // calibration and an update that encode (JSON has no NaN or infinity: one
-// that does not would stop its stage for good) with finite numbers and rho
-// in its bounds. Run it longer with make fuzz.
+// that does not would stop its stage for good) and that their readers
+// take, with finite numbers and rho in its bounds. Run it longer with make fuzz.
 func FuzzAnyScoresFuseToFiniteNumbers(f *testing.F) {
 	f.Add(floatBytes(0.1, 0.9, 0.3, 0.7, 0.5, 0.2, 0.8, 0.4))
 	f.Add(floatBytes(1e308, -1e308, 1.7e308, 0.5, 1e154, -1e154, 5e-324, 0))
 	f.Add(floatBytes(0.5, 0.5, 0.5, 0.5000000001, 1e-300, 0, 1, 1))
+	f.Add(floatBytes(1e100, -1e100, 1e100, 1e100, -1e100, 0.5, 1e-9, 1e100))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		xs := floats(data)
 		if len(xs) == 0 {
@@ -96,8 +97,13 @@ func FuzzAnyScoresFuseToFiniteNumbers(f *testing.F) {
 			for _, n := range steps.Ready(t0.Add(2 * time.Hour)) {
 				u := steps.Fuse(n, t0)
 				steps.Close(n)
-				if _, err := schemas.NewMessage("u", u); err != nil {
+				m, err := schemas.NewMessage("u", u)
+				if err != nil {
 					t.Fatalf("step %d: the update cannot be sent: %v", n, err)
+				}
+				var back schemas.Update
+				if err := schemas.Decode(m.Payload, "r", &back); err != nil {
+					t.Fatalf("step %d: the archive refuses the update: %v", n, err)
 				}
 				if !(u.Rho >= 1 && u.Rho <= 4) {
 					t.Fatalf("step %d: rho %v", n, u.Rho)
