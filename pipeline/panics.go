@@ -19,8 +19,9 @@ import (
 // subject with where it panicked (as given up, so that `wmrl dlq --resend`
 // sends it back once the bug is fixed), and the run stops, saying so with
 // the stack: the panic may have left the stage's state half-changed, and a
-// restart rebuilds it from the stream and the checkpoints, which a panic
-// inside a handler never touches. The restart does not meet the message
+// restart rebuilds it from the stream and the checkpoints (those calibrate
+// and fuse save on the way out hold only what their in-order readers
+// built, which no handler changes). The restart does not meet the message
 // again.
 
 // panicError is a handler's panic.
