@@ -318,11 +318,7 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	msgs := make([]*message.Message, len(raw))
-	type stepTraj struct {
-		step int64
-		id   string
-	}
-	groupOf := map[stepTraj]string{}
+	groupOf := map[trajKey]string{}
 	for i, b := range raw {
 		t, err := schemas.DecodeTrajectory(b)
 		if err == nil {
@@ -332,12 +328,12 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 			fail(w, http.StatusBadRequest, "trajectory %d: %v", i, err)
 			return
 		}
-		if other, ok := groupOf[stepTraj{t.Step, t.TrajID}]; ok && other != t.GroupID {
+		if other, ok := groupOf[trajKey{t.Step, t.TrajID}]; ok && other != t.GroupID {
 			fail(w, http.StatusBadRequest, "trajectory %d: id %q of group %s is taken by group %s of step %d: trajectory ids must be unique within a step, "+
 				"since a step's update tells its items apart by them (as \"<group>-<i>\" would be)", i, t.TrajID, t.GroupID, other, t.Step)
 			return
 		}
-		groupOf[stepTraj{t.Step, t.TrajID}] = t.GroupID
+		groupOf[trajKey{t.Step, t.TrajID}] = t.GroupID
 		if g.planned.has(t.Step) {
 			// Route would dead-letter it, and the step's update is (or will
 			// be) of the trajectories it planned, not of these.
