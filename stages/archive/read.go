@@ -1,6 +1,7 @@
 package archive
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,20 +29,43 @@ func Runs(root string) ([]string, error) {
 	return runs, nil
 }
 
+// ErrDamaged marks a file the parquet reader could not make sense of: its
+// bytes were changed on disk (a failing disk, a copy cut short and
+// patched), past what the checksums and the footer's checks catch.
+var ErrDamaged = errors.New("damaged")
+
+// damaged turns a panic of the parquet reader into *err, naming the file:
+// parquet-go indexes by the offsets and lengths a file records, and a
+// damaged one sends it out of bounds. Without it, one such file ended the
+// process reading it (an audit, a replay, the archive stage starting or
+// compacting its files, again at every restart). Deferred by each function
+// that calls into the reader.
+func damaged(path string, err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("archive: %s: %w: the parquet reader failed on it (%v); move it out of %s to read the rest",
+			filepath.Base(path), ErrDamaged, r, filepath.Dir(path))
+	}
+}
+
 // openParquet opens a file and reads its footer; close the *os.File
 // when done with the *parquet.File.
-func openParquet(path string, opts ...parquet.FileOption) (*os.File, *parquet.File, error) {
-	f, err := os.Open(path)
+func openParquet(path string, opts ...parquet.FileOption) (f *os.File, pf *parquet.File, err error) {
+	f, err = os.Open(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("archive: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			f, pf = nil, nil
+		}
+	}()
+	defer damaged(path, &err) // before the close above
 	st, err := f.Stat()
-	var pf *parquet.File
 	if err == nil {
 		pf, err = parquet.OpenFile(f, st.Size(), append([]parquet.FileOption{parquet.SkipBloomFilters(true)}, opts...)...)
 	}
 	if err != nil {
-		f.Close()
 		return nil, nil, fmt.Errorf("archive: %s: %w", filepath.Base(path), err)
 	}
 	return f, pf, nil
@@ -98,7 +122,8 @@ func Scan(files []string, fn func([]Row) error) error {
 	return nil
 }
 
-func decodeRowGroup(path string, pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, rows []Row, withCode bool) error {
+func decodeRowGroup(path string, pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, rows []Row, withCode bool) (err error) {
+	defer damaged(path, &err)
 	if err := readRowGroup(pf, rg, vals, rows, withCode); err != nil {
 		return fmt.Errorf("archive: %s: %w", filepath.Base(path), err)
 	}
