@@ -46,8 +46,8 @@ func (p *Pipeline) build(ctx context.Context) error {
 	if p.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{}); err != nil {
 		return err
 	}
-	p.dl = &deadLetters{pub: p.pub, subject: p.topo.Subject(schemas.KindDLQ), maxAttempts: p.cfg.MaxAttempts, metrics: p.metrics,
-		notef: p.notef, onPanic: p.panicked}
+	p.dl = &deadLetters{pub: p.pub, subject: p.topo.Subject(schemas.KindDLQ), maxAttempts: p.cfg.MaxAttempts,
+		maxPayload: int(p.tr.nc.MaxPayload()), metrics: p.metrics, notef: p.notef, onPanic: p.panicked}
 	p.router.AddMiddleware(p.metrics.Middleware, p.dl.Middleware, recoverPanics)
 	p.metrics.initStages(p.cfg.Stages)
 	cfg := &p.cfg
@@ -197,8 +197,8 @@ func (p *Pipeline) buildCalibrate(ctx context.Context) error {
 		return err
 	}
 	st := &calibrate.Stage{RunID: cfg.Run, Out: out, Pub: p.stagePublisher(StageCalibrate), Deb: deb, Published: last.Seq,
-		DeadLetter: func(payload []byte, reason error) {
-			_ = p.dl.send(StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs), reason.Error(), payload)
+		DeadLetter: func(in calibrate.Input, reason error) {
+			_, _ = p.dl.send(StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs), in.Seq, reason.Error(), in.Data)
 		},
 	}
 	r, err := p.reader(ctx, StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs))

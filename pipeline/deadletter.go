@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -24,6 +25,7 @@ type deadLetters struct {
 	pub         message.Publisher
 	subject     string
 	maxAttempts int
+	maxPayload  int // the server's max_payload, which a dead letter must fit (0: unknown)
 	metrics     *Metrics
 	notef       func(format string, args ...any)
 	// onPanic is told of a handler's panic once its message is stored (or
@@ -72,10 +74,12 @@ func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		case !isPoison(err):
 			reason = fmt.Sprintf("%safter %s deliveries: %v", givenUpPrefix, deliveries, err)
 		}
-		if perr := d.send(stage, msg.Metadata.Get(natsjs.MetaSubject), reason, msg.Payload); perr != nil {
+		dl, perr := d.sendMsg(stage, msg, reason)
+		if perr != nil {
+			d.say(stage, "unstored", "%s: could not store the dead letter (%v), so the message is handed back and tried again: %s", stage, perr, reason)
 			return nil, fmt.Errorf("%v (and the dead letter could not be stored: %w)", err, perr)
 		}
-		d.say(stage, "dead", "%s: dead-lettered to %s: %s", stage, d.subject, reason)
+		d.say(stage, "dead", "%s: dead-lettered to %s%s: %s", stage, d.subject, cutNote(dl), reason)
 		return nil, nil
 	}
 }
@@ -87,7 +91,7 @@ func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
 func (d *deadLetters) panicked(stage string, msg *message.Message, pe *panicError) error {
 	subject := msg.Metadata.Get(natsjs.MetaSubject)
 	stored := "dead-lettered to " + d.subject
-	err := d.send(stage, subject, givenUpPrefix+"at once: "+stage+": "+pe.Error(), msg.Payload)
+	_, err := d.sendMsg(stage, msg, givenUpPrefix+"at once: "+stage+": "+pe.Error())
 	if err != nil {
 		stored = "it could not be dead-lettered: " + err.Error()
 	}
@@ -133,16 +137,67 @@ func (d *deadLetters) lastAttempt(msg *message.Message) bool {
 	return n >= d.maxAttempts
 }
 
-func (d *deadLetters) send(stage, subject, reason string, payload []byte) error {
+// sendMsg dead-letters a message a handler was given.
+func (d *deadLetters) sendMsg(stage string, msg *message.Message, reason string) (schemas.DeadLetter, error) {
+	seq, _ := strconv.ParseUint(msg.Metadata.Get(natsjs.MetaStreamSeq), 10, 64)
+	return d.send(stage, msg.Metadata.Get(natsjs.MetaSubject), seq, reason, msg.Payload)
+}
+
+// send stores a message of subject, at seq on the stream, on the dlq
+// subject with reason. A dead letter over the
+// server's max_payload (a message near the limit: its payload, escaped in
+// a JSON string, can double) would never be stored, and its message would
+// be handed back for ever: its payload is cut to fit, PayloadBytes saying
+// so, and Seq names the whole on the stream.
+func (d *deadLetters) send(stage, subject string, seq uint64, reason string, payload []byte) (schemas.DeadLetter, error) {
 	dl := schemas.DeadLetter{Schema: schemas.Version, Subject: subject, Stage: stage, Reason: reason,
-		Payload: string(payload), Time: time.Now().UTC()}
+		Payload: string(payload), Time: time.Now().UTC(), Seq: seq}
 	m, err := schemas.NewMessage("", dl)
+	if err == nil && d.maxPayload > 0 && len(m.Payload) > d.maxPayload {
+		full := dl.Payload
+		dl.Payload, dl.PayloadBytes = "", len(payload)
+		bare, _ := schemas.NewMessage("", dl) // the letter without its payload
+		// As much of the payload as its JSON, growing about evenly, fits;
+		// then less, by at least what is over, until it fits.
+		n := len(full) * (d.maxPayload - len(bare.Payload) - 64) / (len(m.Payload) - len(bare.Payload))
+		for {
+			dl.Payload = cutTo(full, n)
+			if m, err = schemas.NewMessage("", dl); err != nil || len(m.Payload) <= d.maxPayload || n <= 0 {
+				break
+			}
+			n -= len(m.Payload) - d.maxPayload
+		}
+	}
 	if err != nil {
-		return err
+		return dl, err
 	}
 	if err := d.pub.Publish(d.subject, m); err != nil {
-		return err
+		return dl, err
 	}
 	d.metrics.DeadLetters.WithLabelValues(stage).Inc()
-	return nil
+	return dl, nil
+}
+
+// cutNote says, when dl's payload was cut to fit, how much it holds and
+// where the whole is.
+func cutNote(dl schemas.DeadLetter) string {
+	if dl.PayloadBytes == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (its payload cut to %d of %d bytes to fit the server's max_payload; the whole is at stream sequence %d)",
+		len(dl.Payload), dl.PayloadBytes, dl.Seq)
+}
+
+// cutTo is the start of s of at most n bytes, whole UTF-8 characters.
+func cutTo(s string, n int) string {
+	if n <= 0 {
+		return ""
+	}
+	if n >= len(s) {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }

@@ -30,6 +30,9 @@ const (
 	// KeptElsewhere: it came on a subject that is not the run's, which
 	// the run's stream does not hold.
 	KeptElsewhere
+	// KeptCut: its payload was cut to fit the server's max_payload, and
+	// the whole message is no longer in the stream (past its retention).
+	KeptCut
 )
 
 // ResendOptions narrow ResendDeadLetters.
@@ -92,7 +95,15 @@ func ResendDeadLetters(ctx context.Context, src StreamSource, run string, opt Re
 	runSubjects := src.Prefix + "." + run + "."
 	for _, l := range letters {
 		what := Resent
-		step, hasStep := stepOf(l.dl.Payload)
+		payload, whole := []byte(l.dl.Payload), true
+		if l.dl.PayloadBytes > 0 { // cut to fit: the whole is in the stream, while it is retained
+			raw, err := stream.GetMsg(ctx, l.dl.Seq)
+			whole = err == nil && l.dl.Seq > 0 && raw.Subject == l.dl.Subject && len(raw.Data) == l.dl.PayloadBytes
+			if whole {
+				payload = raw.Data
+			}
+		}
+		step, hasStep := stepOf(string(payload))
 		switch {
 		case !GivenUp(l.dl):
 			what = KeptRejected
@@ -100,10 +111,12 @@ func ResendDeadLetters(ctx context.Context, src StreamSource, run string, opt Re
 			what = KeptFused
 		case !strings.HasPrefix(l.dl.Subject, runSubjects) || l.dl.Subject == dlqSubject:
 			what = KeptElsewhere
+		case !whole:
+			what = KeptCut
 		}
 		if what == Resent && !opt.DryRun {
 			id := fmt.Sprintf("%s/resend/%d", run, l.seq)
-			if _, err := c.js.Publish(ctx, l.dl.Subject, []byte(l.dl.Payload), jetstream.WithMsgID(id)); err != nil {
+			if _, err := c.js.Publish(ctx, l.dl.Subject, payload, jetstream.WithMsgID(id)); err != nil {
 				return fmt.Errorf("pipeline: resend dead letter %d to %s: %w", l.seq, l.dl.Subject, err)
 			}
 			if err := stream.DeleteMsg(ctx, l.seq); err != nil {

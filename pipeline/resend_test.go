@@ -245,3 +245,71 @@ func TestAScoreOutOfRangeFromAnOutsideStageIsDeadLettered(t *testing.T) {
 		t.Errorf("dead letters from %v, want fuse and pair (both read pred)", stages)
 	}
 }
+
+// A dead letter must fit the server's max_payload, or it is never stored
+// and its message is handed back for ever. A message near the limit,
+// escaped into the dead letter's JSON string, can double: its payload is
+// cut to fit, saying so, with the whole at its stream sequence, which a
+// resend sends (or, once the stream no longer has it, keeps the letter).
+// Before, a rejected trajectory of 1 MB on a 1 MiB server was never
+// dead-lettered, and nothing was said.
+func TestADeadLetterOverMaxPayloadIsCutAndResentWhole(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.MaxPayloadMB = SourceExternal, 1
+	var out syncBuffer
+	cfg.Out, cfg.Quiet = &out, false
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, nc, js := startClient(t, ctx, cfg)
+	big := func(schema int, step int64) []byte {
+		tr := schemas.Trajectory{Schema: schema, Run: "default", Step: step, GroupID: "g", TrajID: "t", GroupSize: 2, TaskID: "x",
+			Prompt: "p", Response: strings.Repeat(`"`, 500<<10)} // 1 MB of JSON; 2 MB escaped again
+		b, _ := json.Marshal(tr)
+		return b
+	}
+	rejected := big(2, 0)
+	if _, err := js.Publish(ctx, "wmrl.default.traj", rejected); err != nil {
+		t.Fatal(err)
+	}
+	var dl schemas.DeadLetter
+	waitFor(t, 30*time.Second, func() bool {
+		dls := scanAll(t, nc, "wmrl.default.dlq")
+		return len(dls) == 1 && json.Unmarshal(dls[0], &dl) == nil
+	})
+	if dl.PayloadBytes != len(rejected) || dl.Seq == 0 || !strings.HasPrefix(string(rejected), dl.Payload) || len(dl.Payload) < len(rejected)/3 ||
+		!strings.Contains(dl.Reason, "schema 2") {
+		t.Fatalf("dead letter: %d of %d bytes at seq %d, reason %q", len(dl.Payload), dl.PayloadBytes, dl.Seq, dl.Reason)
+	}
+	if want := fmt.Sprintf("(its payload cut to %d of %d bytes to fit the server's max_payload; the whole is at stream sequence %d)", len(dl.Payload), len(rejected), dl.Seq); !strings.Contains(out.String(), want) {
+		t.Errorf("the run did not say %q:\n%s", want, out.String())
+	}
+
+	// Given up (an outside stage's, say): sent back whole from the stream;
+	// one whose whole is gone is kept.
+	whole := big(1, 5)
+	ack, err := js.Publish(ctx, "wmrl.default.traj", whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, seq := range []uint64{ack.Sequence, ack.Sequence + 1000} {
+		b, _ := json.Marshal(schemas.DeadLetter{Schema: 1, Subject: "wmrl.default.traj", Stage: "judge", Reason: "gave up after 10 deliveries: judge unreachable",
+			Payload: string(whole[:100]), PayloadBytes: len(whole), Seq: seq, Time: time.Now().UTC()})
+		if _, err := js.Publish(ctx, "wmrl.default.dlq", b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[Resend]int{}
+	if err := ResendDeadLetters(ctx, StreamSource{NATSURL: p.URL(), Prefix: "wmrl"}, "default", ResendOptions{}, func(_ schemas.DeadLetter, r Resend) error {
+		got[r]++
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got[Resent] != 1 || got[KeptCut] != 1 || got[KeptRejected] != 1 {
+		t.Fatalf("resend: %v; want one resent whole, one kept (its whole gone), the rejected one kept", got)
+	}
+	trajs := scanAll(t, nc, "wmrl.default.traj")
+	if last := trajs[len(trajs)-1]; string(last) != string(whole) {
+		t.Errorf("resent %d bytes, want the whole %d", len(last), len(whole))
+	}
+}

@@ -129,6 +129,14 @@ type DeadLetter struct {
 	Reason  string    `json:"reason"`
 	Payload string    `json:"payload"`
 	Time    time.Time `json:"time"`
+	// Seq is the message's sequence in the run's stream, where the whole
+	// of it stays for the stream's retention (0: not known).
+	Seq uint64 `json:"seq,omitempty"`
+	// PayloadBytes, when set, is the size of the whole payload, of which
+	// Payload holds only the start: the dead letter with all of it would
+	// have been over the server's max_payload (a message near the limit,
+	// whose JSON escaping grows in a string). The whole is at Seq.
+	PayloadBytes int `json:"payload_bytes,omitempty"`
 }
 
 // Group is a complete rollout group (internal: group, exec).

@@ -97,7 +97,7 @@ stopped one from its --data directory.`,
 	fs.StringVar(&stage, "stage", "", "only the dead letters of this stage")
 	fs.DurationVar(&since, "since", 0, "only the dead letters of the last this long")
 	fs.BoolVar(&follow, "follow", false, "after the stored ones, show new dead letters as they come, until Ctrl-C (through restarts of the server)")
-	fs.BoolVar(&asJSON, "json", false, "one JSON object per dead letter, as stored (subject, stage, reason, payload, time)")
+	fs.BoolVar(&asJSON, "json", false, "one JSON object per dead letter, as stored (subject, stage, reason, payload, time, seq; payload_bytes when the payload was cut to fit)")
 	fs.BoolVar(&resend, "resend", false, "send the dead letters given up (for an outage) back to their subjects and remove them, but those of steps fused already")
 	fs.BoolVar(&dryRun, "dry-run", false, "say what --resend would send and keep, and change nothing")
 	return cmd
@@ -108,6 +108,7 @@ var keptWhy = map[pipeline.Resend]string{
 	pipeline.KeptRejected:  "rejected input, which would be rejected again",
 	pipeline.KeptFused:     "their steps are fused already (they trained without them): sending them again would change nothing",
 	pipeline.KeptElsewhere: "they came on a subject outside the run",
+	pipeline.KeptCut:       "their payloads were cut to fit the server's max_payload, and the whole messages are past the stream's retention",
 }
 
 // chooseDeadLetters picks the dead letters of stage (any if empty) of the
@@ -171,7 +172,7 @@ func resendDeadLetters(cmd *cobra.Command, src pipeline.StreamSource, run string
 	if len(to) > 0 {
 		line += " (" + strings.Join(to, ", ") + ")"
 	}
-	for _, k := range []pipeline.Resend{pipeline.KeptFused, pipeline.KeptRejected, pipeline.KeptElsewhere} {
+	for _, k := range []pipeline.Resend{pipeline.KeptFused, pipeline.KeptRejected, pipeline.KeptElsewhere, pipeline.KeptCut} {
 		if counts[k] > 0 {
 			line += fmt.Sprintf("; kept %d: %s", counts[k], keptWhy[k])
 		}
@@ -198,7 +199,11 @@ func dlqLine(dl schemas.DeadLetter) string {
 	if subject == "" {
 		subject = "-"
 	}
-	return fmt.Sprintf("%s  %-9s %-22s %s  %s", when, stage, subject, about(dl.Payload), oneLine(dl.Reason))
+	what := about(dl.Payload)
+	if dl.PayloadBytes > 0 {
+		what = fmt.Sprintf("[payload cut to %d of %d bytes; the whole at stream sequence %d]", len(dl.Payload), dl.PayloadBytes, dl.Seq)
+	}
+	return fmt.Sprintf("%s  %-9s %-22s %s  %s", when, stage, subject, what, oneLine(dl.Reason))
 }
 
 // about names what a payload was about (its step, group, trajectory or

@@ -319,3 +319,13 @@ func TestFollowOutlivesARestartOfTheRun(t *testing.T) {
 		t.Errorf("said the connection lost %d times, for one restart and a stop:\n%s", n, said.String())
 	}
 }
+
+// A dead letter whose payload was cut to fit says so on its line, with
+// where the whole is, instead of reading as a payload that is not JSON.
+func TestACutDeadLetterSaysWhereTheWholeIs(t *testing.T) {
+	line := dlqLine(schemas.DeadLetter{Stage: "route", Subject: "wmrl.default.traj", Reason: "route: invalid message: schema 2",
+		Payload: `{"schema":2,"run":"default","step":0,"response":"`, PayloadBytes: 1024153, Seq: 41})
+	if want := "[payload cut to 49 of 1024153 bytes; the whole at stream sequence 41]  route: invalid message: schema 2"; !strings.Contains(line, want) {
+		t.Errorf("%q, want it to hold %q", line, want)
+	}
+}

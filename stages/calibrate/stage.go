@@ -52,7 +52,7 @@ type Stage struct {
 	// Published is the Seq of the last Calibration already stored (0: none).
 	Published int64
 	// DeadLetter receives pair groups that cannot be used.
-	DeadLetter func(payload []byte, reason error)
+	DeadLetter func(in Input, reason error)
 	// OnCalibration, if set, sees every Calibration (metrics, progress).
 	OnCalibration func(schemas.Calibration)
 	// Resume, if set, is the checkpoint to start from; groups after its
@@ -124,7 +124,7 @@ func (s *Stage) Run(ctx context.Context, src Source) error {
 		c, err := s.Absorb(in.Data)
 		if errors.Is(err, schemas.ErrInvalid) {
 			if s.DeadLetter != nil {
-				s.DeadLetter(in.Data, err)
+				s.DeadLetter(in, err)
 			}
 			s.stored = in.Seq
 			continue
