@@ -135,7 +135,10 @@ func TestAGroupTooLargeForTheServerIsSkipped(t *testing.T) {
 	}
 	checkFusion(t, u)
 
-	// The archive replays as it was fused, the group never sent included.
+	// The archive replays as it was fused, the group never sent included,
+	// once it holds both steps (step 1's update was served before the
+	// archive stage had it stored, sometimes).
+	waitFor(t, 30*time.Second, func() bool { return testutil.ToFloat64(p.Metrics().Archived) == 2 })
 	if err := p.Stop(); err != nil {
 		t.Fatal(err)
 	}
