@@ -225,7 +225,7 @@ func TestGatewayRejectsBadRequestsAndChangesNothing(t *testing.T) {
 	h.want(http.StatusBadRequest, "POST", "/trajectories", []byte(`[{"schema":1,`), token, "malformed JSON")
 	h.want(http.StatusBadRequest, "POST", "/trajectories", oneBad, token, "trajectory 1: invalid message: missing field(s): traj_id")
 	h.want(http.StatusBadRequest, "POST", "/trajectories", []byte(`[]`), token, "no trajectories")
-	h.want(http.StatusBadRequest, "POST", "/trajectories", twins, token, "trajectory 2: id \\\"s0-g0-t0\\\" of group other is taken by group s0-g0 of step 0: trajectory ids must be unique within a step")
+	h.want(http.StatusBadRequest, "POST", "/trajectories", twins, token, "trajectory 2: invalid message: trajectory id \\\"s0-g0-t0\\\" of group other is taken by group s0-g0 of step 0: trajectory ids must be unique within a step")
 	h.want(http.StatusRequestEntityTooLarge, "POST", "/trajectories", bytes.Repeat([]byte(" "), 17<<20), token, "over")
 	h.want(http.StatusBadRequest, "POST", "/steps/x/close", []byte(`{"groups":1}`), token, "want a non-negative integer")
 	h.want(http.StatusBadRequest, "POST", "/steps/0/close", []byte(`{}`), token, `n >= 0`)

@@ -131,6 +131,14 @@ func DecodeTrajectory(data []byte) (Trajectory, error) {
 	return t, nil
 }
 
+// TrajIDTaken is the error for trajectory id of group that group other of
+// the step has already: trajectory ids are a step's, since its update
+// tells its items apart by them.
+func TrajIDTaken(id, group, other string, step int64) error {
+	return invalid("trajectory id %q of group %s is taken by group %s of step %d: trajectory ids must be unique within a step, "+
+		"since a step's update tells its items apart by them (name them \"<group>-<i>\", say)", id, group, other, step)
+}
+
 // DecodeStepClose parses and validates a StepClose.
 func DecodeStepClose(data []byte) (StepClose, error) {
 	var r struct {

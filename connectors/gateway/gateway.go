@@ -329,8 +329,7 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if other, ok := groupOf[trajKey{t.Step, t.TrajID}]; ok && other != t.GroupID {
-			fail(w, http.StatusBadRequest, "trajectory %d: id %q of group %s is taken by group %s of step %d: trajectory ids must be unique within a step, "+
-				"since a step's update tells its items apart by them (as \"<group>-<i>\" would be)", i, t.TrajID, t.GroupID, other, t.Step)
+			fail(w, http.StatusBadRequest, "trajectory %d: %v", i, schemas.TrajIDTaken(t.TrajID, t.GroupID, other, t.Step))
 			return
 		}
 		groupOf[trajKey{t.Step, t.TrajID}] = t.GroupID

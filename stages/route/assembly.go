@@ -68,8 +68,7 @@ func (a *Assembly) AddTraj(t schemas.Trajectory) error {
 		if other == t.GroupID {
 			return nil
 		}
-		return fmt.Errorf("%w: trajectory id %q of group %s is taken by group %s of step %d: trajectory ids must be unique within a step, "+
-			"since a step's update tells its items apart by them (as \"<group>-<i>\" would be)", schemas.ErrInvalid, t.TrajID, t.GroupID, other, t.Step)
+		return schemas.TrajIDTaken(t.TrajID, t.GroupID, other, t.Step)
 	}
 	g := s.groups[t.GroupID]
 	if g == nil {
