@@ -144,11 +144,11 @@ func (d *deadLetters) sendMsg(stage string, msg *message.Message, reason string)
 }
 
 // send stores a message of subject, at seq on the stream, on the dlq
-// subject with reason. A dead letter over the
-// server's max_payload (a message near the limit: its payload, escaped in
-// a JSON string, can double) would never be stored, and its message would
-// be handed back for ever: its payload is cut to fit, PayloadBytes saying
-// so, and Seq names the whole on the stream.
+// subject with reason. A dead letter over the server's max_payload (a
+// message near the limit: its payload, escaped in a JSON string, can
+// double) would never be stored, and its message would be handed back for
+// ever: its payload is cut to fit, PayloadBytes saying so, and Seq names
+// the whole on the stream.
 func (d *deadLetters) send(stage, subject string, seq uint64, reason string, payload []byte) (schemas.DeadLetter, error) {
 	dl := schemas.DeadLetter{Schema: schemas.Version, Subject: subject, Stage: stage, Reason: reason,
 		Payload: string(payload), Time: time.Now().UTC(), Seq: seq}
