@@ -344,8 +344,8 @@ func fromNats(jm jetstream.Msg) *message.Message {
 // hand-back sent so far. A consumer's are queued on the server and handled
 // on its own goroutine, in order, and a server that stops drops what is
 // still queued: acknowledgements sent just before a stop were sometimes
-// lost, their messages coming again after the restart (in 1 run of
-// TestAcksOutliveTheServer in 60, three at once on two cores). A request
+// lost, their messages coming again after the restart (in 4 runs of
+// TestAcksOutliveTheServer in 120, three at once on two cores). A request
 // on the reply subject of each consumer's last acknowledged message, as
 // an "in progress" (+WPI, which changes nothing for a message no longer
 // pending), is answered once the queue up to it is handled.
