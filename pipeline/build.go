@@ -541,10 +541,6 @@ func (p *Pipeline) buildGateway() error {
 	return nil
 }
 
-// closedShort says that a step was planned on its timeout with less than
-// its watermark declared: a trainer whose groups fall short of their
-// group_size (a rollout that failed, dropped rather than sent) has every
-// such step wait out --step-timeout, which only this says.
 // dropped says a group was not sent on to be scored: a trainer's input the
 // server would refuse, which the step goes on without.
 func (p *Pipeline) dropped(d route.Dropped) {
@@ -553,6 +549,10 @@ func (p *Pipeline) dropped(d route.Dropped) {
 		d.Step, d.GroupID, d.Reason)
 }
 
+// closedShort says that a step was planned on its timeout with less than
+// its watermark declared: a trainer whose groups fall short of their
+// group_size (a rollout that failed, dropped rather than sent) has every
+// such step wait out --step-timeout, which only this says.
 func (p *Pipeline) closedShort(s route.Short) {
 	p.metrics.ShortSteps.Inc()
 	var what []string

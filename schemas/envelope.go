@@ -27,6 +27,15 @@ func NewMessage(id string, v any) (*message.Message, error) {
 	return m, nil
 }
 
+// Again is m's payload as a new message whose de-duplication ID is id: the
+// same value sent on a second subject, encoded once (the payload is
+// shared, and neither message may change it).
+func Again(m *message.Message, id string) *message.Message {
+	c := message.NewMessage(watermill.NewUUID(), m.Payload)
+	c.Metadata.Set(MsgIDKey, id)
+	return c
+}
+
 // TrajMsgID is a trajectory's de-duplication ID: its run, step, group and
 // id, so that a trajectory sent again (a retried request) is stored once,
 // while a trainer that names its trajectories alike every step ("g0-t0")

@@ -353,12 +353,8 @@ func (h *Handler) publish(plan *schemas.Plan, groups []schemas.Group) ([]Dropped
 			continue
 		}
 		toPredict = append(toPredict, m)
-		if g.Anchor {
-			m, err := schemas.NewMessage(fmt.Sprintf("%s/exec/%d/%s", h.run, g.Step, g.GroupID), g)
-			if err != nil {
-				return nil, err
-			}
-			toExec = append(toExec, m)
+		if g.Anchor { // the same group, to execute: encoded once
+			toExec = append(toExec, schemas.Again(m, fmt.Sprintf("%s/exec/%d/%s", h.run, g.Step, g.GroupID)))
 		}
 	}
 	pm, err := schemas.NewMessage(fmt.Sprintf("%s/plan/%d", h.run, plan.Step), plan)

@@ -16,11 +16,12 @@ import (
 	"github.com/wmrl/wmrl/schemas"
 )
 
-// recorder is a fake publisher that keeps the topics in publish order, and
-// the plans.
+// recorder is a fake publisher that keeps the topics in publish order, the
+// messages by topic, and the plans.
 type recorder struct {
 	mu     sync.Mutex
 	topics []string
+	msgs   map[string][]*message.Message
 	plans  []schemas.Plan
 }
 
@@ -29,6 +30,10 @@ func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
 	defer r.mu.Unlock()
 	for _, m := range msgs {
 		r.topics = append(r.topics, topic)
+		if r.msgs == nil {
+			r.msgs = map[string][]*message.Message{}
+		}
+		r.msgs[topic] = append(r.msgs[topic], m)
 		if topic == "plan" {
 			var p schemas.Plan
 			if err := json.Unmarshal(m.Payload, &p); err != nil {
@@ -99,6 +104,21 @@ func TestHandlerStoresPlanLastAndTellsDuplicatesFromLateInput(t *testing.T) {
 	}
 	if n := len(pub.topics); n != 4 || pub.topics[n-1] != "plan" {
 		t.Fatalf("published %v; the plan must be stored last", pub.topics)
+	}
+	// The anchor group goes to execution as it goes to prediction, under
+	// its own de-duplication ID.
+	x := pub.msgs["exec"][0]
+	var g schemas.Group
+	if err := json.Unmarshal(x.Payload, &g); err != nil {
+		t.Fatal(err)
+	}
+	if want := "r/exec/0/" + g.GroupID; x.Metadata.Get(schemas.MsgIDKey) != want || !g.Anchor {
+		t.Errorf("exec message %q of group %+v, want ID %q of an anchor group", x.Metadata.Get(schemas.MsgIDKey), g, want)
+	}
+	for _, m := range pub.msgs["group"] {
+		if m.Metadata.Get(schemas.MsgIDKey) == "r/group/0/"+g.GroupID && string(m.Payload) != string(x.Payload) {
+			t.Errorf("group %s sent to execution as %s, to prediction as %s", g.GroupID, x.Payload, m.Payload)
+		}
 	}
 	again := traj(0, "a", 0, 2)
 	again.Run = "r"
