@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -161,7 +160,7 @@ func (d *deadLetters) send(stage, subject string, seq uint64, reason string, pay
 		// then less, by at least what is over, until it fits.
 		n := len(full) * (d.maxPayload - len(bare.Payload) - 64) / (len(m.Payload) - len(bare.Payload))
 		for {
-			dl.Payload = cutTo(full, n)
+			dl.Payload = schemas.Prefix(full, n)
 			if m, err = schemas.NewMessage("", dl); err != nil || len(m.Payload) <= d.maxPayload || n <= 0 {
 				break
 			}
@@ -186,18 +185,4 @@ func cutNote(dl schemas.DeadLetter) string {
 	}
 	return fmt.Sprintf(" (its payload cut to %d of %d bytes to fit the server's max_payload; the whole is at stream sequence %d)",
 		len(dl.Payload), dl.PayloadBytes, dl.Seq)
-}
-
-// cutTo is the start of s of at most n bytes, whole UTF-8 characters.
-func cutTo(s string, n int) string {
-	if n <= 0 {
-		return ""
-	}
-	if n >= len(s) {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }

@@ -13,10 +13,10 @@ func Clip(s string, n int) string {
 		return s
 	}
 	if n <= len(mark) {
-		return cutBefore(s, n)
+		return Prefix(s, n)
 	}
 	keep := n - len(mark)
-	head := cutBefore(s, keep/3)
+	head := Prefix(s, keep/3)
 	tail := s[len(s)-(keep-len(head)):]
 	for len(tail) > 0 && !utf8.RuneStart(tail[0]) {
 		tail = tail[1:]
@@ -24,12 +24,13 @@ func Clip(s string, n int) string {
 	return head + mark + tail
 }
 
-// cutBefore is s's longest prefix of at most n bytes that ends on a
-// character boundary.
-func cutBefore(s string, n int) string {
+// Prefix is s's longest prefix of at most n bytes that ends on a
+// character boundary ("" for n <= 0).
+func Prefix(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
+	n = max(n, 0)
 	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
 	}

@@ -44,3 +44,15 @@ func TestClipKeepsBothEndsWithinTheBound(t *testing.T) {
 		}
 	}
 }
+
+func TestPrefixNeverCutsACharacter(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		n    int
+		want string
+	}{{"abc", 2, "ab"}, {"aé", 2, "a"}, {"aé", 3, "aé"}, {"abc", 0, ""}, {"abc", -7, ""}} {
+		if got := Prefix(tc.s, tc.n); got != tc.want {
+			t.Errorf("Prefix(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
+		}
+	}
+}
