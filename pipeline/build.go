@@ -131,6 +131,7 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 		},
 		InFlight:      p.execInFlight,
 		MaxPayload:    int(p.tr.nc.MaxPayload()),
+		Size:          natsjs.WireSize,
 		OnShort:       p.closedShort,
 		OnNoWatermark: p.noWatermark,
 		OnDropped:     p.dropped,
@@ -198,7 +199,7 @@ func (p *Pipeline) buildCalibrate(ctx context.Context) error {
 	}
 	st := &calibrate.Stage{RunID: cfg.Run, Out: out, Pub: p.stagePublisher(StageCalibrate), Deb: deb, Published: last.Seq,
 		DeadLetter: func(in calibrate.Input, reason error) {
-			_, _ = p.dl.send(StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs), in.Seq, reason.Error(), in.Data)
+			p.dl.reject(StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs), in.Seq, reason, in.Data)
 		},
 	}
 	r, err := p.reader(ctx, StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs))
@@ -209,7 +210,7 @@ func (p *Pipeline) buildCalibrate(ctx context.Context) error {
 		r.Close()
 		return err
 	}
-	p.go_(func() error { defer r.Close(); return st.Run(ctx, calibrateSource{r}) })
+	p.go_(func() error { defer r.Close(); return st.Run(ctx, readerSource{r}) })
 	return nil
 }
 
@@ -230,8 +231,10 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 	if err := p.wireFuseCheckpoints(ctx, st); err != nil {
 		return err
 	}
+	in := p.topo.In(StageFuse, schemas.KindCalibration)
+	st.DeadLetter = func(c calibrate.Input, reason error) { p.dl.reject(StageFuse, in, c.Seq, reason, c.Data) }
 	st.OnUpdate = p.onUpdate
-	st.MaxPayload = int(p.tr.nc.MaxPayload())
+	st.MaxPayload, st.Size = int(p.tr.nc.MaxPayload()), natsjs.WireSize
 	p.metrics.MaxPayload.Set(float64(st.MaxPayload))
 	st.OnUpdateBytes = func(n int) { p.metrics.UpdateBytes.Set(float64(n)) }
 	st.StuckAfter = cfg.StuckAfter
@@ -261,7 +264,7 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 			return err
 		}
 	}
-	r, err := p.reader(ctx, StageFuse, p.topo.In(StageFuse, schemas.KindCalibration))
+	r, err := p.reader(ctx, StageFuse, in)
 	if err != nil {
 		return err
 	}

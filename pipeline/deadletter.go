@@ -100,6 +100,18 @@ func (d *deadLetters) panicked(stage string, msg *message.Message, pe *panicErro
 	return err
 }
 
+// reject stores a message an in-order reader (calibrate's, fuse's) cannot
+// use on the dlq subject, saying so as the middleware does; the reader
+// goes on without it.
+func (d *deadLetters) reject(stage, subject string, seq uint64, reason error, payload []byte) {
+	dl, err := d.send(stage, subject, seq, reason.Error(), payload)
+	if err != nil {
+		d.say(stage, "unstored", "%s: could not store the dead letter (%v) of the message at %d on %s, which is skipped: %v", stage, err, seq, subject, reason)
+		return
+	}
+	d.say(stage, "dead", "%s: dead-lettered to %s%s: %v", stage, d.subject, cutNote(dl), reason)
+}
+
 // ofStage prefixes msg with its stage unless it names it already.
 func ofStage(stage, msg string) string {
 	if strings.HasPrefix(msg, stage+":") {
@@ -151,20 +163,28 @@ func (d *deadLetters) sendMsg(stage string, msg *message.Message, reason string)
 func (d *deadLetters) send(stage, subject string, seq uint64, reason string, payload []byte) (schemas.DeadLetter, error) {
 	dl := schemas.DeadLetter{Schema: schemas.Version, Subject: subject, Stage: stage, Reason: reason,
 		Payload: string(payload), Time: time.Now().UTC(), Seq: seq}
-	m, err := schemas.NewMessage("", dl)
-	if err == nil && d.maxPayload > 0 && len(m.Payload) > d.maxPayload {
+	// The message's place names the letter: one dead-lettered again (a
+	// reader's restart re-reads what followed its checkpoint; a lost
+	// acknowledgement redelivers) is dropped by the server within the
+	// stream's de-duplication window.
+	id := ""
+	if seq > 0 {
+		id = fmt.Sprintf("dlq/%s/%d", stage, seq)
+	}
+	m, err := schemas.NewMessage(id, dl)
+	if err == nil && d.maxPayload > 0 && natsjs.WireSize(m) > d.maxPayload {
 		full := dl.Payload
 		dl.Payload, dl.PayloadBytes = "", len(payload)
-		bare, _ := schemas.NewMessage("", dl) // the letter without its payload
+		bare, _ := schemas.NewMessage(id, dl) // the letter without its payload
 		// As much of the payload as its JSON, growing about evenly, fits;
 		// then less, by at least what is over, until it fits.
-		n := len(full) * (d.maxPayload - len(bare.Payload) - 64) / (len(m.Payload) - len(bare.Payload))
+		n := len(full) * (d.maxPayload - natsjs.WireSize(bare) - 64) / (natsjs.WireSize(m) - natsjs.WireSize(bare))
 		for {
 			dl.Payload = schemas.Prefix(full, n)
-			if m, err = schemas.NewMessage("", dl); err != nil || len(m.Payload) <= d.maxPayload || n <= 0 {
+			if m, err = schemas.NewMessage(id, dl); err != nil || natsjs.WireSize(m) <= d.maxPayload || n <= 0 {
 				break
 			}
-			n -= len(m.Payload) - d.maxPayload
+			n -= natsjs.WireSize(m) - d.maxPayload
 		}
 	}
 	if err != nil {

@@ -93,7 +93,7 @@ func (s *simSource) publish(step int64) error {
 	trajs, wm := s.policy.Step(step)
 	msgs := make([]*message.Message, len(trajs))
 	for i, t := range trajs {
-		m, err := schemas.NewMessage(schemas.TrajMsgID(t), t)
+		m, err := schemas.NewTrajMessage(t)
 		if err != nil {
 			return err
 		}

@@ -551,6 +551,68 @@ func TestATrajectoryIdTwoGroupsOfAStepShareIsRefused(t *testing.T) {
 	}
 }
 
+// A trainer that crashed after sending part of a step is told to resume
+// past it. One that sends its new rollouts as that step anyway, under the
+// same ids, has each one that came before refused, naming it: the step's
+// update gives the advantage by id, and it holds the first trajectory
+// under it.
+// Before, the server dropped the new ones as copies (their de-duplication
+// ID was the same) and the trainer got 202 and an update whose advantages
+// for those ids were the old rollouts', without a word anywhere.
+func TestATrainerResentIntoAStepWithOtherRolloutsIsRefused(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr = SourceExternal, "127.0.0.1:0"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, nc, _ := startClient(t, ctx, cfg)
+	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 2, GroupSize: 4}
+	before, wm := pol.Step(0)
+	body, _ := json.Marshal(before[:3]) // then it crashed
+	h.want(http.StatusAccepted, "POST", "/trajectories", body, "", "")
+	body, _ = json.Marshal(before[:3]) // a retry of the same request is no one's business
+	h.want(http.StatusAccepted, "POST", "/trajectories", body, "", "")
+
+	// Resumed, the trainer is told to number its steps on from 1: step 0
+	// is not planned, but it has trajectories.
+	var steps gateway.StepsView
+	if err := json.Unmarshal(h.want(http.StatusOK, "GET", "/steps", nil, "", ""), &steps); err != nil || steps.Next != 1 || steps.Planned != nil {
+		t.Fatalf("steps after part of step 0: %+v (%v); want next 1, none planned", steps, err)
+	}
+	after := slices.Clone(before) // this one sends its new rollouts as step 0, the same ids
+	for i := range after {
+		after[i].Response += "\n# resumed"
+	}
+	body, _ = json.Marshal(after)
+	h.want(http.StatusAccepted, "POST", "/trajectories", body, "", "")
+	// Closed before route met them, they would be refused as late.
+	waitFor(t, 30*time.Second, func() bool { return len(scanAll(t, nc, "wmrl.default.dlq")) >= 3 })
+	h.want(http.StatusAccepted, "POST", "/steps/0/close", []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), "", "")
+	var u schemas.Update
+	if err := json.Unmarshal(h.want(http.StatusOK, "GET", "/steps/0/update?wait=30", nil, "", ""), &u); err != nil {
+		t.Fatal(err)
+	}
+	if len(u.Items) != len(before) {
+		t.Fatalf("step 0 has %d items, want %d", len(u.Items), len(before))
+	}
+	refused := map[string]bool{}
+	for _, b := range scanAll(t, nc, "wmrl.default.dlq") {
+		var dl schemas.DeadLetter
+		var tr schemas.Trajectory
+		if json.Unmarshal(b, &dl) != nil || json.Unmarshal([]byte(dl.Payload), &tr) != nil {
+			t.Fatalf("dead letter %s", b)
+		}
+		if dl.Stage != StageRoute || !strings.HasSuffix(tr.Response, "# resumed") ||
+			!strings.Contains(dl.Reason, fmt.Sprintf("trajectory %q of group %s of step 0 came before with another prompt, solution or field; the first one stays", tr.TrajID, tr.GroupID)) {
+			t.Errorf("dead letter from %s of %s: %s", dl.Stage, tr.TrajID, dl.Reason)
+		}
+		refused[tr.TrajID] = true
+	}
+	if len(refused) != 3 || !refused[before[0].TrajID] || !refused[before[2].TrajID] {
+		t.Errorf("route refused %v, want the 3 ids sent before the crash", refused)
+	}
+}
+
 // A step of long solutions, larger than one request may be (the gateway
 // takes 16 MiB), goes through the Python client in several requests and is
 // fused whole: 1,024 trajectories of 20 kB.

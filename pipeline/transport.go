@@ -281,17 +281,11 @@ func (t *transport) last(ctx context.Context, subject string, v any) (ok bool, e
 	return true, nil
 }
 
-// readerSource adapts a natsjs.Reader to fuse's Source, calibrateSource
-// to calibrate's (which also wants the stream sequence).
+// readerSource adapts a natsjs.Reader to calibrate's and fuse's Source:
+// each message with its stream sequence.
 type readerSource struct{ r *natsjs.Reader }
-type calibrateSource struct{ r *natsjs.Reader }
 
-func (s calibrateSource) Next(ctx context.Context) (calibrate.Input, error) {
+func (s readerSource) Next(ctx context.Context) (calibrate.Input, error) {
 	rec, err := s.r.Next(ctx)
 	return calibrate.Input{Data: rec.Data, Seq: rec.Seq}, err
-}
-
-func (s readerSource) Next(ctx context.Context) ([]byte, error) {
-	rec, err := s.r.Next(ctx)
-	return rec.Data, err
 }

@@ -139,6 +139,14 @@ func TrajIDTaken(id, group, other string, step int64) error {
 		"since a step's update tells its items apart by them (name them \"<group>-<i>\", say)", id, group, other, step)
 }
 
+// TrajIDReused is the error for a trajectory whose id, in its group and
+// step, came before with other content: the first one stays.
+func TrajIDReused(t Trajectory) error {
+	return invalid("trajectory %q of group %s of step %d came before with another prompt, solution or field; the first one stays, since "+
+		"a trajectory id names one trajectory of its step and the step's update gives the advantage by it "+
+		"(a trainer resumed from a checkpoint numbers its steps on from past every step it sent to: wmrl status says where)", t.TrajID, t.GroupID, t.Step)
+}
+
 // DecodeStepClose parses and validates a StepClose.
 func DecodeStepClose(data []byte) (StepClose, error) {
 	var r struct {

@@ -3,6 +3,7 @@ package schemas
 import (
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -36,13 +37,33 @@ func Again(m *message.Message, id string) *message.Message {
 	return c
 }
 
-// TrajMsgID is a trajectory's de-duplication ID: its run, step, group and
-// id, so that a trajectory sent again (a retried request) is stored once,
-// while a trainer that names its trajectories alike every step ("g0-t0")
-// does not have the later steps' dropped as copies of the first's. The
-// group is in it so that a trajectory id two groups of a step share
-// reaches route, which refuses the second saying why, rather than being
-// dropped by the server as a copy without a word.
-func TrajMsgID(t Trajectory) string {
-	return fmt.Sprintf("%s/traj/%d/%s/%s", t.Run, t.Step, t.GroupID, t.TrajID)
+// NewTrajMessage encodes t as a message whose de-duplication ID is
+// TrajMsgID.
+func NewTrajMessage(t Trajectory) (*message.Message, error) {
+	m, err := NewMessage("", t)
+	if err != nil {
+		return nil, err
+	}
+	m.Metadata.Set(MsgIDKey, TrajMsgID(t, m.Payload))
+	return m, nil
+}
+
+// TrajMsgID is the de-duplication ID of trajectory t encoded as payload:
+// its run, step, group and id, and a digest of the payload, so that a
+// trajectory sent again (a retried request) is stored once.
+//   - The step is in it so that a trainer that names its trajectories
+//     alike every step ("g0-t0") does not have the later steps' dropped as
+//     copies of the first's.
+//   - The group, so that a trajectory id two groups of a step share
+//     reaches route, which refuses the second saying why, rather than
+//     being dropped by the server as a copy without a word.
+//   - The digest, so that another trajectory under an id of its step (a
+//     trainer resumed from a checkpoint that sends its new rollouts as a
+//     step it had sent to) reaches route too, which refuses it saying why.
+//     Dropped as a copy, the step's update would carry the first
+//     trajectory's advantage under the id of the second.
+func TrajMsgID(t Trajectory, payload []byte) string {
+	h := fnv.New64a()
+	_, _ = h.Write(payload)
+	return fmt.Sprintf("%s/traj/%d/%s/%s/%016x", t.Run, t.Step, t.GroupID, t.TrajID, h.Sum64())
 }

@@ -243,12 +243,16 @@ func gb(n float64) string {
 	return fmt.Sprintf("%.0f kB", n/1e3)
 }
 
-// nextStep is one past the newest step closed or fused, as the gateway's
-// GET .../steps gives it; ok is false before any.
+// nextStep is one past the newest step closed, fused or sent a
+// trajectory, as the gateway's GET .../steps gives it; ok is false before
+// any.
 func nextStep(st *pipeline.Status) (int64, bool) {
 	next, ok := int64(0), false
+	if s := st.LastTrajStep; s != nil && *s >= 0 {
+		next, ok = *s+1, true
+	}
 	if s := st.LastStep; s != nil {
-		next, ok = s.Step+1, true
+		next, ok = max(next, s.Step+1), true
 	}
 	if u := st.LastUpdate; u != nil {
 		next, ok = max(next, u.Step+1), true

@@ -234,3 +234,24 @@ func TestStatusNamesStepsHeldBehindLaterOnes(t *testing.T) {
 		}
 	}
 }
+
+// The next step is past every step a trajectory was sent to, planned or
+// not: a trainer that crashed during step 7 resumes at 8, not into the
+// step holding its old rollouts.
+func TestTheNextStepIsPastTheNewestTrajectorysStep(t *testing.T) {
+	seven, three := int64(7), int64(3)
+	for _, tc := range []struct {
+		st   pipeline.Status
+		want int64
+		ok   bool
+	}{
+		{pipeline.Status{}, 0, false},
+		{pipeline.Status{LastTrajStep: &seven, LastStep: &schemas.StepClose{Step: 6}, LastUpdate: &schemas.Update{Step: 5}}, 8, true},
+		{pipeline.Status{LastTrajStep: &three, LastStep: &schemas.StepClose{Step: 6}}, 7, true},
+		{pipeline.Status{LastTrajStep: &three, LastUpdate: &schemas.Update{Step: 9}}, 10, true},
+	} {
+		if got, ok := nextStep(&tc.st); got != tc.want || ok != tc.ok {
+			t.Errorf("%+v: next %d, %v; want %d, %v", tc.st, got, ok, tc.want, tc.ok)
+		}
+	}
+}

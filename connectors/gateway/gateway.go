@@ -141,6 +141,25 @@ type calState struct {
 	m *calibrate.Isotonic // nil: identity
 }
 
+// calibrated puts a calibration's map in force. One that fuse refuses
+// (and dead-letters) is skipped here too, so that the map in force stays
+// fuse's: before, a map that goes down put the identity in force.
+func (g *Gateway) calibrated(r natsjs.Record) {
+	var c schemas.Calibration
+	if schemas.Decode(r.Data, g.cfg.Run, &c) != nil {
+		return
+	}
+	st := &calState{c: c}
+	if c.Map != nil {
+		m, err := calibrate.NewIsotonic(c.Map.X, c.Map.Y)
+		if err != nil {
+			return
+		}
+		st.m = m
+	}
+	g.cal.Store(st)
+}
+
 // New builds a gateway; it does no I/O.
 func New(cfg Config, js jetstream.JetStream, pub message.Publisher) (*Gateway, error) {
 	cfg.setDefaults()
@@ -160,19 +179,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	s := g.cfg.Subjects
 	go func() { errc <- follow(ctx, g.js, g.cfg.Stream, s.Update, g.updates.add) }()
 	go func() { errc <- follow(ctx, g.js, g.cfg.Stream, s.Plan, g.planned.add) }()
-	go func() {
-		errc <- follow(ctx, g.js, g.cfg.Stream, s.Calibration, func(r natsjs.Record) {
-			var c schemas.Calibration
-			if json.Unmarshal(r.Data, &c) != nil {
-				return
-			}
-			st := &calState{c: c}
-			if c.Map != nil {
-				st.m, _ = calibrate.NewIsotonic(c.Map.X, c.Map.Y)
-			}
-			g.cal.Store(st)
-		})
-	}()
+	go func() { errc <- follow(ctx, g.js, g.cfg.Stream, s.Calibration, g.calibrated) }()
 	go func() {
 		errc <- follow(ctx, g.js, g.cfg.Stream, s.Exec, func(r natsjs.Record) {
 			var gr schemas.Group
@@ -336,19 +343,20 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 		if g.planned.has(t.Step) {
 			// Route would dead-letter it, and the step's update is (or will
 			// be) of the trajectories it planned, not of these.
+			next, _ := g.next(r.Context()) // without the stream's answer, past the newest planned or fused
 			fail(w, http.StatusConflict, "trajectory %d: step %d was planned already, from the trajectories that came before its close; "+
 				"a trainer resumed from a checkpoint numbers its steps on from the run's next, %d (GET /v1/runs/%s/steps), or starts a new --run",
-				i, t.Step, g.nextStep(), g.cfg.Run)
+				i, t.Step, next, g.cfg.Run)
 			return
 		}
-		m, err := schemas.NewMessage(schemas.TrajMsgID(t), t)
+		m, err := schemas.NewTrajMessage(t)
 		if err != nil {
 			fail(w, http.StatusInternalServerError, "trajectory %d: %v", i, err)
 			return
 		}
-		if g.cfg.MaxPayload > 0 && len(m.Payload) > g.cfg.MaxPayload {
-			fail(w, http.StatusRequestEntityTooLarge, "trajectory %d (%s) is %d bytes of JSON, and the NATS server takes messages of at most %d bytes (its max_payload): "+
-				"raise it (--nats-max-payload-mb for the embedded server, up to 64), or send shorter prompts and solutions", i, t.TrajID, len(m.Payload), g.cfg.MaxPayload)
+		if size := natsjs.WireSize(m); g.cfg.MaxPayload > 0 && size > g.cfg.MaxPayload {
+			fail(w, http.StatusRequestEntityTooLarge, "trajectory %d (%s) is %d bytes of JSON and headers, and the NATS server takes messages of at most %d bytes (its max_payload): "+
+				"raise it (--nats-max-payload-mb for the embedded server, up to 64), or send shorter prompts and solutions", i, t.TrajID, size, g.cfg.MaxPayload)
 			return
 		}
 		msgs[i] = m
@@ -444,11 +452,16 @@ type StepsView struct {
 	Run     string `json:"run"`
 	Planned *int64 `json:"planned"` // the newest step planned (closed); null before any
 	Fused   *int64 `json:"fused"`   // the newest step fused; null before any
-	Next    int64  `json:"next"`    // the first step number no trajectory may have used
+	Next    int64  `json:"next"`    // the first step number no trajectory has used: past the newest planned, fused or sent to
 }
 
-func (g *Gateway) getSteps(w http.ResponseWriter, _ *http.Request) {
-	v := StepsView{Run: g.cfg.Run, Next: g.nextStep()}
+func (g *Gateway) getSteps(w http.ResponseWriter, r *http.Request) {
+	next, err := g.next(r.Context())
+	if err != nil {
+		unavailable(w, "read the newest trajectory: %v", err)
+		return
+	}
+	v := StepsView{Run: g.cfg.Run, Next: next}
 	if n, ok := g.planned.newest(); ok {
 		v.Planned = &n
 	}
@@ -459,16 +472,46 @@ func (g *Gateway) getSteps(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, v)
 }
 
-// nextStep is one past the newest step planned or fused (0 before any).
-func (g *Gateway) nextStep() int64 {
-	next := int64(0)
+// newestSent is one past the step of the newest trajectory stored (0:
+// none, or it names no step). A trainer that crashed during a step, after
+// sending some of its trajectories, resumes past it: that step is not
+// planned yet, and the same ids in it with other rollouts are refused.
+func (g *Gateway) newestSent(ctx context.Context) (int64, error) {
+	if g.js == nil {
+		return 0, nil
+	}
+	stream, err := g.js.Stream(ctx, g.cfg.Stream)
+	if err != nil {
+		return 0, err
+	}
+	m, err := stream.GetLastMsgForSubject(ctx, g.cfg.Subjects.Traj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	var t struct {
+		Step *int64 `json:"step"`
+	}
+	if json.Unmarshal(m.Data, &t) != nil || t.Step == nil || *t.Step < 0 {
+		return 0, nil // malformed (dead-lettered): it says nothing of the step
+	}
+	return *t.Step + 1, nil
+}
+
+// next is the first step number no trajectory has used: past the newest
+// step planned, fused or sent a trajectory (0 before any). Without the
+// stream's answer, it is past the newest planned or fused, with the error.
+func (g *Gateway) next(ctx context.Context) (int64, error) {
+	next, err := g.newestSent(ctx)
 	if n, ok := g.planned.newest(); ok {
-		next = n + 1
+		next = max(next, n+1)
 	}
 	if u, ok := g.updates.newest(); ok {
 		next = max(next, u.Step+1)
 	}
-	return next
+	return next, err
 }
 
 // CalibrationView is GET .../calibration.

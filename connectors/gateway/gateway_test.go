@@ -651,3 +651,37 @@ func TestAWorldModelThatPanicsFailsTheRequest(t *testing.T) {
 		}
 	}
 }
+
+// The map in force is the last one fuse would take: a calibration fuse
+// refuses (a map that goes down, from a stage replacing calibrate; a score
+// out of range; another run's) leaves the one before in force. Before, a
+// map that goes down put the identity in force.
+func TestACalibrationFuseRefusesLeavesTheMapInForce(t *testing.T) {
+	g, err := New(Config{Run: "r", WorldModel: &openai.WorldModel{}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(c schemas.Calibration) {
+		b, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.calibrated(natsjs.Record{Data: b})
+	}
+	good := schemas.Calibration{Schema: schemas.Version, Run: "r", Seq: 1, Version: 1, Map: &schemas.Thresholds{X: []float64{0, 1}, Y: []float64{0.2, 0.6}}}
+	send(good)
+	for _, bad := range []schemas.Calibration{
+		{Schema: schemas.Version, Run: "r", Seq: 2, Version: 2, Map: &schemas.Thresholds{X: []float64{0, 1}, Y: []float64{0.6, 0.2}}},
+		{Schema: schemas.Version, Run: "r", Seq: 2, Version: 2, Map: &schemas.Thresholds{X: []float64{0, 1}, Y: []float64{0.2, 1e300}}},
+		{Schema: schemas.Version, Run: "other", Seq: 2, Version: 2},
+	} {
+		send(bad)
+		if st := g.cal.Load(); st.c.Version != 1 || st.m == nil || st.m.Predict(0.5) != 0.4 {
+			t.Errorf("after %+v: version %d in force, want 1's map", bad, st.c.Version)
+		}
+	}
+	send(schemas.Calibration{Schema: schemas.Version, Run: "r", Seq: 3, Version: 3})
+	if st := g.cal.Load(); st.c.Version != 3 || st.m != nil {
+		t.Errorf("a calibration without a map: version %d, map %v; want 3, the identity", st.c.Version, st.m)
+	}
+}

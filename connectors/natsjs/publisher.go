@@ -111,6 +111,10 @@ func toNats(topic string, m *message.Message) *nats.Msg {
 	return nm
 }
 
+// WireSize is what the server counts of m against its max_payload: the
+// payload and the headers Publish sends with it.
+func WireSize(m *message.Message) int { return toNats("", m).Size() }
+
 // Publish stores msgs on topic. Messages whose metadata holds HeaderMsgID
 // are de-duplicated by the server.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {

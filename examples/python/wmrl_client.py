@@ -176,12 +176,13 @@ class WMRLClient:
 
     def steps(self):
         """Where the run is: the newest step planned and fused (None before
-        any), and `next`, the first step number no trajectory may have used."""
+        any), and `next`, the first step number no trajectory has used."""
         return self._call("GET", "/steps")
 
     def next_step(self):
         """The step a trainer starts at, or resumes at after a checkpoint:
-        steps the run planned already take no more trajectories (409)."""
+        steps the run planned already take no more trajectories (409), and
+        a step it sent to before its crash keeps the rollouts it had."""
         return self.steps()["next"]
 
     def calibration(self):

@@ -18,7 +18,8 @@ type Source interface {
 	Next(ctx context.Context) (Input, error)
 }
 
-// Input is one pair-group message and its stream sequence.
+// Input is one message read in stream order (a pair group, for
+// calibrate) and its stream sequence.
 type Input struct {
 	Data []byte
 	Seq  uint64

@@ -10,12 +10,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/calibrate"
 )
 
 // Source yields the run's Calibration messages in stream order from the
-// first retained one; Backlog is how many existed when it opened.
+// first retained one, each with its stream sequence.
 type Source interface {
-	Next(ctx context.Context) ([]byte, error)
+	Next(ctx context.Context) (calibrate.Input, error)
 }
 
 // Stage is the fuse stage. Plans, predictions and executions are held (their
@@ -39,10 +40,19 @@ type Stage struct {
 	Save            func(ctx context.Context, c Checkpoint) error
 	CheckpointEvery int
 	OnSaveError     func(error)
+	// DeadLetter, if set, receives the calibrations fuse cannot use (a
+	// stage replacing calibrate sent one invalid), once: those at or
+	// before the restored checkpoint's StreamSeq were given to it before.
+	// Fuse goes on without them; their anchor groups fall back to the
+	// world model at the anchor deadline, as late ones do.
+	DeadLetter func(in calibrate.Input, reason error)
 	// MaxPayload, if set, is the largest message the server takes (its
-	// max_payload): an update over it is ErrUpdateTooLarge. OnUpdateBytes,
-	// if set, hears each published update's size.
+	// max_payload): an update over it is ErrUpdateTooLarge. Size, if set,
+	// is what the server counts of a message against it: its payload and
+	// headers (default: the payload alone). OnUpdateBytes, if set, hears
+	// each published update's size.
 	MaxPayload    int
+	Size          func(*message.Message) int
 	OnUpdateBytes func(int)
 	// StuckAfter, if set, is how long a step may wait for a group's
 	// prediction before OnStuck hears of it, once a step; OnUnstuck hears
@@ -59,6 +69,8 @@ type Stage struct {
 	done     map[int64]chan struct{}
 	stuck    map[int64]time.Time // steps OnStuck heard of: when their plan came
 	caughtUp bool
+	read     uint64 // stream sequence of the last calibration read (the reader's, then Run's once it stopped)
+	lettered uint64 // invalid calibrations up to this stream sequence were dead-lettered before the restart
 }
 
 // ErrUpdateTooLarge is a step's update over the server's max_payload. The
@@ -78,10 +90,12 @@ func NewStage(cfg StepsConfig, out string, pub message.Publisher) (*Stage, error
 // unless configured.
 const DefaultCheckpointEvery = 256
 
-// Restore starts from a checkpoint (before Run).
+// Restore starts from a checkpoint (before Run). Refused for other
+// settings, it still tells which calibrations were dead-lettered.
 func (s *Stage) Restore(c Checkpoint) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.read, s.lettered = c.StreamSeq, c.StreamSeq
 	return s.steps.Restore(c)
 }
 
@@ -188,10 +202,10 @@ func (s *Stage) Flush(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if s.MaxPayload > 0 && len(m.Payload) > s.MaxPayload {
+		if size := s.sizeOf(m); s.MaxPayload > 0 && size > s.MaxPayload {
 			return fmt.Errorf("%w: step %d's update is %s (%d trajectories), and the NATS server takes at most %s: "+
 				"raise its max_payload (deploy/nats sets 8MB; --nats-max-payload-mb for the embedded server, up to 64), or use fewer trajectories a step",
-				ErrUpdateTooLarge, n, mib(len(m.Payload)), len(u.Items), mib(s.MaxPayload))
+				ErrUpdateTooLarge, n, mib(size), len(u.Items), mib(s.MaxPayload))
 		}
 		if err := s.Pub.Publish(s.Out, m); err != nil {
 			return fmt.Errorf("fuse: publish update %d: %w", n, err)
@@ -229,7 +243,7 @@ func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
 	if every <= 0 {
 		every = DefaultCheckpointEvery
 	}
-	saved := s.checkpointSeq()
+	saved := s.checkpointAt()
 	errc, done := make(chan error, 1), make(chan struct{})
 	ctx, stop := context.WithCancel(ctx) // Run may end before ctx does
 	defer func() {
@@ -240,7 +254,7 @@ func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
 	go func() {
 		defer close(done)
 		for read := uint64(0); ; read++ {
-			data, err := cal.Next(ctx)
+			in, err := cal.Next(ctx)
 			if err != nil {
 				if ctx.Err() == nil {
 					errc <- fmt.Errorf("fuse: read calibration: %w", err)
@@ -248,14 +262,8 @@ func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
 				return
 			}
 			var c schemas.Calibration
-			if err := schemas.Decode(data, s.RunID, &c); err == nil {
-				s.mu.Lock()
-				err = s.steps.AddCalibration(c)
-				s.mu.Unlock()
-			}
-			if err != nil && !errors.Is(err, schemas.ErrInvalid) {
-				errc <- err
-				return
+			if err := s.absorb(in, &c); err != nil && s.DeadLetter != nil && in.Seq > s.lettered {
+				s.DeadLetter(in, err)
 			}
 			if read+1 >= backlog {
 				s.setCaughtUp()
@@ -324,21 +332,47 @@ func (s *Stage) tellWait(now time.Time, each func(Waiting, time.Duration)) {
 	}
 }
 
-func (s *Stage) checkpointSeq() int64 {
+// absorb decodes one calibration into c and adds it to the steps' state.
+// An error is the calibration's own: it is invalid, and changed nothing.
+func (s *Stage) absorb(in calibrate.Input, c *schemas.Calibration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.steps.seq
+	s.read = in.Seq
+	err := schemas.Decode(in.Data, s.RunID, c)
+	if err == nil {
+		err = s.steps.AddCalibration(*c)
+	}
+	if err != nil {
+		return fmt.Errorf("fuse: %w", err)
+	}
+	return nil
 }
 
-// checkpoint saves the calibrations' state if it moved since *saved.
-func (s *Stage) checkpoint(ctx context.Context, saved *int64) {
+// savedAt is where the last checkpoint stands: its calibration Seq and
+// the stream sequence of the last calibration read.
+type savedAt struct {
+	seq    int64
+	stream uint64
+}
+
+func (s *Stage) checkpointAt() savedAt {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return savedAt{s.steps.seq, s.read}
+}
+
+// checkpoint saves the calibrations' state if it moved since *saved (an
+// invalid calibration read moves it too: a restart does not dead-letter
+// it again).
+func (s *Stage) checkpoint(ctx context.Context, saved *savedAt) {
 	if s.Save == nil {
 		return
 	}
 	s.mu.Lock()
 	c := s.steps.Checkpoint()
+	c.StreamSeq = s.read
 	s.mu.Unlock()
-	if c.Seq == *saved {
+	if at := (savedAt{c.Seq, c.StreamSeq}); at == *saved {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -349,13 +383,21 @@ func (s *Stage) checkpoint(ctx context.Context, saved *int64) {
 		}
 		return
 	}
-	*saved = c.Seq
+	*saved = savedAt{c.Seq, c.StreamSeq}
 }
 
 func (s *Stage) setCaughtUp() {
 	s.mu.Lock()
 	s.caughtUp = true
 	s.mu.Unlock()
+}
+
+// sizeOf is what the server counts of m against its max_payload.
+func (s *Stage) sizeOf(m *message.Message) int {
+	if s.Size == nil {
+		return len(m.Payload)
+	}
+	return s.Size(m)
 }
 
 // mib formats a size in bytes as MiB.

@@ -37,6 +37,9 @@ type Steps struct {
 // Restored, it stands for those calibrations, so a restart needs only the
 // ones after it (those before may have aged out of the stream).
 type Checkpoint struct {
+	// StreamSeq is the stream sequence of the last calibration read,
+	// valid or not (0 in a checkpoint from before it was kept).
+	StreamSeq  uint64              `json:"stream_seq,omitempty"`
 	Debias     bool                `json:"debias"`
 	Seq        int64               `json:"seq"`
 	Version    int64               `json:"version"`
@@ -180,8 +183,8 @@ func (s *Steps) AddCalibration(c schemas.Calibration) error {
 	}
 	if c.Map != nil {
 		m, err := calibrate.NewIsotonic(c.Map.X, c.Map.Y)
-		if err != nil {
-			return fmt.Errorf("fuse: calibration %d: %w", c.Seq, err)
+		if err != nil { // schemas.Decode refuses such a map
+			return fmt.Errorf("%w: calibration %d (step %d, group %s): its map: %w", schemas.ErrInvalid, c.Seq, c.Step, c.GroupID, err)
 		}
 		s.cal = m
 	} else {

@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"time"
 
@@ -53,11 +54,12 @@ func (a *Assembly) step(n int64) *stepState {
 	return s
 }
 
-// AddTraj adds a trajectory. A redelivered one (same traj_id, same group)
-// is ignored. It fails, with schemas.ErrInvalid, for a step already
-// closed, a trajectory id another group of the step has (the update's
-// items are told apart by it), or a group whose declared size or task
-// disagrees with earlier trajectories.
+// AddTraj adds a trajectory. A redelivered one (same traj_id, group and
+// content) is ignored. It fails, with schemas.ErrInvalid, for a step
+// already closed, a trajectory id another group of the step has (the
+// update's items are told apart by it), one that came with other content,
+// or a group whose declared size or task disagrees with earlier
+// trajectories.
 func (a *Assembly) AddTraj(t schemas.Trajectory) error {
 	if a.closed[t.Step] {
 		return fmt.Errorf("%w: late trajectory %s: step %d was already closed (a trainer resumed from a checkpoint numbers its steps on from the run's newest: wmrl status says it)",
@@ -65,10 +67,13 @@ func (a *Assembly) AddTraj(t schemas.Trajectory) error {
 	}
 	s := a.step(t.Step)
 	if other, ok := s.groupOf[t.TrajID]; ok {
-		if other == t.GroupID {
-			return nil
+		if other != t.GroupID {
+			return schemas.TrajIDTaken(t.TrajID, t.GroupID, other, t.Step)
 		}
-		return schemas.TrajIDTaken(t.TrajID, t.GroupID, other, t.Step)
+		if i := slices.IndexFunc(s.groups[other].trajs, func(p schemas.Trajectory) bool { return p.TrajID == t.TrajID }); !reflect.DeepEqual(s.groups[other].trajs[i], t) {
+			return schemas.TrajIDReused(t)
+		}
+		return nil // a redelivery
 	}
 	g := s.groups[t.GroupID]
 	if g == nil {

@@ -115,3 +115,44 @@ func TestAssemblyRefusesATrajectoryIdTwoGroupsShare(t *testing.T) {
 		t.Errorf("step 1 holds %d trajectories in %d groups, want the first one alone", n, groups)
 	}
 }
+
+// A trajectory that comes again under its id, in its group, with other
+// content (a trainer resumed from a checkpoint sends its new rollouts as
+// a step it had sent to) is refused, naming it; the first one stays. Taken
+// as a redelivery before, it was dropped without a word, and the step's
+// update gave the first one's advantage under the id of the second.
+func TestAssemblyRefusesATrajectorySentAgainWithOtherContent(t *testing.T) {
+	a := NewAssembly(time.Second)
+	first := traj(1, "a", 0, 2)
+	first.Response = "print(1)"
+	if err := a.AddTraj(first); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddTraj(first); err != nil {
+		t.Fatalf("a redelivery: %v", err)
+	}
+	other := first
+	other.Response = "print(2)"
+	err := a.AddTraj(other)
+	if !errors.Is(err, schemas.ErrInvalid) || !strings.Contains(err.Error(), `trajectory "a-0" of group a of step 1 came before with another prompt, solution or field; the first one stays`) {
+		t.Fatalf("trajectory a-0 again with another solution: %v", err)
+	}
+	other.Response, other.PolicyVersion = first.Response, first.PolicyVersion+1
+	if err := a.AddTraj(other); !errors.Is(err, schemas.ErrInvalid) {
+		t.Fatalf("trajectory a-0 again with another policy version: %v", err)
+	}
+	if err := a.AddTraj(traj(1, "a", 1, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddWatermark(schemas.StepClose{Schema: 1, Run: "r", Step: 1, Groups: 1}, time.Unix(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	sched, err := NewScheduler(SchedulerConfig{Fraction: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, groups := a.Plan("r", 1, sched, 0, nil, time.Unix(0, 0))
+	if len(groups) != 1 || len(groups[0].Trajectories) != 2 || groups[0].Trajectories[0].Response != "print(1)" {
+		t.Fatalf("step 1 planned as %+v, want group a with the first a-0", groups)
+	}
+}

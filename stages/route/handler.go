@@ -34,6 +34,7 @@ type Handler struct {
 	redelivered func(*message.Message) bool
 	inFlight    func(context.Context) (int, error)
 	maxPayload  int
+	size        func(*message.Message) int
 	onShort     func(Short)
 	onDropped   func(Dropped)
 
@@ -69,7 +70,10 @@ type Config struct {
 	// max_payload): a group whose message is over it is not sent on; its
 	// plan marks it dropped (PlanGroup.Dropped) and OnDropped hears of it.
 	MaxPayload int
-	OnDropped  func(Dropped)
+	// Size, if set, is what the server counts of a message against
+	// MaxPayload: its payload and headers (default: the payload alone).
+	Size      func(*message.Message) int
+	OnDropped func(Dropped)
 	// OnNoWatermark, if set, hears once of each step that has had
 	// trajectories for WatermarkWait (default 5 minutes) and no watermark:
 	// it is planned only once its watermark comes, which a trainer may
@@ -135,7 +139,7 @@ func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
 		cfg.WatermarkWait = 5 * time.Minute
 	}
 	return &Handler{
-		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, inFlight: cfg.InFlight, maxPayload: cfg.MaxPayload, onShort: cfg.OnShort,
+		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, inFlight: cfg.InFlight, maxPayload: cfg.MaxPayload, size: cfg.Size, onShort: cfg.OnShort,
 		onDropped:     cfg.OnDropped,
 		onNoWatermark: cfg.OnNoWatermark, watermarkWait: cfg.WatermarkWait,
 		asm: NewAssembly(cfg.StepTimeout), done: map[int64]chan struct{}{}, sent: map[int64][]string{},
@@ -331,6 +335,14 @@ func (h *Handler) countInFlight() (int, error) {
 // retry stores it) is not sent: the plan marks it dropped, so that the step
 // goes on without it and its update says so, rather than the step, and
 // every later one, waiting for it.
+// sizeOf is what the server counts of m against its max_payload.
+func (h *Handler) sizeOf(m *message.Message) int {
+	if h.size == nil {
+		return len(m.Payload)
+	}
+	return h.size(m)
+}
+
 func (h *Handler) publish(plan *schemas.Plan, groups []schemas.Group) ([]Dropped, error) {
 	var toPredict, toExec []*message.Message
 	var dropped []Dropped
@@ -339,10 +351,10 @@ func (h *Handler) publish(plan *schemas.Plan, groups []schemas.Group) ([]Dropped
 		if err != nil {
 			return nil, err
 		}
-		if h.maxPayload > 0 && len(m.Payload) > h.maxPayload {
+		if size := h.sizeOf(m); h.maxPayload > 0 && size > h.maxPayload {
 			d := Dropped{Step: g.Step, GroupID: g.GroupID,
 				Reason: fmt.Sprintf("not scored: the group's message is %.1f MiB (%d trajectories), over the NATS server's max_payload of %.1f MiB",
-					float64(len(m.Payload))/(1<<20), len(g.Trajectories), float64(h.maxPayload)/(1<<20))}
+					float64(size)/(1<<20), len(g.Trajectories), float64(h.maxPayload)/(1<<20))}
 			dropped = append(dropped, d)
 			// groups and plan.Groups are in the same order (Assembly.Plan).
 			plan.Groups[i].Dropped = d.Reason

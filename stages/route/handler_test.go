@@ -343,3 +343,45 @@ func TestAStepWithoutItsWatermarkIsReported(t *testing.T) {
 		t.Errorf("heard %+v; want %+v", heard, want)
 	}
 }
+
+// A group is measured against the server's max_payload as the server
+// measures it, headers and all (Size): one whose payload alone fits, and
+// whose headers take it over, is not sent, its plan saying why. Sent, the
+// server refused it.
+func TestAGroupIsMeasuredWithItsHeaders(t *testing.T) {
+	for _, headers := range []int{0, 200} {
+		rec := &recorder{}
+		var dropped []Dropped
+		h, err := NewHandler(Config{
+			Run: "r", Out: Topics{Group: "group", Exec: "exec", Plan: "plan"},
+			Scheduler: SchedulerConfig{Fraction: 0.5}, StepTimeout: time.Minute,
+			MaxPayload: 1200, Size: func(m *message.Message) int { return len(m.Payload) + headers },
+			OnDropped: func(d Dropped) { dropped = append(dropped, d) },
+		}, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.mu.Lock()
+		for i := range 2 {
+			tr := traj(0, "a", i, 2)
+			tr.Response = strings.Repeat("x", 300) // a group message of about 1,000 bytes
+			if err := h.asm.AddTraj(tr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := h.asm.AddWatermark(schemas.StepClose{Schema: 1, Run: "r", Step: 0, Groups: 1}, h.now()); err != nil {
+			t.Fatal(err)
+		}
+		h.mu.Unlock()
+		if err := h.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.plans) != 1 {
+			t.Fatalf("headers of %d bytes: %d plans", headers, len(rec.plans))
+		}
+		sent := len(rec.msgs["group"])
+		if n := len(rec.plans[0].Groups[0].TrajIDs); n != 2 || (headers == 0) != (sent == 1) || (headers == 0) != (len(dropped) == 0) {
+			t.Errorf("headers of %d bytes: %d group messages sent, dropped %+v", headers, sent, dropped)
+		}
+	}
+}

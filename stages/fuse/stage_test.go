@@ -1,0 +1,100 @@
+package fuse
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/stagetest"
+)
+
+// listSource yields its calibrations, then waits for the end.
+type listSource struct{ in []calibrate.Input }
+
+func (s *listSource) Next(ctx context.Context) (calibrate.Input, error) {
+	if len(s.in) == 0 {
+		<-ctx.Done()
+		return calibrate.Input{}, ctx.Err()
+	}
+	in := s.in[0]
+	s.in = s.in[1:]
+	return in, nil
+}
+
+// A calibration fuse cannot use (a stage replacing calibrate sent a map
+// that goes down, or a message that is not a calibration) is handed to
+// DeadLetter once, with the reason, and changes nothing: the next valid
+// one is absorbed. The checkpoint keeps where the reading stood, so that a
+// restart, which reads the retained calibrations again, does not
+// dead-letter them a second time. Before, fuse skipped both without a word.
+func TestACalibrationFuseCannotUseIsDeadLetteredOnce(t *testing.T) {
+	cal := func(seq int64, m *schemas.Thresholds) []byte {
+		b, err := json.Marshal(schemas.Calibration{Schema: schemas.Version, Run: "r", Seq: seq, Version: seq, Step: seq, GroupID: "g", Map: m,
+			Pairs: []schemas.CalibratedPair{{TrajID: "t0", Predicted: 0.2, True: 0.1}, {TrajID: "t1", Predicted: 0.7, True: 0.9}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	in := []calibrate.Input{
+		{Data: cal(1, &schemas.Thresholds{X: []float64{0.1, 0.9}, Y: []float64{0.2, 0.8}}), Seq: 10},
+		{Data: cal(2, &schemas.Thresholds{X: []float64{0.1, 0.9}, Y: []float64{0.8, 0.2}}), Seq: 11}, // goes down
+		{Data: []byte(`{"schema":1,"run":"r","seq":"three"}`), Seq: 12},
+		{Data: cal(3, nil), Seq: 13},
+	}
+	var saved []Checkpoint
+	run := func(restore *Checkpoint) (lettered []string, st *Stage) {
+		st, err := NewStage(StepsConfig{Run: "r", Debias: true, Denoiser: DenoiserConfig{Warmup: 4}, AnchorDeadline: time.Minute}, "update", &stagetest.Recorder{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if restore != nil {
+			if err := st.Restore(*restore); err != nil {
+				t.Fatal(err)
+			}
+		}
+		st.Save = func(_ context.Context, c Checkpoint) error { saved = append(saved, c); return nil }
+		st.DeadLetter = func(in calibrate.Input, reason error) {
+			if !strings.HasPrefix(reason.Error(), "fuse: ") || !errors.Is(reason, schemas.ErrInvalid) {
+				t.Errorf("dead letter of %d: %v, want fuse's ErrInvalid", in.Seq, reason)
+			}
+			lettered = append(lettered, reason.Error())
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- st.Run(ctx, &listSource{in: in}, uint64(len(in))) }()
+		deadline := time.Now().Add(10 * time.Second)
+		for st.checkpointAt().stream != 13 {
+			if time.Now().After(deadline) {
+				t.Fatal("the calibrations were not all read")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		return lettered, st
+	}
+
+	lettered, st := run(nil)
+	if len(lettered) != 2 || !strings.Contains(lettered[0], "calibration 2 (step 2, group g): its map: ") ||
+		!strings.Contains(lettered[0], "monotonically") || !strings.Contains(lettered[1], "seq") {
+		t.Fatalf("dead letters %q, want calibration 2's map and the third message's seq", lettered)
+	}
+	cp := st.steps.Checkpoint()
+	if cp.Seq != 3 || cp.Map != nil || cp.Version != 3 {
+		t.Errorf("after the last calibration: seq %d, version %d, map %v; want 3, 3, none (calibration 3's)", cp.Seq, cp.Version, cp.Map)
+	}
+	if len(saved) == 0 || saved[len(saved)-1].StreamSeq != 13 {
+		t.Fatalf("checkpoints %+v, the last one not at stream sequence 13", saved)
+	}
+	if again, _ := run(&saved[len(saved)-1]); len(again) != 0 {
+		t.Errorf("the restart dead-lettered %q again", again)
+	}
+}
