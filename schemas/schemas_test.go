@@ -95,3 +95,21 @@ func TestDecodingTakesWhatEncodingJSONTook(t *testing.T) {
 		}
 	}
 }
+
+// A trajectory's de-duplication ID is the same for the same content (a
+// retried request is stored once) and differs for other content under the
+// same id (which route then refuses, rather than the server dropping it).
+func TestNewTrajMessageNamesTheContent(t *testing.T) {
+	tr := Trajectory{Schema: Version, Run: "r", Step: 3, GroupID: "g0", TrajID: "g0-t1", GroupSize: 2, TaskID: "x", Prompt: "p", Response: "print(1)"}
+	a, err := NewTrajMessage(tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := NewTrajMessage(tr)
+	tr.Response = "print(2)"
+	c, _ := NewTrajMessage(tr)
+	ida, idb, idc := a.Metadata.Get(MsgIDKey), b.Metadata.Get(MsgIDKey), c.Metadata.Get(MsgIDKey)
+	if ida != idb || ida == idc || !strings.HasPrefix(ida, "r/traj/3/g0/g0-t1/") || len(ida) != len("r/traj/3/g0/g0-t1/")+8 {
+		t.Errorf("IDs %q, %q (the same content), %q (another solution)", ida, idb, idc)
+	}
+}
