@@ -574,9 +574,14 @@ func (p *Pipeline) closedShort(s route.Short) {
 // noWatermark says that a step has had trajectories for --stuck-after
 // and no watermark, which a trainer may have forgotten to send.
 func (p *Pipeline) noWatermark(n route.NoWatermark) {
+	gaveUp := ""
+	if n.NewerPlanned >= 0 {
+		gaveUp = fmt.Sprintf("; step %d, after it, was planned already: if the trainer gave this one up (it crashed during it and resumed past it), "+
+			"send its watermark with the %d groups it has, and route stops holding its trajectories (its update is made; nothing needs it)", n.NewerPlanned, n.Groups)
+	}
 	p.notef("route: step %d has had %d trajectories in %d groups for %v and no watermark: it is planned only once one comes "+
-		"(%s, {\"groups\": n}; the Python client's close_step or send_step), after the step's last trajectory",
-		n.Step, n.Trajectories, n.Groups, n.Waited.Round(time.Second), p.topo.In(StageRoute, schemas.KindStep))
+		"(%s, {\"groups\": n}; the Python client's close_step or send_step), after the step's last trajectory%s",
+		n.Step, n.Trajectories, n.Groups, n.Waited.Round(time.Second), p.topo.In(StageRoute, schemas.KindStep), gaveUp)
 }
 
 // certRenewed says, of a renewal of server's certificate files, that

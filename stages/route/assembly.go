@@ -18,6 +18,7 @@ type Assembly struct {
 	StepTimeout time.Duration
 	steps       map[int64]*stepState
 	closed      map[int64]bool
+	newest      int64 // the newest step closed, -1 before any
 }
 
 type stepState struct {
@@ -35,12 +36,15 @@ type groupState struct {
 
 // NewAssembly returns an empty assembly.
 func NewAssembly(stepTimeout time.Duration) *Assembly {
-	return &Assembly{StepTimeout: stepTimeout, steps: map[int64]*stepState{}, closed: map[int64]bool{}}
+	return &Assembly{StepTimeout: stepTimeout, steps: map[int64]*stepState{}, closed: map[int64]bool{}, newest: -1}
 }
 
 // MarkClosed records a step planned earlier (before a restart): its
 // trajectories are late from now on.
-func (a *Assembly) MarkClosed(step int64) { a.closed[step] = true }
+func (a *Assembly) MarkClosed(step int64) {
+	a.closed[step] = true
+	a.newest = max(a.newest, step)
+}
 
 // IsClosed reports whether a step was planned already.
 func (a *Assembly) IsClosed(step int64) bool { return a.closed[step] }
@@ -195,10 +199,16 @@ func (a *Assembly) Declared(n int64) (groups int, at time.Time) {
 	return 0, time.Time{}
 }
 
+// Close forgets step n's trajectories once it is planned: they are late
+// from now on.
 func (a *Assembly) Close(n int64) {
 	delete(a.steps, n)
 	a.closed[n] = true
+	a.newest = max(a.newest, n)
 }
+
+// NewestClosed is the newest step planned (-1: none).
+func (a *Assembly) NewestClosed() int64 { return a.newest }
 
 // Open is the number of steps being assembled.
 func (a *Assembly) Open() int { return len(a.steps) }

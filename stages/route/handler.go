@@ -100,6 +100,10 @@ type NoWatermark struct {
 	Step                 int64
 	Trajectories, Groups int
 	Waited               time.Duration
+	// NewerPlanned is the newest step planned, when it is newer than
+	// Step (else -1): the trainer went on without it, as one that crashed
+	// during the step and resumed past it does.
+	NewerPlanned int64
 }
 
 // Short is a step planned with less than its watermark declared, on its
@@ -303,7 +307,11 @@ func (h *Handler) Flush() error {
 			}
 			h.noWatermarkSaid[step] = true
 			trajs, groups := h.asm.Received(step)
-			h.onNoWatermark(NoWatermark{Step: step, Trajectories: trajs, Groups: groups, Waited: now.Sub(first)})
+			newer := h.asm.NewestClosed()
+			if newer < step {
+				newer = -1
+			}
+			h.onNoWatermark(NoWatermark{Step: step, Trajectories: trajs, Groups: groups, Waited: now.Sub(first), NewerPlanned: newer})
 		}
 	}
 	return nil

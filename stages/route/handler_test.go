@@ -338,7 +338,27 @@ func TestAStepWithoutItsWatermarkIsReported(t *testing.T) {
 	now = now.Add(2 * time.Second)
 	h.Flush()
 	h.Flush()
-	want := []NoWatermark{{Step: 3, Trajectories: 2, Groups: 1, Waited: 61 * time.Second}}
+	// Step 4, after it, was planned: a trainer that resumed past step 3.
+	want := []NoWatermark{{Step: 3, Trajectories: 2, Groups: 1, Waited: 61 * time.Second, NewerPlanned: 4}}
+	if fmt.Sprint(heard) != fmt.Sprint(want) {
+		t.Errorf("heard %+v; want %+v", heard, want)
+	}
+	// Step 7, the newest: nothing after it was planned.
+	send(traj(7, "c", 0, 2))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		h.mu.Lock()
+		n, _ := h.asm.Received(7)
+		h.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("step 7's trajectory did not arrive")
+		}
+	}
+	now = now.Add(time.Minute)
+	h.Flush()
+	want = append(want, NoWatermark{Step: 7, Trajectories: 1, Groups: 1, Waited: time.Minute, NewerPlanned: -1})
 	if fmt.Sprint(heard) != fmt.Sprint(want) {
 		t.Errorf("heard %+v; want %+v", heard, want)
 	}
