@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -514,6 +515,7 @@ func (p *Pipeline) buildGateway() error {
 	}
 	g, err := gateway.New(gateway.Config{
 		Run: p.cfg.Run, Stream: p.tr.stream, Token: p.cfg.HTTPToken, WorldModel: wm, Breaker: p.worldModelBreaker(),
+		Remember:   cmp.Or(p.cfg.RewardMemory, -1), // the gateway's 0 is its default
 		MaxPayload: int(p.tr.nc.MaxPayload()),
 		Instrument: p.metrics.instrumentHTTP,
 		Answered:   func(a gateway.Answer, n int) { p.metrics.RewardAnswers.WithLabelValues(string(a)).Add(float64(n)) },

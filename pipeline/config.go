@@ -225,6 +225,10 @@ type Config struct {
 	// HTTPCert and HTTPKey, when set, make the gateway speak HTTPS with
 	// that certificate, read again when the files change.
 	HTTPCert, HTTPKey string
+	// RewardMemory is how long the gateway's reward endpoints keep the
+	// world model's score of a solution (DefaultConfig: 15 minutes; 0:
+	// only while its call is under way).
+	RewardMemory time.Duration
 
 	MetricsAddr string // serve Prometheus /metrics here when set
 	// PprofRemote serves MetricsAddr's Go profiles to other machines too;
@@ -246,6 +250,7 @@ func DefaultConfig() Config {
 	c.ArchiveCode = true
 	c.WMDownAfter, c.ExecDownAfter = 5, 5
 	c.WMRetries = 5
+	c.RewardMemory = 15 * time.Minute
 	c.setDefaults()
 	return c
 }
@@ -436,6 +441,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --world-model openai needs --wm-url and --wm-model", ErrConfig)
 	case c.PairWait < 0:
 		return fmt.Errorf("%w: --pair-wait %v: want a duration > 0", ErrConfig, c.PairWait)
+	case c.RewardMemory < 0:
+		return fmt.Errorf("%w: --reward-memory %v: want a duration >= 0", ErrConfig, c.RewardMemory)
 	case c.StuckAfter < 0:
 		return fmt.Errorf("%w: --stuck-after %v: want a duration > 0", ErrConfig, c.StuckAfter)
 	case c.WMConcurrency < 0:

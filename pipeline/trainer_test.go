@@ -551,6 +551,26 @@ func TestATrajectoryIdTwoGroupsOfAStepShareIsRefused(t *testing.T) {
 	}
 }
 
+// --reward-memory 0 asks the world model again for a solution asked
+// before (a world model sampled anew each time); the default answers it
+// from the score given (TestTrainerOverHTTPAndNATS).
+func TestARewardMemoryOfNothingAsksEachTime(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr, cfg.RewardMemory = SourceExternal, "127.0.0.1:0", 0
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	for range 2 {
+		h.want(http.StatusOK, "POST", "/rewards/slime", []byte(`{"prompt":"p","response":"print(3)","label":"task-2"}`), "", "")
+	}
+	asked := testutil.ToFloat64(p.Metrics().RewardAnswers.WithLabelValues(string(gateway.AnsweredByWorldModel)))
+	remembered := testutil.ToFloat64(p.Metrics().RewardAnswers.WithLabelValues(string(gateway.AnsweredRemembered)))
+	if asked != 2 || remembered != 0 {
+		t.Errorf("the same solution twice: asked %v, remembered %v; want asked 2, remembered 0", asked, remembered)
+	}
+}
+
 // A trainer that crashed after sending part of a step is told to resume
 // past it. One that sends its new rollouts as that step anyway, under the
 // same ids, has each one that came before refused, naming it: the step's

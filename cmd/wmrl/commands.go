@@ -84,6 +84,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "serve the trainer HTTP gateway on this address")
 	fs.StringVar(&cfg.HTTPCert, "http-cert", "", "certificate (PEM) for the gateway to speak HTTPS with, read again when it changes; with --http-key")
 	fs.StringVar(&cfg.HTTPKey, "http-key", "", "key (PEM) of --http-cert")
+	fs.DurationVar(&cfg.RewardMemory, "reward-memory", cfg.RewardMemory, "how long the gateway's reward endpoints keep the world model's score of a solution, so that the same solution asked again (a trainer retrying a request) is not scored again (0: only while its call is under way, for a world model sampled anew each time)")
 	fs.StringVar(&cfg.WorldModel, "world-model", "sim", "world model: sim, or openai (an OpenAI-compatible /v1/chat/completions server; key from WMRL_WM_API_KEY)")
 	worldModelFlags(fs, cfg)
 	fs.IntVar(&cfg.WMDownAfter, "wm-down-after", cfg.WMDownAfter, "after this many world-model calls in a row failed (each after the connector's own retries), or twice --wm-concurrency requests in a row, give its groups up at once, recorded ungraded, and answer the gateway's reward requests 503, until a call succeeds again (0: never; each group then waits out its retries)")
