@@ -49,7 +49,7 @@ func TestACalibrationWithANonMonotoneMapIsDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var broken string // "step/group" of the calibration sent with a map turned around
+	var broken string // the group whose calibration was sent with its map turned around
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -62,9 +62,11 @@ func TestACalibrationWithANonMonotoneMapIsDeadLettered(t *testing.T) {
 		if broken == "" && c.Map != nil && len(c.Map.Y) >= 2 && c.Map.Y[0] < c.Map.Y[len(c.Map.Y)-1] {
 			broken = c.GroupID
 			slices.Reverse(c.Map.Y) // a bug in this stage: the map goes down
-			if data, err = json.Marshal(c); err != nil {
+			b, err := json.Marshal(c)
+			if err != nil {
 				t.Error(err)
 			}
+			data = b
 		}
 		if _, err := js.Publish(ctx, "wmrl.default.calibration", data, jetstream.WithMsgID("mine/"+m.Headers().Get(jetstream.MsgIDHeader))); err != nil {
 			t.Error(err)
