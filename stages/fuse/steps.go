@@ -183,7 +183,7 @@ func (s *Steps) AddCalibration(c schemas.Calibration) error {
 	}
 	if c.Map != nil {
 		m, err := calibrate.NewIsotonic(c.Map.X, c.Map.Y)
-		if err != nil { // schemas.Decode refuses such a map
+		if err != nil { // from a stage that replaced calibrate
 			return fmt.Errorf("%w: calibration %d (step %d, group %s): its map: %w", schemas.ErrInvalid, c.Seq, c.Step, c.GroupID, err)
 		}
 		s.cal = m
