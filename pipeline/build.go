@@ -211,6 +211,12 @@ func (p *Pipeline) buildCalibrate(ctx context.Context) error {
 		r.Close()
 		return err
 	}
+	sk, err := p.skipsOf(ctx, StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs))
+	if err != nil {
+		r.Close()
+		return err
+	}
+	st.Skip, st.Panicked = sk.has, sk.panicked
 	p.go_(func() error { defer r.Close(); return st.Run(ctx, readerSource{r}) })
 	return nil
 }
@@ -234,6 +240,11 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 	}
 	in := p.topo.In(StageFuse, schemas.KindCalibration)
 	st.DeadLetter = func(c calibrate.Input, reason error) { p.dl.reject(StageFuse, in, c.Seq, reason, c.Data) }
+	sk, err := p.skipsOf(ctx, StageFuse, in)
+	if err != nil {
+		return err
+	}
+	st.Skip, st.Panicked = sk.has, sk.panicked
 	st.OnUpdate = p.onUpdate
 	st.MaxPayload, st.Size = int(p.tr.nc.MaxPayload()), natsjs.WireSize
 	p.metrics.MaxPayload.Set(float64(st.MaxPayload))

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/openai"
 	"github.com/wmrl/wmrl/connectors/sandbox"
@@ -217,6 +219,9 @@ type Config struct {
 	// OnUpdate, if set, sees every update this process stores, with the
 	// time from the step's last input to it (for embedding and benchmarks).
 	OnUpdate func(u schemas.Update, latency time.Duration)
+	// wrapPublisher, if set, stands between each stage and what it
+	// publishes (tests: a fault in a stage's output).
+	wrapPublisher func(stage string, pub message.Publisher) message.Publisher
 
 	// HTTPAddr serves the trainer gateway (connectors/gateway) when set;
 	// HTTPToken, if set, is the bearer token it requires.

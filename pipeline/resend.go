@@ -25,7 +25,9 @@ const (
 	// KeptFused: its step's update is stored already. Every stage before
 	// fuse works for a step, and fuse drops what comes for a step it has
 	// published, so sending it again would change nothing; the step
-	// trained without it.
+	// trained without it. Pair groups and calibrations are sent whatever
+	// their step: the calibration absorbs them (the map, rho), and the
+	// archive keeps them as a late group's.
 	KeptFused
 	// KeptElsewhere: it came on a subject that is not the run's, which
 	// the run's stream does not hold.
@@ -103,11 +105,11 @@ func ResendDeadLetters(ctx context.Context, src StreamSource, run string, opt Re
 				payload = raw.Data
 			}
 		}
-		step, hasStep := stepOf(string(payload))
+		step, hasStep, pairs := stepAndPairs(string(payload))
 		switch {
 		case !GivenUp(l.dl):
 			what = KeptRejected
-		case hasStep && fused[step]:
+		case hasStep && fused[step] && !pairs:
 			what = KeptFused
 		case !strings.HasPrefix(l.dl.Subject, runSubjects) || l.dl.Subject == dlqSubject:
 			what = KeptElsewhere
@@ -131,13 +133,17 @@ func ResendDeadLetters(ctx context.Context, src StreamSource, run string, opt Re
 	return nil
 }
 
-// stepOf reads the step a payload is about, if it says.
-func stepOf(payload string) (int64, bool) {
+// stepAndPairs reads the step a payload is about, if it says, and whether
+// it carries anchor pairs (a pair group, a calibration): those are used
+// after their step is fused, since the calibration absorbs them (the map,
+// rho) and the archive keeps them as a late group's.
+func stepAndPairs(payload string) (step int64, ok, pairs bool) {
 	var m struct {
-		Step *int64 `json:"step"`
+		Step  *int64          `json:"step"`
+		Pairs json.RawMessage `json:"pairs"`
 	}
 	if json.Unmarshal([]byte(payload), &m) != nil || m.Step == nil {
-		return 0, false
+		return 0, false, false
 	}
-	return *m.Step, true
+	return *m.Step, true, m.Pairs != nil
 }

@@ -236,7 +236,11 @@ func (p *Pipeline) go_(f func() error) {
 }
 
 func (p *Pipeline) stagePublisher(stage string) message.Publisher {
-	return countingPublisher{Publisher: p.pub, n: p.metrics.Out.WithLabelValues(stage)}
+	var pub message.Publisher = countingPublisher{Publisher: p.pub, n: p.metrics.Out.WithLabelValues(stage)}
+	if p.cfg.wrapPublisher != nil {
+		pub = p.cfg.wrapPublisher(stage, pub)
+	}
+	return pub
 }
 
 func (p *Pipeline) subscribe(stage string, kind schemas.Kind, h message.NoPublishHandlerFunc) error {

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -237,6 +240,71 @@ func TestStageRebuildsUnderNewSettingsAndKeepsTheNumbering(t *testing.T) {
 		wb, _ := json.Marshal(w)
 		if string(gb) != string(wb) {
 			t.Fatalf("group %d:\n got %s\nwant %s", 21+i, gb, wb)
+		}
+	}
+}
+
+// panicking publishes through rec, and panics on the publish of group
+// seq's calibration (a bug that group sets off before it is stored).
+type panicking struct {
+	*recorder
+	seq int64
+}
+
+func (p panicking) Publish(topic string, msgs ...*message.Message) error {
+	var c schemas.Calibration
+	if json.Unmarshal(msgs[0].Payload, &c) == nil && c.Seq == p.seq {
+		var m map[string]int
+		m["x"]++ // a write to a nil map
+	}
+	return p.recorder.Publish(topic, msgs...)
+}
+
+// A panic taking a pair group is Panicked's, whose error Run returns at
+// once, with no checkpoint of the state it may have half-changed; resumed
+// from the last checkpoint with Skip naming the group, the stage passes
+// over it and calibrates the rest as it would have without it. Before,
+// the panic ended the process, and a restart read the group again and
+// ended again.
+func TestAPanicTakingAPairGroupIsSkippedAfterARestart(t *testing.T) {
+	in := pairGroups(24)
+	rec := &recorder{}
+	st, checkpoints := checkpointing(t, rec, 8)
+	st.Pub = panicking{rec, 12}
+	var heard []uint64
+	st.Panicked = func(in Input, v any, stack []byte) error {
+		heard = append(heard, in.Seq)
+		if !strings.Contains(fmt.Sprint(v), "nil map") || !strings.Contains(string(stack), "stage_test.go") {
+			t.Errorf("panic %v, stack:\n%s", v, stack)
+		}
+		return errors.New("the bug")
+	}
+	err := st.Run(context.Background(), &listSource{in: in})
+	if err == nil || err.Error() != "the bug" || !slices.Equal(heard, []uint64{in[11].Seq}) {
+		t.Fatalf("Run: %v, Panicked heard %v; want its error, of group 12 (stream seq %d)", err, heard, in[11].Seq)
+	}
+	if n := len(*checkpoints); n != 1 || (*checkpoints)[0].Seq != 8 || len(rec.stored()) != 11 {
+		t.Fatalf("%d checkpoints, %d calibrations; want the one after group 8 alone, and 11", n, len(rec.stored()))
+	}
+
+	// Restarted: from the checkpoint after group 8, passing over group 12.
+	again := &recorder{}
+	resumed, _ := checkpointing(t, again, 8)
+	resumed.Resume, resumed.Published = &(*checkpoints)[0], 11
+	resumed.Skip = func(seq uint64) bool { return seq == in[11].Seq }
+	runStage(t, resumed, in, again, 12)
+	// The reference: a stage that never had group 12.
+	ref := &recorder{}
+	without := slices.Delete(slices.Clone(in), 11, 12)
+	fresh, _ := checkpointing(t, ref, 8)
+	runStage(t, fresh, without, ref, 23)
+	got, want := again.stored(), ref.stored()[11:]
+	if len(got) != len(want) {
+		t.Fatalf("resumed: %d calibrations after the 11 stored, want %d", len(got), len(want))
+	}
+	for i := range got {
+		if got[i].Seq != want[i].Seq || got[i].GroupID != want[i].GroupID || got[i].Version != want[i].Version || !reflect.DeepEqual(got[i].Map, want[i].Map) {
+			t.Fatalf("resumed calibration %d: %+v, want %+v", i, got[i], want[i])
 		}
 	}
 }

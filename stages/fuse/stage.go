@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -46,6 +47,15 @@ type Stage struct {
 	// Fuse goes on without them; their anchor groups fall back to the
 	// world model at the anchor deadline, as late ones do.
 	DeadLetter func(in calibrate.Input, reason error)
+	// Skip, if set, names the calibrations, by stream sequence, to pass
+	// over: those whose absorption panicked before, so that a restart
+	// does not meet them again. Panicked, if set, hears of a panic
+	// absorbing in (a bug that in set off) with its value and stack: it
+	// keeps in to be sent again once the bug is fixed and has Skip name it
+	// from then on; Run returns its error, with no checkpoint. Unset, the
+	// panic goes on.
+	Skip     func(seq uint64) bool
+	Panicked func(in calibrate.Input, v any, stack []byte) error
 	// MaxPayload, if set, is the largest message the server takes (its
 	// max_payload): an update over it is ErrUpdateTooLarge. Size, if set,
 	// is what the server counts of a message against it: its payload and
@@ -69,6 +79,7 @@ type Stage struct {
 	done     map[int64]chan struct{}
 	stuck    map[int64]time.Time // steps OnStuck heard of: when their plan came
 	caughtUp bool
+	broken   bool   // a panic absorbing a calibration: no checkpoint of this state
 	read     uint64 // stream sequence of the last calibration read (the reader's, then Run's once it stopped)
 	lettered uint64 // invalid calibrations up to this stream sequence were dead-lettered before the restart
 }
@@ -262,7 +273,11 @@ func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
 				return
 			}
 			var c schemas.Calibration
-			if err := s.absorb(in, &c); err != nil && s.DeadLetter != nil && in.Seq > s.lettered {
+			switch panicked, err := s.guard(in, &c); {
+			case panicked:
+				errc <- err
+				return
+			case err != nil && s.DeadLetter != nil && in.Seq > s.lettered:
 				s.DeadLetter(in, err)
 			}
 			if read+1 >= backlog {
@@ -332,6 +347,32 @@ func (s *Stage) tellWait(now time.Time, each func(Waiting, time.Duration)) {
 	}
 }
 
+// guard absorbs in into c, unless Skip names it. A panic absorbing it (a
+// bug that in set off) is Panicked's, whose error it returns with
+// panicked, and no checkpoint is made from then on: the state may be
+// half-changed, and a restart rebuilds it. Without Panicked, the panic
+// goes on.
+func (s *Stage) guard(in calibrate.Input, c *schemas.Calibration) (panicked bool, err error) {
+	if s.Skip != nil && s.Skip(in.Seq) {
+		s.mu.Lock()
+		s.read = max(s.read, in.Seq)
+		s.mu.Unlock()
+		return false, nil
+	}
+	if s.Panicked == nil {
+		return false, s.absorb(in, c)
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			panicked, err = true, s.Panicked(in, v, debug.Stack())
+			s.mu.Lock()
+			s.broken = true
+			s.mu.Unlock()
+		}
+	}()
+	return false, s.absorb(in, c)
+}
+
 // absorb decodes one calibration into c and adds it to the steps' state.
 // An error is the calibration's own: it is invalid, and changed nothing.
 func (s *Stage) absorb(in calibrate.Input, c *schemas.Calibration) error {
@@ -369,6 +410,10 @@ func (s *Stage) checkpoint(ctx context.Context, saved *savedAt) {
 		return
 	}
 	s.mu.Lock()
+	if s.broken {
+		s.mu.Unlock()
+		return
+	}
 	c := s.steps.Checkpoint()
 	c.StreamSeq = s.read
 	s.mu.Unlock()
