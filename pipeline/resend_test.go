@@ -59,6 +59,20 @@ func outsideStage(t *testing.T, ctx context.Context, js jetstream.JetStream, jud
 	t.Cleanup(cc.Stop)
 }
 
+// resendAll has ResendDeadLetters send run default's dead letters given
+// up back from p's server, and counts what it did with them.
+func resendAll(t *testing.T, ctx context.Context, p *Pipeline) map[Resend]int {
+	t.Helper()
+	got := map[Resend]int{}
+	if err := ResendDeadLetters(ctx, StreamSource{NATSURL: p.URL(), Prefix: "wmrl"}, "default", ResendOptions{}, func(_ schemas.DeadLetter, r Resend) error {
+		got[r]++
+		return nil
+	}); err != nil {
+		t.Fatalf("resend: %v", err)
+	}
+	return got
+}
+
 // TestAStepHeldByAPredictionGivenUpIsFusedOnceItIsSentAgain: a stage
 // between predict and fuse that dead-letters a prediction (as a stage of
 // its own should, when what it calls stays down) holds that step for good,
@@ -298,13 +312,7 @@ func TestADeadLetterOverMaxPayloadIsCutAndResentWhole(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got := map[Resend]int{}
-	if err := ResendDeadLetters(ctx, StreamSource{NATSURL: p.URL(), Prefix: "wmrl"}, "default", ResendOptions{}, func(_ schemas.DeadLetter, r Resend) error {
-		got[r]++
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	got := resendAll(t, ctx, p)
 	if got[Resent] != 1 || got[KeptCut] != 1 || got[KeptRejected] != 1 {
 		t.Fatalf("resend: %v; want one resent whole, one kept (its whole gone), the rejected one kept", got)
 	}

@@ -101,14 +101,8 @@ func TestAPanicInCalibrateStopsTheRunOnceAndTheRestartPassesOverIt(t *testing.T)
 	// Fixed, the dead letter is sent again, though its step is fused: the
 	// group is calibrated, its pairs archived, and the run ends.
 	fixed.Store(true)
-	sent := 0
-	if err := ResendDeadLetters(ctx, StreamSource{NATSURL: p.URL(), Prefix: "wmrl"}, "default", ResendOptions{}, func(_ schemas.DeadLetter, r Resend) error {
-		if r == Resent {
-			sent++
-		}
-		return nil
-	}); err != nil || sent != 1 {
-		t.Fatalf("resend: %v, %d sent; want the pair group sent", err, sent)
+	if got := resendAll(t, ctx, p); got[Resent] != 1 {
+		t.Fatalf("resend: %v; want the pair group sent", got)
 	}
 	waitFor(t, 30*time.Second, func() bool { n, ofBad := calibrated(); return ofBad && n == before+1 })
 	if err := p.Wait(); err != nil {
