@@ -90,7 +90,7 @@ func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
 func (d *deadLetters) panicked(stage string, msg *message.Message, pe *panicError) error {
 	subject := msg.Metadata.Get(natsjs.MetaSubject)
 	stored := "dead-lettered to " + d.subject
-	_, err := d.sendMsg(stage, msg, givenUpPrefix+"at once: "+stage+": "+pe.Error())
+	_, err := d.sendMsg(stage, msg, panicReason(stage, pe))
 	if err != nil {
 		stored = "it could not be dead-lettered: " + err.Error()
 	}

@@ -47,14 +47,19 @@ func recoverPanics(h message.HandlerFunc) message.HandlerFunc {
 }
 
 // panicSite names the frame that panicked, as "pkg.Func (file.go:12)":
-// the first one below the runtime's panic machinery, called from the
-// deferred function in recoverPanics.
+// the first one below the runtime's panic call that is not the runtime's.
+// It is called while a panic is being recovered (from a deferred function
+// or what that calls), whose frames sit on top of the panicking ones.
 func panicSite() string {
-	pcs := make([]uintptr, 32)
-	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])
+	pcs := make([]uintptr, 64)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
+	inPanic := false
 	for {
 		f, more := frames.Next()
-		if !strings.HasPrefix(f.Function, "runtime.") {
+		switch {
+		case f.Function == "runtime.gopanic":
+			inPanic = true
+		case inPanic && !strings.HasPrefix(f.Function, "runtime.") && !strings.HasPrefix(f.Function, "internal/runtime/"):
 			file := f.File[strings.LastIndexByte(f.File, '/')+1:]
 			return fmt.Sprintf("%s (%s:%d)", f.Function[strings.LastIndexByte(f.Function, '/')+1:], file, f.Line)
 		}
@@ -62,6 +67,13 @@ func panicSite() string {
 			return "an unknown place"
 		}
 	}
+}
+
+// panicReason is the dead letter's reason for a message stage panicked
+// on: given up, so that wmrl dlq --resend sends it back once the bug is
+// fixed.
+func panicReason(stage string, pe *panicError) string {
+	return givenUpPrefix + "at once: " + stage + ": " + pe.Error()
 }
 
 // asPanic returns err's panic, if it is one.
@@ -74,11 +86,15 @@ func asPanic(err error) (*panicError, bool) {
 // subject; stored says where the message went, or why it could not be.
 func (p *Pipeline) panicked(stage, subject string, pe *panicError, stored string) {
 	p.notef("%s: a bug: the handler panicked on a message from %s: %v\n%s", stage, subject, pe.value, pe.stack)
-	report := "please report it with the stack printed above"
-	if p.cfg.Quiet {
-		report = "please report it"
-	}
 	p.fail(fmt.Errorf("%s: a bug: the handler panicked on a message from %s (%s); the run stops, since the stage's state "+
 		"may be half-changed, and a restart rebuilds it (wmrl dlq --resend sends the message back once the bug is fixed); %s: %w",
-		stage, subject, stored, report, pe))
+		stage, subject, stored, p.reportHint(), pe))
+}
+
+// reportHint asks for a bug's report, with the stack when it was printed.
+func (p *Pipeline) reportHint() string {
+	if p.cfg.Quiet {
+		return "please report it"
+	}
+	return "please report it with the stack printed above"
 }

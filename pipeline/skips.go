@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -65,9 +64,9 @@ func (s *skips) has(seq uint64) bool {
 // panicked dead-letters in, whose absorption panicked with v, adds it to
 // the list, and returns the error that stops the run.
 func (s *skips) panicked(in calibrate.Input, v any, stack []byte) error {
-	pe := &panicError{value: v, where: stackSite(stack), stack: stack}
+	pe := &panicError{value: v, where: panicSite(), stack: stack} // called while the panic is recovered
 	stored := "dead-lettered to " + s.p.dl.subject
-	if _, err := s.p.dl.send(s.stage, s.subject, in.Seq, givenUpPrefix+"at once: "+s.stage+": "+pe.Error(), in.Data); err != nil {
+	if _, err := s.p.dl.send(s.stage, s.subject, in.Seq, panicReason(s.stage, pe), in.Data); err != nil {
 		stored = "it could not be dead-lettered: " + err.Error()
 	}
 	s.mu.Lock()
@@ -82,37 +81,7 @@ func (s *skips) panicked(in calibrate.Input, v any, stack []byte) error {
 		skipped = fmt.Sprintf("but it could not be marked to be passed over (%v), so a restart meets it again", err)
 	}
 	s.p.notef("%s: a bug: absorbing the message at %d on %s panicked: %v\n%s", s.stage, in.Seq, s.subject, v, stack)
-	report := "please report it with the stack printed above"
-	if s.p.cfg.Quiet {
-		report = "please report it"
-	}
 	return fmt.Errorf("%s: a bug: absorbing the message at %d on %s panicked (%s); the run stops, since the stage's state may be half-changed, "+
 		"and a restart rebuilds it from its checkpoint, %s (wmrl dlq --resend sends the message back once the bug is fixed); %s: %w",
-		s.stage, in.Seq, s.subject, stored, skipped, report, pe)
-}
-
-// stackSite names the frame that panicked in a stack of debug.Stack, as
-// "pkg.Func (file.go:12)": the first one below the runtime's panic call
-// that is not the runtime's.
-func stackSite(stack []byte) string {
-	lines := strings.Split(string(stack), "\n")
-	for i, l := range lines {
-		if !strings.HasPrefix(l, "panic(") {
-			continue
-		}
-		for j := i + 2; j+1 < len(lines); j += 2 { // a function's line, then its file's
-			fn, at := lines[j], strings.TrimSpace(lines[j+1])
-			if strings.HasPrefix(fn, "runtime.") {
-				continue
-			}
-			fn = fn[strings.LastIndexByte(fn, '/')+1:]
-			if k := strings.LastIndexByte(fn, '('); k > 0 {
-				fn = fn[:k] // its arguments
-			}
-			at = at[strings.LastIndexByte(at, '/')+1:]
-			at, _, _ = strings.Cut(at, " ") // " +0x1f"
-			return fmt.Sprintf("%s (%s)", fn, at)
-		}
-	}
-	return "an unknown place"
+		s.stage, in.Seq, s.subject, stored, skipped, s.p.reportHint(), pe)
 }
