@@ -53,10 +53,13 @@ func TestAPanicInCalibrateStopsTheRunOnceAndTheRestartPassesOverIt(t *testing.T)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	p := started(t, ctx, cfg)
+	// Run, not Start and Wait: the panic may stop the run before Start
+	// returns, and Start then returns the error.
+	stopped := make(chan error, 1)
+	go func() { stopped <- Run(ctx, cfg) }()
 	var err error
 	select {
-	case err = <-func() chan error { c := make(chan error, 1); go func() { c <- p.Wait() }(); return c }():
+	case err = <-stopped:
 	case <-time.After(time.Minute):
 		t.Fatalf("the run did not stop on the panic:\n%s", out.String())
 	}
