@@ -93,6 +93,12 @@ func (d *deadLetters) panicked(stage string, msg *message.Message, pe *panicErro
 	_, err := d.sendMsg(stage, msg, panicReason(stage, pe))
 	if err != nil {
 		stored = "it could not be dead-lettered: " + err.Error()
+	} else {
+		// Acknowledged before the run is stopped: the router would only
+		// acknowledge it once this returns, and a subscriber closing
+		// before then hands it back, so that the restart met the panic
+		// again.
+		msg.Ack()
 	}
 	if d.onPanic != nil {
 		d.onPanic(stage, subject, pe, stored)

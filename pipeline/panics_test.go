@@ -3,14 +3,18 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/predict"
+	"github.com/wmrl/wmrl/stages/stagetest"
 )
 
 // bugWorldModel has a bug that one group sets off, until fixed.
@@ -99,5 +103,40 @@ func TestAHandlerThatPanicsStopsTheRunWithItsMessageDeadLettered(t *testing.T) {
 	}
 	if err := p.Stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// failingPublisher stores nothing.
+type failingPublisher struct{ message.Publisher }
+
+func (failingPublisher) Publish(string, ...*message.Message) error {
+	return errors.New("no responders")
+}
+
+// A message whose handler panicked is acknowledged once its dead letter is
+// stored and before the run is told to stop: the router would acknowledge
+// it only after the middleware returned, by when the stopping subscriber
+// could have handed it back, and the restart met the panic again (CI of
+// 1af0077). One that could not be stored is not acknowledged.
+func TestAPanickedMessageIsAcknowledgedBeforeTheRunStops(t *testing.T) {
+	for _, c := range []struct {
+		pub   message.Publisher
+		acked bool
+	}{{&stagetest.Recorder{}, true}, {failingPublisher{}, false}} {
+		msg := message.NewMessage("1", []byte(`{"group_id":"g"}`))
+		var told, ackedThen bool
+		d := &deadLetters{pub: c.pub, subject: "wmrl.default.dlq", maxAttempts: 3, metrics: NewMetrics(),
+			onPanic: func(_, _ string, _ *panicError, _ string) {
+				told = true
+				select {
+				case <-msg.Acked():
+					ackedThen = true
+				default:
+				}
+			}}
+		d.panicked(StagePredict, msg, &panicError{value: "assignment to entry in nil map"})
+		if !told || ackedThen != c.acked {
+			t.Errorf("dead letter stored %v: told %v, acknowledged by then %v; want told, acknowledged %v", c.acked, told, ackedThen, c.acked)
+		}
 	}
 }
