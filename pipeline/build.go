@@ -207,7 +207,12 @@ func (p *Pipeline) buildCalibrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := p.wireCalibrateCheckpoints(ctx, st, r.Backlog); err != nil {
+	retained, err := p.tr.stored(ctx, p.topo.In(StageCalibrate, schemas.KindPairs))
+	if err != nil {
+		r.Close()
+		return fmt.Errorf("calibrate: count the retained pair groups: %w", err)
+	}
+	if err := p.wireCalibrateCheckpoints(ctx, st, retained); err != nil {
 		r.Close()
 		return err
 	}
@@ -280,7 +285,7 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.go_(func() error { defer r.Close(); return st.Run(ctx, readerSource{r}, r.Backlog) })
+	p.go_(func() error { defer r.Close(); return st.Run(ctx, readerSource{r}, r.Last) })
 	if p.cfg.Steps > 0 {
 		done := slices.Clone(published)
 		if len(published) > 0 {

@@ -153,7 +153,7 @@ func ReadDeadLetters(ctx context.Context, src StreamSource, run string, follow b
 		return fmt.Errorf("pipeline: read %s at %s: %w", subject, c.url, err)
 	}
 	defer r.Close()
-	for n := uint64(0); follow || n < r.Backlog; n++ {
+	for done := !follow && r.Last == 0; !done; {
 		rec, err := r.Next(ctx)
 		if err != nil {
 			if follow && ctx.Err() != nil {
@@ -170,8 +170,10 @@ func ReadDeadLetters(ctx context.Context, src StreamSource, run string, follow b
 		if err := fn(dl); err != nil {
 			return err
 		}
-		if !follow && rec.Pending == 0 {
-			return nil
+		if !follow {
+			if done, err = r.ReadThrough(ctx, rec); err != nil {
+				return fmt.Errorf("pipeline: read %s at %s: %w", subject, c.url, err)
+			}
 		}
 	}
 	return nil

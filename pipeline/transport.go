@@ -261,6 +261,20 @@ func (t *transport) info(ctx context.Context) (*jetstream.StreamInfo, error) {
 	return s.Info(ctx)
 }
 
+// stored counts the messages on subject, as the stream's leader has them
+// (a reader's Backlog is counted by whichever replica holds its consumer).
+func (t *transport) stored(ctx context.Context, subject string) (uint64, error) {
+	s, err := t.js.Stream(ctx, t.stream)
+	if err != nil {
+		return 0, err
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		return 0, err
+	}
+	return info.State.Subjects[subject], nil
+}
+
 // last decodes the newest message on subject into v; ok is false when
 // there is none.
 func (t *transport) last(ctx context.Context, subject string, v any) (ok bool, err error) {

@@ -339,3 +339,42 @@ func TestSubscribeWaitsForTheClustersNextMetaLeader(t *testing.T) {
 		t.Fatal("no message after the meta leader's loss")
 	}
 }
+
+// A scan's consumer may be placed on any replica of the stream, and one
+// just restarted holds only what it has caught up with: the consumer
+// reports nothing pending there, and scans placed on it read nothing (4 of
+// 40, of 20,000 messages, before). Every scan reads every message: it
+// reads until the newest message the stream's leader holds.
+func TestAScanOnAReplicaCatchingUpReadsEverything(t *testing.T) {
+	nodes, _, js, ctx := replicatedStream(t, "CATCHUP", "cu.>")
+	leader := natstest.StreamLeader(t, js, "CATCHUP")
+	var behind *natstest.Node
+	for _, n := range nodes {
+		if n.Name() != leader {
+			behind = n
+		}
+	}
+	behind.Stop()
+	const n = 10000
+	for i := range n {
+		if _, err := js.PublishAsync("cu.x", fmt.Appendf(nil, "%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-js.PublishAsyncComplete()
+	behind.Start(t)
+	const scans = 30
+	var short []int
+	for range scans {
+		got := 0
+		if err := Scan(ctx, js, "CATCHUP", "cu.x", true, func(Record) error { got++; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if got != n {
+			short = append(short, got)
+		}
+	}
+	if len(short) > 0 {
+		t.Fatalf("%d of %d scans read short of the %d messages: %v", len(short), scans, n, short)
+	}
+}

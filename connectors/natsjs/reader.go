@@ -2,6 +2,7 @@ package natsjs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -38,9 +39,14 @@ type Reader struct {
 	it          jetstream.MessagesContext // nil between a loss and the next open
 	cons        jetstream.Consumer        // the newest consumer made, deleted on Close
 	closed      bool
-	// Backlog is how many messages were on the subject when the reader
-	// started: a caller rebuilding state is caught up after that many.
-	Backlog uint64
+	// Last is the stream sequence of the subject's newest message when the
+	// reader started, as the stream's leader has it (0: there was none,
+	// or none at or after since): a caller rebuilding state is caught up
+	// once it has read it. The consumer's own count of what is pending
+	// cannot say: in a cluster the server holding the consumer may be a
+	// replica still catching up with the leader (one just restarted held
+	// none of 20,000 messages, and scans placed on it read nothing).
+	Last uint64
 	// OnRetry, if set, hears why the reader is about to try again (from a
 	// goroutine calling Next).
 	OnRetry func(err error)
@@ -55,8 +61,7 @@ func NewReader(ctx context.Context, js jetstream.JetStream, stream, subject stri
 }
 
 // NewReaderSince opens a reader on subject that starts at the first
-// message stored at or after since (its Backlog counts from there);
-// headersOnly as for NewReader.
+// message stored at or after since; headersOnly as for NewReader.
 func NewReaderSince(ctx context.Context, js jetstream.JetStream, stream, subject string, since time.Time, headersOnly bool) (*Reader, error) {
 	return newReader(ctx, &Reader{js: js, stream: stream, subject: subject, since: since, headersOnly: headersOnly})
 }
@@ -65,23 +70,62 @@ func newReader(ctx context.Context, r *Reader) (*Reader, error) {
 	subject := r.subject
 	setUp, cancel := context.WithTimeout(ctx, ReaderSetUpWait)
 	defer cancel()
-	var cons jetstream.Consumer
 	if err := UntilAnswered(setUp, func(ctx context.Context) (err error) {
-		cons, err = r.open(ctx)
+		_, err = r.open(ctx)
 		return err
 	}, nil); err != nil {
 		return nil, err
 	}
-	var info *jetstream.ConsumerInfo
 	if err := UntilAnswered(setUp, func(ctx context.Context) (err error) {
-		info, err = cons.Info(ctx)
+		r.Last, err = r.last(ctx)
 		return err
 	}, nil); err != nil {
 		r.Close()
 		return nil, fmt.Errorf("natsjs: read %s: %w", subject, err)
 	}
-	r.Backlog = info.NumPending
 	return r, nil
+}
+
+// last asks the stream's leader for the stream sequence of the subject's
+// newest message (0: none, or none at or after r.since). The stream's
+// own message API answers from its leader; a direct get (AllowDirect,
+// which wmrl's streams do not set) may be answered by any replica.
+func (r *Reader) last(ctx context.Context) (uint64, error) {
+	stream, err := r.js.Stream(ctx, r.stream)
+	if err != nil {
+		return 0, err
+	}
+	m, err := stream.GetLastMsgForSubject(ctx, r.subject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, nil
+	case err != nil:
+		return 0, err
+	case !r.since.IsZero() && m.Time.Before(r.since):
+		return 0, nil
+	}
+	return m.Sequence, nil
+}
+
+// ReadThrough reports whether rec, just read, is at or past Last: what
+// the subject held when the reader started has all been read. A message
+// with nothing pending after it short of Last means that the consumer's
+// server lags the leader (the rest comes as it catches up) or that the
+// message at Last was deleted since; the leader is asked again, and Last
+// follows its answer.
+func (r *Reader) ReadThrough(ctx context.Context, rec Record) (bool, error) {
+	if rec.Seq >= r.Last {
+		return true, nil
+	}
+	if rec.Pending > 0 {
+		return false, nil
+	}
+	last, err := r.last(ctx)
+	if err != nil {
+		return false, fmt.Errorf("natsjs: read %s: %w", r.subject, err)
+	}
+	r.Last = last
+	return rec.Seq >= last, nil
 }
 
 // ReaderSetUpWait bounds how long NewReader asks again.
@@ -214,7 +258,7 @@ func ScanSince(ctx context.Context, js jetstream.JetStream, stream, subject stri
 		return err
 	}
 	defer r.Close()
-	for i := uint64(0); i < r.Backlog; i++ {
+	for done := r.Last == 0; !done; {
 		rec, err := r.Next(ctx)
 		if err != nil {
 			return fmt.Errorf("natsjs: scan %s: %w", subject, err)
@@ -222,8 +266,8 @@ func ScanSince(ctx context.Context, js jetstream.JetStream, stream, subject stri
 		if err := fn(rec); err != nil {
 			return err
 		}
-		if rec.Pending == 0 {
-			break
+		if done, err = r.ReadThrough(ctx, rec); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -11,17 +11,20 @@ import (
 )
 
 // TestReaderSinceStartsAtItsTime: a reader since t reads the messages
-// stored at or after t, counts only them as its backlog, and says when
-// each was stored.
+// stored at or after t, ends its catching up at the newest, and says when
+// each was stored; since after the newest, there is nothing to catch up.
 func TestReaderSinceStartsAtItsTime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	js, _ := streamS(t, ctx)
+	var newest uint64 // on s.a
 	publish := func(from, to int) {
 		for i := from; i < to; i++ {
-			if _, err := js.Publish(ctx, "s.a", fmt.Appendf(nil, "%d", i)); err != nil {
+			ack, err := js.Publish(ctx, "s.a", fmt.Appendf(nil, "%d", i))
+			if err != nil {
 				t.Fatal(err)
 			}
+			newest = ack.Sequence
 			js.Publish(ctx, "s.b", []byte("other subject"))
 		}
 	}
@@ -34,8 +37,8 @@ func TestReaderSinceStartsAtItsTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if r.Backlog != 2 {
-		t.Fatalf("backlog %d; want the 2 messages since", r.Backlog)
+	if r.Last != newest {
+		t.Fatalf("Last %d; want %d, the newest on s.a", r.Last, newest)
 	}
 	for want := 3; want < 5; want++ {
 		rec, err := r.Next(ctx)
@@ -45,6 +48,18 @@ func TestReaderSinceStartsAtItsTime(t *testing.T) {
 		if string(rec.Data) != fmt.Sprint(want) || rec.Time.Before(since) || time.Since(rec.Time) > time.Minute {
 			t.Fatalf("read %q stored at %v; want %d, stored after %v", rec.Data, rec.Time, want, since)
 		}
+		if through, err := r.ReadThrough(ctx, rec); err != nil || through != (want == 4) {
+			t.Fatalf("read through at %d: %v, %v; want it at 4 alone", want, through, err)
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+	later, err := NewReaderSince(ctx, js, "S", "s.a", time.Now(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer later.Close()
+	if later.Last != 0 {
+		t.Fatalf("Last %d since after the newest message; want 0", later.Last)
 	}
 }
 
@@ -72,5 +87,46 @@ func TestReaderEndsOnAConnectionClosedForGood(t *testing.T) {
 	_, err = r.Next(ctx)
 	if !errors.Is(err, nats.ErrConnectionClosed) {
 		t.Fatalf("Next on a closed connection: %v after %v; want it said, not retried", err, time.Since(start))
+	}
+}
+
+// ReadThrough: a message with nothing pending after it short of Last is
+// read through only if the leader no longer holds anything past it (the
+// newest was deleted since the reader started, as wmrl dlq --resend
+// deletes what it sent back), not if the consumer's replica merely lags.
+func TestReadThroughAsksTheLeaderAgainWhenNothingIsPending(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js, st := streamS(t, ctx)
+	for i := range 3 {
+		if _, err := js.Publish(ctx, "s.a", fmt.Appendf(nil, "%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := NewReader(ctx, js, "S", "s.a", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Last != 3 {
+		t.Fatalf("Last %d; want 3", r.Last)
+	}
+	for _, c := range []struct {
+		rec  Record
+		want bool
+	}{
+		{Record{Seq: 1, Pending: 2}, false},
+		{Record{Seq: 2, Pending: 0}, false}, // a replica that lags: 3 is still to come
+		{Record{Seq: 3, Pending: 0}, true},
+	} {
+		if got, err := r.ReadThrough(ctx, c.rec); err != nil || got != c.want {
+			t.Fatalf("read through %+v: %v, %v; want %v", c.rec, got, err, c.want)
+		}
+	}
+	if err := st.DeleteMsg(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := r.ReadThrough(ctx, Record{Seq: 2, Pending: 0}); err != nil || !got || r.Last != 2 {
+		t.Fatalf("read through 2 with 3 deleted: %v, %v, Last %d; want through, Last 2", got, err, r.Last)
 	}
 }

@@ -243,11 +243,12 @@ func (s *Stage) Flush(ctx context.Context) error {
 	return nil
 }
 
-// Run follows the calibration stream (first replaying backlog messages to
-// rebuild rho and the map, after the restored checkpoint if any) and
-// closes steps on their deadlines, until ctx is done.
-func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
-	if backlog == 0 {
+// Run follows the calibration stream (first replaying the retained
+// calibrations, through the one at stream sequence last, to rebuild rho
+// and the map, after the restored checkpoint if any; last 0: there are
+// none) and closes steps on their deadlines, until ctx is done.
+func (s *Stage) Run(ctx context.Context, cal Source, last uint64) error {
+	if last == 0 {
 		s.setCaughtUp()
 	}
 	every := int64(s.CheckpointEvery)
@@ -264,7 +265,7 @@ func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
 	}()
 	go func() {
 		defer close(done)
-		for read := uint64(0); ; read++ {
+		for {
 			in, err := cal.Next(ctx)
 			if err != nil {
 				if ctx.Err() == nil {
@@ -280,7 +281,7 @@ func (s *Stage) Run(ctx context.Context, cal Source, backlog uint64) error {
 			case err != nil && s.DeadLetter != nil && in.Seq > s.lettered:
 				s.DeadLetter(in, err)
 			}
-			if read+1 >= backlog {
+			if in.Seq >= last {
 				s.setCaughtUp()
 			}
 			if err := s.Flush(ctx); errors.Is(err, ErrUpdateTooLarge) {

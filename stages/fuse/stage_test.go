@@ -69,7 +69,7 @@ func TestACalibrationFuseCannotUseIsDeadLetteredOnce(t *testing.T) {
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- st.Run(ctx, &listSource{in: in}, uint64(len(in))) }()
+		go func() { done <- st.Run(ctx, &listSource{in: in}, in[len(in)-1].Seq) }()
 		deadline := time.Now().Add(10 * time.Second)
 		for st.checkpointAt().stream != 13 {
 			if time.Now().After(deadline) {
@@ -147,7 +147,7 @@ func TestAPanicAbsorbingACalibrationIsSkippedAfterARestart(t *testing.T) {
 		heard = append(heard, in.Seq)
 		return errors.New("the bug")
 	}
-	err := st.Run(context.Background(), &sabotaged{listSource{in: in}, st, 23}, uint64(len(in)))
+	err := st.Run(context.Background(), &sabotaged{listSource{in: in}, st, 23}, in[len(in)-1].Seq)
 	if err == nil || err.Error() != "the bug" || !slices.Equal(heard, []uint64{23}) {
 		t.Fatalf("Run: %v, Panicked heard %v; want its error, of the calibration at 23", err, heard)
 	}
