@@ -329,6 +329,7 @@ func (p *Pipeline) buildArchive(ctx context.Context) error {
 	p.archiveWriter = w
 	if p.cfg.Steps > 0 {
 		p.archived = newProgress(p.cfg.Steps, w.Archived())
+		p.go_(func() error { return p.followLetters(ctx) })
 		st.OnArchived = func(step int64, late bool) {
 			if !late {
 				p.metrics.Archived.Inc()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -327,4 +328,69 @@ func TestPipelineGivesUpOnADownExecutorUntilItIsBack(t *testing.T) {
 		}
 	}
 	t.Logf("%d steps with both anchor groups failed, %d groups given up at once", allFailed, atOnce)
+}
+
+// A run of a fixed number of steps whose late anchor groups' pairs are in
+// the dead letters (here pair gave up on executions that never came) ends
+// once every step is fused and archived, naming those groups, instead of
+// waiting for their pairs, in silence, until stopped (it waited out its
+// 20 s context before).
+func TestARunOfStepsEndsWhenItsLateGroupsPairsAreDeadLettered(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 2
+	cfg.Stages = slices.DeleteFunc(slices.Clone(AllStages), func(s string) bool { return s == StageExecute })
+	cfg.Anchors = route.SchedulerConfig{Fraction: 0.25, MinPerStep: 1}
+	cfg.AnchorDeadline = 500 * time.Millisecond
+	cfg.PairWait = 2 * time.Second
+	var out syncBuffer
+	cfg.Out, cfg.Quiet = &out, false
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil || ctx.Err() != nil {
+		t.Fatalf("run: %v, its context %v; want it ended by itself\n%s", err, ctx.Err(), out.String())
+	}
+	var late []string
+	for _, u := range decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update")) {
+		for _, g := range u.LateAnchors {
+			late = append(late, fmt.Sprintf("%s of step %d", g, u.Step))
+		}
+	}
+	slices.Sort(late)
+	if len(late) < 4 {
+		t.Fatalf("late anchor groups %v; want 4 or more", late)
+	}
+	want := fmt.Sprintf("not archived: the pairs of late anchor groups %s, %s, %s and %d more, whose messages were dead-lettered (the first, pair's: pair: unusable message: anchor group ",
+		late[0], late[1], late[2], len(late)-3)
+	if !strings.Contains(out.String(), "done: steps 0-1 fused and archived") || !strings.Contains(out.String(), want) {
+		t.Fatalf("the run did not end saying %q:\n%s", want, out.String())
+	}
+}
+
+// Which dead letters hold up an anchor group's pairs: those of the stages
+// from pairing on, and of outside stages, whose message names a step and
+// a group; route's and predict's hold up the step itself, and execute
+// sends a group it gives up on ungraded.
+func TestWhichDeadLettersHoldUpAGroupsPairs(t *testing.T) {
+	named := `{"schema":1,"run":"default","step":7,"group_id":"g3","items":[]}`
+	for _, c := range []struct {
+		stage, payload string
+		held           bool
+	}{
+		{StagePair, named, true},
+		{StageCalibrate, named, true},
+		{StageFuse, named, true},
+		{StageArchive, named, true},
+		{"length-penalty", named, true},
+		{StageRoute, named, false},
+		{StagePredict, named, false},
+		{StageExecute, named, false},
+		{StagePair, named[:40], false},                                   // cut to fit the server: no group to name
+		{StagePair, `{"schema":1,"group_id":"g3"}`, false},               // no step
+		{StageCalibrate, `{"schema":1,"run":"default","step":7}`, false}, // no group
+	} {
+		step, group, held := noPairsFor(schemas.DeadLetter{Stage: c.stage, Payload: c.payload})
+		if held != c.held || held && (step != 7 || group != "g3") {
+			t.Errorf("%s's letter of %s: holds %v (step %d, group %q); want %v", c.stage, c.payload, held, step, group, c.held)
+		}
+	}
 }

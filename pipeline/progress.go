@@ -130,7 +130,8 @@ func stepsFromNow(left, perStep int64) string {
 
 // finishIfComplete stops a run of a fixed number of steps once every step
 // is fused and, when this process archives, archived with the pairs of
-// its late anchor groups (which come after their steps).
+// its late anchor groups (which come after their steps), but for those a
+// dead letter holds up.
 func (p *Pipeline) finishIfComplete() {
 	if p.progress == nil && p.archived == nil {
 		return
@@ -139,10 +140,16 @@ func (p *Pipeline) finishIfComplete() {
 	if fused && p.archiveWriter != nil {
 		p.archiveWriter.SetMaxAge(0) // the last steps' rows: close the file at once
 	}
-	if fused && (p.archived == nil || p.archived.complete() && len(p.archiveWriter.PendingLate()) == 0) {
-		p.doneOnce.Do(p.sayDone)
-		p.cancel()
+	if !fused || p.archived != nil && !p.archived.complete() {
+		return
 	}
+	if p.archived != nil {
+		if coming, _, _ := p.lateWaits(); len(coming) > 0 {
+			return
+		}
+	}
+	p.doneOnce.Do(p.sayDone)
+	p.cancel()
 }
 
 // sayDone closes a run of a fixed number of steps with what this process
@@ -158,7 +165,17 @@ func (p *Pipeline) sayDone() {
 	fused, seen := p.seen()
 	fmt.Fprintf(p.cfg.Out, "done: steps 0-%d fused%s, %d of them by this process in %s, %s\n",
 		p.progress.target-1, archived, fused, time.Since(p.started).Round(100*time.Millisecond), seen)
+	if p.archived == nil {
+		return
+	}
+	if _, held, why := p.lateWaits(); len(held) > 0 {
+		fmt.Fprintf(p.cfg.Out, "not archived: the pairs of late anchor groups %s, whose messages were dead-lettered (the first, %s); "+
+			"wmrl dlq lists them, and --resend sends back those given up for an outage or a bug, whose pairs a run on the same --data then archives\n",
+			Few(held, 3, lateName), why[0])
+	}
 }
+
+func lateName(g archive.LateGroup) string { return fmt.Sprintf("%s of step %d", g.GroupID, g.Step) }
 
 // sayStopped closes a run stopped from outside (Ctrl-C, SIGTERM) with
 // where it is and how to go on, so that a stop is not mistaken for a loss.
@@ -203,9 +220,7 @@ func (p *Pipeline) archiveWaits() string {
 		waits = append(waits, "the updates of steps "+Few(steps, 3, func(s int64) string { return fmt.Sprint(s) }))
 	}
 	if late := p.archiveWriter.PendingLate(); len(late) > 0 {
-		waits = append(waits, "the pairs of late anchor groups "+Few(late, 3, func(g archive.LateGroup) string {
-			return fmt.Sprintf("%s of step %d", g.GroupID, g.Step)
-		}))
+		waits = append(waits, "the pairs of late anchor groups "+Few(late, 3, lateName))
 	}
 	if waits == nil {
 		return ""

@@ -41,6 +41,7 @@ type Pipeline struct {
 	progress      *progress
 	archived      *progress
 	archiveWriter *archive.Writer
+	lettered      lettered // late anchor groups whose pairs a dead letter holds up (--steps)
 	gateway       *gateway.Gateway
 	wm            predict.WorldModel
 	wmBreaker     *breaker.Breaker // the world model's, shared by predict and the gateway
