@@ -573,18 +573,22 @@ func TestARewardMemoryOfNothingAsksEachTime(t *testing.T) {
 
 // A trainer that crashed after sending part of a step is told to resume
 // past it. One that sends its new rollouts as that step anyway, under the
-// same ids, has each one that came before refused, naming it: the step's
-// update gives the advantage by id, and it holds the first trajectory
-// under it.
+// same ids, is refused by the gateway that stored the first ones (409,
+// naming the id and the step to go on from), and nothing of the request
+// is stored; what it sends through another gateway (here, straight to the
+// stream) route refuses, each id that came before dead-lettered, naming
+// it: the step's update gives the advantage by id, and it holds the first
+// trajectory under it.
 // Before, the server dropped the new ones as copies (their de-duplication
 // ID was the same) and the trainer got 202 and an update whose advantages
-// for those ids were the old rollouts', without a word anywhere.
+// for those ids were the old rollouts', without a word anywhere; then the
+// gateway answered 202 and only route's dead letters said so.
 func TestATrainerResentIntoAStepWithOtherRolloutsIsRefused(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Source, cfg.HTTPAddr = SourceExternal, "127.0.0.1:0"
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p, nc, _ := startClient(t, ctx, cfg)
+	p, nc, js := startClient(t, ctx, cfg)
 	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 2, GroupSize: 4}
 	before, wm := pol.Step(0)
@@ -604,7 +608,28 @@ func TestATrainerResentIntoAStepWithOtherRolloutsIsRefused(t *testing.T) {
 		after[i].Response += "\n# resumed"
 	}
 	body, _ = json.Marshal(after)
-	h.want(http.StatusAccepted, "POST", "/trajectories", body, "", "")
+	h.want(http.StatusConflict, "POST", "/trajectories", body, "",
+		fmt.Sprintf("trajectory 0: %s of group %s of step 0 was sent before with other content; a trainer resumed from a checkpoint numbers its steps on from the run's next, 1", before[0].TrajID, before[0].GroupID))
+	// Neither is a request that holds an id twice, or one under an id
+	// another group of the step has.
+	body, _ = json.Marshal([]schemas.Trajectory{before[3], after[3]})
+	h.want(http.StatusBadRequest, "POST", "/trajectories", body, "", fmt.Sprintf("trajectory 1: %s of step 0 is in the request twice, with other content", before[3].TrajID))
+	moved := before[4] // of the second group
+	moved.TrajID = before[0].TrajID
+	body, _ = json.Marshal([]schemas.Trajectory{moved})
+	h.want(http.StatusBadRequest, "POST", "/trajectories", body, "", fmt.Sprintf("of group %s is taken by group %s of step 0", moved.GroupID, before[0].GroupID))
+	if n := len(scanAll(t, nc, "wmrl.default.traj")); n != 3 {
+		t.Fatalf("%d trajectories stored; want the 3 before the crash alone", n)
+	}
+	for _, tr := range after {
+		m, err := schemas.NewTrajMessage(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Publish(ctx, "wmrl.default.traj", m.Payload, jetstream.WithMsgID(m.Metadata.Get(schemas.MsgIDKey))); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// Closed before route met them, they would be refused as late.
 	waitFor(t, 30*time.Second, func() bool { return len(scanAll(t, nc, "wmrl.default.dlq")) >= 3 })
 	h.want(http.StatusAccepted, "POST", "/steps/0/close", []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), "", "")

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -127,6 +128,7 @@ type Gateway struct {
 	updates *updates
 	truths  *truths
 	planned *planned
+	sent    *sent
 	cal     atomic.Pointer[calState]
 
 	predictions *predictions
@@ -167,7 +169,7 @@ func New(cfg Config, js jetstream.JetStream, pub message.Publisher) (*Gateway, e
 		return nil, errors.New("gateway: a world model is required for the reward endpoints")
 	}
 	life, stop := context.WithCancel(context.Background())
-	return &Gateway{cfg: cfg, js: js, pub: pub, updates: newUpdates(cfg.KeepUpdates), truths: newTruths(100_000), planned: &planned{},
+	return &Gateway{cfg: cfg, js: js, pub: pub, updates: newUpdates(cfg.KeepUpdates), truths: newTruths(100_000), planned: &planned{}, sent: &sent{ids: map[int64]map[string]sentAs{}},
 		predictions: newPredictions(100_000, cfg.Remember), life: life, stop: stop}, nil
 }
 
@@ -324,8 +326,8 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, "no trajectories: want a non-empty JSON array")
 		return
 	}
-	msgs := make([]*message.Message, len(raw))
-	groupOf := map[trajKey]string{}
+	msgs, trajs := make([]*message.Message, len(raw)), make([]schemas.Trajectory, len(raw))
+	groupOf, idOf := map[trajKey]string{}, map[trajKey]string{}
 	for i, b := range raw {
 		t, err := schemas.DecodeTrajectory(b)
 		if err == nil {
@@ -354,18 +356,83 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 			fail(w, http.StatusInternalServerError, "trajectory %d: %v", i, err)
 			return
 		}
+		id := m.Metadata.Get(schemas.MsgIDKey)
+		if prev, ok := idOf[trajKey{t.Step, t.TrajID}]; ok && prev != id {
+			fail(w, http.StatusBadRequest, "trajectory %d: %s of step %d is in the request twice, with other content", i, t.TrajID, t.Step)
+			return
+		}
+		idOf[trajKey{t.Step, t.TrajID}] = id
+		// Route would dead-letter either, and the step's update would give
+		// the first one's advantage under this one's id.
+		switch before, ok := g.sent.of(t.Step, t.TrajID); {
+		case ok && before.group != t.GroupID:
+			fail(w, http.StatusBadRequest, "trajectory %d: %v", i, schemas.TrajIDTaken(t.TrajID, t.GroupID, before.group, t.Step))
+			return
+		case ok && before.id != id:
+			next, _ := g.next(r.Context())
+			fail(w, http.StatusConflict, "trajectory %d: %s of group %s of step %d was sent before with other content; "+
+				"a trainer resumed from a checkpoint numbers its steps on from the run's next, %d (GET /v1/runs/%s/steps), or starts a new --run",
+				i, t.TrajID, t.GroupID, t.Step, next, g.cfg.Run)
+			return
+		}
 		if size := natsjs.WireSize(m); g.cfg.MaxPayload > 0 && size > g.cfg.MaxPayload {
 			fail(w, http.StatusRequestEntityTooLarge, "trajectory %d (%s) is %d bytes of JSON and headers, and the NATS server takes messages of at most %d bytes (its max_payload): "+
 				"raise it (--nats-max-payload-mb for the embedded server, up to 64), or send shorter prompts and solutions", i, t.TrajID, size, g.cfg.MaxPayload)
 			return
 		}
-		msgs[i] = m
+		msgs[i], trajs[i] = m, t
 	}
 	if err := g.pub.Publish(g.cfg.Subjects.Traj, msgs...); err != nil {
 		unavailable(w, "store trajectories: %v", err)
 		return
 	}
+	g.sent.add(trajs, msgs, g.planned)
 	writeJSON(w, http.StatusAccepted, map[string]int{"accepted": len(msgs)})
+}
+
+// sent is what this gateway stored of the steps route has not planned:
+// by step and trajectory id, the trajectory's group and de-duplication ID
+// (run, step, group, id and a digest of its content). A trajectory sent
+// again alike is stored once. Under the same id with other content (a
+// trainer resumed from a checkpoint that sends its new rollouts as the
+// step it crashed in) or in another group, route refuses it, and the
+// update would carry the first one's advantage under its id: refused here
+// at once, the trainer hears of it. What another gateway, or this one
+// before a restart, stored only route refuses (dead-lettered, saying why).
+type sent struct {
+	mu  sync.Mutex
+	ids map[int64]map[string]sentAs
+}
+
+type sentAs struct{ group, id string }
+
+// of is how trajectory id of step was stored, if it was.
+func (s *sent) of(step int64, id string) (sentAs, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	as, ok := s.ids[step][id]
+	return as, ok
+}
+
+// add notes trajs, stored as msgs, and forgets the steps route has
+// planned since.
+func (s *sent) add(trajs []schemas.Trajectory, msgs []*message.Message, planned *planned) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for step := range s.ids {
+		if planned.has(step) {
+			delete(s.ids, step)
+		}
+	}
+	for i, t := range trajs {
+		if planned.has(t.Step) {
+			continue
+		}
+		if s.ids[t.Step] == nil {
+			s.ids[t.Step] = map[string]sentAs{}
+		}
+		s.ids[t.Step][t.TrajID] = sentAs{t.GroupID, msgs[i].Metadata.Get(schemas.MsgIDKey)}
+	}
 }
 
 func (g *Gateway) closeStep(w http.ResponseWriter, r *http.Request) {

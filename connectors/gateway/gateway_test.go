@@ -626,6 +626,41 @@ func TestPlannedStepsStayFew(t *testing.T) {
 	}
 }
 
+// TestWhatWasSentIsForgottenOncePlanned: the gateway keeps the ids it
+// stored of the steps route has not planned, to refuse the same id with
+// other content; a run of days plans a step at a time, and a planned
+// step's ids are dropped at the next request.
+func TestWhatWasSentIsForgottenOncePlanned(t *testing.T) {
+	s, p := &sent{ids: map[int64]map[string]sentAs{}}, &planned{}
+	send := func(step int64) {
+		var trajs []schemas.Trajectory
+		var msgs []*message.Message
+		for i := range 4 {
+			tr := schemas.Trajectory{Schema: schemas.Version, Run: "r", Step: step, GroupID: "g", TrajID: fmt.Sprint("t", i), Prompt: "p", Response: fmt.Sprint(i)}
+			m, err := schemas.NewTrajMessage(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			trajs, msgs = append(trajs, tr), append(msgs, m)
+		}
+		s.add(trajs, msgs, p)
+	}
+	for step := range int64(1000) {
+		send(step)
+		p.add(natsjs.Record{Data: []byte(fmt.Sprintf(`{"step":%d}`, step))})
+	}
+	send(1000)
+	if len(s.ids) != 1 || len(s.ids[1000]) != 4 {
+		t.Fatalf("kept the ids of %d steps (%d of step 1000); want step 1000's 4 alone", len(s.ids), len(s.ids[1000]))
+	}
+	if as, ok := s.of(1000, "t2"); !ok || as.group != "g" || !strings.HasPrefix(as.id, "r/traj/1000/g/t2/") {
+		t.Fatalf("t2 of step 1000 sent as %+v, %v", as, ok)
+	}
+	if _, ok := s.of(999, "t2"); ok {
+		t.Fatal("step 999, planned, is still known")
+	}
+}
+
 // panicking is a world model that panics.
 type panicking struct{}
 
