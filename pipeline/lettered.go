@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 )
@@ -55,17 +56,10 @@ func (p *Pipeline) followLetters(ctx context.Context) error {
 		return err
 	}
 	defer r.Close()
-	for {
-		rec, err := r.Next(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("archive: follow the dead letters: %w", err)
-		}
+	if err := r.Follow(ctx, func(rec natsjs.Record) {
 		var dl schemas.DeadLetter
 		if json.Unmarshal(rec.Data, &dl) != nil {
-			continue
+			return
 		}
 		if step, group, ok := noPairsFor(dl); ok {
 			p.lettered.mu.Lock()
@@ -76,7 +70,10 @@ func (p *Pipeline) followLetters(ctx context.Context) error {
 			p.lettered.mu.Unlock()
 			p.finishIfComplete()
 		}
+	}); err != nil {
+		return fmt.Errorf("archive: follow the dead letters: %w", err)
 	}
+	return nil
 }
 
 // lateWaits splits the late anchor groups whose pairs the archive has

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -219,14 +218,8 @@ func follow(ctx context.Context, js jetstream.JetStream, stream, subject string,
 		return err
 	}
 	defer r.Close()
-	for {
-		rec, err := r.Next(ctx)
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, context.Canceled) {
-				return nil
-			}
-			return fmt.Errorf("gateway: follow %s: %w", subject, err)
-		}
-		fn(rec)
+	if err := r.Follow(ctx, fn); err != nil {
+		return fmt.Errorf("gateway: follow %s: %w", subject, err)
 	}
+	return nil
 }

@@ -223,6 +223,21 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 	}
 }
 
+// Follow hands fn each message in turn until ctx ends (nil then) or the
+// reader fails.
+func (r *Reader) Follow(ctx context.Context, fn func(Record)) error {
+	for {
+		rec, err := r.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		}
+		fn(rec)
+	}
+}
+
 // Close stops the reader and deletes its consumer, so that readers opened
 // often (scans) do not leave consumers behind until the server's inactivity
 // threshold (5 minutes) removes them.
