@@ -495,13 +495,15 @@ func TestATrainerMayReuseItsIdsEveryStep(t *testing.T) {
 // the first's, without a word, and the step waited out --step-timeout
 // short of them; published without the header, they reached fuse, which
 // gave each group's items the last group's task and scores in the update.
-// Now route refuses all but the first to reach it, naming its group.
+// Now the gateway that stored the first group's refuses the others' (400),
+// and route, which hears of them through another gateway, refuses all but
+// the first to reach it, naming its group.
 func TestATrajectoryIdTwoGroupsOfAStepShareIsRefused(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Source, cfg.HTTPAddr, cfg.StepTimeout = SourceExternal, "127.0.0.1:0", 2*time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p, nc, _ := startClient(t, ctx, cfg)
+	p, nc, js := startClient(t, ctx, cfg)
 	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 3, GroupSize: 4}
 	trajs, wm := pol.Step(0)
@@ -511,7 +513,20 @@ func TestATrajectoryIdTwoGroupsOfAStepShareIsRefused(t *testing.T) {
 			group[i].TrajID = fmt.Sprintf("t%d", i)
 		}
 		body, _ := json.Marshal(group)
-		h.want(http.StatusAccepted, "POST", "/trajectories", body, "", "")
+		if g == 0 {
+			h.want(http.StatusAccepted, "POST", "/trajectories", body, "", "")
+			continue
+		}
+		h.want(http.StatusBadRequest, "POST", "/trajectories", body, "", fmt.Sprintf("of group %s is taken by group %s of step 0", group[0].GroupID, trajs[0].GroupID))
+		for _, tr := range group { // through another gateway
+			m, err := schemas.NewTrajMessage(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := js.Publish(ctx, "wmrl.default.traj", m.Payload, jetstream.WithMsgID(m.Metadata.Get(schemas.MsgIDKey))); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	h.want(http.StatusAccepted, "POST", "/steps/0/close", []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), "", "")
 	var u schemas.Update
@@ -519,8 +534,8 @@ func TestATrajectoryIdTwoGroupsOfAStepShareIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Route takes each id from the group whose trajectory reaches it first
-	// (requests' trajectories are handled concurrently) and refuses the
-	// others, naming that group; each item keeps its own group's record.
+	// and refuses the others, naming that group; each item keeps its own
+	// group's record.
 	taskOf := map[string]string{}
 	for _, tr := range trajs {
 		taskOf[tr.GroupID] = tr.TaskID
