@@ -262,7 +262,7 @@ func (t *transport) info(ctx context.Context) (*jetstream.StreamInfo, error) {
 }
 
 // stored counts the messages on subject, as the stream's leader has them
-// (a reader's Backlog is counted by whichever replica holds its consumer).
+// (a reader's consumer may sit on a replica that has fewer).
 func (t *transport) stored(ctx context.Context, subject string) (uint64, error) {
 	s, err := t.js.Stream(ctx, t.stream)
 	if err != nil {

@@ -44,8 +44,8 @@ type Reader struct {
 	// or none at or after since): a caller rebuilding state is caught up
 	// once it has read it. The consumer's own count of what is pending
 	// cannot say: in a cluster the server holding the consumer may be a
-	// replica still catching up with the leader (one just restarted held
-	// none of 20,000 messages, and scans placed on it read nothing).
+	// replica still catching up with the leader (scans placed on one just
+	// restarted read none of 10,000 messages).
 	Last uint64
 	// OnRetry, if set, hears why the reader is about to try again (from a
 	// goroutine calling Next).
