@@ -249,7 +249,7 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	st.Skip, st.Panicked = sk.has, sk.panicked
+	st.Skip, st.Panicked, st.FusePanicked = sk.has, sk.panicked, p.fusePanicked
 	st.OnUpdate = p.onUpdate
 	st.MaxPayload, st.Size = int(p.tr.nc.MaxPayload()), natsjs.WireSize
 	p.metrics.MaxPayload.Set(float64(st.MaxPayload))

@@ -91,6 +91,18 @@ func (p *Pipeline) panicked(stage, subject string, pe *panicError, stored string
 		stage, subject, stored, p.reportHint(), pe))
 }
 
+// fusePanicked is the error that stops the run after fuse panicked fusing
+// or publishing step (called while the panic is recovered). Nothing is
+// dead-lettered: a step is many messages, its inputs are handed back
+// unsettled, and its update is what the trainer waits for.
+func (p *Pipeline) fusePanicked(step int64, v any, stack []byte) error {
+	pe := &panicError{value: v, where: panicSite(), stack: stack}
+	p.notef("fuse: a bug: fusing step %d panicked: %v\n%s", step, v, stack)
+	return fmt.Errorf("fuse: a bug: fusing step %d panicked; the run stops, since the stage's state may be half-changed, and a restart "+
+		"rebuilds it and fuses the step again from its inputs, which are handed back (it stops here again until the bug is fixed); %s: %w",
+		step, p.reportHint(), pe)
+}
+
 // reportHint asks for a bug's report, with the stack when it was printed.
 func (p *Pipeline) reportHint() string {
 	if p.cfg.Quiet {

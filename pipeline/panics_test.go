@@ -140,3 +140,41 @@ func TestAPanickedMessageIsAcknowledgedBeforeTheRunStops(t *testing.T) {
 		}
 	}
 }
+
+// A panic in fuse while it fuses and publishes a step (here in what runs
+// with each update) stops the run, saying which step and where, with the
+// stack printed; the restart, the bug fixed, finishes every step, each
+// update stored once. Before, the panic ended the process.
+func TestAPanicFusingAStepStopsTheRun(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Steps = 4
+	var fixed atomic.Bool
+	cfg.OnUpdate = func(u schemas.Update, _ time.Duration) {
+		if u.Step == 2 && !fixed.Load() {
+			var seen map[int64]int
+			seen[u.Step]++ // a write to a nil map
+		}
+	}
+	var out syncBuffer
+	cfg.Out, cfg.Quiet = &out, false
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := Run(ctx, cfg)
+	for _, want := range []string{"fuse: a bug: fusing step 2 panicked; the run stops", "fuses the step again from its inputs",
+		"panic at pipeline.TestAPanicFusingAStepStopsTheRun.func1 (panics_test.go:", "assignment to entry in nil map"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("the run stopped with %v, want it to say %q\n%s", err, want, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), "goroutine ") {
+		t.Errorf("the run did not print the stack:\n%s", out.String())
+	}
+	fixed.Store(true)
+	out.Reset()
+	if err := Run(ctx, cfg); err != nil || !strings.Contains(out.String(), "done: steps 0-3 fused and archived") {
+		t.Fatalf("the restart: %v\n%s", err, out.String())
+	}
+	if us := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update")); len(us) != 4 { // it fails on a step stored twice
+		t.Errorf("%d updates; want steps 0-3", len(us))
+	}
+}

@@ -56,6 +56,13 @@ type Stage struct {
 	// panic goes on.
 	Skip     func(seq uint64) bool
 	Panicked func(in calibrate.Input, v any, stack []byte) error
+	// FusePanicked, if set, hears of a panic fusing or publishing step (a
+	// bug the step's inputs set off) with its value and stack; Run returns
+	// its error, with no checkpoint, and the step's inputs, unsettled, are
+	// handed back: a restart fuses the step again (and stops again, until
+	// the bug is fixed). Unset, the panic goes on, ending the process
+	// without the stages' clean stop.
+	FusePanicked func(step int64, v any, stack []byte) error
 	// MaxPayload, if set, is the largest message the server takes (its
 	// max_payload): an update over it is ErrUpdateTooLarge. Size, if set,
 	// is what the server counts of a message against it: its payload and
@@ -79,7 +86,7 @@ type Stage struct {
 	done     map[int64]chan struct{}
 	stuck    map[int64]time.Time // steps OnStuck heard of: when their plan came
 	caughtUp bool
-	broken   bool   // a panic absorbing a calibration: no checkpoint of this state
+	broken   bool   // a panic absorbing a calibration or fusing a step: no checkpoint of this state
 	read     uint64 // stream sequence of the last calibration read (the reader's, then Run's once it stopped)
 	lettered uint64 // invalid calibrations up to this stream sequence were dead-lettered before the restart
 }
@@ -198,8 +205,19 @@ func (s *Stage) record(step int64, record func()) <-chan struct{} {
 	return s.doneFor(step)
 }
 
+// errFusePanicked marks the error of a Flush that panicked (FusePanicked's).
+type errFusePanicked struct{ error }
+
+func (e errFusePanicked) Unwrap() error { return e.error }
+
+// stops reports whether Flush's err ends Run.
+func stops(err error) bool {
+	var panicked errFusePanicked
+	return errors.Is(err, ErrUpdateTooLarge) || errors.As(err, &panicked)
+}
+
 // Flush fuses and publishes every ready step.
-func (s *Stage) Flush(ctx context.Context) error {
+func (s *Stage) Flush(ctx context.Context) (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.caughtUp {
@@ -207,7 +225,17 @@ func (s *Stage) Flush(ctx context.Context) error {
 	}
 	now := s.Now()
 	ready := s.steps.Ready(now)
+	var at int64 // the step being fused
+	if s.FusePanicked != nil {
+		defer func() {
+			if v := recover(); v != nil {
+				s.broken = true // s.mu is held
+				err = errFusePanicked{s.FusePanicked(at, v, debug.Stack())}
+			}
+		}()
+	}
 	for _, n := range ready {
+		at = n
 		u := s.steps.Fuse(n, now)
 		m, err := schemas.NewMessage(fmt.Sprintf("%s/update/%d", s.RunID, n), u)
 		if err != nil {
@@ -284,7 +312,7 @@ func (s *Stage) Run(ctx context.Context, cal Source, last uint64) error {
 			if in.Seq >= last {
 				s.setCaughtUp()
 			}
-			if err := s.Flush(ctx); errors.Is(err, ErrUpdateTooLarge) {
+			if err := s.Flush(ctx); stops(err) {
 				errc <- err
 				return
 			}
@@ -303,7 +331,7 @@ func (s *Stage) Run(ctx context.Context, cal Source, last uint64) error {
 		case err := <-errc:
 			return err
 		case <-t.C:
-			if err := s.Flush(ctx); errors.Is(err, ErrUpdateTooLarge) {
+			if err := s.Flush(ctx); stops(err) {
 				return err
 			}
 			if now := s.Now(); now.Sub(watched) >= time.Second {

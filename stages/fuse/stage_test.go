@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -182,5 +183,57 @@ func TestAPanicAbsorbingACalibrationIsSkippedAfterARestart(t *testing.T) {
 	got, want := resumed.steps.Checkpoint(), ref.steps.Checkpoint()
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("resumed, passing over the calibration at 23: %+v\nwant, as one that never had it: %+v", got, want)
+	}
+}
+
+// A panic fusing a step (a bug the step's inputs set off) is
+// FusePanicked's, whose error Run returns: the step's update is not
+// published and its inputs are not released (they are handed back, and a
+// restart fuses the step again), and the state is not checkpointed.
+// Before, the panic ended the process, skipping every stage's clean stop.
+func TestAPanicFusingAStepStopsRunWithoutItsUpdate(t *testing.T) {
+	rec := &stagetest.Recorder{}
+	st, err := NewStage(StepsConfig{Run: "r", Debias: true, Denoiser: DenoiserConfig{Warmup: 2}, AnchorDeadline: time.Minute}, "update", rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var saved []Checkpoint
+	st.Save = func(_ context.Context, c Checkpoint) error { saved = append(saved, c); return nil }
+	var heard []int64
+	st.FusePanicked = func(step int64, v any, _ []byte) error {
+		heard = append(heard, step)
+		return fmt.Errorf("the bug: %v", v)
+	}
+	st.OnUpdate = func(u schemas.Update) {
+		if u.Step == 0 {
+			st.steps.den = nil // a bug that the next step's fusion sets off
+		}
+	}
+	st.mu.Lock()
+	for step := range int64(3) {
+		st.steps.AddPlan(schemas.Plan{Step: step, Groups: []schemas.PlanGroup{{GroupID: "w", TrajIDs: []string{"w0", "w1"}}}}, st.Now())
+		st.steps.AddPrediction(schemas.Prediction{Step: step, GroupID: "w", Items: []schemas.PredItem{{TrajID: "w0", Score: score(0.2)}, {TrajID: "w1", Score: score(0.7)}}})
+	}
+	released := st.doneFor(1)
+	st.mu.Unlock()
+	cal, _ := json.Marshal(schemas.Calibration{Schema: schemas.Version, Run: "r", Seq: 1, Version: 1, Step: 0, GroupID: "a",
+		Pairs: []schemas.CalibratedPair{{TrajID: "a0", Predicted: 0.2, True: 0.1}, {TrajID: "a1", Predicted: 0.7, True: 0.9}}})
+	if err := st.absorb(calibrate.Input{Data: cal, Seq: 5}, new(schemas.Calibration)); err != nil {
+		t.Fatal(err) // a state a checkpoint at Run's end would save
+	}
+	err = st.Run(context.Background(), &listSource{}, 0)
+	if err == nil || !strings.HasPrefix(err.Error(), "the bug: ") || !slices.Equal(heard, []int64{1}) {
+		t.Fatalf("Run: %v, FusePanicked heard %v; want its error, of step 1", err, heard)
+	}
+	if rec.Count() != 1 {
+		t.Fatalf("%d updates published; want step 0's alone", rec.Count())
+	}
+	select {
+	case <-released:
+		t.Fatal("step 1's inputs were released")
+	default:
+	}
+	if len(saved) != 0 {
+		t.Fatalf("checkpoints %+v after the panic; want none", saved)
 	}
 }
