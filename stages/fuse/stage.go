@@ -220,8 +220,8 @@ func stops(err error) bool {
 func (s *Stage) Flush(ctx context.Context) (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.caughtUp {
-		return nil // rho and the map are not rebuilt yet
+	if !s.caughtUp || s.broken {
+		return nil // rho and the map are not rebuilt yet, or a panic may have half-changed them
 	}
 	now := s.Now()
 	ready := s.steps.Ready(now)

@@ -228,6 +228,11 @@ func TestAPanicFusingAStepStopsRunWithoutItsUpdate(t *testing.T) {
 	if rec.Count() != 1 {
 		t.Fatalf("%d updates published; want step 0's alone", rec.Count())
 	}
+	// Nothing is fused from the state the panic may have half-changed
+	// (Run's ticker and its reader both flush, and one may come after).
+	if err := st.Flush(context.Background()); err != nil || rec.Count() != 1 || len(heard) != 1 {
+		t.Fatalf("a flush after the panic: %v, %d updates, panics heard at %v; want nothing done", err, rec.Count(), heard)
+	}
 	select {
 	case <-released:
 		t.Fatal("step 1's inputs were released")
