@@ -488,6 +488,22 @@ func TestATrainerMayReuseItsIdsEveryStep(t *testing.T) {
 	}
 }
 
+// publishAsAnotherGateway stores trajs as a gateway that has not seen
+// the ones before would: with their de-duplication IDs, refused by route
+// alone.
+func publishAsAnotherGateway(t *testing.T, ctx context.Context, js jetstream.JetStream, trajs []schemas.Trajectory) {
+	t.Helper()
+	for _, tr := range trajs {
+		m, err := schemas.NewTrajMessage(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Publish(ctx, "wmrl.default.traj", m.Payload, jetstream.WithMsgID(m.Metadata.Get(schemas.MsgIDKey))); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // A trainer that numbers the trajectories of each group alike ("t0",
 // "t1", ...), one request per group, breaks the contract that ids are a
 // step's: the update tells its items apart by them. The server's
@@ -518,15 +534,7 @@ func TestATrajectoryIdTwoGroupsOfAStepShareIsRefused(t *testing.T) {
 			continue
 		}
 		h.want(http.StatusBadRequest, "POST", "/trajectories", body, "", fmt.Sprintf("of group %s is taken by group %s of step 0", group[0].GroupID, trajs[0].GroupID))
-		for _, tr := range group { // through another gateway
-			m, err := schemas.NewTrajMessage(tr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := js.Publish(ctx, "wmrl.default.traj", m.Payload, jetstream.WithMsgID(m.Metadata.Get(schemas.MsgIDKey))); err != nil {
-				t.Fatal(err)
-			}
-		}
+		publishAsAnotherGateway(t, ctx, js, group)
 	}
 	h.want(http.StatusAccepted, "POST", "/steps/0/close", []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), "", "")
 	var u schemas.Update
@@ -636,15 +644,7 @@ func TestATrainerResentIntoAStepWithOtherRolloutsIsRefused(t *testing.T) {
 	if n := len(scanAll(t, nc, "wmrl.default.traj")); n != 3 {
 		t.Fatalf("%d trajectories stored; want the 3 before the crash alone", n)
 	}
-	for _, tr := range after {
-		m, err := schemas.NewTrajMessage(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := js.Publish(ctx, "wmrl.default.traj", m.Payload, jetstream.WithMsgID(m.Metadata.Get(schemas.MsgIDKey))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	publishAsAnotherGateway(t, ctx, js, after)
 	// Closed before route met them, they would be refused as late.
 	waitFor(t, 30*time.Second, func() bool { return len(scanAll(t, nc, "wmrl.default.dlq")) >= 3 })
 	h.want(http.StatusAccepted, "POST", "/steps/0/close", []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), "", "")

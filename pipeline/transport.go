@@ -253,22 +253,18 @@ func msgIDStep(id string) (int64, bool) {
 
 // info is the stream's information: its state (the first sequence moves
 // past 1 once --retention ages messages out) and its creation time.
-func (t *transport) info(ctx context.Context) (*jetstream.StreamInfo, error) {
+func (t *transport) info(ctx context.Context, opts ...jetstream.StreamInfoOpt) (*jetstream.StreamInfo, error) {
 	s, err := t.js.Stream(ctx, t.stream)
 	if err != nil {
 		return nil, err
 	}
-	return s.Info(ctx)
+	return s.Info(ctx, opts...)
 }
 
 // stored counts the messages on subject, as the stream's leader has them
 // (a reader's consumer may sit on a replica that has fewer).
 func (t *transport) stored(ctx context.Context, subject string) (uint64, error) {
-	s, err := t.js.Stream(ctx, t.stream)
-	if err != nil {
-		return 0, err
-	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
+	info, err := t.info(ctx, jetstream.WithSubjectFilter(subject))
 	if err != nil {
 		return 0, err
 	}
