@@ -693,7 +693,7 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 	if err != nil {
 		return nil, fmt.Errorf("--executor subprocess: %w (--exec-python names another)", err)
 	}
-	p.noteLimits("subprocess ("+python+")", task, user+"; "+l.String(), l.Timeout)
+	p.noteLimits("subprocess ("+python+")", task, user+", "+sandbox.Isolation()+"; "+l.String(), l.Timeout)
 	return exe, nil
 }
 

@@ -154,7 +154,7 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	if err := Run(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	want := ") on task housing, each execution: as this process's user; wall clock 1s, CPU time 30 s, address space 2048 MiB, 500 processes and threads for all at once\n"
+	want := ") on task housing, each execution: as this process's user, " + sandbox.Isolation() + "; wall clock 1s, CPU time 30 s, address space 2048 MiB, 500 processes and threads for all at once\n"
 	if os.Geteuid() == 0 {
 		want = strings.Replace(want, "as this process's user", "each as a user of its own (uids 2000000201-2000000216)", 1)
 	}

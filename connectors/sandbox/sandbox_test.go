@@ -165,7 +165,14 @@ raise SystemExit(" ".join(res))
 		t.Errorf("the code wrote outside its directory (%s)", outside)
 	}
 	if os.Geteuid() == 0 {
-		for _, want := range []string{"write=PermissionError", "read_answers=PermissionError"} {
+		// Kept out by permissions, or out of its view: a task under /tmp
+		// is, where the code has its own /tmp.
+		refused := "PermissionError"
+		if hidden := []string{"/tmp/", "/var/tmp/"}; namespaceTools().privateTmp &&
+			slices.ContainsFunc(hidden, func(d string) bool { return strings.HasPrefix(task.Dir, d) }) {
+			refused = "FileNotFoundError"
+		}
+		for _, want := range []string{"write=" + refused, "read_answers=" + refused} {
 			if !strings.Contains(r.detail, want) {
 				t.Errorf("probe %q lacks %s", r.detail, want)
 			}
@@ -545,7 +552,7 @@ func TestTheCodeSeesItsOwnProcesses(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("namespaces need root")
 	}
-	if _, _, ok := namespaceTools(); !ok {
+	if !namespaceTools().ok {
 		t.Skip("no util-linux unshare and setpriv that work here")
 	}
 	probe := "import os\nps = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n" +
@@ -656,25 +663,25 @@ func TestExecutionsWithUsersOfTheirOwnCannotReachEachOther(t *testing.T) {
 	}
 	task := housing(t)
 	victim := "import time\nopen('submission.csv', 'w').write('id,price\\n')\ntime.sleep(3)\n"
-	// The thief looks for the other's directory beside its own, and says
-	// whether it could list them and how long its own directory's name is.
-	thief := `import glob, os, time
+	// The thief looks for the other's directory where the executions'
+	// directories are made, and says whether it could list that.
+	thief := fmt.Sprintf(`import glob, os, time
 time.sleep(1)
-mine = os.getcwd()
+parent = %q
 try:
-    os.listdir(os.path.dirname(mine))
+    os.listdir(parent)
     listed = "listed"
-except PermissionError:
+except (PermissionError, FileNotFoundError):
     listed = "not listed"
-for d in glob.glob(os.path.dirname(mine) + "/wmrl-exec-*"):
-    if d != mine:
+for d in glob.glob(parent + "/wmrl-exec-*"):
+    if not os.path.samefile(d, "."):
         try:
             open(d + "/submission.csv").read()
             raise SystemExit("read " + d + "/submission.csv")
         except (PermissionError, FileNotFoundError):
             pass
-raise SystemExit("%s, name of %d characters" % (listed, len(os.path.basename(mine))))
-`
+raise SystemExit(listed + ", read nothing")
+`, WorkParent())
 	steal := func(s *Subprocess) execute.Result {
 		var wg sync.WaitGroup
 		var r execute.Result
@@ -698,12 +705,18 @@ raise SystemExit("%s, name of %d characters" % (listed, len(os.path.basename(min
 		dirs, _ := filepath.Glob(filepath.Join(WorkParent(), "wmrl-exec-*"))
 		seen <- dirs
 	}()
-	want := "not listed, name of 42 characters" // "wmrl-exec-" and 32 hex digits
+	want := "not listed, read nothing"
 	if r := steal(&Subprocess{Task: task, Limits: limits}); r.Status != schemas.ExecCrashed || !strings.Contains(r.Detail, want) {
 		t.Fatalf("both as nobody: %s: %s; want the thief unable to list the other's directory (%q)", r.Status, r.Detail, want)
 	}
-	if dirs := <-seen; len(dirs) != 2 {
+	dirs := <-seen
+	if len(dirs) != 2 {
 		t.Fatalf("%d execution directories while both ran, want 2: %v", len(dirs), dirs)
+	}
+	for _, d := range dirs {
+		if n := len(filepath.Base(d)); n != 42 { // "wmrl-exec-" and 32 hex digits: 128 random bits
+			t.Fatalf("execution directory %s: a name of %d characters, want 42", d, n)
+		}
 	}
 	own := &Subprocess{Task: task, Limits: limits, UIDs: []uint32{2000000101, 2000000102}}
 	if r := steal(own); r.Status != schemas.ExecCrashed || !strings.Contains(r.Detail, want) {
@@ -721,6 +734,217 @@ raise SystemExit("%s, name of %d characters" % (listed, len(os.path.basename(min
 		if f := strings.Fields(line); len(f) == 2 && !strings.HasPrefix(f[1], "Z") { // a zombie is dead, waiting to be reaped
 			t.Fatalf("a process of the execution's user left running: %s", line)
 		}
+	}
+}
+
+// TestEachExecutionHasItsOwnTmp: solutions write fixed paths such as
+// /tmp/model.pkl. Two executions at once, as the same user, overwrote each
+// other's file there and read the other's back (a score of the wrong
+// model), and what they left in the host's /tmp and /dev/shm stayed for
+// as long as the machine ran. Each now has its directory as /tmp and
+// /var/tmp, and a /dev/shm of its own.
+func TestEachExecutionHasItsOwnTmp(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("namespaces need root")
+	}
+	if !namespaceTools().privateTmp {
+		t.Skipf("no private /tmp here: %s", Isolation())
+	}
+	task := housing(t)
+	name := fmt.Sprintf("wmrl-test-%d", rand.Uint64())
+	code := func(tag string) string {
+		return fmt.Sprintf(`import os, time
+for d in ("/tmp", "/var/tmp", "/dev/shm"):
+    open(os.path.join(d, %[1]q + os.path.basename(d)), "w").write(%[2]q)
+time.sleep(1.5)
+got = [open(os.path.join(d, %[1]q + os.path.basename(d))).read() for d in ("/tmp", "/var/tmp", "/dev/shm")]
+raise SystemExit("home %%s, tmpdir %%s, cwd %%s, read %%s" %% (os.environ["HOME"], os.environ["TMPDIR"], os.getcwd(), " ".join(got)))
+`, name, tag)
+	}
+	var wg sync.WaitGroup
+	details := make([]string, 2)
+	for i, tag := range []string{"first", "second"} {
+		wg.Go(func() {
+			res, err := exe(task).Execute(context.Background(), schemas.Trajectory{TrajID: tag, Response: code(tag)})
+			if err != nil {
+				t.Error(err)
+			}
+			details[i] = res.Detail
+		})
+	}
+	wg.Wait()
+	for i, tag := range []string{"first", "second"} {
+		want := fmt.Sprintf("home /tmp, tmpdir /tmp, cwd /tmp, read %[1]s %[1]s %[1]s", tag)
+		if !strings.Contains(details[i], want) {
+			t.Errorf("the %s execution: %q, want %q", tag, details[i], want)
+		}
+	}
+	for _, d := range []string{"/tmp", "/var/tmp", "/dev/shm"} {
+		left := filepath.Join(d, name+filepath.Base(d))
+		if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
+			os.Remove(left)
+			t.Errorf("%s is left on the host (%v)", left, err)
+		}
+	}
+}
+
+// TestAnInterpreterInTmpStaysInView: a virtualenv made in the host's
+// /tmp (--exec-python /tmp/venv/bin/python) vanished from the code's view
+// behind its own /tmp, and no solution could start. It is shown at its
+// path, and stays whole on the host: the work directory it is shown in is
+// removed after every execution.
+func TestAnInterpreterInTmpStaysInView(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("namespaces need root")
+	}
+	if !namespaceTools().privateTmp {
+		t.Skipf("no private /tmp here: %s", Isolation())
+	}
+	venv, err := os.MkdirTemp("/tmp", "wmrl-venv-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(venv) })
+	os.Chmod(venv, 0o755)
+	os.Mkdir(filepath.Join(venv, "bin"), 0o755)
+	python := filepath.Join(venv, "bin", "python")
+	os.WriteFile(python, []byte("#!/bin/sh\nexport VIA=venv\nexec python3 \"$@\"\n"), 0o755)
+	s := exe(housing(t))
+	s.Command = []string{python, "solution.py"}
+	for i := range 2 {
+		r := run1(t, s, "import os, sys\nraise SystemExit('via %s, %s' % (os.environ.get('VIA'), sorted(os.listdir(os.path.dirname(sys.argv[0]) or '.'))))\n")
+		if want := "via venv, ['data', 'solution.py', '" + filepath.Base(venv) + "']"; !strings.Contains(r.detail, want) {
+			t.Fatalf("execution %d: %s: %s; want %q", i+1, r.status, r.detail, want)
+		}
+		if _, err := os.Stat(python); err != nil {
+			t.Fatalf("after execution %d, the interpreter on the host: %v", i+1, err)
+		}
+	}
+	if v, err := s.Check(context.Background()); err != nil || !strings.HasPrefix(v, "/usr/") {
+		t.Fatalf("check: %q %v", v, err)
+	}
+}
+
+func TestWhatOfTmpTheCodeKeeps(t *testing.T) {
+	real, err := os.MkdirTemp("/tmp", "wmrl-real-python-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(real) })
+	os.WriteFile(filepath.Join(real, "python"), []byte("#!/bin/sh\n"), 0o755)
+	links, err := os.MkdirTemp("/tmp", "wmrl-links-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(links) })
+	link := filepath.Join(links, "bin", "python")
+	os.Mkdir(filepath.Dir(link), 0o755)
+	if err := os.Symlink(filepath.Join(real, "python"), link); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		command string
+		want    []string
+	}{
+		{"python3", nil},
+		{"/usr/bin/python3", nil},
+		{"/tmp/venv/bin/python", []string{"/tmp/venv"}},
+		{"/tmp//venv/./bin/python", []string{"/tmp/venv"}},
+		{"/var/tmp/ml/python", []string{"/var/tmp/ml"}},
+		{"/tmpfoo/python", nil},
+		{link, []string{links, real}}, // what it is called, and what it is
+	} {
+		s := &Subprocess{Command: []string{c.command, "solution.py"}}
+		if got := s.keptInTmp(); !slices.Equal(got, c.want) {
+			t.Errorf("%s: kept %q, want %q", c.command, got, c.want)
+		}
+	}
+}
+
+// TestAPrivateTmpThatCannotBeMountedSaysWhy: the mounts happen before
+// the code starts; when one fails, the code does not run, and the shell
+// says which and mount's reason on fd 3, so that the execution is a
+// sandbox error that names it rather than a crash scored 0.
+func TestAPrivateTmpThatCannotBeMountedSaysWhy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("namespaces need root")
+	}
+	ns := namespaceTools()
+	if !ns.privateTmp {
+		t.Skipf("no private /tmp here: %s", Isolation())
+	}
+	said, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer said.Close()
+	ran := filepath.Join(t.TempDir(), "ran")
+	argv := append(append([]string{}, unshareFlags...), "/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", "/nonexistent-wmrl-work-dir", "/nonexistent", "", "0",
+		"/bin/sh", "-c", "touch "+ran)
+	cmd := exec.Command(ns.unshare, argv...)
+	cmd.ExtraFiles = []*os.File{w}
+	err = cmd.Run()
+	w.Close()
+	b, _ := io.ReadAll(said)
+	if _, statErr := os.Stat(ran); err == nil || statErr == nil {
+		t.Fatalf("exit %v, the command ran: %v; want neither", err, statErr)
+	}
+	if want := "its own /tmp could not be mounted: mount: "; !strings.HasPrefix(string(b), want) || !strings.Contains(string(b), "/nonexistent-wmrl-work-dir") ||
+		strings.Count(strings.TrimSpace(string(b)), "\n") > 0 {
+		t.Fatalf("the shell said %q; want %q and the directory, in a line", b, want)
+	}
+	t.Logf("said: %s", b)
+}
+
+// TestAnExecutionCannotReachAnotherKnowingItsPath: as the same user
+// (nobody), an execution that knew a concurrent one's directory (a
+// traceback in the world model's prompt, a log) could read and overwrite
+// its submission; the directories were apart only by their unlisted,
+// random names. The executions' parent is now out of the code's view.
+func TestAnExecutionCannotReachAnotherKnowingItsPath(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("namespaces need root")
+	}
+	if !namespaceTools().privateTmp {
+		t.Skipf("no private /tmp here: %s", Isolation())
+	}
+	task := housing(t)
+	s := &Subprocess{Task: task, Limits: Limits{Timeout: 20 * time.Second}}
+	victim := "import time\nopen('submission.csv', 'w').write('id,price\\n')\ntime.sleep(4)\n"
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { s.Execute(context.Background(), schemas.Trajectory{TrajID: "victim", Response: victim}) })
+	var dir string
+	for deadline := time.Now().Add(3 * time.Second); dir == ""; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the victim's directory did not appear")
+		}
+		dirs, _ := filepath.Glob(filepath.Join(WorkParent(), "wmrl-exec-*", "submission.csv"))
+		if len(dirs) == 1 {
+			dir = filepath.Dir(dirs[0])
+		}
+	}
+	thief := fmt.Sprintf(`import os
+res = []
+for name, act in [("read", lambda: open(%[1]q + "/submission.csv").read()),
+                  ("write", lambda: open(%[1]q + "/submission.csv", "w").write("id,price\n1,0\n")),
+                  ("list", lambda: os.listdir(%[2]q))]:
+    try:
+        got = act()
+        res.append(name + "=ok" + ("" if name != "list" else str(len(got))))
+    except Exception as e:
+        res.append(name + "=" + type(e).__name__)
+raise SystemExit(" ".join(res))
+`, dir, WorkParent())
+	r := run1(t, s, thief)
+	t.Logf("thief: %s", r.detail)
+	for _, stole := range []string{"read=ok", "write=ok", "list=ok1", "list=ok2"} {
+		if strings.Contains(r.detail, stole) {
+			t.Errorf("the thief, knowing %s: %s", dir, r.detail)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "submission.csv")); err != nil || string(b) != "id,price\n" {
+		t.Errorf("the victim's submission: %q (%v)", b, err)
 	}
 }
 

@@ -157,8 +157,11 @@ type Run struct {
 	Submission     []byte // nil: none written
 	// Isolated: the code ran in network and PID namespaces of its own (no
 	// network; nothing it starts outlives it; it sees and can signal no
-	// process outside).
-	Isolated bool
+	// process outside). PrivateTmp: its /tmp and /var/tmp were its work
+	// directory, its /dev/shm its own, and it could not see the other
+	// executions' directories (privateTmpScript).
+	Isolated   bool
+	PrivateTmp bool
 	// Started: the code ran (ExitCode, Signal are then its own), as the
 	// shell said on a channel the code cannot write; else Shell is what
 	// the shell said about why it did not start.
@@ -552,8 +555,9 @@ func (c *capped) String() string {
 // root; isolate puts it in network and PID namespaces of its own.
 func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolate bool, uid uint32) (Run, error) {
 	attr := &syscall.SysProcAttr{Setpgid: true}
-	unshare, setpriv, withProc := namespaceTools()
-	viaUnshare := isolate && withProc
+	ns := namespaceTools()
+	viaUnshare := isolate && ns.ok
+	seen := dir // the work directory's path as the code sees it
 	switch {
 	case viaUnshare:
 		// util-linux's unshare mounts a /proc of the namespace's own, which
@@ -562,8 +566,14 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 		// look themselves up in /proc by it. setpriv then drops to uid,
 		// with no_new_privs: no setuid program gives root back.
 		u := strconv.FormatUint(uint64(uid), 10)
-		argv = append([]string{unshare, "--pid", "--net", "--mount", "--fork", "--kill-child", "--mount-proc", "--",
-			setpriv, "--reuid", u, "--regid", u, "--clear-groups", "--no-new-privs", "--"}, argv...)
+		drop := []string{ns.setpriv, "--reuid", u, "--regid", u, "--clear-groups", "--no-new-privs", "--"}
+		if ns.privateTmp {
+			keep := s.keptInTmp()
+			args := append([]string{"/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", dir, filepath.Dir(dir), s.shmSize(), strconv.Itoa(len(keep))}, keep...)
+			drop = append(args, drop...)
+			seen = "/tmp"
+		}
+		argv = append(append(append([]string{ns.unshare}, unshareFlags...), drop...), argv...)
 	case isolate:
 		attr.Cloneflags = syscall.CLONE_NEWNET | syscall.CLONE_NEWPID
 		fallthrough
@@ -574,7 +584,7 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
-	cmd.Env = s.environ(dir)
+	cmd.Env = s.environ(seen)
 	l := s.limits()
 	stdout, stderr := &capped{n: l.OutputBytes}, &capped{n: l.OutputBytes}
 	cmd.Stdout, cmd.Stderr, cmd.Stdin = stdout, stderr, nil
@@ -604,7 +614,7 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 	go func() { done <- cmd.Wait() }()
 	timer := time.NewTimer(l.Timeout)
 	defer timer.Stop()
-	run := Run{Isolated: isolate}
+	run := Run{Isolated: isolate, PrivateTmp: viaUnshare && ns.privateTmp}
 	var werr error
 	select {
 	case werr = <-done:
@@ -687,10 +697,84 @@ func lastLines(s string, n int) string {
 	return execute.LastLines(s, n, lineBytes)
 }
 
+// unshareFlags puts the code in PID, network and mount namespaces of its
+// own, with a /proc of its PID namespace. The mount namespace's mounts are
+// private (unshare's default propagation): none of them reaches the host.
+var unshareFlags = []string{"--pid", "--net", "--mount", "--fork", "--kill-child", "--mount-proc", "--"}
+
+// privateTmpScript runs as root in the new mount namespace, before the
+// drop to the code's user: the work directory ($1) becomes the code's
+// /tmp and /var/tmp, /dev/shm a tmpfs of its own (of $3 bytes, when set),
+// and the directory the work directories are made in ($2) an empty,
+// read-only one. Code that writes a fixed path such as /tmp/model.pt
+// (solutions often do) then writes into its own directory, where two
+// executions at once cannot overwrite each other's file, and it is
+// removed with that directory: a run of days leaves nothing in the
+// host's /tmp or /dev/shm, where nothing would clean it. It cannot reach
+// another execution's directory even knowing its path, as the same user.
+// The $4 paths after those are what the code needs of the host's /tmp
+// and /var/tmp (keptInTmp: an interpreter there): each is bound into the
+// work directory under its name there first, and comes along with it.
+// The work directory may itself be under /tmp: it is bound there first,
+// and its old path is gone from view with the parent. Why a mount fails
+// is said on fd 3, as the code's shell says why the code did not start.
+// The mounts are private to the namespace (unshare's default): none of
+// them reaches the host, where the work directory is then removed.
+const privateTmpScript = `w=$1 parent=$2 shm=$3 n=$4; shift 4
+m() { what=$1; shift; out=$(mount "$@" 2>&1) || { echo "its own $what could not be mounted: ${out%%
+*}" >&3; exit 1; }; }
+while [ "$n" -gt 0 ]; do
+  k=$1 n=$((n - 1)); shift
+  at=$w/${k##*/}
+  { if [ -d "$k" ]; then mkdir "$at"; else : >"$at"; fi; } 2>/dev/null || { echo "its own /tmp cannot show $k: its work directory has a ${at##*/}" >&3; exit 1; }
+  m "view of $k" --bind "$k" "$at"
+done
+m /tmp --rbind "$w" /tmp
+[ ! -d /var/tmp ] || m /var/tmp --rbind /tmp /var/tmp
+[ ! -d /dev/shm ] || m /dev/shm -t tmpfs -o "nosuid,nodev,mode=1777${shm:+,size=$shm}" wmrl-shm /dev/shm
+[ ! -d "$parent" ] || m "view of $parent" -t tmpfs -o ro,mode=0755,size=4k wmrl-hidden "$parent"
+cd /tmp && exec "$@"`
+
+// keptInTmp is what of the host's /tmp and /var/tmp the code needs in its
+// own: the top directory there that holds its interpreter (Command's
+// first word, and where a symlink there points), such as a virtualenv
+// made in /tmp. The code sees it at the same path.
+func (s *Subprocess) keptInTmp() []string {
+	if len(s.Command) == 0 || !filepath.IsAbs(s.Command[0]) {
+		return nil
+	}
+	paths := []string{filepath.Clean(s.Command[0])}
+	if real, err := filepath.EvalSymlinks(paths[0]); err == nil {
+		paths = append(paths, real)
+	}
+	var keep []string
+	for _, p := range paths {
+		for _, root := range []string{"/tmp/", "/var/tmp/"} {
+			if rest, ok := strings.CutPrefix(p, root); ok {
+				top, _, _ := strings.Cut(rest, "/")
+				if k := root + top; !slices.ContainsFunc(keep, func(have string) bool { return filepath.Base(have) == top }) {
+					keep = append(keep, k)
+				}
+			}
+		}
+	}
+	return keep
+}
+
+// shmSize is the size of the code's own /dev/shm: its memory limit, when
+// it has one ("" leaves tmpfs's default, half the machine's memory).
+func (s *Subprocess) shmSize() string {
+	if l := s.limits(); l.MemoryBytes > 0 {
+		return strconv.FormatInt(l.MemoryBytes, 10)
+	}
+	return ""
+}
+
 // namespaceTools finds util-linux's unshare and setpriv, and tries them
 // once: they need root, and a kernel (or container) that allows the
-// namespaces.
-func namespaceTools() (unshare, setpriv string, ok bool) {
+// namespaces. It tries the private /tmp as well (mount, in the new mount
+// namespace), and without it when that fails.
+func namespaceTools() *nsSupport {
 	nsTools.once.Do(func() {
 		if os.Geteuid() != 0 {
 			return
@@ -700,15 +784,41 @@ func namespaceTools() (unshare, setpriv string, ok bool) {
 		if err1 != nil || err2 != nil {
 			return
 		}
-		err := exec.Command(unshare, "--pid", "--net", "--mount", "--fork", "--kill-child", "--mount-proc", "--",
-			setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups", "--no-new-privs", "--", "/bin/sh", "-c", "exit 0").Run()
-		nsTools.unshare, nsTools.setpriv, nsTools.ok = unshare, setpriv, err == nil
+		drop := []string{setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups", "--no-new-privs", "--", "/bin/sh", "-c", "exit 0"}
+		try := func(argv ...string) bool {
+			return exec.Command(unshare, append(append(unshareFlags[:len(unshareFlags):len(unshareFlags)], argv...), drop...)...).Run() == nil
+		}
+		nsTools.unshare, nsTools.setpriv = unshare, setpriv
+		if dir, err := os.MkdirTemp("", "wmrl-ns-probe-"); err == nil {
+			nsTools.privateTmp = try("/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", dir, filepath.Join(dir, "parent"), "1048576", "0")
+			os.Remove(dir)
+		}
+		nsTools.ok = nsTools.privateTmp || try()
 	})
-	return nsTools.unshare, nsTools.setpriv, nsTools.ok
+	return &nsTools
 }
 
-var nsTools struct {
+// nsSupport is what namespaceTools found.
+type nsSupport struct {
 	once             sync.Once
 	unshare, setpriv string
-	ok               bool
+	ok               bool // namespaces, through unshare and setpriv
+	privateTmp       bool // and the code's own /tmp, /var/tmp and /dev/shm
+}
+
+var nsTools nsSupport
+
+// Isolation says how executions are kept apart on this machine, for a
+// run's log.
+func Isolation() string {
+	ns := namespaceTools()
+	switch {
+	case ns.privateTmp:
+		return "in namespaces of its own: no network, its own processes and /proc, its directory as /tmp and /var/tmp, its own /dev/shm"
+	case ns.ok:
+		return "in namespaces of its own: no network, its own processes and /proc; the host's /tmp and /dev/shm (mount refused)"
+	case os.Geteuid() == 0:
+		return "in network and PID namespaces where the kernel allows them (no util-linux unshare and setpriv): the host's /proc, /tmp and /dev/shm"
+	}
+	return "not isolated (not root): network reachable, the host's /tmp and /dev/shm"
 }
