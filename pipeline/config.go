@@ -130,6 +130,10 @@ type Config struct {
 	ExecTimeout    time.Duration
 	ExecMemoryMB   int
 	ExecCPUSeconds int
+	// ExecDiskMB bounds what each execution keeps on disk in its directory
+	// (0: sandbox.DefaultDiskBytes; -1: no limit). The subprocess executor's
+	// only; Sandbox Fusion's server has its own.
+	ExecDiskMB int
 	// ExecProcesses bounds the processes and threads of all the process's
 	// executions together, as they run as one user (default:
 	// sandbox.DefaultProcesses(ExecSlots)).
@@ -422,7 +426,7 @@ const UpdateBytesPerTrajectory = 400
 // fill in the rest: sandbox.Limits.For).
 func (c *Config) execLimits() sandbox.Limits {
 	return sandbox.Limits{Timeout: c.ExecTimeout, MemoryBytes: int64(c.ExecMemoryMB) << 20, CPUSeconds: c.ExecCPUSeconds,
-		Processes: cmp.Or(c.ExecProcesses, sandbox.DefaultProcesses(c.ExecSlots))}
+		Processes: cmp.Or(c.ExecProcesses, sandbox.DefaultProcesses(c.ExecSlots)), DiskBytes: int64(c.ExecDiskMB) << 20}
 }
 
 // Validate reports the first invalid field.
@@ -464,9 +468,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --executor %s needs --task DIR (its data and grader)", ErrConfig, c.executor())
 	case c.executor() == "sandbox-fusion" && c.SandboxURL == "":
 		return fmt.Errorf("%w: --executor sandbox-fusion needs --sandbox-url URL", ErrConfig)
-	case c.ExecTimeout < 0 || c.ExecMemoryMB < -1 || c.ExecCPUSeconds < 0 || c.ExecProcesses < 0:
-		return fmt.Errorf("%w: --exec-timeout %v, --exec-memory-mb %d, --exec-cpu-seconds %d and --exec-processes %d: want >= 0 (0: the task's, else the defaults; --exec-memory-mb -1: no limit)",
-			ErrConfig, c.ExecTimeout, c.ExecMemoryMB, c.ExecCPUSeconds, c.ExecProcesses)
+	case c.ExecTimeout < 0 || c.ExecMemoryMB < -1 || c.ExecCPUSeconds < 0 || c.ExecProcesses < 0 || c.ExecDiskMB < -1:
+		return fmt.Errorf("%w: --exec-timeout %v, --exec-memory-mb %d, --exec-cpu-seconds %d, --exec-processes %d and --exec-disk-mb %d: want >= 0 (0: the task's, else the defaults; --exec-memory-mb and --exec-disk-mb -1: no limit)",
+			ErrConfig, c.ExecTimeout, c.ExecMemoryMB, c.ExecCPUSeconds, c.ExecProcesses, c.ExecDiskMB)
 	case c.ExecSlots < 1:
 		return fmt.Errorf("%w: exec slots %d < 1", ErrConfig, c.ExecSlots)
 	case c.MaxAge < 0 || c.Duplicates < 0 || (c.MaxAge > 0 && c.Duplicates > c.MaxAge):

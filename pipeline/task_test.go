@@ -125,7 +125,7 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = dir, 1, 4, 2
 	cfg.Anchors.Fraction = 0.5
-	cfg.ExecTimeout, cfg.ExecMemoryMB, cfg.ExecCPUSeconds, cfg.ExecProcesses = time.Second, 2048, 30, 500
+	cfg.ExecTimeout, cfg.ExecMemoryMB, cfg.ExecCPUSeconds, cfg.ExecProcesses, cfg.ExecDiskMB = time.Second, 2048, 30, 500, 64
 	// A python the code's user cannot run stops the run before it starts:
 	// as root, one in a directory only root can enter (the code runs as
 	// nobody); else one that is not executable.
@@ -154,7 +154,7 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	if err := Run(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	want := ") on task housing, each execution: as this process's user, " + sandbox.Isolation() + "; wall clock 1s, CPU time 30 s, address space 2048 MiB, 500 processes and threads for all at once\n"
+	want := ") on task housing, each execution: as this process's user, " + sandbox.Isolation() + "; wall clock 1s, CPU time 30 s, address space 2048 MiB, 64 MiB on disk, 500 processes and threads for all at once\n"
 	if os.Geteuid() == 0 {
 		want = strings.Replace(want, "as this process's user", "each as a user of its own (uids 2000000201-2000000216)", 1)
 	}

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -858,6 +859,43 @@ func TestWhatOfTmpTheCodeKeeps(t *testing.T) {
 		if got := s.keptInTmp(); !slices.Equal(got, c.want) {
 			t.Errorf("%s: kept %q, want %q", c.command, got, c.want)
 		}
+	}
+}
+
+// TestCodeThatFillsTheDiskIsKilled: a solution that writes in a loop
+// used to fill the disk its directory is on, which the executions share
+// with whatever else is there (the NATS store, on one disk). It is killed
+// past its disk limit, a crash that says so, and its directory removed;
+// the task's data, copied in, does not count, nor does a sparse file's
+// size beyond what it holds.
+func TestCodeThatFillsTheDiskIsKilled(t *testing.T) {
+	task := housing(t)
+	s := exe(task)
+	s.Limits.DiskBytes = 16 << 20
+	into := "x"
+	if os.Geteuid() == 0 && namespaceTools().privateTmp {
+		into = "/tmp/x" // its own /tmp is its directory
+	}
+	filler := fmt.Sprintf("import os, time\nwith open(%q, 'wb') as f:\n", into) +
+		"    for i in range(400):\n        f.write(os.urandom(1 << 20)); f.flush(); os.fsync(f.fileno()); time.sleep(0.01)\n"
+	start := time.Now()
+	r := run1(t, s, filler)
+	if want := "over its disk limit of 16 MiB"; r.status != schemas.ExecCrashed || !strings.Contains(r.detail, want) {
+		t.Fatalf("%s: %s; want it killed (%q)", r.status, r.detail, want)
+	}
+	t.Logf("%s in %v", r.detail, time.Since(start).Round(time.Millisecond))
+	// Under the limit: 8 MiB written, and a sparse file of 1 GiB; the
+	// task's data, 24 MiB of it, is not the code's.
+	if err := os.WriteFile(filepath.Join(task.PublicDir(), "big.bin"), bytes.Repeat([]byte{1}, 24<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	within := "import os, time\nopen('some.bin', 'wb').write(os.urandom(8 << 20))\n" +
+		"with open('sparse', 'wb') as f:\n    f.seek(1 << 30); f.write(b'x')\ntime.sleep(1.5)\n"
+	if r := run1(t, s, within); r.status != schemas.ExecInvalid {
+		t.Fatalf("%s: %s; want it to run to its end (and write no submission)", r.status, r.detail)
+	}
+	if left, _ := filepath.Glob(filepath.Join(WorkParent(), "wmrl-exec-*")); len(left) > 0 {
+		t.Fatalf("work directories left behind: %v", left)
 	}
 }
 

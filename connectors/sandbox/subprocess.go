@@ -50,7 +50,17 @@ type Limits struct {
 	// wants DefaultProcesses of that many.
 	Processes   int
 	OutputBytes int // kept per stream, half its start and half its end (default 64 KiB)
+	// DiskBytes bounds what the code keeps on disk in its directory (its
+	// /tmp, where it has its own), the task's data apart: code that writes
+	// past it is killed. Default 16 GiB; < 0: no limit. Without it, one
+	// solution that writes in a loop fills the disk that the executions'
+	// directories share with everything else on it (the NATS store, when
+	// it is the same disk), and the run with it.
+	DiskBytes int64
 }
+
+// DefaultDiskBytes is an execution's disk limit when none is set.
+const DefaultDiskBytes = 16 << 30
 
 // DefaultProcesses is the process limit for slots executions at once
 // as one user: 64 and 8 threads a core for each (BLAS, joblib and data
@@ -86,12 +96,19 @@ func (l Limits) For(t *Task) Limits {
 	if l.OutputBytes == 0 {
 		l.OutputBytes = 64 << 10
 	}
+	if l.DiskBytes == 0 {
+		l.DiskBytes = DefaultDiskBytes
+	}
 	return l
 }
 
 // String names the limits a run's executions get, for its log.
 func (l Limits) String() string {
-	return fmt.Sprintf("wall clock %v, CPU time %d s, address space %s, %d processes and threads for all at once", l.Timeout, l.CPUSeconds, l.addressSpace(), l.Processes)
+	disk := "no disk limit"
+	if l.DiskBytes > 0 {
+		disk = fmt.Sprintf("%d MiB on disk", l.DiskBytes>>20)
+	}
+	return fmt.Sprintf("wall clock %v, CPU time %d s, address space %s, %s, %d processes and threads for all at once", l.Timeout, l.CPUSeconds, l.addressSpace(), disk, l.Processes)
 }
 
 // ForCode is what the code may take, as the world model is told it: whether
@@ -162,6 +179,9 @@ type Run struct {
 	// executions' directories (privateTmpScript).
 	Isolated   bool
 	PrivateTmp bool
+	// OverDisk, when not 0, is what the code had written in its directory
+	// when it was killed for passing its disk limit.
+	OverDisk int64
 	// Started: the code ran (ExitCode, Signal are then its own), as the
 	// shell said on a channel the code cannot write; else Shell is what
 	// the shell said about why it did not start.
@@ -184,6 +204,9 @@ func (s *Subprocess) Execute(ctx context.Context, t schemas.Trajectory) (execute
 	switch {
 	case run.TimedOut:
 		res.Status, res.Detail = schemas.ExecTimedOut, fmt.Sprintf("killed after %v, its wall-clock limit", l.Timeout)
+	case run.OverDisk > 0:
+		res.Status, res.Detail = schemas.ExecCrashed, fmt.Sprintf("killed after writing %d MiB in its directory, over its disk limit of %d MiB",
+			run.OverDisk>>20, l.DiskBytes>>20)
 	case !run.Started:
 		// The shell could not start the command (not found, not
 		// executable by the code's user, no process left under the
@@ -615,11 +638,17 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 	timer := time.NewTimer(l.Timeout)
 	defer timer.Stop()
 	run := Run{Isolated: isolate, PrivateTmp: viaUnshare && ns.privateTmp}
+	full := make(chan int64, 1)
+	stopWatch := watchDisk(dir, l.DiskBytes, full)
+	defer stopWatch()
 	var werr error
 	select {
 	case werr = <-done:
 	case <-timer.C:
 		run.TimedOut = true
+		stop(pgid, viaUnshare)
+		werr = <-done
+	case run.OverDisk = <-full:
 		stop(pgid, viaUnshare)
 		werr = <-done
 	case <-ctx.Done():
@@ -655,6 +684,60 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 		run.Started, run.Shell = true, ""
 	}
 	return run, nil
+}
+
+// diskEvery is how often watchDisk measures: code writing a GB/s passes
+// its limit by about half a GB before it is stopped.
+const diskEvery = 500 * time.Millisecond
+
+// watchDisk measures what is on disk in dir, its data/ apart (read-only to
+// the code), every diskEvery, and sends the size on full once it is over
+// limit (< 0: none). It stops when the returned func is called.
+func watchDisk(dir string, limit int64, full chan<- int64) (stop func()) {
+	if limit < 0 {
+		return func() {}
+	}
+	quit := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		tick := time.NewTicker(diskEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+				if n := diskUse(dir); n > limit {
+					full <- n
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(quit); <-ended }
+}
+
+// diskUse is the disk space the files under dir take (their blocks: a
+// sparse file counts what it holds), but for dir's data/.
+func diskUse(dir string) int64 {
+	var n int64
+	data := filepath.Join(dir, "data")
+	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return nil // gone while walked, or unreadable: what is left counts
+		case d.IsDir() && path == data:
+			return filepath.SkipDir
+		}
+		if info, err := d.Info(); err == nil {
+			if st, ok := info.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
+			}
+		}
+		return nil
+	})
+	return n
 }
 
 // stop kills what start started, whose process group is pgid. Under
