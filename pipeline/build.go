@@ -682,6 +682,26 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 			user += fmt.Sprintf(", %d at once: fewer than the %d --exec-slots", len(exe.UIDs), cfg.ExecSlots)
 		}
 	}
+	var unused []string
+	exe.GPUs, unused, _ = cfg.gpuSets() // checked by Validate
+	gpus := ""
+	switch n := sandbox.MachineGPUs(); {
+	case len(exe.GPUs) > 0:
+		sets := make([]string, len(exe.GPUs))
+		for i, set := range exe.GPUs {
+			sets[i] = strings.Join(set, ",")
+		}
+		gpus = fmt.Sprintf(", GPUs %s (a set each)", strings.Join(sets, " | "))
+		if len(unused) > 0 {
+			gpus += fmt.Sprintf(", GPUs %s unused (fewer than --exec-gpus-each)", strings.Join(unused, ","))
+		}
+		if len(exe.GPUs) < cfg.ExecSlots {
+			gpus += fmt.Sprintf(", %d at once: fewer than the %d --exec-slots", len(exe.GPUs), cfg.ExecSlots)
+		}
+	case n > 0:
+		gpus = fmt.Sprintf(", every execution at once sees all %d GPUs (--exec-gpus shares them out)", n)
+	}
+	user += gpus
 	if cfg.ExecPython != "" {
 		python, err := exec.LookPath(cfg.ExecPython)
 		if err != nil {

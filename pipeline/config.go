@@ -150,6 +150,13 @@ type Config struct {
 	// processes are apart anyway, in PID namespaces of their own). Empty:
 	// all run as nobody.
 	ExecUIDs string
+	// ExecGPUs lists the GPUs the executions at once share out ("0,1,2,3",
+	// indexes or UUIDs as nvidia-smi lists them), ExecGPUsEach to each
+	// execution (default 1): sandbox.Subprocess.GPUs, in sets of
+	// ExecGPUsEach in the order given. Empty: every execution sees every
+	// GPU.
+	ExecGPUs     string
+	ExecGPUsEach int
 
 	// Anchors is the anchor choice. Its MaxInFlight caps anchor groups
 	// sent for execution and not yet executed, counted on ExecConsumer
@@ -429,6 +436,36 @@ func (c *Config) execLimits() sandbox.Limits {
 		Processes: cmp.Or(c.ExecProcesses, sandbox.DefaultProcesses(c.ExecSlots)), DiskBytes: int64(c.ExecDiskMB) << 20}
 }
 
+// gpuSets is ExecGPUs in sets of ExecGPUsEach, in the order given, and
+// the GPUs left over, fewer than a set, which are not used.
+func (c *Config) gpuSets() (sets [][]string, unused []string, err error) {
+	each := cmp.Or(c.ExecGPUsEach, 1)
+	if c.ExecGPUs == "" {
+		if c.ExecGPUsEach != 0 {
+			return nil, nil, fmt.Errorf("--exec-gpus-each %d: without --exec-gpus, there are no GPUs to share out", c.ExecGPUsEach)
+		}
+		return nil, nil, nil
+	}
+	var gpus []string
+	for g := range strings.SplitSeq(c.ExecGPUs, ",") {
+		g = strings.TrimSpace(g)
+		switch {
+		case g == "" || strings.ContainsAny(g, " \t\n="):
+			return nil, nil, fmt.Errorf("--exec-gpus %q: want GPUs as nvidia-smi lists them, indexes or UUIDs, separated by commas (0,1,2,3)", c.ExecGPUs)
+		case slices.Contains(gpus, g):
+			return nil, nil, fmt.Errorf("--exec-gpus %q: GPU %s is given twice", c.ExecGPUs, g)
+		}
+		gpus = append(gpus, g)
+	}
+	if each < 1 || each > len(gpus) {
+		return nil, nil, fmt.Errorf("--exec-gpus-each %d: want 1 to the %d GPUs of --exec-gpus", each, len(gpus))
+	}
+	for len(gpus) >= each {
+		sets, gpus = append(sets, gpus[:each:each]), gpus[each:]
+	}
+	return sets, gpus, nil
+}
+
 // Validate reports the first invalid field.
 func (c *Config) Validate() error {
 	switch {
@@ -513,7 +550,12 @@ func (c *Config) Validate() error {
 	for _, kv := range c.ExecEnv {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
 			return fmt.Errorf("%w: --exec-env %q: want KEY=VALUE", ErrConfig, kv)
+		} else if k == "CUDA_VISIBLE_DEVICES" && c.ExecGPUs != "" {
+			return fmt.Errorf("%w: --exec-env %s and --exec-gpus %q: --exec-gpus gives each execution its own GPUs; name them there alone", ErrConfig, kv, c.ExecGPUs)
 		}
+	}
+	if _, _, err := c.gpuSets(); err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	if err := c.Anchors.Validate(); err != nil {
 		return err

@@ -2,6 +2,8 @@ package pipeline
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +39,13 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		{"execution users, one", func(c *Config) { c.ExecUIDs = "100000" }, `--exec-uids "100000": want FIRST-LAST`},
 		{"execution timeout", func(c *Config) { c.ExecTimeout = -time.Second }, "--exec-timeout -1s"},
 		{"execution environment", func(c *Config) { c.ExecEnv = []string{"A=1", "OMP_NUM_THREADS"} }, `--exec-env "OMP_NUM_THREADS": want KEY=VALUE`},
+		{"execution disk", func(c *Config) { c.ExecDiskMB = -2 }, "--exec-disk-mb -2"},
+		{"GPUs", func(c *Config) { c.ExecGPUs, c.ExecGPUsEach = "0, 1,GPU-5f0c3e9a", 2 }, ""},
+		{"GPUs given twice", func(c *Config) { c.ExecGPUs = "0,1,0" }, `--exec-gpus "0,1,0": GPU 0 is given twice`},
+		{"GPUs with a gap", func(c *Config) { c.ExecGPUs = "0,,1" }, `--exec-gpus "0,,1": want GPUs as nvidia-smi lists them`},
+		{"more GPUs each than given", func(c *Config) { c.ExecGPUs, c.ExecGPUsEach = "0,1", 3 }, "--exec-gpus-each 3: want 1 to the 2 GPUs of --exec-gpus"},
+		{"GPUs each without GPUs", func(c *Config) { c.ExecGPUsEach = 2 }, "--exec-gpus-each 2: without --exec-gpus"},
+		{"GPUs named twice", func(c *Config) { c.ExecGPUs, c.ExecEnv = "0,1", []string{"CUDA_VISIBLE_DEVICES=0"} }, "--exec-env CUDA_VISIBLE_DEVICES=0 and --exec-gpus \"0,1\""},
 		{"world-model retries", func(c *Config) { c.WMRetries = -1 }, "--wm-retries -1"},
 		{"a client certificate on the embedded server", func(c *Config) { c.NATSAuth.Cert, c.NATSAuth.Key = "c.pem", "k.pem" }, "are for an external server (--nats URL)"},
 		{"a token on the embedded server", func(c *Config) { c.NATSAuth.Token = "t" }, ""},
@@ -60,6 +69,27 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 				t.Fatalf("%v is neither pipeline's nor route's ErrConfig", err)
 			}
 		})
+	}
+}
+
+func TestGPUsAreSharedOutInSetsInTheOrderGiven(t *testing.T) {
+	for _, tc := range []struct {
+		gpus   string
+		each   int
+		sets   string
+		unused []string
+	}{
+		{"", 0, "[]", nil},
+		{"0,1,2,3", 0, "[[0] [1] [2] [3]]", nil},
+		{"3,2, 1,0", 2, "[[3 2] [1 0]]", nil},
+		{"0,1,2,3,4", 2, "[[0 1] [2 3]]", []string{"4"}},
+		{"GPU-a,GPU-b", 2, "[[GPU-a GPU-b]]", nil},
+	} {
+		c := Config{ExecGPUs: tc.gpus, ExecGPUsEach: tc.each}
+		sets, unused, err := c.gpuSets()
+		if err != nil || fmt.Sprint(sets) != tc.sets || !slices.Equal(unused, tc.unused) {
+			t.Errorf("--exec-gpus %q --exec-gpus-each %d: %v, unused %v, %v; want %s, unused %v", tc.gpus, tc.each, sets, unused, err, tc.sets, tc.unused)
+		}
 	}
 }
 

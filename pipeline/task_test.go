@@ -113,7 +113,8 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	// The solution sleeps for as long as its environment says, run by a
 	// "virtualenv" python that marks it.
 	os.WriteFile(filepath.Join(dir, "solutions", "slow.py"),
-		[]byte("import os, time\nassert os.environ['VIA'] == 'venv'\ntime.sleep(int(os.environ['SLEEP_FOR']))\n"), 0o644)
+		[]byte("import os, time\nassert os.environ['VIA'] == 'venv'\nassert os.environ['CUDA_VISIBLE_DEVICES'] in ('0,1', '2,3')\n"+
+			"time.sleep(int(os.environ['SLEEP_FOR']))\n"), 0o644)
 	venv, err := os.MkdirTemp("", "wmrl-venv-") // readable by the user the code runs as
 	if err != nil {
 		t.Fatal(err)
@@ -126,6 +127,7 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = dir, 1, 4, 2
 	cfg.Anchors.Fraction = 0.5
 	cfg.ExecTimeout, cfg.ExecMemoryMB, cfg.ExecCPUSeconds, cfg.ExecProcesses, cfg.ExecDiskMB = time.Second, 2048, 30, 500, 64
+	cfg.ExecGPUs, cfg.ExecGPUsEach = "0,1,2,3,4", 2
 	// A python the code's user cannot run stops the run before it starts:
 	// as root, one in a directory only root can enter (the code runs as
 	// nobody); else one that is not executable.
@@ -154,7 +156,8 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	if err := Run(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	want := ") on task housing, each execution: as this process's user, " + sandbox.Isolation() + "; wall clock 1s, CPU time 30 s, address space 2048 MiB, 64 MiB on disk, 500 processes and threads for all at once\n"
+	gpus := fmt.Sprintf(", GPUs 0,1 | 2,3 (a set each), GPUs 4 unused (fewer than --exec-gpus-each), 2 at once: fewer than the %d --exec-slots", cfg.ExecSlots)
+	want := ") on task housing, each execution: as this process's user" + gpus + ", " + sandbox.Isolation() + "; wall clock 1s, CPU time 30 s, address space 2048 MiB, 64 MiB on disk, 500 processes and threads for all at once\n"
 	if os.Geteuid() == 0 {
 		want = strings.Replace(want, "as this process's user", "each as a user of its own (uids 2000000201-2000000216)", 1)
 	}

@@ -455,13 +455,69 @@ except PermissionError:
 
 func TestTheCodesEnvironment(t *testing.T) {
 	s := &Subprocess{Command: []string{"/opt/ml/bin/python", "solution.py"}, Env: []string{"OMP_NUM_THREADS=4", "LANG=en_US.UTF-8"}}
-	got := s.environ("/w")
+	got := s.environ("/w", nil)
 	want := []string{"PATH=/opt/ml/bin:/usr/local/bin:/usr/bin:/bin", "HOME=/w", "TMPDIR=/w", "PYTHONDONTWRITEBYTECODE=1", "OMP_NUM_THREADS=4", "LANG=en_US.UTF-8"}
 	if !slices.Equal(got, want) {
 		t.Errorf("environment %q; want %q (the python's directory first on PATH, LANG as given)", got, want)
 	}
-	if got := (&Subprocess{}).environ("/w"); got[0] != "PATH=/usr/local/bin:/usr/bin:/bin" || len(got) != 5 {
+	if got := (&Subprocess{}).environ("/w", nil); got[0] != "PATH=/usr/local/bin:/usr/bin:/bin" || len(got) != 5 {
 		t.Errorf("default environment %q", got)
+	}
+	// GPUs shared out are named, and win over one --exec-env names.
+	s.Env = append(s.Env, "CUDA_VISIBLE_DEVICES=0,1,2,3")
+	if got := s.environ("/w", []string{"2", "3"}); got[len(got)-1] != "CUDA_VISIBLE_DEVICES=2,3" ||
+		slices.Contains(got, "CUDA_VISIBLE_DEVICES=0,1,2,3") {
+		t.Errorf("with GPUs 2 and 3: %q", got)
+	}
+}
+
+// TestExecutionsAtOnceShareTheGPUsOut: with GPUs given, each execution
+// sees one set of them, and no two executions at once the same set;
+// executions past the sets wait for one. Without it, every execution at
+// once saw every GPU, and CUDA put them all on the first.
+func TestExecutionsAtOnceShareTheGPUsOut(t *testing.T) {
+	task := housing(t)
+	s := exe(task)
+	s.GPUs = [][]string{{"0", "1"}, {"GPU-5f0c3e9a"}}
+	code := "import os, time\nstart = time.time()\ntime.sleep(0.5)\n" +
+		"raise SystemExit('gpus %s from %.3f to %.3f' % (os.environ.get('CUDA_VISIBLE_DEVICES'), start, time.time()))\n"
+	type held struct {
+		gpus       string
+		start, end float64
+	}
+	runs := make([]held, 5)
+	var wg sync.WaitGroup
+	for i := range runs {
+		wg.Go(func() {
+			res, err := s.Execute(context.Background(), schemas.Trajectory{TrajID: fmt.Sprint(i), Response: code})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			d := res.Detail[strings.Index(res.Detail, "gpus "):]
+			if _, err := fmt.Sscanf(d, "gpus %s from %f to %f", &runs[i].gpus, &runs[i].start, &runs[i].end); err != nil {
+				t.Errorf("execution %d: %q: %v", i, res.Detail, err)
+			}
+		})
+	}
+	wg.Wait()
+	sets := map[string]int{}
+	for i, a := range runs {
+		sets[a.gpus]++
+		if a.gpus != "0,1" && a.gpus != "GPU-5f0c3e9a" {
+			t.Errorf("execution %d saw GPUs %q", i, a.gpus)
+		}
+		for j, b := range runs[:i] {
+			if a.gpus == b.gpus && a.start < b.end && b.start < a.end {
+				t.Errorf("executions %d and %d had GPUs %s at once: %+v %+v", j, i, a.gpus, b, a)
+			}
+		}
+	}
+	if len(sets) != 2 {
+		t.Errorf("sets used: %v; want both", sets)
+	}
+	if got := (exe(task)).environ("/w", nil); slices.ContainsFunc(got, func(e string) bool { return strings.HasPrefix(e, "CUDA_VISIBLE_DEVICES=") }) {
+		t.Errorf("without GPUs shared out, the code is told %q", got)
 	}
 }
 

@@ -152,9 +152,17 @@ type Subprocess struct {
 	// killed, even one that left its process group (which its PID
 	// namespace ends anyway, where the kernel allows one).
 	UIDs []uint32
+	// GPUs are the sets of GPUs the executions at once share out: each
+	// execution takes a free set (it waits for one) and sees only those,
+	// as CUDA_VISIBLE_DEVICES (an index or a UUID each, as nvidia-smi
+	// lists them). Empty: the code's environment does not name them, and
+	// CUDA gives every execution every GPU of the machine.
+	GPUs [][]string
 
 	uidsOnce sync.Once
 	uids     chan uint32
+	gpusOnce sync.Once
+	gpus     chan []string
 }
 
 var _ execute.Executor = (*Subprocess)(nil)
@@ -274,6 +282,11 @@ func (s *Subprocess) run(ctx context.Context, code string, data bool) (run Run, 
 		return Run{}, err
 	}
 	defer free()
+	gpus, freeGPUs, err := s.gpuSet(ctx)
+	if err != nil {
+		return Run{}, err
+	}
+	defer freeGPUs()
 	dir, err := newWorkDir()
 	if err != nil {
 		return Run{}, fmt.Errorf("sandbox: work dir: %w", err)
@@ -292,9 +305,9 @@ func (s *Subprocess) run(ctx context.Context, code string, data bool) (run Run, 
 		kib = fmt.Sprint(l.MemoryBytes / 1024)
 	}
 	script := fmt.Sprintf(shellScript, kib, l.CPUSeconds, l.OpenFiles, l.Processes)
-	run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), true, uid)
+	run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), true, uid, gpus)
 	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL) {
-		run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), false, uid)
+		run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), false, uid, gpus)
 	}
 	if err != nil {
 		return Run{}, err
@@ -416,8 +429,9 @@ func removeWorkDir(dir string) error {
 	return os.RemoveAll(dir)
 }
 
-// environ is the code's environment in work directory dir.
-func (s *Subprocess) environ(dir string) []string {
+// environ is the code's environment in work directory dir, with the
+// GPUs it may use (nil: no GPUs were shared out).
+func (s *Subprocess) environ(dir string, gpus []string) []string {
 	path := "/usr/local/bin:/usr/bin:/bin"
 	if len(s.Command) > 0 && strings.Contains(s.Command[0], "/") {
 		path = filepath.Dir(s.Command[0]) + ":" + path
@@ -427,9 +441,15 @@ func (s *Subprocess) environ(dir string) []string {
 	// every execution shares and none cleans.
 	env := []string{"PATH=" + path, "HOME=" + dir, "TMPDIR=" + dir, "PYTHONDONTWRITEBYTECODE=1", "LANG=C.UTF-8"}
 	for _, kv := range s.Env {
+		if gpus != nil && strings.HasPrefix(kv, "CUDA_VISIBLE_DEVICES=") {
+			continue // the GPUs shared out win
+		}
 		key, _, _ := strings.Cut(kv, "=")
 		env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, key+"=") })
 		env = append(env, kv)
+	}
+	if gpus != nil {
+		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(gpus, ","))
 	}
 	return env
 }
@@ -480,6 +500,39 @@ func (s *Subprocess) user(ctx context.Context) (uid uint32, free func(), err err
 	case <-ctx.Done():
 		return 0, nil, ctx.Err()
 	}
+}
+
+// gpuSet takes a free set of GPUs for an execution, waiting for one, and
+// the func that gives it back (nil, without GPUs shared out).
+func (s *Subprocess) gpuSet(ctx context.Context) (gpus []string, free func(), err error) {
+	if len(s.GPUs) == 0 {
+		return nil, func() {}, nil
+	}
+	s.gpusOnce.Do(func() {
+		s.gpus = make(chan []string, len(s.GPUs))
+		for _, set := range s.GPUs {
+			s.gpus <- set
+		}
+	})
+	select {
+	case gpus = <-s.gpus:
+		return gpus, func() { s.gpus <- gpus }, nil
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+}
+
+// MachineGPUs counts the machine's NVIDIA GPUs by their device files
+// (/dev/nvidia0, /dev/nvidia1, ...), for a run's log.
+func MachineGPUs() int {
+	n := 0
+	devs, _ := filepath.Glob("/dev/nvidia[0-9]*")
+	for _, d := range devs {
+		if _, err := strconv.Atoi(strings.TrimPrefix(d, "/dev/nvidia")); err == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // killUser kills every process of uid, until none is left: what an
@@ -576,7 +629,7 @@ func (c *capped) String() string {
 
 // start runs argv, a shell that runs the code as its child, as uid when
 // root; isolate puts it in network and PID namespaces of its own.
-func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolate bool, uid uint32) (Run, error) {
+func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolate bool, uid uint32, gpus []string) (Run, error) {
 	attr := &syscall.SysProcAttr{Setpgid: true}
 	ns := namespaceTools()
 	viaUnshare := isolate && ns.ok
@@ -607,7 +660,7 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
-	cmd.Env = s.environ(seen)
+	cmd.Env = s.environ(seen, gpus)
 	l := s.limits()
 	stdout, stderr := &capped{n: l.OutputBytes}, &capped{n: l.OutputBytes}
 	cmd.Stdout, cmd.Stderr, cmd.Stdin = stdout, stderr, nil
