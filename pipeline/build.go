@@ -510,7 +510,7 @@ func NewWorldModel(cfg Config, onAttempt func(error), onRequest func(openai.Requ
 		if err != nil {
 			return nil, err
 		}
-		oc.Limits = cfg.execLimits().For(task).ForCode()
+		oc.Limits = cfg.execLimits(task).For(task).ForCode()
 	}
 	if cfg.WMTemplateFile != "" {
 		var err error
@@ -660,7 +660,7 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 	if err != nil {
 		return nil, err
 	}
-	limits := cfg.execLimits()
+	limits := cfg.execLimits(task)
 	l := limits.For(task) // as the executor will resolve them, for the note
 	if cfg.executor() == "sandbox-fusion" {
 		p.noteLimits("sandbox-fusion", task, fmt.Sprintf("run_timeout %v, memory_limit_MB %d (enforced by the server)",

@@ -429,11 +429,18 @@ func (c *Config) openaiConfig() openai.Config {
 // update (386 on the housing task's real run; IDs of other lengths move it).
 const UpdateBytesPerTrajectory = 400
 
-// execLimits are a real execution's limits as flags set them (the task's
-// fill in the rest: sandbox.Limits.For).
-func (c *Config) execLimits() sandbox.Limits {
-	return sandbox.Limits{Timeout: c.ExecTimeout, MemoryBytes: int64(c.ExecMemoryMB) << 20, CPUSeconds: c.ExecCPUSeconds,
+// execLimits are a real execution's limits on task as flags set them (the
+// task's fill in the rest: sandbox.Limits.For). With GPUs shared out, the
+// address space is unlimited unless the flag or the task says otherwise:
+// CUDA's driver reserves far more of it than it uses, and a solution
+// given a GPU under the default 1 GiB could not start CUDA at all.
+func (c *Config) execLimits(task *sandbox.Task) sandbox.Limits {
+	l := sandbox.Limits{Timeout: c.ExecTimeout, MemoryBytes: int64(c.ExecMemoryMB) << 20, CPUSeconds: c.ExecCPUSeconds,
 		Processes: cmp.Or(c.ExecProcesses, sandbox.DefaultProcesses(c.ExecSlots)), DiskBytes: int64(c.ExecDiskMB) << 20}
+	if c.ExecGPUs != "" && l.MemoryBytes == 0 && (task == nil || task.MemoryMB == 0) {
+		l.MemoryBytes = -1
+	}
+	return l
 }
 
 // gpuSets is ExecGPUs in sets of ExecGPUsEach, in the order given, and

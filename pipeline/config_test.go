@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wmrl/wmrl/connectors/sandbox"
 	"github.com/wmrl/wmrl/stages/route"
 )
 
@@ -89,6 +90,30 @@ func TestGPUsAreSharedOutInSetsInTheOrderGiven(t *testing.T) {
 		sets, unused, err := c.gpuSets()
 		if err != nil || fmt.Sprint(sets) != tc.sets || !slices.Equal(unused, tc.unused) {
 			t.Errorf("--exec-gpus %q --exec-gpus-each %d: %v, unused %v, %v; want %s, unused %v", tc.gpus, tc.each, sets, unused, err, tc.sets, tc.unused)
+		}
+	}
+}
+
+// TestGPUsLiftTheDefaultAddressSpaceLimit: a solution given a GPU cannot
+// start CUDA under the default 1 GiB of address space, so sharing GPUs
+// out lifts the default; the flag and the task's memory_mb still win.
+func TestGPUsLiftTheDefaultAddressSpaceLimit(t *testing.T) {
+	for _, tc := range []struct {
+		gpus      string
+		flagMB    int
+		taskMB    int
+		wantBytes int64
+	}{
+		{"", 0, 0, 1 << 30},
+		{"0,1", 0, 0, -1},
+		{"0,1", 0, 4096, 4096 << 20},
+		{"0,1", 2048, 0, 2048 << 20},
+		{"0,1", -1, 4096, -1},
+	} {
+		c := Config{ExecGPUs: tc.gpus, ExecMemoryMB: tc.flagMB}
+		task := &sandbox.Task{MemoryMB: tc.taskMB}
+		if got := c.execLimits(task).For(task).MemoryBytes; got != tc.wantBytes && (got >= 0 || tc.wantBytes >= 0) { // < 0: none
+			t.Errorf("--exec-gpus %q, --exec-memory-mb %d, memory_mb %d: address space %d, want %d", tc.gpus, tc.flagMB, tc.taskMB, got, tc.wantBytes)
 		}
 	}
 }

@@ -93,7 +93,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.SandboxURL, "sandbox-url", "", "Sandbox Fusion server for --executor sandbox-fusion, e.g. http://127.0.0.1:8080")
 	fs.StringVar(&cfg.TaskDir, "task", "", "task directory (task.json, public/, private/, leaderboard.csv); implies --executor subprocess")
 	fs.DurationVar(&cfg.ExecTimeout, "exec-timeout", 0, "wall-clock limit of one real execution (0: the task's time_limit_seconds, else 60s); past it the solution scores 0 as timed_out")
-	fs.IntVar(&cfg.ExecMemoryMB, "exec-memory-mb", 0, "address space of one real execution, in MiB (0: the task's memory_mb, else 1024; -1: no limit, which CUDA needs)")
+	fs.IntVar(&cfg.ExecMemoryMB, "exec-memory-mb", 0, "address space of one real execution, in MiB (0: the task's memory_mb, else 1024, or no limit with --exec-gpus; -1: no limit, which CUDA needs)")
 	fs.IntVar(&cfg.ExecDiskMB, "exec-disk-mb", 0, "what one execution of --executor subprocess may keep on disk in its directory, its /tmp, the task's data apart, in MiB; code that writes more is killed, a crash (0: 16384; -1: no limit)")
 	fs.StringVar(&cfg.ExecPython, "exec-python", "", "Python that runs the solutions of --executor subprocess, e.g. a virtualenv's /opt/ml/bin/python with the task's packages (its directory leads the code's PATH; default: python3 on /usr/local/bin:/usr/bin:/bin)")
 	fs.StringVar(&cfg.ExecGPUs, "exec-gpus", "", "GPUs that --executor subprocess shares out among the executions at once, as nvidia-smi lists them (0,1,2,3 or UUIDs): each sees only its own, as CUDA_VISIBLE_DEVICES, and waits for free ones (default: every execution sees every GPU)")
