@@ -47,6 +47,15 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		{"more GPUs each than given", func(c *Config) { c.ExecGPUs, c.ExecGPUsEach = "0,1", 3 }, "--exec-gpus-each 3: want 1 to the 2 GPUs of --exec-gpus"},
 		{"GPUs each without GPUs", func(c *Config) { c.ExecGPUsEach = 2 }, "--exec-gpus-each 2: without --exec-gpus"},
 		{"GPUs named twice", func(c *Config) { c.ExecGPUs, c.ExecEnv = "0,1", []string{"CUDA_VISIBLE_DEVICES=0"} }, "--exec-env CUDA_VISIBLE_DEVICES=0 and --exec-gpus \"0,1\""},
+		{"GPUs on Sandbox Fusion", func(c *Config) {
+			c.Executor, c.SandboxURL, c.TaskDir, c.ExecGPUs = "sandbox-fusion", "http://s", "t", "0"
+		}, "are --executor subprocess's"},
+		{"a disk limit on Sandbox Fusion", func(c *Config) {
+			c.Executor, c.SandboxURL, c.TaskDir, c.ExecDiskMB = "sandbox-fusion", "http://s", "t", 100
+		}, "are --executor subprocess's"},
+		{"Sandbox Fusion", func(c *Config) {
+			c.Executor, c.SandboxURL, c.TaskDir, c.ExecMemoryMB = "sandbox-fusion", "http://s", "t", 100
+		}, ""},
 		{"world-model retries", func(c *Config) { c.WMRetries = -1 }, "--wm-retries -1"},
 		{"a client certificate on the embedded server", func(c *Config) { c.NATSAuth.Cert, c.NATSAuth.Key = "c.pem", "k.pem" }, "are for an external server (--nats URL)"},
 		{"a token on the embedded server", func(c *Config) { c.NATSAuth.Token = "t" }, ""},
