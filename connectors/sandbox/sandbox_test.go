@@ -813,7 +813,11 @@ func TestEachExecutionHasItsOwnTmp(t *testing.T) {
 		return fmt.Sprintf(`import os, time
 for d in ("/tmp", "/var/tmp", "/dev/shm"):
     open(os.path.join(d, %[1]q + os.path.basename(d)), "w").write(%[2]q)
-time.sleep(1.5)
+open("written", "w").close()
+for _ in range(600):
+    if os.path.exists("go"):
+        break
+    time.sleep(0.05)
 got = [open(os.path.join(d, %[1]q + os.path.basename(d))).read() for d in ("/tmp", "/var/tmp", "/dev/shm")]
 raise SystemExit("home %%s, tmpdir %%s, cwd %%s, read %%s" %% (os.environ["HOME"], os.environ["TMPDIR"], os.getcwd(), " ".join(got)))
 `, name, tag)
@@ -828,6 +832,21 @@ raise SystemExit("home %%s, tmpdir %%s, cwd %%s, read %%s" %% (os.environ["HOME"
 			}
 			details[i] = res.Detail
 		})
+	}
+	// Both have written before either reads back: each waits for "go",
+	// which the test puts in their directories once both have.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		written, _ := filepath.Glob(filepath.Join(WorkParent(), "wmrl-exec-*", "written"))
+		if len(written) == 2 {
+			for _, w := range written {
+				os.WriteFile(filepath.Join(filepath.Dir(w), "go"), nil, 0o644)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%d of the 2 executions wrote in 20 s", len(written))
+			break
+		}
 	}
 	wg.Wait()
 	for i, tag := range []string{"first", "second"} {
@@ -1004,7 +1023,10 @@ func TestAnExecutionCannotReachAnotherKnowingItsPath(t *testing.T) {
 	}
 	task := housing(t)
 	s := &Subprocess{Task: task, Limits: Limits{Timeout: 20 * time.Second}}
-	victim := "import time\nopen('submission.csv', 'w').write('id,price\\n')\ntime.sleep(4)\n"
+	// The victim runs until the test has seen what the thief did (a file
+	// the test puts in its directory), 30 s at most.
+	victim := "import os, time\nopen('submission.csv', 'w').write('id,price\\n')\n" +
+		"for _ in range(600):\n    if os.path.exists('thief-done'):\n        break\n    time.sleep(0.05)\n"
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { s.Execute(context.Background(), schemas.Trajectory{TrajID: "victim", Response: victim}) })
@@ -1039,6 +1061,9 @@ raise SystemExit(" ".join(res))
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "submission.csv")); err != nil || string(b) != "id,price\n" {
 		t.Errorf("the victim's submission: %q (%v)", b, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "thief-done"), nil, 0o644); err != nil {
+		t.Errorf("the victim ended before the thief did: %v", err)
 	}
 }
 
