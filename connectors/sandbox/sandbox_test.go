@@ -577,8 +577,8 @@ func TestTheCodeDiesOfItsOwnSignals(t *testing.T) {
 // as long as it liked (a user of its own, --exec-uids, was the only way to
 // end it); in its PID namespace it ends with the execution.
 func TestNothingTheCodeStartsOutlivesIt(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("PID namespaces need root")
+	if !namespaceTools().ok {
+		t.Skipf("no namespaces here: %s", Isolation())
 	}
 	marker := fmt.Sprintf("wmrl-daemon-%d", time.Now().UnixNano())
 	daemon := fmt.Sprintf("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', %q], start_new_session=True,\n"+
@@ -606,11 +606,8 @@ func TestNothingTheCodeStartsOutlivesIt(t *testing.T) {
 // another process. It also cannot regain privileges through a setuid
 // program.
 func TestTheCodeSeesItsOwnProcesses(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("namespaces need root")
-	}
 	if !namespaceTools().ok {
-		t.Skip("no util-linux unshare and setpriv that work here")
+		t.Skipf("no namespaces here: %s", Isolation())
 	}
 	probe := "import os\nps = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n" +
 		"me = int(open('/proc/self/stat').read().split()[0])\n" +
@@ -801,8 +798,8 @@ raise SystemExit(listed + ", read nothing")
 // as long as the machine ran. Each now has its directory as /tmp and
 // /var/tmp, and a /dev/shm of its own.
 func TestEachExecutionHasItsOwnTmp(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("namespaces need root")
+	if !namespaceTools().ok {
+		t.Skipf("no namespaces here: %s", Isolation())
 	}
 	if !namespaceTools().privateTmp {
 		t.Skipf("no private /tmp here: %s", Isolation())
@@ -870,8 +867,8 @@ raise SystemExit("home %%s, tmpdir %%s, cwd %%s, read %%s" %% (os.environ["HOME"
 // path, and stays whole on the host: the work directory it is shown in is
 // removed after every execution.
 func TestAnInterpreterInTmpStaysInView(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("namespaces need root")
+	if !namespaceTools().ok {
+		t.Skipf("no namespaces here: %s", Isolation())
 	}
 	if !namespaceTools().privateTmp {
 		t.Skipf("no private /tmp here: %s", Isolation())
@@ -974,13 +971,65 @@ func TestCodeThatFillsTheDiskIsKilled(t *testing.T) {
 	}
 }
 
+// TestExecutionsAreIsolatedWithoutRootToo: wmrl not run as root (a
+// cluster's user, a container's) used to run the code as its own user
+// with the network reachable, the host's /tmp shared, and nothing that
+// ended what it left behind. Where the kernel allows user namespaces, the
+// code now runs in one, as its root without capabilities: the tests of
+// isolation pass as nobody as they do as root, and the code cannot undo
+// the mount that hides the host's /tmp.
+func TestExecutionsAreIsolatedWithoutRootToo(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("runs its tests as nobody, from root")
+	}
+	if err := exec.Command("runuser", "-u", "nobody", "--", "unshare", "--user", "--map-root-user", "true").Run(); err != nil {
+		t.Skipf("no user namespaces for nobody here: %v", err)
+	}
+	for _, test := range []string{"TestUserNamespaceRootCannotUndoItsMounts", "TestEachExecutionHasItsOwnTmp",
+		"TestAnExecutionCannotReachAnotherKnowingItsPath", "TestTheCodeSeesItsOwnProcesses", "TestNothingTheCodeStartsOutlivesIt"} {
+		// Not TestSandboxContainsHostileCode: its fork bomb, as nobody,
+		// would take the process limit from every execution as nobody
+		// of the other packages' tests running at the same time.
+		asNobody(t, test)
+	}
+}
+
+// TestUserNamespaceRootCannotUndoItsMounts runs as nobody (from
+// TestExecutionsAreIsolatedWithoutRootToo).
+func TestUserNamespaceRootCannotUndoItsMounts(t *testing.T) {
+	if os.Geteuid() == 0 || !namespaceTools().privateTmp {
+		t.Skipf("for a user other than root, in a user namespace: %s", Isolation())
+	}
+	probe := `import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+res = []
+for target in (b"/tmp", b"/dev/shm"):
+    rc = libc.umount2(target, 2)  # MNT_DETACH
+    res.append("umount %s=%s" % (target.decode(), "ok" if rc == 0 else os.strerror(ctypes.get_errno())))
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=1)
+    res.append("network=ok")
+except OSError as e:
+    res.append("network=" + type(e).__name__)
+res.append("caps=" + [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff:")][0])
+raise SystemExit(" ".join(res))
+`
+	r := run1(t, exe(housing(t)), probe)
+	t.Logf("probe: %s", r.detail)
+	for _, want := range []string{"umount /tmp=Operation not permitted", "umount /dev/shm=Operation not permitted", "network=OSError", "caps=0000000000000000"} {
+		if !strings.Contains(r.detail, want) {
+			t.Errorf("probe %q lacks %s", r.detail, want)
+		}
+	}
+}
+
 // TestAPrivateTmpThatCannotBeMountedSaysWhy: the mounts happen before
 // the code starts; when one fails, the code does not run, and the shell
 // says which and mount's reason on fd 3, so that the execution is a
 // sandbox error that names it rather than a crash scored 0.
 func TestAPrivateTmpThatCannotBeMountedSaysWhy(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("namespaces need root")
+	if !namespaceTools().ok {
+		t.Skipf("no namespaces here: %s", Isolation())
 	}
 	ns := namespaceTools()
 	if !ns.privateTmp {
@@ -1015,8 +1064,8 @@ func TestAPrivateTmpThatCannotBeMountedSaysWhy(t *testing.T) {
 // its submission; the directories were apart only by their unlisted,
 // random names. The executions' parent is now out of the code's view.
 func TestAnExecutionCannotReachAnotherKnowingItsPath(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("namespaces need root")
+	if !namespaceTools().ok {
+		t.Skipf("no namespaces here: %s", Isolation())
 	}
 	if !namespaceTools().privateTmp {
 		t.Skipf("no private /tmp here: %s", Isolation())

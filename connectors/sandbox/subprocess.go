@@ -641,15 +641,14 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 		// PID in the namespace, and psutil, joblib's workers and the like
 		// look themselves up in /proc by it. setpriv then drops to uid,
 		// with no_new_privs: no setuid program gives root back.
-		u := strconv.FormatUint(uint64(uid), 10)
-		drop := []string{ns.setpriv, "--reuid", u, "--regid", u, "--clear-groups", "--no-new-privs", "--"}
+		drop := ns.drop(uid)
 		if ns.privateTmp {
 			keep := s.keptInTmp()
 			args := append([]string{"/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", dir, filepath.Dir(dir), s.shmSize(), strconv.Itoa(len(keep))}, keep...)
 			drop = append(args, drop...)
 			seen = "/tmp"
 		}
-		argv = append(append(append([]string{ns.unshare}, unshareFlags...), drop...), argv...)
+		argv = append(append(append([]string{ns.unshare}, ns.flags()...), drop...), argv...)
 	case isolate:
 		attr.Cloneflags = syscall.CLONE_NEWNET | syscall.CLONE_NEWPID
 		fallthrough
@@ -907,29 +906,27 @@ func (s *Subprocess) shmSize() string {
 }
 
 // namespaceTools finds util-linux's unshare and setpriv, and tries them
-// once: they need root, and a kernel (or container) that allows the
-// namespaces. It tries the private /tmp as well (mount, in the new mount
-// namespace), and without it when that fails.
+// once: as root, and otherwise in a user namespace of their own, where the
+// kernel (or container) allows that. It tries the private /tmp as well
+// (mount, in the new mount namespace), and without it when that fails.
 func namespaceTools() *nsSupport {
 	nsTools.once.Do(func() {
-		if os.Geteuid() != 0 {
-			return
-		}
 		unshare, err1 := exec.LookPath("unshare")
 		setpriv, err2 := exec.LookPath("setpriv")
 		if err1 != nil || err2 != nil {
 			return
 		}
-		drop := []string{setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups", "--no-new-privs", "--", "/bin/sh", "-c", "exit 0"}
+		ns := &nsTools
+		ns.unshare, ns.setpriv, ns.userNS = unshare, setpriv, os.Geteuid() != 0
 		try := func(argv ...string) bool {
-			return exec.Command(unshare, append(append(unshareFlags[:len(unshareFlags):len(unshareFlags)], argv...), drop...)...).Run() == nil
+			argv = append(append(append(ns.flags(), argv...), ns.drop(65534)...), "/bin/sh", "-c", "exit 0")
+			return exec.Command(unshare, argv...).Run() == nil
 		}
-		nsTools.unshare, nsTools.setpriv = unshare, setpriv
 		if dir, err := os.MkdirTemp("", "wmrl-ns-probe-"); err == nil {
-			nsTools.privateTmp = try("/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", dir, filepath.Join(dir, "parent"), "1048576", "0")
+			ns.privateTmp = try("/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", dir, filepath.Join(dir, "parent"), "1048576", "0")
 			os.Remove(dir)
 		}
-		nsTools.ok = nsTools.privateTmp || try()
+		ns.ok = ns.privateTmp || try()
 	})
 	return &nsTools
 }
@@ -940,6 +937,30 @@ type nsSupport struct {
 	unshare, setpriv string
 	ok               bool // namespaces, through unshare and setpriv
 	privateTmp       bool // and the code's own /tmp, /var/tmp and /dev/shm
+	// userNS: wmrl is not root, and the namespaces are those of a user
+	// namespace of their own, where the code runs as its root, which is
+	// wmrl's user outside, with no capabilities: it cannot undo the
+	// mounts that hide the host's /tmp.
+	userNS bool
+}
+
+// flags are unshare's flags for an execution's namespaces.
+func (ns *nsSupport) flags() []string {
+	if ns.userNS {
+		return append([]string{"--user", "--map-root-user"}, unshareFlags...)
+	}
+	return unshareFlags
+}
+
+// drop is setpriv's command line that runs the code as uid (as root), or
+// as the user namespace's root without capabilities (not root), with
+// no_new_privs either way: no setuid program gives privileges back.
+func (ns *nsSupport) drop(uid uint32) []string {
+	if ns.userNS {
+		return []string{ns.setpriv, "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--"}
+	}
+	u := strconv.FormatUint(uint64(uid), 10)
+	return []string{ns.setpriv, "--reuid", u, "--regid", u, "--clear-groups", "--no-new-privs", "--"}
 }
 
 var nsTools nsSupport
@@ -948,13 +969,17 @@ var nsTools nsSupport
 // run's log.
 func Isolation() string {
 	ns := namespaceTools()
+	where := "in namespaces of its own"
+	if ns.userNS {
+		where = "in namespaces of its own, in a user namespace (as its root, which is this user outside, without capabilities)"
+	}
 	switch {
 	case ns.privateTmp:
-		return "in namespaces of its own: no network, its own processes and /proc, its directory as /tmp and /var/tmp, its own /dev/shm"
+		return where + ": no network, its own processes and /proc, its directory as /tmp and /var/tmp, its own /dev/shm"
 	case ns.ok:
-		return "in namespaces of its own: no network, its own processes and /proc; the host's /tmp and /dev/shm (mount refused)"
+		return where + ": no network, its own processes and /proc; the host's /tmp and /dev/shm (mount refused)"
 	case os.Geteuid() == 0:
 		return "in network and PID namespaces where the kernel allows them (no util-linux unshare and setpriv): the host's /proc, /tmp and /dev/shm"
 	}
-	return "not isolated (not root): network reachable, the host's /tmp and /dev/shm"
+	return "not isolated (not root, and no user namespaces through util-linux unshare and setpriv here): network reachable, the host's /tmp and /dev/shm"
 }
