@@ -791,6 +791,14 @@ raise SystemExit(listed + ", read nothing")
 	}
 }
 
+// needPrivateTmp skips a test where executions cannot have their own /tmp.
+func needPrivateTmp(t *testing.T) {
+	t.Helper()
+	if !namespaceTools().privateTmp {
+		t.Skipf("no private /tmp here: %s", Isolation())
+	}
+}
+
 // TestEachExecutionHasItsOwnTmp: solutions write fixed paths such as
 // /tmp/model.pkl. Two executions at once, as the same user, overwrote each
 // other's file there and read the other's back (a score of the wrong
@@ -798,12 +806,7 @@ raise SystemExit(listed + ", read nothing")
 // as long as the machine ran. Each now has its directory as /tmp and
 // /var/tmp, and a /dev/shm of its own.
 func TestEachExecutionHasItsOwnTmp(t *testing.T) {
-	if !namespaceTools().ok {
-		t.Skipf("no namespaces here: %s", Isolation())
-	}
-	if !namespaceTools().privateTmp {
-		t.Skipf("no private /tmp here: %s", Isolation())
-	}
+	needPrivateTmp(t)
 	task := housing(t)
 	name := fmt.Sprintf("wmrl-test-%d", rand.Uint64())
 	code := func(tag string) string {
@@ -867,12 +870,7 @@ raise SystemExit("home %%s, tmpdir %%s, cwd %%s, read %%s" %% (os.environ["HOME"
 // path, and stays whole on the host: the work directory it is shown in is
 // removed after every execution.
 func TestAnInterpreterInTmpStaysInView(t *testing.T) {
-	if !namespaceTools().ok {
-		t.Skipf("no namespaces here: %s", Isolation())
-	}
-	if !namespaceTools().privateTmp {
-		t.Skipf("no private /tmp here: %s", Isolation())
-	}
+	needPrivateTmp(t)
 	venv, err := os.MkdirTemp("/tmp", "wmrl-venv-")
 	if err != nil {
 		t.Fatal(err)
@@ -945,7 +943,7 @@ func TestCodeThatFillsTheDiskIsKilled(t *testing.T) {
 	s := exe(task)
 	s.Limits.DiskBytes = 16 << 20
 	into := "x"
-	if os.Geteuid() == 0 && namespaceTools().privateTmp {
+	if namespaceTools().privateTmp {
 		into = "/tmp/x" // its own /tmp is its directory
 	}
 	filler := fmt.Sprintf("import os, time\nwith open(%q, 'wb') as f:\n", into) +
@@ -1028,20 +1026,15 @@ raise SystemExit(" ".join(res))
 // says which and mount's reason on fd 3, so that the execution is a
 // sandbox error that names it rather than a crash scored 0.
 func TestAPrivateTmpThatCannotBeMountedSaysWhy(t *testing.T) {
-	if !namespaceTools().ok {
-		t.Skipf("no namespaces here: %s", Isolation())
-	}
+	needPrivateTmp(t)
 	ns := namespaceTools()
-	if !ns.privateTmp {
-		t.Skipf("no private /tmp here: %s", Isolation())
-	}
 	said, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer said.Close()
 	ran := filepath.Join(t.TempDir(), "ran")
-	argv := append(append([]string{}, unshareFlags...), "/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", "/nonexistent-wmrl-work-dir", "/nonexistent", "", "0",
+	argv := append(ns.flags(), "/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", "/nonexistent-wmrl-work-dir", "/nonexistent", "", "0",
 		"/bin/sh", "-c", "touch "+ran)
 	cmd := exec.Command(ns.unshare, argv...)
 	cmd.ExtraFiles = []*os.File{w}
@@ -1064,12 +1057,7 @@ func TestAPrivateTmpThatCannotBeMountedSaysWhy(t *testing.T) {
 // its submission; the directories were apart only by their unlisted,
 // random names. The executions' parent is now out of the code's view.
 func TestAnExecutionCannotReachAnotherKnowingItsPath(t *testing.T) {
-	if !namespaceTools().ok {
-		t.Skipf("no namespaces here: %s", Isolation())
-	}
-	if !namespaceTools().privateTmp {
-		t.Skipf("no private /tmp here: %s", Isolation())
-	}
+	needPrivateTmp(t)
 	task := housing(t)
 	s := &Subprocess{Task: task, Limits: Limits{Timeout: 20 * time.Second}}
 	// The victim runs until the test has seen what the thief did (a file

@@ -949,7 +949,7 @@ func (ns *nsSupport) flags() []string {
 	if ns.userNS {
 		return append([]string{"--user", "--map-root-user"}, unshareFlags...)
 	}
-	return unshareFlags
+	return slices.Clone(unshareFlags)
 }
 
 // drop is setpriv's command line that runs the code as uid (as root), or
