@@ -781,7 +781,7 @@ raise SystemExit(listed + ", read nothing")
 	// group kill, but not its user's.
 	daemon := "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
 	own.UIDs = []uint32{2000000103}
-	own.uidsOnce, own.uids = sync.Once{}, nil
+	own.uids = pool[uint32]{}
 	run1(t, own, daemon)
 	out, _ := exec.Command("ps", "-u", "2000000103", "-o", "pid=,stat=").Output()
 	for line := range strings.Lines(string(out)) {

@@ -159,11 +159,36 @@ type Subprocess struct {
 	// CUDA gives every execution every GPU of the machine.
 	GPUs [][]string
 
-	uidsOnce sync.Once
-	uids     chan uint32
-	gpusOnce sync.Once
-	gpus     chan []string
+	uids pool[uint32]
+	gpus pool[[]string]
 }
+
+// pool hands out items to the executions at once, one each, filled from
+// a list on first use; take waits for a free one.
+type pool[T any] struct {
+	once sync.Once
+	free chan T
+}
+
+// take waits for a free item of items (the pool's list) until ctx ends.
+func (p *pool[T]) take(ctx context.Context, items []T) (T, error) {
+	p.once.Do(func() {
+		p.free = make(chan T, len(items))
+		for _, it := range items {
+			p.free <- it
+		}
+	})
+	select {
+	case it := <-p.free:
+		return it, nil
+	case <-ctx.Done():
+		var zero T
+		return zero, ctx.Err()
+	}
+}
+
+// give hands it back.
+func (p *pool[T]) give(it T) { p.free <- it }
 
 var _ execute.Executor = (*Subprocess)(nil)
 
@@ -182,11 +207,8 @@ type Run struct {
 	Submission     []byte // nil: none written
 	// Isolated: the code ran in network and PID namespaces of its own (no
 	// network; nothing it starts outlives it; it sees and can signal no
-	// process outside). PrivateTmp: its /tmp and /var/tmp were its work
-	// directory, its /dev/shm its own, and it could not see the other
-	// executions' directories (privateTmpScript).
-	Isolated   bool
-	PrivateTmp bool
+	// process outside).
+	Isolated bool
 	// OverDisk, when not 0, is what the code had written in its directory
 	// when it was killed for passing its disk limit.
 	OverDisk int64
@@ -488,18 +510,10 @@ func (s *Subprocess) user(ctx context.Context) (uid uint32, free func(), err err
 		}
 		return s.RunAs, func() {}, nil
 	}
-	s.uidsOnce.Do(func() {
-		s.uids = make(chan uint32, len(s.UIDs))
-		for _, u := range s.UIDs {
-			s.uids <- u
-		}
-	})
-	select {
-	case uid = <-s.uids:
-		return uid, func() { killUser(uid); s.uids <- uid }, nil
-	case <-ctx.Done():
-		return 0, nil, ctx.Err()
+	if uid, err = s.uids.take(ctx, s.UIDs); err != nil {
+		return 0, nil, err
 	}
+	return uid, func() { killUser(uid); s.uids.give(uid) }, nil
 }
 
 // gpuSet takes a free set of GPUs for an execution, waiting for one, and
@@ -508,18 +522,10 @@ func (s *Subprocess) gpuSet(ctx context.Context) (gpus []string, free func(), er
 	if len(s.GPUs) == 0 {
 		return nil, func() {}, nil
 	}
-	s.gpusOnce.Do(func() {
-		s.gpus = make(chan []string, len(s.GPUs))
-		for _, set := range s.GPUs {
-			s.gpus <- set
-		}
-	})
-	select {
-	case gpus = <-s.gpus:
-		return gpus, func() { s.gpus <- gpus }, nil
-	case <-ctx.Done():
-		return nil, nil, ctx.Err()
+	if gpus, err = s.gpus.take(ctx, s.GPUs); err != nil {
+		return nil, nil, err
 	}
+	return gpus, func() { s.gpus.give(gpus) }, nil
 }
 
 // MachineGPUs counts the machine's NVIDIA GPUs by their device files
@@ -631,6 +637,7 @@ func (c *capped) String() string {
 // root; isolate puts it in network and PID namespaces of its own.
 func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolate bool, uid uint32, gpus []string) (Run, error) {
 	attr := &syscall.SysProcAttr{Setpgid: true}
+	l := s.limits()
 	ns := namespaceTools()
 	viaUnshare := isolate && ns.ok
 	seen := dir // the work directory's path as the code sees it
@@ -644,7 +651,7 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 		drop := ns.drop(uid)
 		if ns.privateTmp {
 			keep := s.keptInTmp()
-			args := append([]string{"/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", dir, filepath.Dir(dir), s.shmSize(), strconv.Itoa(len(keep))}, keep...)
+			args := append([]string{"/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", dir, filepath.Dir(dir), l.shmSize(), strconv.Itoa(len(keep))}, keep...)
 			drop = append(args, drop...)
 			seen = "/tmp"
 		}
@@ -660,7 +667,6 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
 	cmd.Env = s.environ(seen, gpus)
-	l := s.limits()
 	stdout, stderr := &capped{n: l.OutputBytes}, &capped{n: l.OutputBytes}
 	cmd.Stdout, cmd.Stderr, cmd.Stdin = stdout, stderr, nil
 	// A process that leaves the group with the output still open (a
@@ -689,7 +695,7 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 	go func() { done <- cmd.Wait() }()
 	timer := time.NewTimer(l.Timeout)
 	defer timer.Stop()
-	run := Run{Isolated: isolate, PrivateTmp: viaUnshare && ns.privateTmp}
+	run := Run{Isolated: isolate}
 	full := make(chan int64, 1)
 	stopWatch := watchDisk(dir, l.DiskBytes, full)
 	defer stopWatch()
@@ -898,8 +904,8 @@ func (s *Subprocess) keptInTmp() []string {
 
 // shmSize is the size of the code's own /dev/shm: its memory limit, when
 // it has one ("" leaves tmpfs's default, half the machine's memory).
-func (s *Subprocess) shmSize() string {
-	if l := s.limits(); l.MemoryBytes > 0 {
+func (l Limits) shmSize() string {
+	if l.MemoryBytes > 0 {
 		return strconv.FormatInt(l.MemoryBytes, 10)
 	}
 	return ""
