@@ -984,7 +984,8 @@ func TestExecutionsAreIsolatedWithoutRootToo(t *testing.T) {
 		t.Skipf("no user namespaces for nobody here: %v", err)
 	}
 	for _, test := range []string{"TestUserNamespaceRootCannotUndoItsMounts", "TestEachExecutionHasItsOwnTmp",
-		"TestAnExecutionCannotReachAnotherKnowingItsPath", "TestTheCodeSeesItsOwnProcesses", "TestNothingTheCodeStartsOutlivesIt"} {
+		"TestAnExecutionCannotReachAnotherKnowingItsPath", "TestTheCodeSeesItsOwnProcesses", "TestNothingTheCodeStartsOutlivesIt",
+		"TestSystemVIPCIsTheExecutionsOwn"} {
 		// Not TestSandboxContainsHostileCode: its fork bomb, as nobody,
 		// would take the process limit from every execution as nobody
 		// of the other packages' tests running at the same time.
@@ -1101,6 +1102,50 @@ raise SystemExit(" ".join(res))
 	}
 	if err := os.WriteFile(filepath.Join(dir, "thief-done"), nil, 0o644); err != nil {
 		t.Errorf("the victim ended before the thief did: %v", err)
+	}
+}
+
+// TestSystemVIPCIsTheExecutionsOwn: System V shared memory, semaphores
+// and message queues outlive the process that made them. Code killed at
+// its limit (or that never removes them) left them in the host's kernel
+// for as long as the machine ran, against its limits on them, and the
+// next execution found them by their key: a channel from one execution
+// to another. Each execution has an IPC namespace of its own, gone with
+// it.
+func TestSystemVIPCIsTheExecutionsOwn(t *testing.T) {
+	if !namespaceTools().ok && os.Geteuid() != 0 {
+		t.Skipf("no namespaces here: %s", Isolation())
+	}
+	task := housing(t)
+	key := 0x574d0000 + rand.IntN(0xffff)
+	code := fmt.Sprintf(`import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+got = []
+for name, call in [("shm", lambda f: libc.shmget(%[1]d, 4096, f)), ("sem", lambda f: libc.semget(%[1]d, 1, f)),
+                   ("msg", lambda f: libc.msgget(%[1]d, f))]:
+    found = call(0o666) >= 0
+    made = found or call(0o1666) >= 0
+    got.append("%%s found=%%s made=%%s" %% (name, found, made))
+raise SystemExit(", ".join(got))
+`, key)
+	// The second finds nothing of the first's, and neither leaves anything.
+	want := "shm found=False made=True, sem found=False made=True, msg found=False made=True"
+	for i := range 2 {
+		if r := run1(t, exe(task), code); !strings.Contains(r.detail, want) {
+			t.Errorf("execution %d: %q, want %q", i+1, r.detail, want)
+		}
+	}
+	for kind, ipcrm := range map[string]string{"shm": "-M", "sem": "-S", "msg": "-Q"} {
+		b, err := os.ReadFile("/proc/sysvipc/" + kind)
+		if err != nil {
+			t.Fatalf("no /proc/sysvipc here: %v", err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 0 && f[0] == strconv.Itoa(key) {
+				exec.Command("ipcrm", ipcrm, strconv.Itoa(key)).Run()
+				t.Errorf("the executions left their %s on the host: %s", kind, line)
+			}
+		}
 	}
 }
 

@@ -634,7 +634,7 @@ func (c *capped) String() string {
 }
 
 // start runs argv, a shell that runs the code as its child, as uid when
-// root; isolate puts it in network and PID namespaces of its own.
+// root; isolate puts it in network, PID and IPC namespaces of its own.
 func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolate bool, uid uint32, gpus []string) (Run, error) {
 	attr := &syscall.SysProcAttr{Setpgid: true}
 	l := s.limits()
@@ -657,7 +657,7 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 		}
 		argv = append(append(append([]string{ns.unshare}, ns.flags()...), drop...), argv...)
 	case isolate:
-		attr.Cloneflags = syscall.CLONE_NEWNET | syscall.CLONE_NEWPID
+		attr.Cloneflags = syscall.CLONE_NEWNET | syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC
 		fallthrough
 	default:
 		if os.Geteuid() == 0 {
@@ -838,10 +838,15 @@ func lastLines(s string, n int) string {
 	return execute.LastLines(s, n, lineBytes)
 }
 
-// unshareFlags puts the code in PID, network and mount namespaces of its
-// own, with a /proc of its PID namespace. The mount namespace's mounts are
-// private (unshare's default propagation): none of them reaches the host.
-var unshareFlags = []string{"--pid", "--net", "--mount", "--fork", "--kill-child", "--mount-proc", "--"}
+// unshareFlags puts the code in PID, network, mount and IPC namespaces of
+// its own, with a /proc of its PID namespace. The mount namespace's mounts
+// are private (unshare's default propagation): none of them reaches the
+// host. The IPC namespace holds the System V shared memory, semaphores and
+// message queues the code makes, which outlive their process: on the
+// host's, what code killed at its limit left stayed for as long as the
+// machine ran, and the next execution found it by its key. The namespace
+// goes, with all of them, when the code's last process ends.
+var unshareFlags = []string{"--pid", "--net", "--mount", "--ipc", "--fork", "--kill-child", "--mount-proc", "--"}
 
 // privateTmpScript runs as root in the new mount namespace, before the
 // drop to the code's user: the work directory ($1) becomes the code's
@@ -981,11 +986,11 @@ func Isolation() string {
 	}
 	switch {
 	case ns.privateTmp:
-		return where + ": no network, its own processes and /proc, its directory as /tmp and /var/tmp, its own /dev/shm"
+		return where + ": no network, its own processes and /proc, its own System V IPC, its directory as /tmp and /var/tmp, its own /dev/shm"
 	case ns.ok:
-		return where + ": no network, its own processes and /proc; the host's /tmp and /dev/shm (mount refused)"
+		return where + ": no network, its own processes and /proc, its own System V IPC; the host's /tmp and /dev/shm (mount refused)"
 	case os.Geteuid() == 0:
-		return "in network and PID namespaces where the kernel allows them (no util-linux unshare and setpriv): the host's /proc, /tmp and /dev/shm"
+		return "in network, PID and IPC namespaces where the kernel allows them (no util-linux unshare and setpriv): the host's /proc, /tmp and /dev/shm"
 	}
 	return "not isolated (not root, and no user namespaces through util-linux unshare and setpriv here): network reachable, the host's /tmp and /dev/shm"
 }
