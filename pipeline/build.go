@@ -667,7 +667,9 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 			l.Timeout, max(l.MemoryBytes>>20, -1)), l.Timeout)
 		return &sandbox.Fusion{URL: cfg.SandboxURL, Task: task, Limits: limits}, nil
 	}
-	exe := &sandbox.Subprocess{Task: task, Limits: limits, Env: cfg.ExecEnv}
+	// The store and the archive hold every trajectory's code with its
+	// score: out of the code's view.
+	exe := &sandbox.Subprocess{Task: task, Limits: limits, Env: cfg.ExecEnv, Hide: []string{cfg.DataDir, cfg.ArchiveRoot()}}
 	user := "as nobody"
 	if os.Geteuid() != 0 {
 		user = "as this process's user"

@@ -182,6 +182,61 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	}
 }
 
+// TestTheCodeCannotSeeTheRunsData: the store and the archive hold every
+// trajectory's code with its score; a solution that found them could run
+// the best one scored so far. They are out of its view, wherever they are.
+func TestTheCodeCannotSeeTheRunsData(t *testing.T) {
+	if !strings.Contains(sandbox.Isolation(), "wmrl's data out of view") {
+		t.Skipf("the code's view is the host's here: %s", sandbox.Isolation())
+	}
+	// Outside /tmp, which the code sees its own of, and where its user
+	// may enter.
+	var base string
+	home, _ := os.UserHomeDir()
+	for _, parent := range []string{"/var/lib", "/srv", "/opt", home} {
+		if d, err := os.MkdirTemp(parent, "wmrl-test-"); err == nil && !strings.HasPrefix(d, "/tmp/") {
+			t.Cleanup(func() { os.RemoveAll(d) })
+			base = d
+			break
+		}
+	}
+	if base == "" || os.Chmod(base, 0o755) != nil {
+		t.Skip("no directory outside /tmp to write in")
+	}
+	dir, files := housingTask(t)
+	for _, f := range files {
+		os.Remove(filepath.Join(dir, "solutions", filepath.Base(f)))
+	}
+	cfg := testConfig(t)
+	cfg.DataDir, cfg.ArchiveDir = filepath.Join(base, "data"), filepath.Join(base, "archive")
+	os.WriteFile(filepath.Join(dir, "solutions", "look.py"), []byte(fmt.Sprintf(`import os
+raise SystemExit("saw %%s" %% [sorted(os.listdir(d)) if os.path.isdir(d) else None for d in (%q, %q)])
+`, cfg.DataDir, cfg.ArchiveDir)), 0o644)
+	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = dir, 2, 4, 2
+	cfg.Anchors.Fraction = 0.5
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	items := 0
+	for _, raw := range readStored(t, cfg.DataDir, "wmrl.default.execution") {
+		var e schemas.Execution
+		if err := json.Unmarshal(raw, &e); err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range e.Items {
+			items++
+			if it.Detail != "exit code 1: saw [[], []]" {
+				t.Errorf("%s: %q; want the data and the archive empty", it.TrajID, it.Detail)
+			}
+		}
+	}
+	if items != 2*2*2 {
+		t.Fatalf("%d executions; want 2 steps of 2 anchor groups of 2", items)
+	}
+}
+
 // TestExecutionsThatAllFailAreNoticed: solutions that all fail alike (here
 // an import the sandbox's Python lacks) score 0 and would train the
 // calibration silently; the run says so, and the metrics count them.

@@ -27,10 +27,18 @@ import (
 // housing generates the example task into a temporary directory.
 func housing(t testing.TB) *Task {
 	t.Helper()
+	return housingIn(t, t.TempDir())
+}
+
+// housingIn generates the example task into dir.
+func housingIn(t testing.TB, dir string) *Task {
+	t.Helper()
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 not installed")
 	}
-	dir := t.TempDir()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	src := "../../examples/tasks/housing"
 	for _, f := range []string{"generate.py", "task.json"} {
 		b, err := os.ReadFile(filepath.Join(src, f))
@@ -387,8 +395,9 @@ func TestWorkDirsAreRemovedAsAnyUser(t *testing.T) {
 }
 
 // asNobody runs the test named, from a copy of this test binary, as the
-// user nobody, and fails with its output if it fails.
-func asNobody(t *testing.T, test string) {
+// user nobody, with env added to its environment, and fails with its
+// output if it fails.
+func asNobody(t *testing.T, test string, env ...string) {
 	runuser, err := exec.LookPath("runuser")
 	if err != nil {
 		t.Skip("running as root, and no runuser to run as nobody")
@@ -416,7 +425,7 @@ func asNobody(t *testing.T, test string) {
 	os.Mkdir(tmp, 0o777)
 	os.Chmod(tmp, 0o1777)
 	cmd := exec.Command(runuser, "-u", "nobody", "--", bin, "-test.run=^"+test+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "HOME="+tmp)
+	cmd.Env = append(append(os.Environ(), "TMPDIR="+tmp, "HOME="+tmp), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "--- PASS: "+test) {
 		t.Fatalf("as nobody: %v\n%s", err, out)
@@ -1035,8 +1044,7 @@ func TestAPrivateTmpThatCannotBeMountedSaysWhy(t *testing.T) {
 	}
 	defer said.Close()
 	ran := filepath.Join(t.TempDir(), "ran")
-	argv := append(ns.flags(), "/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", "/nonexistent-wmrl-work-dir", "/nonexistent", "", "0",
-		"/bin/sh", "-c", "touch "+ran)
+	argv := append(append(ns.flags(), privateTmpArgs("/nonexistent-wmrl-work-dir", "/nonexistent", "", nil, nil)...), "/bin/sh", "-c", "touch "+ran)
 	cmd := exec.Command(ns.unshare, argv...)
 	cmd.ExtraFiles = []*os.File{w}
 	err = cmd.Run()
@@ -1145,6 +1153,130 @@ raise SystemExit(", ".join(got))
 				exec.Command("ipcrm", ipcrm, strconv.Itoa(key)).Run()
 				t.Errorf("the executions left their %s on the host: %s", kind, line)
 			}
+		}
+	}
+}
+
+// outsideTmp is a directory of the test's outside /tmp, /var/tmp and
+// /dev/shm (which the code sees its own of, where it has them), that the
+// code's user may enter: what is there is in its view unless hidden.
+// Run as nobody from root (asNobody), it is the one root made for it.
+func outsideTmp(t *testing.T) string {
+	if d := os.Getenv("WMRL_TEST_OUTSIDE_TMP"); d != "" {
+		return d
+	}
+	home, _ := os.UserHomeDir()
+	for _, parent := range []string{"/var/lib", "/srv", "/opt", home} {
+		if parent == "" || slices.ContainsFunc([]string{"/tmp", "/var/tmp", "/dev/shm"}, func(d string) bool {
+			return parent == d || strings.HasPrefix(parent, d+"/")
+		}) {
+			continue
+		}
+		d, err := os.MkdirTemp(parent, "wmrl-test-")
+		if err != nil {
+			continue
+		}
+		t.Cleanup(func() { os.RemoveAll(d) })
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	t.Skip("no directory outside /tmp to write in")
+	return ""
+}
+
+// TestTheCodeSeesNeitherTheAnswersNorWmrlsData: the code could read the
+// task's private answers wherever their permissions let its user: as
+// wmrl's own user, which it is without root, always (and submit them, for
+// a perfect score), and as nobody where the task was made without taking
+// them from everyone. It could read wmrl's data too, where the archive
+// keeps every anchor's code with its score (a policy could learn to find
+// the best and run it). Both are now out of its view, and it still gets
+// the task's public data and scores.
+func TestTheCodeSeesNeitherTheAnswersNorWmrlsData(t *testing.T) {
+	needPrivateTmp(t)
+	if os.Geteuid() == 0 && os.Getenv("WMRL_TEST_OUTSIDE_TMP") == "" {
+		// As root, in a directory nobody may read; and as nobody, who then
+		// is the code's user outside its user namespace.
+		d := outsideTmp(t)
+		if err := os.Chown(d, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		asNobody(t, "TestTheCodeSeesNeitherTheAnswersNorWmrlsData", "WMRL_TEST_OUTSIDE_TMP="+d)
+	}
+	dir, err := os.MkdirTemp(outsideTmp(t), "case-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o755)
+	task := housingIn(t, filepath.Join(dir, "task"))
+	answers := filepath.Join(task.Dir, "private", "answers.csv")
+	// Made without care: every user may read the answers.
+	if err := errors.Join(os.Chmod(filepath.Dir(answers), 0o755), os.Chmod(answers, 0o644)); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "wmrl-data")
+	kept := filepath.Join(data, "archive", "run=default", "part-000000000000.parquet")
+	if err := errors.Join(os.MkdirAll(filepath.Dir(kept), 0o755), os.WriteFile(kept, []byte("the anchors' code and scores"), 0o644)); err != nil {
+		t.Fatal(err)
+	}
+	s := exe(task)
+	s.Hide = []string{data}
+	probe := fmt.Sprintf(`import os
+res = []
+for name, act in [("answers", lambda: "%%d bytes" %% len(open(%[1]q).read())), ("private", lambda: os.listdir(%[2]q)),
+                  ("archive", lambda: "%%d bytes" %% len(open(%[3]q).read())), ("data", lambda: os.listdir(%[4]q)),
+                  ("task", lambda: sorted(os.listdir(%[5]q)))]:
+    try:
+        res.append("%%s=%%s" %% (name, act()))
+    except Exception as e:
+        res.append(name + "=" + type(e).__name__)
+raise SystemExit(" ".join(res))
+`, answers, filepath.Dir(answers), kept, data, task.Dir)
+	r := run1(t, s, probe)
+	t.Logf("probe: %s", r.detail)
+	want := "answers=FileNotFoundError private=[] archive=FileNotFoundError data=[] task=['generate.py', 'leaderboard.csv', 'private', 'public', 'task.json']"
+	if !strings.Contains(r.detail, want) {
+		t.Errorf("the code saw %q; want %q", r.detail, want)
+	}
+	if r := run1(t, s, solution(t, "03_interactions.py")); r.status != schemas.ExecScored || r.score < 0.99 {
+		t.Errorf("the best solution, with the answers out of view: %s %v %s", r.status, r.score, r.detail)
+	}
+	if b, err := os.ReadFile(answers); err != nil || len(b) == 0 {
+		t.Errorf("the answers on the host: %d bytes, %v", len(b), err)
+	}
+}
+
+// TestWhatTheCodeNeedsToStartIsNotHidden: a virtualenv inside wmrl's
+// data directory, hidden from the code, would fail every execution as a
+// sandbox error; the check before the run starts says which path is where.
+func TestWhatTheCodeNeedsToStartIsNotHidden(t *testing.T) {
+	needPrivateTmp(t)
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	data := t.TempDir()
+	venv := filepath.Join(data, "venv", "bin")
+	if err := errors.Join(os.MkdirAll(venv, 0o755), os.Symlink(python, filepath.Join(venv, "python"))); err != nil {
+		t.Fatal(err)
+	}
+	task := housing(t)
+	for _, c := range []struct {
+		command []string
+		hide    []string
+		want    string
+	}{
+		{[]string{filepath.Join(venv, "python"), "solution.py"}, []string{data}, filepath.Join(venv, "python") + " is in " + data + ", which the code must not see"},
+		{nil, []string{"/usr/"}, " is in /usr, which the code must not see"},
+		{nil, []string{filepath.Join(task.Dir, "private", "..", "public")}, ""},
+	} {
+		s := exe(task)
+		s.Command, s.Hide = c.command, c.hide
+		_, err := s.Check(context.Background())
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%v hiding %v: %v; want %q", c.command, c.hide, err, c.want)
 		}
 	}
 }

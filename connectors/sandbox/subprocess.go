@@ -158,6 +158,13 @@ type Subprocess struct {
 	// lists them). Empty: the code's environment does not name them, and
 	// CUDA gives every execution every GPU of the machine.
 	GPUs [][]string
+	// Hide are directories the code must not see, beside the task's
+	// private/ (always hidden): wmrl's own data, whose archive keeps every
+	// anchor's code with its score, a policy could learn to find the best
+	// and run it. Where the code has a mount namespace of its own with its
+	// own /tmp (Isolation says), each is an empty, read-only directory
+	// there; elsewhere only permissions keep it out.
+	Hide []string
 
 	uids pool[uint32]
 	gpus pool[[]string]
@@ -279,6 +286,9 @@ func (s *Subprocess) Execute(ctx context.Context, t schemas.Trajectory) (execute
 // not run: a python that user cannot start would otherwise fail every
 // execution.
 func (s *Subprocess) Check(ctx context.Context) (string, error) {
+	if err := s.checkHidden(); err != nil {
+		return "", err
+	}
 	run, err := s.run(ctx, "import sys; print(sys.executable, sys.version.split()[0])", false)
 	switch {
 	case err != nil:
@@ -289,6 +299,55 @@ func (s *Subprocess) Check(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("sandbox: python does not run as the code's user (exit code %d): %s", run.ExitCode, lastLines(run.Stderr, 3))
 	}
 	return strings.TrimSpace(run.Stdout), nil
+}
+
+// checkHidden refuses a directory to hide that holds what the code needs
+// to start: its interpreter, or the shell that starts it.
+func (s *Subprocess) checkHidden() error {
+	if !namespaceTools().privateTmp {
+		return nil // nothing is hidden
+	}
+	interpreter := "python3"
+	if len(s.Command) > 0 {
+		interpreter = s.Command[0]
+	}
+	for _, name := range []string{interpreter, "/bin/sh"} {
+		path, ok := s.lookPath(name)
+		if !ok {
+			continue // the code's shell says so
+		}
+		paths := []string{path}
+		if real, err := filepath.EvalSymlinks(path); err == nil {
+			paths = append(paths, real)
+		}
+		for _, p := range paths {
+			p, _ = filepath.Abs(p)
+			for _, h := range s.hidden() {
+				if p == h || strings.HasPrefix(p, strings.TrimSuffix(h, "/")+"/") {
+					return fmt.Errorf("sandbox: %s is in %s, which the code must not see (the task's answers, wmrl's data): put one or the other elsewhere", p, h)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// lookPath finds name as the code's shell does, in the code's PATH.
+func (s *Subprocess) lookPath(name string) (string, bool) {
+	if strings.Contains(name, "/") {
+		return name, true
+	}
+	for _, kv := range s.environ("", nil) {
+		if dirs, ok := strings.CutPrefix(kv, "PATH="); ok {
+			for _, dir := range filepath.SplitList(dirs) {
+				path := filepath.Join(dir, name)
+				if fi, err := os.Stat(path); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+					return path, true
+				}
+			}
+		}
+	}
+	return "", false
 }
 
 // Run executes code in a fresh directory and returns what happened. An
@@ -650,9 +709,7 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 		// with no_new_privs: no setuid program gives root back.
 		drop := ns.drop(uid)
 		if ns.privateTmp {
-			keep := s.keptInTmp()
-			args := append([]string{"/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", dir, filepath.Dir(dir), l.shmSize(), strconv.Itoa(len(keep))}, keep...)
-			drop = append(args, drop...)
+			drop = append(privateTmpArgs(dir, filepath.Dir(dir), l.shmSize(), s.keptInTmp(), s.hidden()), drop...)
 			seen = "/tmp"
 		}
 		argv = append(append(append([]string{ns.unshare}, ns.flags()...), drop...), argv...)
@@ -862,10 +919,13 @@ var unshareFlags = []string{"--pid", "--net", "--mount", "--ipc", "--fork", "--k
 // and /var/tmp (keptInTmp: an interpreter there): each is bound into the
 // work directory under its name there first, and comes along with it.
 // The work directory may itself be under /tmp: it is bound there first,
-// and its old path is gone from view with the parent. Why a mount fails
+// and its old path is gone from view with the parent. The count and the
+// directories after those are what the code must not see (hidden): each
+// that exists becomes an empty, read-only one too. Why a mount fails
 // is said on fd 3, as the code's shell says why the code did not start.
 // The mounts are private to the namespace (unshare's default): none of
 // them reaches the host, where the work directory is then removed.
+// privateTmpArgs is its command line.
 const privateTmpScript = `w=$1 parent=$2 shm=$3 n=$4; shift 4
 m() { what=$1; shift; out=$(mount "$@" 2>&1) || { echo "its own $what could not be mounted: ${out%%
 *}" >&3; exit 1; }; }
@@ -875,11 +935,40 @@ while [ "$n" -gt 0 ]; do
   { if [ -d "$k" ]; then mkdir "$at"; else : >"$at"; fi; } 2>/dev/null || { echo "its own /tmp cannot show $k: its work directory has a ${at##*/}" >&3; exit 1; }
   m "view of $k" --bind "$k" "$at"
 done
+n=$1; shift
 m /tmp --rbind "$w" /tmp
 [ ! -d /var/tmp ] || m /var/tmp --rbind /tmp /var/tmp
 [ ! -d /dev/shm ] || m /dev/shm -t tmpfs -o "nosuid,nodev,mode=1777${shm:+,size=$shm}" wmrl-shm /dev/shm
 [ ! -d "$parent" ] || m "view of $parent" -t tmpfs -o ro,mode=0755,size=4k wmrl-hidden "$parent"
+while [ "$n" -gt 0 ]; do
+  h=$1 n=$((n - 1)); shift
+  [ ! -d "$h" ] || m "view of $h" -t tmpfs -o ro,mode=0755,size=4k wmrl-hidden "$h"
+done
 cd /tmp && exec "$@"`
+
+// privateTmpArgs runs privateTmpScript, and then the command that follows
+// them, with work as the code's /tmp, parent hidden, a /dev/shm of shm
+// bytes ("": tmpfs's default), keep in view and hide out of it.
+func privateTmpArgs(work, parent, shm string, keep, hide []string) []string {
+	args := []string{"/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", work, parent, shm, strconv.Itoa(len(keep))}
+	args = append(append(args, keep...), strconv.Itoa(len(hide)))
+	return append(args, hide...)
+}
+
+// hidden is what the code must not see, as absolute paths: the task's
+// private/ (its answers) and Hide.
+func (s *Subprocess) hidden() []string {
+	dirs := slices.Clone(s.Hide)
+	if s.Task != nil && s.Task.Dir != "" {
+		dirs = append(dirs, filepath.Join(s.Task.Dir, "private"))
+	}
+	for i, d := range dirs {
+		if abs, err := filepath.Abs(d); err == nil {
+			dirs[i] = abs
+		}
+	}
+	return dirs
+}
 
 // keptInTmp is what of the host's /tmp and /var/tmp the code needs in its
 // own: the top directory there that holds its interpreter (Command's
@@ -934,7 +1023,7 @@ func namespaceTools() *nsSupport {
 			return exec.Command(unshare, argv...).Run() == nil
 		}
 		if dir, err := os.MkdirTemp("", "wmrl-ns-probe-"); err == nil {
-			ns.privateTmp = try("/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", dir, filepath.Join(dir, "parent"), "1048576", "0")
+			ns.privateTmp = try(privateTmpArgs(dir, filepath.Join(dir, "parent"), "1048576", nil, nil)...)
 			os.Remove(dir)
 		}
 		ns.ok = ns.privateTmp || try()
@@ -986,9 +1075,9 @@ func Isolation() string {
 	}
 	switch {
 	case ns.privateTmp:
-		return where + ": no network, its own processes and /proc, its own System V IPC, its directory as /tmp and /var/tmp, its own /dev/shm"
+		return where + ": no network, its own processes and /proc, its own System V IPC, its directory as /tmp and /var/tmp, its own /dev/shm, the task's answers and wmrl's data out of view"
 	case ns.ok:
-		return where + ": no network, its own processes and /proc, its own System V IPC; the host's /tmp and /dev/shm (mount refused)"
+		return where + ": no network, its own processes and /proc, its own System V IPC; the host's /tmp and /dev/shm, and the task's answers and wmrl's data where permissions let it (mount refused)"
 	case os.Geteuid() == 0:
 		return "in network, PID and IPC namespaces where the kernel allows them (no util-linux unshare and setpriv): the host's /proc, /tmp and /dev/shm"
 	}
