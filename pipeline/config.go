@@ -134,6 +134,10 @@ type Config struct {
 	// (0: sandbox.DefaultDiskBytes; -1: no limit). The subprocess executor's
 	// only; Sandbox Fusion's server has its own.
 	ExecDiskMB int
+	// ExecSubmissionMB bounds the submission file the grader reads into
+	// memory (0: sandbox.DefaultSubmissionBytes); a larger one is invalid.
+	// The subprocess executor's only.
+	ExecSubmissionMB int
 	// ExecProcesses bounds the processes and threads of all the process's
 	// executions together, as they run as one user (default:
 	// sandbox.DefaultProcesses(ExecSlots)).
@@ -436,7 +440,8 @@ const UpdateBytesPerTrajectory = 400
 // given a GPU under the default 1 GiB could not start CUDA at all.
 func (c *Config) execLimits(task *sandbox.Task) sandbox.Limits {
 	l := sandbox.Limits{Timeout: c.ExecTimeout, MemoryBytes: int64(c.ExecMemoryMB) << 20, CPUSeconds: c.ExecCPUSeconds,
-		Processes: cmp.Or(c.ExecProcesses, sandbox.DefaultProcesses(c.ExecSlots)), DiskBytes: int64(c.ExecDiskMB) << 20}
+		Processes: cmp.Or(c.ExecProcesses, sandbox.DefaultProcesses(c.ExecSlots)), DiskBytes: int64(c.ExecDiskMB) << 20,
+		SubmissionBytes: int64(c.ExecSubmissionMB) << 20}
 	if c.ExecGPUs != "" && l.MemoryBytes == 0 && (task == nil || task.MemoryMB == 0) {
 		l.MemoryBytes = -1
 	}
@@ -512,12 +517,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --executor %s needs --task DIR (its data and grader)", ErrConfig, c.executor())
 	case c.executor() == "sandbox-fusion" && c.SandboxURL == "":
 		return fmt.Errorf("%w: --executor sandbox-fusion needs --sandbox-url URL", ErrConfig)
-	case c.executor() == "sandbox-fusion" && (c.ExecGPUs != "" || c.ExecUIDs != "" || c.ExecDiskMB != 0 || c.ExecPython != "" || len(c.ExecEnv) > 0):
-		return fmt.Errorf("%w: --exec-gpus, --exec-uids, --exec-disk-mb, --exec-python and --exec-env are --executor subprocess's; "+
+	case c.executor() == "sandbox-fusion" && (c.ExecGPUs != "" || c.ExecUIDs != "" || c.ExecDiskMB != 0 || c.ExecSubmissionMB != 0 || c.ExecPython != "" || len(c.ExecEnv) > 0):
+		return fmt.Errorf("%w: --exec-gpus, --exec-uids, --exec-disk-mb, --exec-submission-mb, --exec-python and --exec-env are --executor subprocess's; "+
 			"Sandbox Fusion's server decides those for its executions", ErrConfig)
 	case c.ExecTimeout < 0 || c.ExecMemoryMB < -1 || c.ExecCPUSeconds < 0 || c.ExecProcesses < 0 || c.ExecDiskMB < -1:
 		return fmt.Errorf("%w: --exec-timeout %v, --exec-memory-mb %d, --exec-cpu-seconds %d, --exec-processes %d and --exec-disk-mb %d: want >= 0 (0: the task's, else the defaults; --exec-memory-mb and --exec-disk-mb -1: no limit)",
 			ErrConfig, c.ExecTimeout, c.ExecMemoryMB, c.ExecCPUSeconds, c.ExecProcesses, c.ExecDiskMB)
+	case c.ExecSubmissionMB < 0:
+		return fmt.Errorf("%w: --exec-submission-mb %d: want >= 0 (0: %d)", ErrConfig, c.ExecSubmissionMB, sandbox.DefaultSubmissionBytes>>20)
 	case c.ExecSlots < 1:
 		return fmt.Errorf("%w: exec slots %d < 1", ErrConfig, c.ExecSlots)
 	case c.MaxAge < 0 || c.Duplicates < 0 || (c.MaxAge > 0 && c.Duplicates > c.MaxAge):

@@ -41,6 +41,7 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		{"execution timeout", func(c *Config) { c.ExecTimeout = -time.Second }, "--exec-timeout -1s"},
 		{"execution environment", func(c *Config) { c.ExecEnv = []string{"A=1", "OMP_NUM_THREADS"} }, `--exec-env "OMP_NUM_THREADS": want KEY=VALUE`},
 		{"execution disk", func(c *Config) { c.ExecDiskMB = -2 }, "--exec-disk-mb -2"},
+		{"submission size", func(c *Config) { c.ExecSubmissionMB = -1 }, "--exec-submission-mb -1: want >= 0"},
 		{"GPUs", func(c *Config) { c.ExecGPUs, c.ExecGPUsEach = "0, 1,GPU-5f0c3e9a", 2 }, ""},
 		{"GPUs given twice", func(c *Config) { c.ExecGPUs = "0,1,0" }, `--exec-gpus "0,1,0": GPU 0 is given twice`},
 		{"GPUs with a gap", func(c *Config) { c.ExecGPUs = "0,,1" }, `--exec-gpus "0,,1": want GPUs as nvidia-smi lists them`},
@@ -123,6 +124,17 @@ func TestGPUsLiftTheDefaultAddressSpaceLimit(t *testing.T) {
 		task := &sandbox.Task{MemoryMB: tc.taskMB}
 		if got := c.execLimits(task).For(task).MemoryBytes; got != tc.wantBytes && (got >= 0 || tc.wantBytes >= 0) { // < 0: none
 			t.Errorf("--exec-gpus %q, --exec-memory-mb %d, memory_mb %d: address space %d, want %d", tc.gpus, tc.flagMB, tc.taskMB, got, tc.wantBytes)
+		}
+	}
+}
+
+// TestTheSubmissionLimitComesFromItsFlag: --exec-submission-mb reaches
+// the executor's limits, and 0 leaves the sandbox's default.
+func TestTheSubmissionLimitComesFromItsFlag(t *testing.T) {
+	for flag, want := range map[int]int64{0: sandbox.DefaultSubmissionBytes, 5: 5 << 20} {
+		c := Config{ExecSubmissionMB: flag}
+		if got := c.execLimits(nil).For(nil).SubmissionBytes; got != want {
+			t.Errorf("--exec-submission-mb %d: %d bytes, want %d", flag, got, want)
 		}
 	}
 }

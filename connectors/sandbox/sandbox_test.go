@@ -353,6 +353,55 @@ func TestGraderRejectsBadSubmissions(t *testing.T) {
 	}
 }
 
+// TestTheSubmissionIsAFileInTheCodesDirectory: the grader, as wmrl's
+// user (root), read the submission by its name, following a symlink
+// wherever it pointed: code that pointed it at a file it could not read
+// itself, a perfect submission there, scored 1.0; one that made it a
+// named pipe held its execution slot for ever; one that pointed it at
+// /dev/zero would have grown wmrl until the kernel killed it. And a
+// submission as large as the disk limit was read whole into wmrl's memory.
+func TestTheSubmissionIsAFileInTheCodesDirectory(t *testing.T) {
+	task := housing(t)
+	perfect := "id,price\n"
+	for id, a := range task.answers {
+		perfect += id + "," + a.value + "\n"
+	}
+	if score, err := task.Grade([]byte(perfect)); err != nil || score != 1 {
+		t.Fatalf("the perfect submission: %v %v", score, err)
+	}
+	elsewhere := filepath.Join(t.TempDir(), "perfect.csv") // which the code cannot read
+	if err := os.WriteFile(elsewhere, []byte(perfect), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := exe(task)
+	s.Limits.SubmissionBytes = 1 << 20
+	for _, c := range []struct{ name, code, want string }{
+		{"a symlink out of its directory", fmt.Sprintf("import os\nos.symlink(%q, 'submission.csv')\n", elsewhere),
+			"submission.csv cannot be read in the code's directory"},
+		{"a named pipe", "import os\nos.mkfifo('submission.csv')\n", "submission.csv is not a file but a named pipe"},
+		{"larger than its limit", "open('submission.csv', 'w').truncate(2 << 20)\n", "submission.csv is 2 MiB, over the 1 MiB a submission may be"},
+		{"a symlink to a file in its directory", "import os\nos.symlink('data/train.csv', 'submission.csv')\n", `unknown id "0"`},
+	} {
+		done := make(chan execute.Result, 1)
+		go func() {
+			r, err := s.Execute(context.Background(), schemas.Trajectory{TrajID: "t", Response: c.code})
+			if err != nil {
+				t.Error(err)
+			}
+			done <- r
+		}()
+		select {
+		case r := <-done:
+			t.Logf("%s: %s", c.name, r.Detail)
+			if r.Status != schemas.ExecInvalid || !strings.Contains(r.Detail, c.want) {
+				t.Errorf("%s: %s %v %q; want invalid, %q", c.name, r.Status, r.Score, r.Detail, c.want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: the execution has not ended in 30 s", c.name)
+		}
+	}
+}
+
 func TestMetrics(t *testing.T) {
 	if v, _ := metric("accuracy", []string{"a", "b", "c", "d"}, []string{"a", "b", "x", "d"}); v != 0.75 {
 		t.Errorf("accuracy %v", v)

@@ -57,10 +57,17 @@ type Limits struct {
 	// directories share with everything else on it (the NATS store, when
 	// it is the same disk), and the run with it.
 	DiskBytes int64
+	// SubmissionBytes bounds the submission file the grader reads into
+	// wmrl's memory (default 1 GiB): past it, the submission is invalid.
+	SubmissionBytes int64
 }
 
 // DefaultDiskBytes is an execution's disk limit when none is set.
 const DefaultDiskBytes = 16 << 30
+
+// DefaultSubmissionBytes is the largest submission the grader reads when
+// no limit is set.
+const DefaultSubmissionBytes = 1 << 30
 
 // DefaultProcesses is the process limit for slots executions at once
 // as one user: 64 and 8 threads a core for each (BLAS, joblib and data
@@ -98,6 +105,9 @@ func (l Limits) For(t *Task) Limits {
 	}
 	if l.DiskBytes == 0 {
 		l.DiskBytes = DefaultDiskBytes
+	}
+	if l.SubmissionBytes == 0 {
+		l.SubmissionBytes = DefaultSubmissionBytes
 	}
 	return l
 }
@@ -212,6 +222,9 @@ type Run struct {
 	Stdout, Stderr string
 	Seconds        float64
 	Submission     []byte // nil: none written
+	// SubmissionErr: the submission is not one the grader reads (not a
+	// file in the code's directory, or over its limit), and why.
+	SubmissionErr error
 	// Isolated: the code ran in network and PID namespaces of its own (no
 	// network; nothing it starts outlives it; it sees and can signal no
 	// process outside).
@@ -262,6 +275,8 @@ func (s *Subprocess) Execute(ctx context.Context, t schemas.Trajectory) (execute
 		if strings.Contains(run.Stderr, "MemoryError") && l.MemoryBytes > 0 {
 			res.Detail += fmt.Sprintf(" (its address space is limited to %d MiB)", l.MemoryBytes>>20)
 		}
+	case run.SubmissionErr != nil:
+		res.Status, res.Detail = schemas.ExecInvalid, run.SubmissionErr.Error()
 	case run.Submission == nil:
 		res.Status, res.Detail = schemas.ExecInvalid, "no "+s.Task.Submission+" written"
 	default:
@@ -393,10 +408,65 @@ func (s *Subprocess) run(ctx context.Context, code string, data bool) (run Run, 
 	if err != nil {
 		return Run{}, err
 	}
-	if b, err := os.ReadFile(filepath.Join(dir, s.Task.Submission)); err == nil {
-		run.Submission = b
-	}
+	run.Submission, run.SubmissionErr = readSubmission(dir, s.Task.Submission, l.SubmissionBytes)
 	return run, nil
+}
+
+// readSubmission reads the file name in dir, the code's, as the grader
+// may take it: a file of at most limit bytes, in dir. The code made it
+// and the grader runs as wmrl's user (root), so it is opened within dir
+// (a symlink that leads out of it is not followed: it could point the
+// grader at a file the code cannot read, such as a perfect submission),
+// without waiting (a named pipe would block the open for ever), and read
+// only if it is a regular file no larger than limit (a symlink to
+// /dev/zero, or a file as large as the disk limit, would be read into
+// wmrl's memory). Nil and no error: none written.
+func readSubmission(dir, name string, limit int64) ([]byte, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%s: the code's directory: %w", name, err)
+	}
+	defer root.Close()
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s cannot be read in the code's directory: %w", name, errors.Unwrap(err))
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", name, err)
+	case !fi.Mode().IsRegular():
+		return nil, fmt.Errorf("%s is not a file but a %s", name, fileKind(fi.Mode()))
+	case fi.Size() > limit:
+		return nil, fmt.Errorf("%s is %d MiB, over the %d MiB a submission may be", name, fi.Size()>>20, limit>>20)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", name, err)
+	case int64(len(b)) > limit: // it grew: something the code left still writes
+		return nil, fmt.Errorf("%s grew past the %d MiB a submission may be as it was read", name, limit>>20)
+	}
+	return b, nil
+}
+
+// fileKind names a file's type that is not a regular file's.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeDir != 0:
+		return "directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeDevice != 0:
+		return "device"
+	}
+	return m.Type().String()
 }
 
 // shellScript runs the command ("$@") under the limits (address space KiB,
@@ -499,14 +569,20 @@ func newWorkDir() (string, error) {
 // removeWorkDir removes an execution's directory. Its data/ is read-only,
 // the code may have made read-only directories of its own, and a user
 // other than root cannot unlink from a read-only directory: every
-// directory is made writable first (as it is reached, before it is read).
+// directory is made writable first (as it is reached, before it is read),
+// within dir: should something of the code's still run there (where there
+// is no PID namespace to end it) and swap a directory for a symlink, the
+// change cannot reach outside.
 func removeWorkDir(dir string) error {
-	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			os.Chmod(path, 0o700)
-		}
-		return nil
-	})
+	if root, err := os.OpenRoot(dir); err == nil {
+		filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+			if rel, relErr := filepath.Rel(dir, path); err == nil && relErr == nil && d.IsDir() {
+				root.Chmod(rel, 0o700)
+			}
+			return nil
+		})
+		root.Close()
+	}
 	return os.RemoveAll(dir)
 }
 
