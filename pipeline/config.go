@@ -136,7 +136,6 @@ type Config struct {
 	ExecDiskMB int
 	// ExecSubmissionMB bounds the submission file the grader reads into
 	// memory (0: sandbox.DefaultSubmissionBytes); a larger one is invalid.
-	// The subprocess executor's only.
 	ExecSubmissionMB int
 	// ExecProcesses bounds the processes and threads of all the process's
 	// executions together, as they run as one user (default:
@@ -517,8 +516,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --executor %s needs --task DIR (its data and grader)", ErrConfig, c.executor())
 	case c.executor() == "sandbox-fusion" && c.SandboxURL == "":
 		return fmt.Errorf("%w: --executor sandbox-fusion needs --sandbox-url URL", ErrConfig)
-	case c.executor() == "sandbox-fusion" && (c.ExecGPUs != "" || c.ExecUIDs != "" || c.ExecDiskMB != 0 || c.ExecSubmissionMB != 0 || c.ExecPython != "" || len(c.ExecEnv) > 0):
-		return fmt.Errorf("%w: --exec-gpus, --exec-uids, --exec-disk-mb, --exec-submission-mb, --exec-python and --exec-env are --executor subprocess's; "+
+	case c.executor() == "sandbox-fusion" && (c.ExecGPUs != "" || c.ExecUIDs != "" || c.ExecDiskMB != 0 || c.ExecPython != "" || len(c.ExecEnv) > 0):
+		return fmt.Errorf("%w: --exec-gpus, --exec-uids, --exec-disk-mb, --exec-python and --exec-env are --executor subprocess's; "+
 			"Sandbox Fusion's server decides those for its executions", ErrConfig)
 	case c.ExecTimeout < 0 || c.ExecMemoryMB < -1 || c.ExecCPUSeconds < 0 || c.ExecProcesses < 0 || c.ExecDiskMB < -1:
 		return fmt.Errorf("%w: --exec-timeout %v, --exec-memory-mb %d, --exec-cpu-seconds %d, --exec-processes %d and --exec-disk-mb %d: want >= 0 (0: the task's, else the defaults; --exec-memory-mb and --exec-disk-mb -1: no limit)",

@@ -154,8 +154,14 @@ func (f *Fusion) Execute(ctx context.Context, t schemas.Trajectory) (execute.Res
 				return execute.Result{}, err
 			}
 		}
-		if resp, last = f.post(ctx, body, timeout); last == nil {
+		if resp, last = f.post(ctx, body, timeout, fusionAnswerBytes(l)); last == nil {
 			break
+		}
+		if errors.Is(last, errAnswerTooLarge) {
+			// The code's doing (a submission over its limit): it would be
+			// as large again.
+			return execute.Result{Status: schemas.ExecInvalid, Detail: fmt.Sprintf("Sandbox Fusion's answer is over %d MiB: %s is over the %d MiB a submission may be",
+				fusionAnswerBytes(l)>>20, f.Task.Submission, l.SubmissionBytes>>20)}, nil
 		}
 		if errors.Is(last, context.DeadlineExceeded) && ctx.Err() == nil {
 			// No answer within the run timeout and the slack: a server
@@ -168,10 +174,19 @@ func (f *Fusion) Execute(ctx context.Context, t schemas.Trajectory) (execute.Res
 	if last != nil {
 		return execute.Result{}, fmt.Errorf("sandbox fusion at %s: %w", redacted(f.URL), last)
 	}
-	return f.judge(resp, timeout)
+	return f.judge(resp, l)
 }
 
-func (f *Fusion) judge(resp fusionResponse, timeout time.Duration) (execute.Result, error) {
+// errAnswerTooLarge: the server's answer is larger than a submission
+// within its limit makes one.
+var errAnswerTooLarge = errors.New("the answer is too large")
+
+// fusionAnswerBytes is the largest answer read from the server: the
+// submission's limit in base64, and room for the rest.
+func fusionAnswerBytes(l Limits) int64 { return (l.SubmissionBytes+2)/3*4 + 16<<20 }
+
+func (f *Fusion) judge(resp fusionResponse, l Limits) (execute.Result, error) {
+	timeout := l.Timeout
 	rr := resp.RunResult
 	switch {
 	case resp.Status == "SandboxError" || rr == nil:
@@ -194,6 +209,9 @@ func (f *Fusion) judge(resp fusionResponse, timeout time.Duration) (execute.Resu
 	if err != nil {
 		return execute.Result{Status: schemas.ExecSandboxError, Detail: "fetched submission is not base64: " + err.Error()}, nil
 	}
+	if size := int64(len(sub)); size > l.SubmissionBytes {
+		return execute.Result{Status: schemas.ExecInvalid, Seconds: rr.ExecutionTime, Detail: overLimit(f.Task.Submission, size, l.SubmissionBytes).Error()}, nil
+	}
 	score, err := f.Task.Grade(sub)
 	if err != nil {
 		return execute.Result{Status: schemas.ExecInvalid, Seconds: rr.ExecutionTime, Detail: err.Error()}, nil
@@ -201,7 +219,7 @@ func (f *Fusion) judge(resp fusionResponse, timeout time.Duration) (execute.Resu
 	return execute.Result{Status: schemas.ExecScored, Score: score, Seconds: rr.ExecutionTime}, nil
 }
 
-func (f *Fusion) post(ctx context.Context, body [][]byte, timeout time.Duration) (fusionResponse, error) {
+func (f *Fusion) post(ctx context.Context, body [][]byte, timeout time.Duration, limit int64) (fusionResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout+f.slack())
 	defer cancel()
 	parts, n := make([]io.Reader, len(body)), 0
@@ -223,9 +241,12 @@ func (f *Fusion) post(ctx context.Context, body [][]byte, timeout time.Duration)
 		return fusionResponse{}, err
 	}
 	defer hr.Body.Close()
-	raw, _ := io.ReadAll(io.LimitReader(hr.Body, 64<<20))
+	raw, _ := io.ReadAll(io.LimitReader(hr.Body, limit+1))
 	if hr.StatusCode != http.StatusOK {
 		return fusionResponse{}, fmt.Errorf("HTTP %d: %s", hr.StatusCode, strings.TrimSpace(string(raw[:min(len(raw), 200)])))
+	}
+	if int64(len(raw)) > limit {
+		return fusionResponse{}, errAnswerTooLarge
 	}
 	var resp fusionResponse
 	if err := json.Unmarshal(raw, &resp); err != nil {

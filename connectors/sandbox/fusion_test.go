@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -155,6 +156,29 @@ func TestSandboxFusionFailures(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "ops:xxxxx@") {
 		t.Errorf("an unreachable sandbox: %v; want its URL's password hidden", err)
+	}
+}
+
+// TestSandboxFusionBoundsTheSubmission: a submission over the limit is
+// invalid, as with the subprocess executor; one whose answer outgrew what
+// was read of it (64 MiB) came back as "not run_code JSON", retried as a
+// server's failure, and its group with it, for as long as the run lasted.
+func TestSandboxFusionBoundsTheSubmission(t *testing.T) {
+	task := housing(t)
+	srv, calls := fusionServer(t, 0)
+	f := &Fusion{URL: srv.URL, Task: task, Limits: Limits{Timeout: 10 * time.Second, SubmissionBytes: 1 << 20}}
+	for _, c := range []struct {
+		mib  int
+		want string
+	}{
+		{3, "submission.csv is 3 MiB, over the 1 MiB a submission may be"},
+		{20, "Sandbox Fusion's answer is over 17 MiB: submission.csv is over the 1 MiB a submission may be"},
+	} {
+		calls.Store(0)
+		r, err := f.Execute(context.Background(), schemas.Trajectory{Response: fmt.Sprintf("open('submission.csv', 'w').write('x' * (%d << 20))\n", c.mib)})
+		if err != nil || r.Status != schemas.ExecInvalid || r.Detail != c.want || calls.Load() != 1 {
+			t.Errorf("a submission of %d MiB: %s %q, %v, after %d calls; want invalid, %q, after 1", c.mib, r.Status, r.Detail, err, calls.Load(), c.want)
+		}
 	}
 }
 

@@ -442,7 +442,7 @@ func readSubmission(dir, name string, limit int64) ([]byte, error) {
 	case !fi.Mode().IsRegular():
 		return nil, fmt.Errorf("%s is not a file but a %s", name, fileKind(fi.Mode()))
 	case fi.Size() > limit:
-		return nil, fmt.Errorf("%s is %d MiB, over the %d MiB a submission may be", name, fi.Size()>>20, limit>>20)
+		return nil, overLimit(name, fi.Size(), limit)
 	}
 	b, err := io.ReadAll(io.LimitReader(f, limit+1))
 	switch {
@@ -452,6 +452,11 @@ func readSubmission(dir, name string, limit int64) ([]byte, error) {
 		return nil, fmt.Errorf("%s grew past the %d MiB a submission may be as it was read", name, limit>>20)
 	}
 	return b, nil
+}
+
+// overLimit says that the submission name is size bytes, over limit.
+func overLimit(name string, size, limit int64) error {
+	return fmt.Errorf("%s is %d MiB, over the %d MiB a submission may be", name, size>>20, limit>>20)
 }
 
 // fileKind names a file's type that is not a regular file's.
