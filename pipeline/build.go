@@ -72,6 +72,9 @@ func (p *Pipeline) build(ctx context.Context) error {
 			h := execute.NewHandler(cfg.Run, p.topo.Out(StageExecute, schemas.KindExecution), p.stagePublisher(stage), exe, cfg.ExecSlots)
 			h.LastAttempt = p.dl.lastAttempt
 			h.Executed = (&executions{metrics: p.metrics, notef: p.notef}).executed
+			p.metrics.ExecutionSlots.Set(float64(cap(h.Slots)))
+			h.Waiting = func(d int) { p.metrics.ExecutionsWaiting.WithLabelValues("slot").Add(float64(d)) }
+			h.Busy = func(d int) { p.metrics.ExecutionSlotsBusy.Add(float64(d)) }
 			h.CopiesOnce, h.Shared = cfg.ExecCopiesOnce, func(schemas.ExecItem) { p.metrics.ExecutionsShared.Inc() }
 			h.Breaker = p.breaker(stage, "the executor", cfg.ExecDownAfter, cfg.ExecProbeEvery, p.metrics.ExecutorDown,
 				"anchor groups are published at once with their executions ungraded (their steps use the world model for them)")
@@ -669,7 +672,8 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 	}
 	// The store and the archive hold every trajectory's code with its
 	// score: out of the code's view.
-	exe := &sandbox.Subprocess{Task: task, Limits: limits, Env: cfg.ExecEnv, Hide: []string{cfg.DataDir, cfg.ArchiveRoot()}}
+	exe := &sandbox.Subprocess{Task: task, Limits: limits, Env: cfg.ExecEnv, Hide: []string{cfg.DataDir, cfg.ArchiveRoot()},
+		Waiting: func(what string, d int) { p.metrics.ExecutionsWaiting.WithLabelValues(what).Add(float64(d)) }}
 	user := "as nobody"
 	if os.Geteuid() != 0 {
 		user = "as this process's user"

@@ -71,6 +71,12 @@ type Metrics struct {
 	// ExecutionsShared counts the anchor trajectories that took the
 	// execution of a copy in their group (--exec-copies-once).
 	ExecutionsShared prometheus.Counter
+	// ExecutionsWaiting are the executions waiting, by what for: a slot
+	// (--exec-slots all busy), a user (--exec-uids) or a set of GPUs
+	// (--exec-gpus); ExecutionSlots and ExecutionSlotsBusy, the slots
+	// and those taken.
+	ExecutionsWaiting                  *prometheus.GaugeVec
+	ExecutionSlots, ExecutionSlotsBusy prometheus.Gauge
 	// UpdateBytes is the size of the newest update this process published,
 	// which must fit the server's max_payload (MaxPayload): a step over it
 	// stops the run.
@@ -214,6 +220,17 @@ func NewMetrics() *Metrics {
 		Buckets: prometheus.ExponentialBuckets(0.1, 2, 16)})
 	m.ExecutionsShared = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "executions_shared_total",
 		Help: "Anchor trajectories this process did not execute because a copy in their group (the same prompt and response) was, whose outcome they took (--exec-copies-once)."})
+	m.ExecutionsWaiting = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "wmrl", Name: "executions_waiting",
+		Help: "Anchor executions of this process waiting to start, by what for: slot (every one of --exec-slots busy), user (every one of --exec-uids taken), gpus (every set of --exec-gpus taken)."},
+		[]string{"for"})
+	for _, what := range []string{"slot", "user", "gpus"} {
+		m.ExecutionsWaiting.WithLabelValues(what)
+	}
+	m.ExecutionSlots = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "wmrl", Name: "execution_slots",
+		Help: "Executions this process runs at once at most (--exec-slots; 0 without an execute stage)."})
+	m.ExecutionSlotsBusy = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "wmrl", Name: "execution_slots_busy",
+		Help: "Of those, the ones taken: an execution under way, or waiting for a user or a set of GPUs."})
+	r.MustRegister(m.ExecutionsWaiting, m.ExecutionSlots, m.ExecutionSlotsBusy)
 	r.MustRegister(m.Latency, m.StepLatency, m.NATSReconnects, m.ShortSteps, m.CertNotAfter, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
 		m.RewardAnswers, m.WMRequests, m.WMRequestSeconds, m.WMTokens, m.Executions, m.ExecutionSeconds, m.ExecutionsShared)
 	return m

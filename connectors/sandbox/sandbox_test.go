@@ -579,6 +579,62 @@ func TestExecutionsAtOnceShareTheGPUsOut(t *testing.T) {
 	}
 }
 
+// TestExecutionsWaitingForGPUsAreTold: with every set of GPUs taken, an
+// execution waits, and the executor says so (the metric that tells the
+// GPUs, not the slots, hold executions back).
+func TestExecutionsWaitingForGPUsAreTold(t *testing.T) {
+	task := housing(t)
+	s := exe(task)
+	s.GPUs = [][]string{{"0"}, {"1"}}
+	var mu sync.Mutex
+	waiting, most := 0, 0
+	s.Waiting = func(what string, d int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if what != "gpus" {
+			t.Errorf("waiting for %q", what)
+		}
+		waiting += d
+		most = max(most, waiting)
+	}
+	// The test holds both sets, so every execution has to wait.
+	var held [][]string
+	for range 2 {
+		set, err := s.gpus.take(context.Background(), s.GPUs, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, set)
+	}
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Go(func() {
+			if r, err := s.Execute(context.Background(), schemas.Trajectory{TrajID: fmt.Sprint(i), Response: "pass\n"}); err != nil || r.Status != schemas.ExecInvalid {
+				t.Errorf("execution %d: %+v %v", i, r, err)
+			}
+		})
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		mu.Lock()
+		n := waiting
+		mu.Unlock()
+		if n == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%d of the 3 executions told waiting in 20 s", n)
+			break
+		}
+	}
+	for _, set := range held {
+		s.gpus.give(set)
+	}
+	wg.Wait()
+	if waiting != 0 || most != 3 {
+		t.Errorf("waiting %d at the end, at most %d; want 0, and 3", waiting, most)
+	}
+}
+
 // TestAnInterpreterThatCannotStartIsNotAScore: a python the code's user
 // cannot run is the sandbox's failure, not a crash scored 0.
 func TestAnInterpreterThatCannotStartIsNotAScore(t *testing.T) {

@@ -175,6 +175,10 @@ type Subprocess struct {
 	// own /tmp (Isolation says), each is an empty, read-only directory
 	// there; elsewhere only permissions keep it out.
 	Hide []string
+	// Waiting, if set, is told when an execution starts (+1) and stops
+	// (-1) waiting because every user of UIDs ("user") or every set of
+	// GPUs ("gpus") is taken: what holds executions back, for metrics.
+	Waiting func(what string, delta int)
 
 	uids pool[uint32]
 	gpus pool[[]string]
@@ -187,8 +191,10 @@ type pool[T any] struct {
 	free chan T
 }
 
-// take waits for a free item of items (the pool's list) until ctx ends.
-func (p *pool[T]) take(ctx context.Context, items []T) (T, error) {
+// take waits for a free item of items (the pool's list) until ctx ends,
+// telling waiting (if set) when it has to wait (+1) and when that ends
+// (-1).
+func (p *pool[T]) take(ctx context.Context, items []T, waiting func(delta int)) (T, error) {
 	p.once.Do(func() {
 		p.free = make(chan T, len(items))
 		for _, it := range items {
@@ -198,10 +204,27 @@ func (p *pool[T]) take(ctx context.Context, items []T) (T, error) {
 	select {
 	case it := <-p.free:
 		return it, nil
+	default:
+	}
+	if waiting != nil {
+		waiting(1)
+		defer waiting(-1)
+	}
+	select {
+	case it := <-p.free:
+		return it, nil
 	case <-ctx.Done():
 		var zero T
 		return zero, ctx.Err()
 	}
+}
+
+// waitingFor is Waiting for what, or nil.
+func (s *Subprocess) waitingFor(what string) func(int) {
+	if s.Waiting == nil {
+		return nil
+	}
+	return func(delta int) { s.Waiting(what, delta) }
 }
 
 // give hands it back.
@@ -650,7 +673,7 @@ func (s *Subprocess) user(ctx context.Context) (uid uint32, free func(), err err
 		}
 		return s.RunAs, func() {}, nil
 	}
-	if uid, err = s.uids.take(ctx, s.UIDs); err != nil {
+	if uid, err = s.uids.take(ctx, s.UIDs, s.waitingFor("user")); err != nil {
 		return 0, nil, err
 	}
 	return uid, func() { killUser(uid); s.uids.give(uid) }, nil
@@ -662,7 +685,7 @@ func (s *Subprocess) gpuSet(ctx context.Context) (gpus []string, free func(), er
 	if len(s.GPUs) == 0 {
 		return nil, func() {}, nil
 	}
-	if gpus, err = s.gpus.take(ctx, s.GPUs); err != nil {
+	if gpus, err = s.gpus.take(ctx, s.GPUs, s.waitingFor("gpus")); err != nil {
 		return nil, nil, err
 	}
 	return gpus, func() { s.gpus.give(gpus) }, nil

@@ -39,6 +39,11 @@ type Handler struct {
 	Exe Executor
 	// Slots bounds executions running at once across all groups (default 8).
 	Slots chan struct{}
+	// Waiting, if set, is told when an execution starts (+1) and stops
+	// (-1) waiting for a slot, all of them busy; Busy, when a slot is
+	// taken (+1) and given back (-1). For metrics: what holds executions
+	// back.
+	Waiting, Busy func(delta int)
 	// LastAttempt reports whether msg is on its last delivery before it is
 	// dead-lettered (nil: never). If the executor still fails some of the
 	// group's trajectories then, the group is published with the failed
@@ -182,16 +187,14 @@ func (h *Handler) Handle(msg *message.Message) error {
 			errors.As(err, &downs[i])
 			continue
 		}
-		select {
-		case h.Slots <- struct{}{}:
-		case <-ctx.Done():
+		if err := h.takeSlot(ctx); err != nil {
 			call.Abandoned()
-			return fmt.Errorf("execute: group %s: %w", g.GroupID, ctx.Err())
+			return fmt.Errorf("execute: group %s: %w", g.GroupID, err)
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { <-h.Slots }()
+			defer h.giveSlot()
 			r, err := h.Exe.Execute(ctx, t)
 			downs[i] = call.End(ctx, err)
 			if err != nil {
@@ -271,6 +274,35 @@ func (h *Handler) Handle(msg *message.Message) error {
 		return fmt.Errorf("%v (and publishing the group without them failed: %w: %w)", failed, schemas.ErrOutage, err)
 	}
 	return fmt.Errorf("%w (published the group with %d of %d ungraded)", failed, n, len(items))
+}
+
+// takeSlot waits for a free slot until ctx ends.
+func (h *Handler) takeSlot(ctx context.Context) error {
+	select {
+	case h.Slots <- struct{}{}:
+	default:
+		if h.Waiting != nil {
+			h.Waiting(1)
+			defer h.Waiting(-1)
+		}
+		select {
+		case h.Slots <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if h.Busy != nil {
+		h.Busy(1)
+	}
+	return nil
+}
+
+// giveSlot gives a slot back.
+func (h *Handler) giveSlot() {
+	if h.Busy != nil {
+		h.Busy(-1)
+	}
+	<-h.Slots
 }
 
 // runs maps each trajectory to the one whose execution it takes: itself,

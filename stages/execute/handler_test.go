@@ -393,3 +393,24 @@ func TestAScoreOutOfRangeIsASandboxError(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitsForASlotAreTold: with every slot busy, an execution waits, and
+// the handler says so (the metric that tells --exec-slots is too few),
+// and how many slots are taken.
+func TestWaitsForASlotAreTold(t *testing.T) {
+	exe := &switchedExecutor{}
+	h := NewHandler("r", "execution", &stagetest.Recorder{}, exe, 2)
+	var waiting, busy, mostWaiting, mostBusy atomic.Int32
+	h.Waiting = func(d int) { mostWaiting.Store(max(mostWaiting.Load(), waiting.Add(int32(d)))) }
+	h.Busy = func(d int) { mostBusy.Store(max(mostBusy.Load(), busy.Add(int32(d)))) }
+	// The first two hold their slots until the third waits (the group's
+	// trajectories take their slots in turn).
+	exe.holdUntil(func() bool { return waiting.Load() == 1 })
+	if err := h.Handle(stagetest.Message(t, context.Background(), anchorGroup("a", "b", "c", "d", "e"))); err != nil {
+		t.Fatal(err)
+	}
+	if exe.runs.Load() != 5 || mostWaiting.Load() != 1 || mostBusy.Load() != 2 || waiting.Load() != 0 || busy.Load() != 0 {
+		t.Errorf("%d runs; at most %d waiting and %d busy, %d and %d at the end; want 5 runs, 1 waiting, 2 busy, 0 and 0",
+			exe.runs.Load(), mostWaiting.Load(), mostBusy.Load(), waiting.Load(), busy.Load())
+	}
+}
