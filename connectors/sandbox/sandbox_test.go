@@ -1099,7 +1099,7 @@ func TestExecutionsAreIsolatedWithoutRootToo(t *testing.T) {
 	}
 	for _, test := range []string{"TestUserNamespaceRootCannotUndoItsMounts", "TestEachExecutionHasItsOwnTmp",
 		"TestAnExecutionCannotReachAnotherKnowingItsPath", "TestTheCodeSeesItsOwnProcesses", "TestNothingTheCodeStartsOutlivesIt",
-		"TestSystemVIPCIsTheExecutionsOwn"} {
+		"TestSystemVIPCIsTheExecutionsOwn", "TestDirectoriesEveryUserWritesAreTheExecutionsOwn"} {
 		// Not TestSandboxContainsHostileCode: its fork bomb, as nobody,
 		// would take the process limit from every execution as nobody
 		// of the other packages' tests running at the same time.
@@ -1149,7 +1149,7 @@ func TestAPrivateTmpThatCannotBeMountedSaysWhy(t *testing.T) {
 	}
 	defer said.Close()
 	ran := filepath.Join(t.TempDir(), "ran")
-	argv := append(append(ns.flags(), privateTmpArgs("/nonexistent-wmrl-work-dir", "/nonexistent", "", nil, nil)...), "/bin/sh", "-c", "touch "+ran)
+	argv := append(append(ns.flags(), privateTmpArgs("/nonexistent-wmrl-work-dir", "/nonexistent", "", nil, nil, nil)...), "/bin/sh", "-c", "touch "+ran)
 	cmd := exec.Command(ns.unshare, argv...)
 	cmd.ExtraFiles = []*os.File{w}
 	err = cmd.Run()
@@ -1289,6 +1289,63 @@ func outsideTmp(t *testing.T) string {
 	}
 	t.Skip("no directory outside /tmp to write in")
 	return ""
+}
+
+// TestDirectoriesEveryUserWritesAreTheExecutionsOwn: besides /tmp,
+// /var/tmp and /dev/shm, a host has directories every user may write,
+// /run/lock among them (on this machine's root disk). Code wrote there
+// past its disk limit, which counts only its own directory, and what it
+// left stayed for the next execution to find: a cache of a trained model
+// from one execution to the next, or a channel between two at once. Each
+// execution now has its own, empty, gone with it.
+func TestDirectoriesEveryUserWritesAreTheExecutionsOwn(t *testing.T) {
+	needPrivateTmp(t)
+	var dirs []string
+	if fi, err := os.Lstat("/run/lock"); err == nil && fi.IsDir() && fi.Mode().Perm()&0o002 != 0 {
+		dirs = append(dirs, "/run/lock")
+	}
+	task := housing(t)
+	// As root, one more, made for the test (as nobody, /run/lock alone).
+	if shared, err := os.MkdirTemp("/var/lib", "wmrl-test-shared-"); err == nil {
+		t.Cleanup(func() { os.RemoveAll(shared) })
+		if err := os.Chmod(shared, 0o1777); err != nil {
+			t.Fatal(err)
+		}
+		dirs = append(dirs, shared)
+		// An interpreter there would be hidden with it: refused before a run.
+		s := exe(task)
+		s.Command = []string{filepath.Join(shared, "venv", "bin", "python"), "solution.py"}
+		if _, err := s.Check(context.Background()); err == nil || !strings.Contains(err.Error(), " is in "+shared+", which every user may write") {
+			t.Errorf("an interpreter in %s: %v", shared, err)
+		}
+	}
+	if len(dirs) == 0 {
+		t.Skip("no directory every user may write here, and none to make")
+	}
+	name := fmt.Sprintf("wmrl-test-%d", rand.Uint64())
+	code := fmt.Sprintf(`import os
+res = []
+for d in %q.split():
+    p = os.path.join(d, %q)
+    found = os.path.exists(p)
+    open(p, "w").write("cached")
+    res.append("%%s found=%%s wrote=%%s" %% (d, found, os.path.exists(p)))
+raise SystemExit(", ".join(res))
+`, strings.Join(dirs, " "), name)
+	for i := range 2 {
+		r := run1(t, exe(task), code)
+		for _, d := range dirs {
+			if want := d + " found=False wrote=True"; !strings.Contains(r.detail, want) {
+				t.Errorf("execution %d: %q; want %q", i+1, r.detail, want)
+			}
+		}
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, name)); !errors.Is(err, os.ErrNotExist) {
+			os.Remove(filepath.Join(d, name))
+			t.Errorf("%s is left on the host (%v)", filepath.Join(d, name), err)
+		}
+	}
 }
 
 // TestTheCodeSeesNeitherTheAnswersNorWmrlsData: the code could read the

@@ -361,13 +361,23 @@ func (s *Subprocess) checkHidden() error {
 		for _, p := range paths {
 			p, _ = filepath.Abs(p)
 			for _, h := range s.hidden() {
-				if p == h || strings.HasPrefix(p, strings.TrimSuffix(h, "/")+"/") {
+				if within(p, h) {
 					return fmt.Errorf("sandbox: %s is in %s, which the code must not see (the task's answers, wmrl's data): put one or the other elsewhere", p, h)
+				}
+			}
+			for _, d := range sharedDirs() {
+				if within(p, d) {
+					return fmt.Errorf("sandbox: %s is in %s, which every user may write, so each execution gets an empty one of its own: put it elsewhere", p, d)
 				}
 			}
 		}
 	}
 	return nil
+}
+
+// within reports whether path is dir or in it.
+func within(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
 }
 
 // lookPath finds name as the code's shell does, in the code's PATH.
@@ -813,7 +823,7 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 		// with no_new_privs: no setuid program gives root back.
 		drop := ns.drop(uid)
 		if ns.privateTmp {
-			drop = append(privateTmpArgs(dir, filepath.Dir(dir), l.shmSize(), s.keptInTmp(), s.hidden()), drop...)
+			drop = append(privateTmpArgs(dir, filepath.Dir(dir), l.shmSize(), s.keptInTmp(), s.hidden(), sharedDirs()), drop...)
 			seen = "/tmp"
 		}
 		argv = append(append(append([]string{ns.unshare}, ns.flags()...), drop...), argv...)
@@ -1025,7 +1035,10 @@ var unshareFlags = []string{"--pid", "--net", "--mount", "--ipc", "--fork", "--k
 // The work directory may itself be under /tmp: it is bound there first,
 // and its old path is gone from view with the parent. The count and the
 // directories after those are what the code must not see (hidden): each
-// that exists becomes an empty, read-only one too. Why a mount fails
+// that exists becomes an empty, read-only one too. The count and the
+// directories after those are the host's other directories every user
+// may write (sharedDirs): each becomes an empty one of the code's own, of
+// 16 MiB. Why a mount fails
 // is said on fd 3, as the code's shell says why the code did not start.
 // The mounts are private to the namespace (unshare's default): none of
 // them reaches the host, where the work directory is then removed.
@@ -1048,15 +1061,43 @@ while [ "$n" -gt 0 ]; do
   h=$1 n=$((n - 1)); shift
   [ ! -d "$h" ] || m "view of $h" -t tmpfs -o ro,mode=0755,size=4k wmrl-hidden "$h"
 done
+n=$1; shift
+while [ "$n" -gt 0 ]; do
+  d=$1 n=$((n - 1)); shift
+  [ ! -d "$d" ] || m "$d" -t tmpfs -o "nosuid,nodev,mode=1777,size=16m" wmrl-shared "$d"
+done
 cd /tmp && exec "$@"`
 
 // privateTmpArgs runs privateTmpScript, and then the command that follows
 // them, with work as the code's /tmp, parent hidden, a /dev/shm of shm
 // bytes ("": tmpfs's default), keep in view and hide out of it.
-func privateTmpArgs(work, parent, shm string, keep, hide []string) []string {
+func privateTmpArgs(work, parent, shm string, keep, hide, shared []string) []string {
 	args := []string{"/bin/sh", "-c", privateTmpScript, "wmrl-private-tmp", work, parent, shm, strconv.Itoa(len(keep))}
 	args = append(append(args, keep...), strconv.Itoa(len(hide)))
-	return append(args, hide...)
+	args = append(append(args, hide...), strconv.Itoa(len(shared)))
+	return append(args, shared...)
+}
+
+// sharedDirs are the host's directories, beside /tmp, /var/tmp and
+// /dev/shm, that every user may write: /run/lock, /var/crash and the
+// like, looked for among the entries of the places they are made in.
+// Code wrote there past its disk limit, which counts only its own
+// directory, and what it left stayed for the next execution to find.
+func sharedDirs() []string {
+	var dirs []string
+	for _, parent := range []string{"/", "/run", "/var", "/var/lib", "/var/cache", "/dev", "/srv", "/opt", "/home", "/mnt", "/media"} {
+		entries, _ := os.ReadDir(parent)
+		for _, e := range entries {
+			path := filepath.Join(parent, e.Name())
+			if !e.IsDir() || slices.Contains([]string{"/tmp", "/var/tmp", "/dev/shm", "/proc", "/sys"}, path) {
+				continue // a symlink is not a directory here: where it leads is looked at, or not, as itself
+			}
+			if fi, err := e.Info(); err == nil && fi.Mode().Perm()&0o002 != 0 {
+				dirs = append(dirs, path)
+			}
+		}
+	}
+	return dirs
 }
 
 // hidden is what the code must not see, as absolute paths: the task's
@@ -1127,7 +1168,7 @@ func namespaceTools() *nsSupport {
 			return exec.Command(unshare, argv...).Run() == nil
 		}
 		if dir, err := os.MkdirTemp("", "wmrl-ns-probe-"); err == nil {
-			ns.privateTmp = try(privateTmpArgs(dir, filepath.Join(dir, "parent"), "1048576", nil, nil)...)
+			ns.privateTmp = try(privateTmpArgs(dir, filepath.Join(dir, "parent"), "1048576", nil, nil, nil)...)
 			os.Remove(dir)
 		}
 		ns.ok = ns.privateTmp || try()
@@ -1179,7 +1220,7 @@ func Isolation() string {
 	}
 	switch {
 	case ns.privateTmp:
-		return where + ": no network, its own processes and /proc, its own System V IPC, its directory as /tmp and /var/tmp, its own /dev/shm, the task's answers and wmrl's data out of view"
+		return where + ": no network, its own processes and /proc, its own System V IPC, its directory as /tmp and /var/tmp, its own /dev/shm and other directories every user may write, the task's answers and wmrl's data out of view"
 	case ns.ok:
 		return where + ": no network, its own processes and /proc, its own System V IPC; the host's /tmp and /dev/shm, and the task's answers and wmrl's data where permissions let it (mount refused)"
 	case os.Geteuid() == 0:
