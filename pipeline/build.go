@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -509,11 +510,18 @@ func NewWorldModel(cfg Config, onAttempt func(error), onRequest func(openai.Requ
 	if cfg.TaskDir != "" && cfg.executor() != "sim" {
 		// What an execution may take is part of its outcome. task.json
 		// alone: a world model's process needs no private answers.
-		task, err := sandbox.ReadTaskJSON(cfg.TaskDir)
+		tasks, err := sandbox.ReadTasksJSON(cfg.TaskDir)
 		if err != nil {
 			return nil, err
 		}
-		oc.Limits = cfg.execLimits(task).For(task).ForCode()
+		if len(tasks) == 1 {
+			oc.Limits = cfg.execLimits(tasks[0]).For(tasks[0]).ForCode()
+		} else {
+			oc.TaskLimits = map[string]string{}
+			for _, t := range tasks {
+				oc.TaskLimits[t.Name] = cfg.execLimits(t).For(t).ForCode()
+			}
+		}
 	}
 	if cfg.WMTemplateFile != "" {
 		var err error
@@ -650,7 +658,8 @@ func (p *Pipeline) presents(server, what string, until time.Time) {
 }
 
 // buildExecutor builds the configured executor: the simulated one, or
-// real execution of the task, and says what each execution may take.
+// real execution of the task, or of the tasks (by each trajectory's
+// task_id), and says what each execution may take.
 func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) {
 	cfg := &p.cfg
 	switch {
@@ -659,20 +668,32 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 	case cfg.executor() == "sim":
 		return &sim.Executor{Latency: cfg.ExecLatency, Noise: 0.02}, nil
 	}
-	task, err := sandbox.LoadTask(cfg.TaskDir)
+	tasks, err := sandbox.LoadTasks(cfg.TaskDir)
 	if err != nil {
 		return nil, err
 	}
-	limits := cfg.execLimits(task)
-	l := limits.For(task) // as the executor will resolve them, for the note
+	// As each executor will resolve them, for the note.
+	limits := map[*sandbox.Task]sandbox.Limits{}
+	for _, t := range tasks {
+		limits[t] = cfg.execLimits(t).For(t)
+	}
 	if cfg.executor() == "sandbox-fusion" {
-		p.noteLimits("sandbox-fusion", task, fmt.Sprintf("run_timeout %v, memory_limit_MB %d (enforced by the server)",
-			l.Timeout, max(l.MemoryBytes>>20, -1)), l.Timeout)
-		return &sandbox.Fusion{URL: cfg.SandboxURL, Task: task, Limits: limits}, nil
+		exes := map[string]execute.Executor{}
+		for _, t := range tasks {
+			exes[t.Name] = &sandbox.Fusion{URL: cfg.SandboxURL, Task: t, Limits: cfg.execLimits(t)}
+		}
+		p.noteLimits("sandbox-fusion", tasks, limits, func(l sandbox.Limits) string {
+			return fmt.Sprintf("run_timeout %v, memory_limit_MB %d (enforced by the server)", l.Timeout, max(l.MemoryBytes>>20, -1))
+		})
+		return oneOrByTask(tasks, exes), nil
 	}
 	// The store and the archive hold every trajectory's code with its
-	// score: out of the code's view.
-	exe := &sandbox.Subprocess{Task: task, Limits: limits, Env: cfg.ExecEnv, Hide: []string{cfg.DataDir, cfg.ArchiveRoot()},
+	// score, and the tasks' private/ their answers: out of the code's view.
+	hide := []string{cfg.DataDir, cfg.ArchiveRoot()}
+	for _, t := range tasks {
+		hide = append(hide, filepath.Join(t.Dir, "private"))
+	}
+	exe := &sandbox.Subprocess{Task: tasks[0], Limits: cfg.execLimits(tasks[0]), Env: cfg.ExecEnv, Hide: hide,
 		Waiting: func(what string, d int) { p.metrics.ExecutionsWaiting.WithLabelValues(what).Add(float64(d)) }}
 	user := "as nobody"
 	if os.Geteuid() != 0 {
@@ -719,13 +740,45 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 	if err != nil {
 		return nil, fmt.Errorf("--executor subprocess: %w (--exec-python names another)", err)
 	}
-	p.noteLimits("subprocess ("+python+")", task, user+", "+sandbox.Isolation()+"; "+l.String(), l.Timeout)
-	return exe, nil
+	exes := map[string]execute.Executor{}
+	for _, t := range tasks {
+		e := exe.ForTask(t) // the users and GPUs shared out among every task's executions
+		e.Limits = cfg.execLimits(t)
+		exes[t.Name] = e
+	}
+	p.noteLimits("subprocess ("+python+")", tasks, limits, func(l sandbox.Limits) string {
+		return user + ", " + sandbox.Isolation() + "; " + l.String()
+	})
+	return oneOrByTask(tasks, exes), nil
 }
 
-// noteLimits says what each real execution may take and, when that is
-// longer than a step waits for its anchors, what becomes of slower ones.
-func (p *Pipeline) noteLimits(executor string, task *sandbox.Task, limits string, timeout time.Duration) {
+// oneOrByTask is the executor of a single task, which executes every
+// trajectory as a solution of it, whatever its task_id; of several, the
+// one that picks each trajectory's by its task_id.
+func oneOrByTask(tasks []*sandbox.Task, exes map[string]execute.Executor) execute.Executor {
+	if len(tasks) == 1 {
+		return exes[tasks[0].Name]
+	}
+	return sandbox.ByTask{Executors: exes}
+}
+
+// noteLimits says what each real execution may take (say puts a task's
+// limits in words), per task where tasks differ, and, when that is longer
+// than a step waits for its anchors, what becomes of slower ones.
+func (p *Pipeline) noteLimits(executor string, tasks []*sandbox.Task, limits map[*sandbox.Task]sandbox.Limits, say func(sandbox.Limits) string) {
+	var timeout time.Duration
+	each := say(limits[tasks[0]])
+	for _, t := range tasks {
+		timeout = max(timeout, limits[t].Timeout)
+		if say(limits[t]) != say(limits[tasks[0]]) {
+			var per []string
+			for _, t := range tasks {
+				per = append(per, t.Name+": "+say(limits[t]))
+			}
+			each = strings.Join(per, "; ")
+			break
+		}
+	}
 	more := ""
 	if p.cfg.runs(StageFuse) && timeout > p.cfg.AnchorDeadline {
 		more = fmt.Sprintf("; a step waits %v for its anchors (--anchor-deadline): slower ones are fused on the world model (late anchors)", p.cfg.AnchorDeadline)
@@ -733,7 +786,10 @@ func (p *Pipeline) noteLimits(executor string, task *sandbox.Task, limits string
 	if p.cfg.ExecCopiesOnce {
 		more += "; an anchor group's copies of a solution run once (--exec-copies-once)"
 	}
-	p.notef("execute: %s on task %s, each execution: %s%s", executor, task.Name, limits, more)
+	if len(tasks) > 1 {
+		more += "; each trajectory on the task its task_id names"
+	}
+	p.notef("execute: %s on %s, each execution: %s%s", executor, sandbox.TaskNames(tasks), each, more)
 }
 
 // groupsOf names the groups of a step that a step of n groups misses: all

@@ -117,7 +117,9 @@ type Config struct {
 	WMProbeEvery time.Duration
 
 	// Executor: "sim" or "subprocess", which runs anchors for real on the
-	// task in TaskDir. Empty: subprocess when TaskDir is set, else sim.
+	// task in TaskDir, or, where TaskDir holds task directories, on the
+	// one each trajectory's task_id names (sandbox.LoadTasks). Empty:
+	// subprocess when TaskDir is set, else sim.
 	Executor string
 	TaskDir  string
 	// SandboxURL is the Sandbox Fusion server of Executor "sandbox-fusion".

@@ -39,11 +39,15 @@ func newSimSource(p *Pipeline) (*simSource, error) {
 		pending: map[int64]bool{}, sentAt: map[int64]time.Time{}, wake: make(chan struct{}, 1),
 	}
 	if c.TaskDir != "" {
-		task, err := sandbox.LoadTask(c.TaskDir)
+		tasks, err := sandbox.ReadTasksJSON(c.TaskDir)
 		if err != nil {
 			return nil, err
 		}
-		if s.policy, err = sim.NewTaskPolicy(c.Run, c.TaskDir, task.Name, task.Description, c.Seed, c.Groups, c.GroupSize); err != nil {
+		var pts []sim.PolicyTask
+		for _, t := range tasks {
+			pts = append(pts, sim.PolicyTask{Dir: t.Dir, ID: t.Name, Prompt: t.Description})
+		}
+		if s.policy, err = sim.NewTasksPolicy(c.Run, pts, c.Seed, c.Groups, c.GroupSize); err != nil {
 			return nil, err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -78,6 +79,82 @@ func TestPipelineExecutesARealTask(t *testing.T) {
 	if anchors != 3*2*4 || len(distinct) < 2 {
 		t.Fatalf("%d anchor items with %d distinct rewards", anchors, len(distinct))
 	}
+}
+
+// TestPipelineExecutesSeveralTasks: --task DIR of task directories; each
+// anchor is executed and graded on the task its task_id names (here the
+// same data under another name and leaderboard, on which every valid
+// solution scores 0.5), and the run says which tasks it has.
+func TestPipelineExecutesSeveralTasks(t *testing.T) {
+	dirA, _ := housingTask(t)
+	dirB, _ := housingTask(t)
+	raw, _ := os.ReadFile(filepath.Join(dirB, "task.json"))
+	os.WriteFile(filepath.Join(dirB, "task.json"), []byte(strings.Replace(string(raw), `"name": "housing"`, `"name": "housing-b"`, 1)), 0o644)
+	os.WriteFile(filepath.Join(dirB, "leaderboard.csv"), []byte("public_score,private_score\n0,0\n"), 0o644)
+	tasks := t.TempDir()
+	if err := errors.Join(os.Symlink(dirA, filepath.Join(tasks, "a")), os.Symlink(dirB, filepath.Join(tasks, "b"))); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t)
+	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = tasks, 2, 4, 4
+	cfg.Anchors.Fraction = 0.5
+	var out bytes.Buffer
+	cfg.Quiet, cfg.Out = false, &out
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if want := "on 2 tasks (housing, housing-b), each execution: "; !strings.Contains(out.String(), want) ||
+		!strings.Contains(out.String(), "; each trajectory on the task its task_id names") {
+		t.Errorf("the run said:\n%s\nwant %q and how trajectories find their task", out.String(), want)
+	}
+	graders := map[string]*sandbox.Subprocess{}
+	for _, d := range []string{dirA, dirB} {
+		task, err := sandbox.LoadTask(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		graders[task.Name] = &sandbox.Subprocess{Task: task}
+	}
+	onTask := map[string]int{}
+	for _, raw := range readStored(t, cfg.DataDir, "wmrl.default.exec") { // the anchor groups
+		var g schemas.Group
+		if err := json.Unmarshal(raw, &g); err != nil {
+			t.Fatal(err)
+		}
+		for _, tr := range g.Trajectories {
+			want, err := graders[tr.TaskID].Execute(ctx, tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			onTask[tr.TaskID]++
+			got := executed(t, cfg.DataDir, tr.TrajID)
+			if got.Score == nil || *got.Score != want.Score {
+				t.Errorf("%s on %s: %+v; its task grades it %v", tr.TrajID, tr.TaskID, got, want.Score)
+			}
+		}
+	}
+	if onTask["housing"] == 0 || onTask["housing-b"] == 0 {
+		t.Errorf("anchors by task: %v; want both", onTask)
+	}
+}
+
+// executed is the stored execution of the trajectory id.
+func executed(t *testing.T, dataDir, id string) schemas.ExecItem {
+	for _, raw := range readStored(t, dataDir, "wmrl.default.execution") {
+		var e schemas.Execution
+		if err := json.Unmarshal(raw, &e); err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range e.Items {
+			if it.TrajID == id {
+				return it
+			}
+		}
+	}
+	t.Fatalf("no execution of %s stored", id)
+	return schemas.ExecItem{}
 }
 
 // housingTask generates the example task, with its candidate solutions,

@@ -91,7 +91,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.DurationVar(&cfg.WMProbeEvery, "wm-probe-every", cfg.WMProbeEvery, "while the world model is down (--wm-down-after), let one group's call through this often to see whether it is back")
 	fs.StringVar(&cfg.Executor, "executor", "", "anchor executor: sim, subprocess (real execution of the --task here) or sandbox-fusion (on --sandbox-url)")
 	fs.StringVar(&cfg.SandboxURL, "sandbox-url", "", "Sandbox Fusion server for --executor sandbox-fusion, e.g. http://127.0.0.1:8080")
-	fs.StringVar(&cfg.TaskDir, "task", "", "task directory (task.json, public/, private/, leaderboard.csv); implies --executor subprocess")
+	fs.StringVar(&cfg.TaskDir, "task", "", "task directory (task.json, public/, private/, leaderboard.csv), or a directory of task directories, where each trajectory is executed on the task its task_id names (a single task takes every trajectory); implies --executor subprocess")
 	fs.DurationVar(&cfg.ExecTimeout, "exec-timeout", 0, "wall-clock limit of one real execution (0: the task's time_limit_seconds, else 60s); past it the solution scores 0 as timed_out")
 	fs.IntVar(&cfg.ExecMemoryMB, "exec-memory-mb", 0, "address space of one real execution, in MiB (0: the task's memory_mb, else 1024, or no limit with --exec-gpus; -1: no limit, which CUDA needs)")
 	fs.IntVar(&cfg.ExecDiskMB, "exec-disk-mb", 0, "what one execution of --executor subprocess may keep on disk in its directory, its /tmp, the task's data apart, in MiB; code that writes more is killed, a crash (0: 16384; -1: no limit)")

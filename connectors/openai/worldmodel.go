@@ -39,8 +39,10 @@ type Config struct {
 	Model   string
 	APIKey  string // sent as a bearer token when set
 	// Limits says what an execution may take ("20m0s of wall clock, 4096
-	// MiB of memory"), for the prompt; empty: not said.
-	Limits string
+	// MiB of memory"), for the prompt; empty: not said. TaskLimits, by
+	// task_id, wins over it for the trajectories of a task it names.
+	Limits     string
+	TaskLimits map[string]string
 	// Template renders the user message from a Prompt; empty: DefaultTemplate.
 	Template    string
 	Temperature float64
@@ -226,13 +228,21 @@ func (w *WorldModel) Predict(ctx context.Context, trajs []schemas.Trajectory) ([
 	return out, nil
 }
 
+// limits is what an execution of task may take, for the prompt.
+func (w *WorldModel) limits(task string) string {
+	if l, ok := w.cfg.TaskLimits[task]; ok {
+		return l
+	}
+	return w.cfg.Limits
+}
+
 // one scores t. The same prompt asked again while a request for it is under
 // way (copies of one solution in a group, once a policy converges on a
 // task) waits for that request rather than paying for another.
 func (w *WorldModel) one(ctx context.Context, t schemas.Trajectory) (predict.Score, error) {
 	summary, _ := t.Meta["data_summary"].(string)
 	var msg strings.Builder
-	if err := w.tmpl.Execute(&msg, Prompt{TaskID: t.TaskID, Prompt: t.Prompt, Code: t.Response, DataSummary: summary, Limits: w.cfg.Limits}); err != nil {
+	if err := w.tmpl.Execute(&msg, Prompt{TaskID: t.TaskID, Prompt: t.Prompt, Code: t.Response, DataSummary: summary, Limits: w.limits(t.TaskID)}); err != nil {
 		return predict.Score{Reason: "prompt template: " + err.Error()}, nil
 	}
 	sum := sha256.Sum256([]byte(w.cfg.Model + "\x00" + msg.String()))

@@ -416,3 +416,41 @@ func TestCopiesOfASolutionAreAskedOnce(t *testing.T) {
 		t.Fatal("the copy waited on the request its asker gave up")
 	}
 }
+
+// TestEachTaskHasItsLimitsInThePrompt: with several tasks (--task DIR of
+// them), a trajectory's prompt states its own task's limits, and a task
+// not named takes the default.
+func TestEachTaskHasItsLimitsInThePrompt(t *testing.T) {
+	var mu sync.Mutex
+	prompts := map[string]string{}
+	s := newServer(t, func(_ int64, req map[string]any, w http.ResponseWriter) {
+		msg := req["messages"].([]any)[0].(map[string]any)["content"].(string)
+		mu.Lock()
+		for _, task := range []string{"housing", "titanic", "other"} {
+			if strings.Contains(msg, "Task "+task+":") {
+				prompts[task] = msg
+			}
+		}
+		mu.Unlock()
+		choices(w, `{"status":"scored","score":0.5,"rationale":"ok"}`)
+	})
+	w := wm(t, s.URL, func(c *Config) {
+		c.Limits = "1m0s of wall clock, 1024 MiB of memory (address space)"
+		c.TaskLimits = map[string]string{"housing": "20m0s of wall clock, 4096 MiB of memory (address space)",
+			"titanic": "5m0s of wall clock, no memory limit"}
+	})
+	want := map[string]string{"housing": "It runs with 20m0s of wall clock, 4096 MiB", "titanic": "It runs with 5m0s of wall clock, no memory limit",
+		"other": "It runs with 1m0s of wall clock, 1024 MiB"}
+	for task := range want {
+		tr := traj(task, "print('"+task+"')")
+		tr.TaskID = task
+		if _, err := w.Predict(context.Background(), []schemas.Trajectory{tr}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for task, limits := range want {
+		if p, ok := prompts[task]; !ok || !strings.Contains(p, limits) {
+			t.Errorf("the prompt of a %s trajectory:\n%s\nwant %q", task, p, limits)
+		}
+	}
+}

@@ -180,8 +180,9 @@ type Subprocess struct {
 	// GPUs ("gpus") is taken: what holds executions back, for metrics.
 	Waiting func(what string, delta int)
 
-	uids pool[uint32]
-	gpus pool[[]string]
+	uids  pool[uint32]
+	gpus  pool[[]string]
+	pools *Subprocess // ForTask's: whose uids and gpus to take from
 }
 
 // pool hands out items to the executions at once, one each, filled from
@@ -683,10 +684,11 @@ func (s *Subprocess) user(ctx context.Context) (uid uint32, free func(), err err
 		}
 		return s.RunAs, func() {}, nil
 	}
-	if uid, err = s.uids.take(ctx, s.UIDs, s.waitingFor("user")); err != nil {
+	uids := &s.owner().uids
+	if uid, err = uids.take(ctx, s.UIDs, s.waitingFor("user")); err != nil {
 		return 0, nil, err
 	}
-	return uid, func() { killUser(uid); s.uids.give(uid) }, nil
+	return uid, func() { killUser(uid); uids.give(uid) }, nil
 }
 
 // gpuSet takes a free set of GPUs for an execution, waiting for one, and
@@ -695,10 +697,11 @@ func (s *Subprocess) gpuSet(ctx context.Context) (gpus []string, free func(), er
 	if len(s.GPUs) == 0 {
 		return nil, func() {}, nil
 	}
-	if gpus, err = s.gpus.take(ctx, s.GPUs, s.waitingFor("gpus")); err != nil {
+	sets := &s.owner().gpus
+	if gpus, err = sets.take(ctx, s.GPUs, s.waitingFor("gpus")); err != nil {
 		return nil, nil, err
 	}
-	return gpus, func() { s.gpus.give(gpus) }, nil
+	return gpus, func() { sets.give(gpus) }, nil
 }
 
 // MachineGPUs counts the machine's NVIDIA GPUs by their device files
