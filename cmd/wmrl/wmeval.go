@@ -79,7 +79,7 @@ within-group Spearman buys.`,
 	fs.IntVar(&opt.Groups, "groups", 0, "evaluate a sample of this many anchor groups (0: all)")
 	fs.Uint64Var(&opt.Seed, "seed", 1, "seed of the sample")
 	fs.IntVar(&opt.Concurrency, "concurrency", 8, "anchor groups asked at once (each is one call of its trajectories; --wm-concurrency bounds the requests)")
-	fs.StringVar(&cfg.TaskDir, "task", "", "task directory whose task.json gives the execution limits the prompt states (as wmrl run --task does)")
+	fs.StringVar(&cfg.TaskDir, "task", "", "task directory whose task.json gives the execution limits the prompt states, or a directory of them, each trajectory's by its task_id (as wmrl run --task does)")
 	worldModelFlags(fs, &cfg)
 	_ = cmd.MarkFlagRequired("archive")
 	return cmd
