@@ -98,16 +98,10 @@ func TestPipelineExecutesSeveralTasks(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = tasks, 2, 4, 4
 	cfg.Anchors.Fraction = 0.5
-	var out bytes.Buffer
-	cfg.Quiet, cfg.Out = false, &out
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := Run(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	if want := "on 2 tasks (housing, housing-b), each execution: "; !strings.Contains(out.String(), want) ||
-		!strings.Contains(out.String(), "; each trajectory on the task its task_id names") {
-		t.Errorf("the run said:\n%s\nwant %q and how trajectories find their task", out.String(), want)
+	said := runSaid(t, cfg)
+	if want := "on 2 tasks (housing, housing-b), each execution: "; !strings.Contains(said, want) ||
+		!strings.Contains(said, "; each trajectory on the task its task_id names") {
+		t.Errorf("the run said:\n%s\nwant %q and how trajectories find their task", said, want)
 	}
 	graders := map[string]*sandbox.Subprocess{}
 	for _, d := range []string{dirA, dirB} {
@@ -117,6 +111,10 @@ func TestPipelineExecutesSeveralTasks(t *testing.T) {
 		}
 		graders[task.Name] = &sandbox.Subprocess{Task: task}
 	}
+	executed := map[string]schemas.ExecItem{}
+	for _, it := range storedExecutions(t, cfg.DataDir) {
+		executed[it.TrajID] = it
+	}
 	onTask := map[string]int{}
 	for _, raw := range readStored(t, cfg.DataDir, "wmrl.default.exec") { // the anchor groups
 		var g schemas.Group
@@ -124,12 +122,12 @@ func TestPipelineExecutesSeveralTasks(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, tr := range g.Trajectories {
-			want, err := graders[tr.TaskID].Execute(ctx, tr)
+			want, err := graders[tr.TaskID].Execute(context.Background(), tr)
 			if err != nil {
 				t.Fatal(err)
 			}
 			onTask[tr.TaskID]++
-			got := executed(t, cfg.DataDir, tr.TrajID)
+			got := executed[tr.TrajID]
 			if got.Score == nil || *got.Score != want.Score {
 				t.Errorf("%s on %s: %+v; its task grades it %v", tr.TrajID, tr.TaskID, got, want.Score)
 			}
@@ -140,21 +138,31 @@ func TestPipelineExecutesSeveralTasks(t *testing.T) {
 	}
 }
 
-// executed is the stored execution of the trajectory id.
-func executed(t *testing.T, dataDir, id string) schemas.ExecItem {
+// runSaid runs cfg to its end (2 minutes at most) and returns what the
+// run said.
+func runSaid(t *testing.T, cfg Config) string {
+	t.Helper()
+	var out bytes.Buffer
+	cfg.Quiet, cfg.Out = false, &out
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return out.String()
+}
+
+// storedExecutions are the executions a stopped pipeline stored.
+func storedExecutions(t *testing.T, dataDir string) []schemas.ExecItem {
+	var items []schemas.ExecItem
 	for _, raw := range readStored(t, dataDir, "wmrl.default.execution") {
 		var e schemas.Execution
 		if err := json.Unmarshal(raw, &e); err != nil {
 			t.Fatal(err)
 		}
-		for _, it := range e.Items {
-			if it.TrajID == id {
-				return it
-			}
-		}
+		items = append(items, e.Items...)
 	}
-	t.Fatalf("no execution of %s stored", id)
-	return schemas.ExecItem{}
+	return items
 }
 
 // housingTask generates the example task, with its candidate solutions,
@@ -226,35 +234,22 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	if os.Geteuid() == 0 {
 		cfg.ExecUIDs = "2000000201-2000000216"
 	}
-	var out bytes.Buffer
-	cfg.Quiet, cfg.Out = false, &out
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := Run(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	said := runSaid(t, cfg)
 	gpus := fmt.Sprintf(", GPUs 0,1 | 2,3 (a set each), GPUs 4 unused (fewer than --exec-gpus-each), 2 at once: fewer than the %d --exec-slots", cfg.ExecSlots)
 	want := ") on task housing, each execution: as this process's user" + gpus + ", " + sandbox.Isolation() + "; wall clock 1s, CPU time 30 s, address space 2048 MiB, 64 MiB on disk, 500 processes and threads for all at once\n"
 	if os.Geteuid() == 0 {
 		want = strings.Replace(want, "as this process's user", "each as a user of its own (uids 2000000201-2000000216)", 1)
 	}
-	if !strings.HasPrefix(out.String(), "execute: subprocess (") || !strings.Contains(out.String(), want) {
-		t.Errorf("the run said:\n%s\nwant a line ending %q", out.String(), want)
+	if !strings.HasPrefix(said, "execute: subprocess (") || !strings.Contains(said, want) {
+		t.Errorf("the run said:\n%s\nwant a line ending %q", said, want)
 	}
-	items := 0
-	for _, raw := range readStored(t, cfg.DataDir, "wmrl.default.execution") {
-		var e schemas.Execution
-		if err := json.Unmarshal(raw, &e); err != nil {
-			t.Fatal(err)
-		}
-		for _, it := range e.Items {
-			items++
-			if it.Status != schemas.ExecTimedOut || it.Detail != "killed after 1s, its wall-clock limit" || it.Seconds > 10 {
-				t.Errorf("%s: %+v; want timed out after the 1 s of --exec-timeout (it sleeps 60 s when run by --exec-python with --exec-env)", it.TrajID, it)
-			}
+	items := storedExecutions(t, cfg.DataDir)
+	for _, it := range items {
+		if it.Status != schemas.ExecTimedOut || it.Detail != "killed after 1s, its wall-clock limit" || it.Seconds > 10 {
+			t.Errorf("%s: %+v; want timed out after the 1 s of --exec-timeout (it sleeps 60 s when run by --exec-python with --exec-env)", it.TrajID, it)
 		}
 	}
-	if items != 2*2 {
+	if items := len(items); items != 2*2 {
 		t.Fatalf("%d executions; want 2 anchor groups of 2", items)
 	}
 }
@@ -291,25 +286,14 @@ raise SystemExit("saw %%s" %% [sorted(os.listdir(d)) if os.path.isdir(d) else No
 `, cfg.DataDir, cfg.ArchiveDir)), 0o644)
 	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = dir, 2, 4, 2
 	cfg.Anchors.Fraction = 0.5
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := Run(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	items := 0
-	for _, raw := range readStored(t, cfg.DataDir, "wmrl.default.execution") {
-		var e schemas.Execution
-		if err := json.Unmarshal(raw, &e); err != nil {
-			t.Fatal(err)
-		}
-		for _, it := range e.Items {
-			items++
-			if it.Detail != "exit code 1: saw [[], []]" {
-				t.Errorf("%s: %q; want the data and the archive empty", it.TrajID, it.Detail)
-			}
+	runSaid(t, cfg)
+	items := storedExecutions(t, cfg.DataDir)
+	for _, it := range items {
+		if it.Detail != "exit code 1: saw [[], []]" {
+			t.Errorf("%s: %q; want the data and the archive empty", it.TrajID, it.Detail)
 		}
 	}
-	if items != 2*2*2 {
+	if items := len(items); items != 2*2*2 {
 		t.Fatalf("%d executions; want 2 steps of 2 anchor groups of 2", items)
 	}
 }
