@@ -466,7 +466,11 @@ func readSubmission(dir, name string, limit int64) ([]byte, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%s cannot be read in the code's directory: %w", name, errors.Unwrap(err))
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is the name
+		}
+		return nil, fmt.Errorf("%s cannot be read in the code's directory: %w", name, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
@@ -1110,12 +1114,13 @@ func (s *Subprocess) hidden() []string {
 	if s.Task != nil && s.Task.Dir != "" {
 		dirs = append(dirs, filepath.Join(s.Task.Dir, "private"))
 	}
-	for i, d := range dirs {
-		if abs, err := filepath.Abs(d); err == nil {
-			dirs[i] = abs
+	var abs []string
+	for _, d := range dirs {
+		if a, err := filepath.Abs(d); err == nil && !slices.Contains(abs, a) {
+			abs = append(abs, a)
 		}
 	}
-	return dirs
+	return abs
 }
 
 // keptInTmp is what of the host's /tmp and /var/tmp the code needs in its
