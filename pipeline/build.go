@@ -514,12 +514,18 @@ func NewWorldModel(cfg Config, onAttempt func(error), onRequest func(openai.Requ
 		if err != nil {
 			return nil, err
 		}
+		// And what data it has: where this process has the public data,
+		// its files, rows and columns.
 		if len(tasks) == 1 {
 			oc.Limits = cfg.execLimits(tasks[0]).For(tasks[0]).ForCode()
+			oc.DataSummary, _ = tasks[0].DataSummary()
 		} else {
-			oc.TaskLimits = map[string]string{}
+			oc.TaskLimits, oc.TaskData = map[string]string{}, map[string]string{}
 			for _, t := range tasks {
 				oc.TaskLimits[t.Name] = cfg.execLimits(t).For(t).ForCode()
+				if d, err := t.DataSummary(); err == nil {
+					oc.TaskData[t.Name] = d
+				}
 			}
 		}
 	}

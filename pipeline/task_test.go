@@ -389,12 +389,14 @@ func TestTheWorldModelIsToldTheExecutionLimits(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	want := "It runs with 7s of wall clock, 1024 MiB of memory (address space); a solution over either fails."
+	// And what data the task has, read from its public data.
+	data := "Data:\ndata/test.csv (7.8 KiB): 200 rows; columns id, x1, x2, x3, x4\ndata/train.csv (18.2 KiB): 400 rows; columns id, x1, x2, x3, x4, price\n"
 	if len(prompts) == 0 {
 		t.Fatal("the world model was never asked")
 	}
 	for _, p := range prompts {
-		if !strings.Contains(p, want) {
-			t.Fatalf("a prompt without the limits (%q):\n%s", want, p)
+		if !strings.Contains(p, want) || !strings.Contains(p, data) {
+			t.Fatalf("a prompt without the limits (%q) or the data (%q):\n%s", want, data, p)
 		}
 	}
 }

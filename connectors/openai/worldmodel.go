@@ -43,6 +43,11 @@ type Config struct {
 	// task_id, wins over it for the trajectories of a task it names.
 	Limits     string
 	TaskLimits map[string]string
+	// DataSummary describes the task's data for the prompt when a
+	// trajectory's meta carries no data_summary of its own; TaskData, by
+	// task_id, wins over it for the trajectories of a task it names.
+	DataSummary string
+	TaskData    map[string]string
 	// Template renders the user message from a Prompt; empty: DefaultTemplate.
 	Template    string
 	Temperature float64
@@ -236,11 +241,23 @@ func (w *WorldModel) limits(task string) string {
 	return w.cfg.Limits
 }
 
+// dataSummary is what the prompt says of task's data, unless the
+// trajectory says it.
+func (w *WorldModel) dataSummary(task string) string {
+	if d, ok := w.cfg.TaskData[task]; ok {
+		return d
+	}
+	return w.cfg.DataSummary
+}
+
 // one scores t. The same prompt asked again while a request for it is under
 // way (copies of one solution in a group, once a policy converges on a
 // task) waits for that request rather than paying for another.
 func (w *WorldModel) one(ctx context.Context, t schemas.Trajectory) (predict.Score, error) {
 	summary, _ := t.Meta["data_summary"].(string)
+	if summary == "" {
+		summary = w.dataSummary(t.TaskID)
+	}
 	var msg strings.Builder
 	if err := w.tmpl.Execute(&msg, Prompt{TaskID: t.TaskID, Prompt: t.Prompt, Code: t.Response, DataSummary: summary, Limits: w.limits(t.TaskID)}); err != nil {
 		return predict.Score{Reason: "prompt template: " + err.Error()}, nil

@@ -454,3 +454,37 @@ func TestEachTaskHasItsLimitsInThePrompt(t *testing.T) {
 		}
 	}
 }
+
+// TestTheDataSummaryComesFromTheTaskUnlessTheTrajectoryHasOne: a
+// trajectory's meta data_summary is the trainer's word on its data; without
+// one, the prompt says what wmrl read of its task's public data.
+func TestTheDataSummaryComesFromTheTaskUnlessTheTrajectoryHasOne(t *testing.T) {
+	var mu sync.Mutex
+	var prompts []string
+	s := newServer(t, func(_ int64, req map[string]any, w http.ResponseWriter) {
+		mu.Lock()
+		prompts = append(prompts, req["messages"].([]any)[0].(map[string]any)["content"].(string))
+		mu.Unlock()
+		choices(w, `{"status":"scored","score":0.5,"rationale":"ok"}`)
+	})
+	w := wm(t, s.URL, func(c *Config) {
+		c.DataSummary = "data/train.csv (1 KiB): 10 rows; columns id, y"
+		c.TaskData = map[string]string{"churn": "data/train.csv (2 KiB): 20 rows; columns id, churned"}
+	})
+	trainer := traj("t1", "print(1)") // its meta has a data_summary
+	bare := traj("t2", "print(2)")
+	bare.Meta = nil
+	churn := traj("t3", "print(3)")
+	churn.Meta, churn.TaskID = nil, "churn"
+	for _, tr := range []schemas.Trajectory{trainer, bare, churn} {
+		if _, err := w.Predict(context.Background(), []schemas.Trajectory{tr}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, want := range []string{"Data:\n1460 rows, 80 columns\n", "Data:\ndata/train.csv (1 KiB): 10 rows; columns id, y\n",
+		"Data:\ndata/train.csv (2 KiB): 20 rows; columns id, churned\n"} {
+		if i >= len(prompts) || !strings.Contains(prompts[i], want) {
+			t.Errorf("prompt %d lacks %q:\n%v", i+1, want, prompts)
+		}
+	}
+}

@@ -1,9 +1,12 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
+	"encoding/csv"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -116,4 +119,107 @@ func (s *Subprocess) owner() *Subprocess {
 		return s.pools
 	}
 	return s
+}
+
+// DataSummary describes the task's public data as the code sees it (under
+// data/), for a world model's prompt: each file at the top with its size,
+// and a CSV file's rows and columns; a directory by its files and size.
+// A world model told the columns can tell that code reading one that is
+// not there crashes. At most 20 entries; a CSV file's rows are counted
+// in its first 64 MiB and estimated past them.
+func (t *Task) DataSummary() (string, error) {
+	entries, err := os.ReadDir(t.PublicDir())
+	if err != nil {
+		return "", fmt.Errorf("task %s: public data: %w", t.Name, err)
+	}
+	var lines []string
+	for i, e := range entries {
+		if i == 20 {
+			lines = append(lines, fmt.Sprintf("and %d more", len(entries)-20))
+			break
+		}
+		path := filepath.Join(t.PublicDir(), e.Name())
+		if e.IsDir() {
+			files, size := 0, int64(0)
+			filepath.WalkDir(path, func(_ string, d fs.DirEntry, err error) error {
+				if err == nil && d.Type().IsRegular() {
+					if fi, err := d.Info(); err == nil {
+						files, size = files+1, size+fi.Size()
+					}
+				}
+				return nil
+			})
+			lines = append(lines, fmt.Sprintf("data/%s/: %d files, %s", e.Name(), files, bytesIn(size)))
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue
+		}
+		line := fmt.Sprintf("data/%s (%s)", e.Name(), bytesIn(fi.Size()))
+		if strings.EqualFold(filepath.Ext(e.Name()), ".csv") {
+			if rows, cols, exact, err := csvShape(path, fi.Size()); err == nil {
+				about := ""
+				if !exact {
+					about = "about "
+				}
+				line += fmt.Sprintf(": %s%d rows; columns %s", about, rows, strings.Join(cols, ", "))
+			}
+		}
+		lines = append(lines, line)
+	}
+	return strings.Join(lines, "\n"), nil
+}
+
+// csvCountBytes is how much of a CSV file DataSummary counts rows in.
+var csvCountBytes int64 = 64 << 20
+
+// csvShape is a CSV file's data rows (after its header) and columns,
+// counted in its first 64 MiB and estimated past them (exact false).
+func csvShape(path string, size int64) (rows int64, cols []string, exact bool, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, nil, false, err
+	}
+	defer f.Close()
+	most := csvCountBytes
+	buf := make([]byte, 1<<20)
+	var read, lines int64
+	var head []byte
+	last := byte('\n')
+	for read < most {
+		n, err := f.Read(buf[:min(int64(len(buf)), most-read)])
+		if n > 0 {
+			head = append(head, buf[:min(n, 64<<10-len(head))]...)
+			lines += int64(bytes.Count(buf[:n], []byte{'\n'}))
+			read, last = read+int64(n), buf[n-1]
+		}
+		if err != nil {
+			break
+		}
+	}
+	if last != '\n' {
+		lines++ // a last line without its newline
+	}
+	header, _, _ := bytes.Cut(head, []byte{'\n'})
+	if cols, err = csv.NewReader(bytes.NewReader(header)).Read(); err != nil {
+		return 0, nil, false, err
+	}
+	if read < size {
+		return lines*size/read - 1, cols, false, nil
+	}
+	return max(lines-1, 0), cols, true, nil
+}
+
+// bytesIn is a size as people read it.
+func bytesIn(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d bytes", n)
 }

@@ -127,3 +127,42 @@ func TestEachTrajectoryRunsOnItsTask(t *testing.T) {
 		t.Errorf("an unknown task: %s %q", r.Status, r.Detail)
 	}
 }
+
+// TestTheDataSummaryNamesFilesRowsAndColumns: what a world model is told
+// of a task's data: each file as the code sees it, its rows and columns
+// (05_crash.py reads a column that is not there), a directory by its
+// files, a large CSV file's rows estimated.
+func TestTheDataSummaryNamesFilesRowsAndColumns(t *testing.T) {
+	task := housing(t)
+	os.MkdirAll(filepath.Join(task.PublicDir(), "images"), 0o755)
+	os.WriteFile(filepath.Join(task.PublicDir(), "images", "a.png"), make([]byte, 2048), 0o644)
+	os.WriteFile(filepath.Join(task.PublicDir(), "sample.csv"), []byte("id,price\n1,2\n3,4"), 0o644) // no last newline
+	got, err := task.DataSummary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"data/images/: 1 files, 2.0 KiB",
+		"data/sample.csv (16 bytes): 2 rows; columns id, price",
+		"): 200 rows; columns id, x1, x2, x3, x4\n",
+		"): 400 rows; columns id, x1, x2, x3, x4, price",
+	} {
+		if !strings.Contains(got+"\n", want) {
+			t.Errorf("summary:\n%s\nwant %q", got, want)
+		}
+	}
+	if !strings.HasPrefix(got, "data/images/") || !strings.Contains(got, "\ndata/test.csv (") {
+		t.Errorf("summary:\n%s\nwant the entries in name order, as data/...", got)
+	}
+	// Counted in the first 4 KiB of the 18 KiB of train.csv, its rows are
+	// estimated, within a few percent here (rows of one length).
+	defer func(n int64) { csvCountBytes = n }(csvCountBytes)
+	csvCountBytes = 4 << 10
+	got, _ = task.DataSummary()
+	var rows int
+	if i := strings.Index(got, "data/train.csv ("); i < 0 {
+		t.Fatalf("summary:\n%s", got)
+	} else if _, err := fmt.Sscanf(got[i+strings.Index(got[i:], "): about ")+len("): about "):], "%d rows", &rows); err != nil || rows < 380 || rows > 420 {
+		t.Errorf("train.csv's rows estimated at %d (%v), of 400:\n%s", rows, err, got)
+	}
+}
