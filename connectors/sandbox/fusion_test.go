@@ -83,7 +83,9 @@ func fusionServer(t *testing.T, failFirst int64) (*httptest.Server, *atomic.Int6
 func TestSandboxFusionExecutor(t *testing.T) {
 	task := housing(t)
 	srv, calls := fusionServer(t, 1) // the first request gets a 503
-	f := &Fusion{URL: srv.URL, Task: task, Limits: Limits{Timeout: 2 * time.Second}}
+	// Room for four executions at once on a loaded machine of 2 cores:
+	// at 2 s, one of them was killed at its limit there.
+	f := &Fusion{URL: srv.URL, Task: task, Limits: Limits{Timeout: 20 * time.Second}}
 	local := exe(task)
 	for _, tc := range []struct{ file, status string }{
 		{"03_interactions.py", schemas.ExecScored},
@@ -116,7 +118,8 @@ func TestSandboxFusionExecutor(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if r, _ := f.Execute(context.Background(), schemas.Trajectory{Response: "while True:\n    pass\n"}); r.Status != schemas.ExecTimedOut {
+	short := &Fusion{URL: srv.URL, Task: task, Limits: Limits{Timeout: 2 * time.Second}}
+	if r, _ := short.Execute(context.Background(), schemas.Trajectory{Response: "while True:\n    pass\n"}); r.Status != schemas.ExecTimedOut {
 		t.Fatalf("infinite loop: %+v", r)
 	}
 }
