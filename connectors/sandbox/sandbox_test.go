@@ -1176,7 +1176,10 @@ func TestAnExecutionCannotReachAnotherKnowingItsPath(t *testing.T) {
 	s := &Subprocess{Task: task, Limits: Limits{Timeout: 20 * time.Second}}
 	// The victim runs until the test has seen what the thief did (a file
 	// the test puts in its directory), 30 s at most.
-	victim := "import os, time\nopen('submission.csv', 'w').write('id,price\\n')\n" +
+	// It marks its directory with a name of this test's, so that no other
+	// directory there (one a killed test run left) passes for it.
+	mark := fmt.Sprintf("victim-%d", rand.Uint64())
+	victim := "import os, time\nopen('submission.csv', 'w').write('id,price\\n')\nopen('" + mark + "', 'w').close()\n" +
 		"for _ in range(600):\n    if os.path.exists('thief-done'):\n        break\n    time.sleep(0.05)\n"
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -1186,7 +1189,7 @@ func TestAnExecutionCannotReachAnotherKnowingItsPath(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the victim's directory did not appear")
 		}
-		dirs, _ := filepath.Glob(filepath.Join(WorkParent(), "wmrl-exec-*", "submission.csv"))
+		dirs, _ := filepath.Glob(filepath.Join(WorkParent(), "wmrl-exec-*", mark))
 		if len(dirs) == 1 {
 			dir = filepath.Dir(dirs[0])
 		}
