@@ -350,6 +350,7 @@ func (s *Subprocess) checkHidden() error {
 	if len(s.Command) > 0 {
 		interpreter = s.Command[0]
 	}
+	hidden, shared := s.hidden(), sharedDirs()
 	for _, name := range []string{interpreter, "/bin/sh"} {
 		path, ok := s.lookPath(name)
 		if !ok {
@@ -361,12 +362,12 @@ func (s *Subprocess) checkHidden() error {
 		}
 		for _, p := range paths {
 			p, _ = filepath.Abs(p)
-			for _, h := range s.hidden() {
+			for _, h := range hidden {
 				if within(p, h) {
 					return fmt.Errorf("sandbox: %s is in %s, which the code must not see (the task's answers, wmrl's data): put one or the other elsewhere", p, h)
 				}
 			}
-			for _, d := range sharedDirs() {
+			for _, d := range shared {
 				if within(p, d) {
 					return fmt.Errorf("sandbox: %s is in %s, which every user may write, so each execution gets an empty one of its own: put it elsewhere", p, d)
 				}

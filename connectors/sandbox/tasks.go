@@ -108,6 +108,8 @@ func (b ByTask) Execute(ctx context.Context, t schemas.Trajectory) (execute.Resu
 
 // ForTask is s for the task t: the same settings, and the same users
 // and sets of GPUs, shared out among the executions of every task at once.
+// It names every setting (s holds its pools, which are not copied): a
+// field added to Subprocess belongs here too.
 func (s *Subprocess) ForTask(t *Task) *Subprocess {
 	return &Subprocess{Task: t, Command: s.Command, Env: s.Env, Limits: s.Limits, RunAs: s.RunAs, UIDs: s.UIDs, GPUs: s.GPUs,
 		Hide: s.Hide, Waiting: s.Waiting, pools: s.owner()}
