@@ -1,0 +1,119 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// TestExecutionsAtOnceShareTheGPUsOut: with GPUs given, each execution
+// sees one set of them, and no two executions at once the same set;
+// executions past the sets wait for one. Without it, every execution at
+// once saw every GPU, and CUDA put them all on the first.
+func TestExecutionsAtOnceShareTheGPUsOut(t *testing.T) {
+	task := housing(t)
+	s := exe(task)
+	s.GPUs = [][]string{{"0", "1"}, {"GPU-5f0c3e9a"}}
+	code := "import os, time\nstart = time.time()\ntime.sleep(0.5)\n" +
+		"raise SystemExit('gpus %s from %.3f to %.3f' % (os.environ.get('CUDA_VISIBLE_DEVICES'), start, time.time()))\n"
+	type held struct {
+		gpus       string
+		start, end float64
+	}
+	runs := make([]held, 5)
+	var wg sync.WaitGroup
+	for i := range runs {
+		wg.Go(func() {
+			res, err := s.Execute(context.Background(), schemas.Trajectory{TrajID: fmt.Sprint(i), Response: code})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			d := res.Detail[strings.Index(res.Detail, "gpus "):]
+			if _, err := fmt.Sscanf(d, "gpus %s from %f to %f", &runs[i].gpus, &runs[i].start, &runs[i].end); err != nil {
+				t.Errorf("execution %d: %q: %v", i, res.Detail, err)
+			}
+		})
+	}
+	wg.Wait()
+	sets := map[string]int{}
+	for i, a := range runs {
+		sets[a.gpus]++
+		if a.gpus != "0,1" && a.gpus != "GPU-5f0c3e9a" {
+			t.Errorf("execution %d saw GPUs %q", i, a.gpus)
+		}
+		for j, b := range runs[:i] {
+			if a.gpus == b.gpus && a.start < b.end && b.start < a.end {
+				t.Errorf("executions %d and %d had GPUs %s at once: %+v %+v", j, i, a.gpus, b, a)
+			}
+		}
+	}
+	if len(sets) != 2 {
+		t.Errorf("sets used: %v; want both", sets)
+	}
+	if got := (exe(task)).environ("/w", nil); slices.ContainsFunc(got, func(e string) bool { return strings.HasPrefix(e, "CUDA_VISIBLE_DEVICES=") }) {
+		t.Errorf("without GPUs shared out, the code is told %q", got)
+	}
+}
+
+// TestExecutionsWaitingForGPUsAreTold: with every set of GPUs taken, an
+// execution waits, and the executor says so (the metric that tells the
+// GPUs, not the slots, hold executions back).
+func TestExecutionsWaitingForGPUsAreTold(t *testing.T) {
+	task := housing(t)
+	s := exe(task)
+	s.GPUs = [][]string{{"0"}, {"1"}}
+	var mu sync.Mutex
+	waiting, most := 0, 0
+	s.Waiting = func(what string, d int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if what != "gpus" {
+			t.Errorf("waiting for %q", what)
+		}
+		waiting += d
+		most = max(most, waiting)
+	}
+	// The test holds both sets, so every execution has to wait.
+	var held [][]string
+	for range 2 {
+		set, err := s.gpus.take(context.Background(), s.GPUs, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, set)
+	}
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Go(func() {
+			if r, err := s.Execute(context.Background(), schemas.Trajectory{TrajID: fmt.Sprint(i), Response: "pass\n"}); err != nil || r.Status != schemas.ExecInvalid {
+				t.Errorf("execution %d: %+v %v", i, r, err)
+			}
+		})
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		mu.Lock()
+		n := waiting
+		mu.Unlock()
+		if n == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%d of the 3 executions told waiting in 20 s", n)
+			break
+		}
+	}
+	for _, set := range held {
+		s.gpus.give(set)
+	}
+	wg.Wait()
+	if waiting != 0 || most != 3 {
+		t.Errorf("waiting %d at the end, at most %d; want 0, and 3", waiting, most)
+	}
+}
