@@ -742,6 +742,17 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 		}
 		exe.Command = []string{python, "solution.py"}
 	}
+	// A wmrl killed with executions under way left their directories.
+	switch n, size, err := sandbox.RemoveLeftovers(); {
+	case err != nil:
+		p.notef("execute: removing the work directories a stopped wmrl left in %s: %v", sandbox.WorkParent(), err)
+	case n > 0:
+		dirs := fmt.Sprintf("%d work directories", n)
+		if n == 1 {
+			dirs = "1 work directory"
+		}
+		p.notef("execute: removed %s (%.1f MiB) that a killed wmrl left in %s", dirs, float64(size)/(1<<20), sandbox.WorkParent())
+	}
 	python, err := exe.Check(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("--executor subprocess: %w (--exec-python names another)", err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -490,5 +491,36 @@ func TestCopiesOfASolutionAreExecutedOnceInARun(t *testing.T) {
 	}
 	if float64(stored) != ran || st.Executions.Shared != copies {
 		t.Errorf("status: %d executions and %d shared, want %v and %d", stored, st.Executions.Shared, ran, copies)
+	}
+}
+
+// A run removes the work directories that a killed one left, each with its
+// copy of the task's data, and says so: nothing else would, and restarts
+// over days would fill the disk with them.
+func TestARunRemovesTheWorkDirectoriesAKilledOneLeft(t *testing.T) {
+	tmp, err := os.MkdirTemp("", "wmrl-leftovers-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	os.Chmod(tmp, 0o755) // the code's user passes through it to its directory
+	t.Setenv("TMPDIR", tmp)
+	left := filepath.Join(sandbox.WorkParent(), "wmrl-exec-00112233445566778899aabbccddeeff")
+	if err := os.MkdirAll(filepath.Join(left, "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(left, "model.pt"), bytes.Repeat([]byte{1}, 3<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(filepath.Join(left, "data"), 0o555) // as an execution has it
+	dir, _ := housingTask(t)
+	cfg := testConfig(t)
+	cfg.TaskDir, cfg.Steps = dir, 1
+	said := runSaid(t, cfg)
+	if want := "execute: removed 1 work directory (3.0 MiB) that a killed wmrl left in " + sandbox.WorkParent(); !strings.Contains(said, want) {
+		t.Errorf("the run said:\n%s\nwant %q", said, want)
+	}
+	if _, err := os.Stat(left); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the directory a killed run left is still there: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -199,6 +200,9 @@ func namespaceTools() *nsSupport {
 		}
 		ns := &nsTools
 		ns.unshare, ns.setpriv, ns.userNS = unshare, setpriv, os.Geteuid() != 0
+		// util-linux 2.33 (2018) and later; RHEL 8's 2.32 has no --pdeathsig.
+		help, _ := exec.Command(setpriv, "--help").Output()
+		ns.pdeathsig = bytes.Contains(help, []byte("--pdeathsig"))
 		try := func(argv ...string) bool {
 			argv = append(append(append(ns.flags(), argv...), ns.drop(65534)...), "/bin/sh", "-c", "exit 0")
 			return exec.Command(unshare, argv...).Run() == nil
@@ -223,6 +227,9 @@ type nsSupport struct {
 	// wmrl's user outside, with no capabilities: it cannot undo the
 	// mounts that hide the host's /tmp.
 	userNS bool
+	// pdeathsig: setpriv can set the parent-death signal after it changes
+	// the user (drop).
+	pdeathsig bool
 }
 
 // flags are unshare's flags for an execution's namespaces.
@@ -236,12 +243,21 @@ func (ns *nsSupport) flags() []string {
 // drop is setpriv's command line that runs the code as uid (as root), or
 // as the user namespace's root without capabilities (not root), with
 // no_new_privs either way: no setuid program gives privileges back.
+//
+// With --pdeathsig the namespace's init (setpriv's process) is killed
+// with unshare, and the namespace with it: unshare's --kill-child sets
+// that signal, but the kernel clears it when the process changes its user,
+// as it does here as root, and the code would then outlive a killed wmrl.
 func (ns *nsSupport) drop(uid uint32) []string {
+	argv := []string{ns.setpriv}
+	if ns.pdeathsig {
+		argv = append(argv, "--pdeathsig", "SIGKILL")
+	}
 	if ns.userNS {
-		return []string{ns.setpriv, "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--"}
+		return append(argv, "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--")
 	}
 	u := strconv.FormatUint(uint64(uid), 10)
-	return []string{ns.setpriv, "--reuid", u, "--regid", u, "--clear-groups", "--no-new-privs", "--"}
+	return append(argv, "--reuid", u, "--regid", u, "--clear-groups", "--no-new-privs", "--")
 }
 
 var nsTools nsSupport
@@ -254,13 +270,17 @@ func Isolation() string {
 	if ns.userNS {
 		where = "in namespaces of its own, in a user namespace (as its root, which is this user outside, without capabilities)"
 	}
+	outlives := ""
+	if ns.ok && !ns.userNS && !ns.pdeathsig {
+		outlives = "; an execution outlives a killed wmrl, up to its CPU-time limit (this setpriv has no --pdeathsig)"
+	}
 	switch {
 	case ns.privateTmp:
-		return where + ": no network, its own processes and /proc, its own System V IPC, its directory as /tmp and /var/tmp, its own /dev/shm and other directories every user may write, the task's answers and wmrl's data out of view"
+		return where + ": no network, its own processes and /proc, its own System V IPC, its directory as /tmp and /var/tmp, its own /dev/shm and other directories every user may write, the task's answers and wmrl's data out of view" + outlives
 	case ns.ok:
-		return where + ": no network, its own processes and /proc, its own System V IPC; the host's /tmp and /dev/shm, and the task's answers and wmrl's data where permissions let it (mount refused)"
+		return where + ": no network, its own processes and /proc, its own System V IPC; the host's /tmp and /dev/shm, and the task's answers and wmrl's data where permissions let it (mount refused)" + outlives
 	case os.Geteuid() == 0:
 		return "in network, PID and IPC namespaces where the kernel allows them (no util-linux unshare and setpriv): the host's /proc, /tmp and /dev/shm"
 	}
-	return "not isolated (not root, and no user namespaces through util-linux unshare and setpriv here): network reachable, the host's /tmp and /dev/shm"
+	return "not isolated (not root, and no user namespaces through util-linux unshare and setpriv here): network reachable, the host's /tmp and /dev/shm; code outlives a killed wmrl, up to its CPU-time limit"
 }

@@ -22,6 +22,27 @@ import (
 	"github.com/wmrl/wmrl/stages/execute"
 )
 
+// TestMain gives the package's tests a TMPDIR of their own, and with it a
+// WorkParent of their own: the work directories a killed run of them left
+// would otherwise count among theirs. A test's helper process keeps its
+// test's.
+func TestMain(m *testing.M) {
+	if tmp := os.Getenv("TMPDIR"); tmp != "" && os.Getenv("WMRL_SANDBOX_TEST_TMPDIR") == tmp {
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "wmrl-sandbox-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Chmod(dir, 0o755) // the code's user passes through it to its own
+	os.Setenv("TMPDIR", dir)
+	os.Setenv("WMRL_SANDBOX_TEST_TMPDIR", dir)
+	code := m.Run()
+	removeWorkDir(dir) // read-only directories and all
+	os.Exit(code)
+}
+
 // housing generates the example task into a temporary directory.
 func housing(t testing.TB) *Task {
 	t.Helper()

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -215,11 +216,14 @@ func (s *Subprocess) run(ctx context.Context, code string, data bool) (run Run, 
 		return Run{}, err
 	}
 	defer freeGPUs()
-	dir, err := newWorkDir()
+	dir, held, err := newWorkDir()
 	if err != nil {
 		return Run{}, fmt.Errorf("sandbox: work dir: %w", err)
 	}
-	defer func() { run.Leftover = removeWorkDir(dir) }()
+	defer func() {
+		run.Leftover = removeWorkDir(dir)
+		held.Close()
+	}()
 	if err := s.prepare(dir, code, data, uid); err != nil {
 		return Run{}, err
 	}
@@ -322,8 +326,19 @@ func (c *capped) String() string {
 
 // start runs argv, a shell that runs the code as its child, as uid when
 // root; isolate puts it in network, PID and IPC namespaces of its own.
+//
+// What start starts is killed when wmrl dies, however it dies: killed
+// (SIGKILL, the OOM killer) before its timer could stop the code, wmrl
+// used to leave it running with nothing to enforce its wall clock, holding
+// its GPUs and its user, which the restarted wmrl gives to the next
+// execution. The kernel sends the parent-death signal when the thread
+// that started the process ends, not the process: the goroutine stays on
+// that thread until the process is reaped, so that the Go runtime cannot
+// end the thread under it.
 func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolate bool, uid uint32, gpus []string) (Run, error) {
-	attr := &syscall.SysProcAttr{Setpgid: true}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	attr := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	l := s.limits()
 	ns := namespaceTools()
 	viaUnshare := isolate && ns.ok

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -62,8 +63,47 @@ func WorkParent() string {
 	return filepath.Join(os.TempDir(), fmt.Sprintf("wmrl-execs-%d", os.Geteuid()))
 }
 
-// newWorkDir makes an execution's directory in WorkParent.
-func newWorkDir() (string, error) {
+// newWorkDir makes an execution's directory in WorkParent and holds it:
+// held keeps an exclusive flock on the directory until it is closed
+// (after the directory is removed), which tells RemoveLeftovers, in this
+// process or another, that it is in use. It is made under a shared flock
+// of the parent, which a sweep takes exclusively, so that a sweep never
+// finds a directory made and not yet held.
+func newWorkDir() (dir string, held *os.File, err error) {
+	parent, err := workParent()
+	if err != nil {
+		return "", nil, err
+	}
+	p, err := os.Open(parent)
+	if err != nil {
+		return "", nil, err
+	}
+	defer p.Close() // and its flock with it
+	if err := flock(p, syscall.LOCK_SH); err != nil {
+		return "", nil, fmt.Errorf("lock %s: %w", parent, err)
+	}
+	var name [16]byte
+	rand.Read(name[:])
+	dir = filepath.Join(parent, workDirPrefix+hex.EncodeToString(name[:]))
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", nil, err
+	}
+	if held, err = os.Open(dir); err == nil {
+		err = flock(held, syscall.LOCK_EX|syscall.LOCK_NB)
+	}
+	if err != nil {
+		os.Remove(dir)
+		return "", nil, fmt.Errorf("hold %s: %w", dir, err)
+	}
+	return dir, held, nil
+}
+
+// workDirPrefix begins the name of every execution's directory.
+const workDirPrefix = "wmrl-exec-"
+
+// workParent makes WorkParent when it is not there, and checks that it is
+// this user's own, listable by no other.
+func workParent() (string, error) {
 	parent := WorkParent()
 	if err := os.Mkdir(parent, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
 		return "", err
@@ -82,13 +122,72 @@ func newWorkDir() (string, error) {
 			return "", err
 		}
 	}
-	var name [16]byte
-	rand.Read(name[:])
-	dir := filepath.Join(parent, "wmrl-exec-"+hex.EncodeToString(name[:]))
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return "", err
+	return parent, nil
+}
+
+// flock is flock(2) on f, again when a signal interrupts it.
+func flock(f *os.File, how int) error {
+	for {
+		if err := syscall.Flock(int(f.Fd()), how); err != syscall.EINTR {
+			return err
+		}
 	}
-	return dir, nil
+}
+
+// RemoveLeftovers removes the work directories in WorkParent that no
+// process holds: those whose wmrl was killed (SIGKILL, the OOM killer, a
+// preempted node) before it could remove them, each with a copy of its
+// task's data and up to the disk limit of what its code wrote. Nothing
+// else removes them, and a run of days restarted now and then would fill
+// the disk with them. The directories of other wmrl processes running on
+// this machine as this user (`wmrl stage execute` started twice) are
+// left alone: each process holds its own. It returns how many it removed
+// and the disk space they took.
+func RemoveLeftovers() (removed int, size int64, err error) {
+	parent := WorkParent()
+	p, err := os.Open(parent)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	defer p.Close()
+	if _, err := workParent(); err != nil {
+		return 0, 0, err
+	}
+	if err := flock(p, syscall.LOCK_EX); err != nil {
+		return 0, 0, fmt.Errorf("lock %s: %w", parent, err)
+	}
+	names, err := p.Readdirnames(-1)
+	var stale []string
+	for _, name := range names {
+		if !strings.HasPrefix(name, workDirPrefix) {
+			continue
+		}
+		dir := filepath.Join(parent, name)
+		d, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+		if err != nil {
+			continue // gone, or not a directory: not an execution's
+		}
+		if flock(d, syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+			d.Close() // held: an execution under way
+			continue
+		}
+		defer d.Close() // held by this sweep until it is removed
+		stale = append(stale, dir)
+	}
+	flock(p, syscall.LOCK_UN)
+	errs := []error{err}
+	for _, dir := range stale {
+		n := blocksUnder(dir, "")
+		if err := removeWorkDir(dir); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed, size = removed+1, size+n
+	}
+	return removed, size, errors.Join(errs...)
 }
 
 // removeWorkDir removes an execution's directory. Its data/ is read-only,
@@ -163,16 +262,18 @@ func watchDisk(dir string, limit int64, full chan<- int64) (stop func()) {
 	return func() { close(quit); <-ended }
 }
 
-// diskUse is the disk space the files under dir take (their blocks: a
-// sparse file counts what it holds), but for dir's data/.
-func diskUse(dir string) int64 {
+// diskUse is the disk space the files under dir take, but for dir's data/.
+func diskUse(dir string) int64 { return blocksUnder(dir, filepath.Join(dir, "data")) }
+
+// blocksUnder is the disk space the files under dir take (their blocks: a
+// sparse file counts what it holds), but for the directory except.
+func blocksUnder(dir, except string) int64 {
 	var n int64
-	data := filepath.Join(dir, "data")
 	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		switch {
 		case err != nil:
 			return nil // gone while walked, or unreadable: what is left counts
-		case d.IsDir() && path == data:
+		case d.IsDir() && path == except:
 			return filepath.SkipDir
 		}
 		if info, err := d.Info(); err == nil {

@@ -1,11 +1,17 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -142,4 +148,89 @@ func TestAWorkParentNotOfThisUserIsRefused(t *testing.T) {
 	if fi, err := os.Stat(WorkParent()); err != nil || fi.Mode().Perm() != 0o711 {
 		t.Errorf("the work parent after a run: %v %v; want mode 0711", fi.Mode(), err)
 	}
+}
+
+// A wmrl killed with an execution under way (SIGKILL, the OOM killer, a
+// preempted node) takes the execution with it, and its work directory,
+// which nothing else removes, goes at the next start, while one in use by
+// another process is kept. Before, the code ran on with nothing to
+// enforce its wall clock, holding its GPUs and its user for the restarted
+// wmrl to give out again, and the directories, each with a copy of the
+// task's data, piled up across restarts.
+func TestAnExecutionEndsWithTheWmrlThatStartedIt(t *testing.T) {
+	task := housing(t)
+	mark := fmt.Sprintf("wmrl-killed-%d", rand.Int64())
+	helper := exec.Command(os.Args[0], "-test.run=^TestHelperKilledWithAnExecution$", "-test.count=1", "-test.v")
+	helper.Env = append(os.Environ(), "WMRL_TEST_KILLED_TASK="+task.Dir, "WMRL_TEST_KILLED_MARK="+mark)
+	var out bytes.Buffer
+	helper.Stdout, helper.Stderr = &out, &out
+	if err := helper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer helper.Process.Kill()
+	marked := filepath.Join(WorkParent(), workDirPrefix+"*", mark)
+	deadline := time.Now().Add(30 * time.Second)
+	for found, _ := filepath.Glob(marked); len(found) == 0; found, _ = filepath.Glob(marked) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the helper's execution did not start in 30 s:\n%s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(withArg(mark)) == 0 {
+		t.Fatal("no process carries the execution's mark: the test cannot tell")
+	}
+	helper.Process.Kill()
+	helper.Wait()
+	deadline = time.Now().Add(10 * time.Second)
+	for len(withArg(mark)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if left := withArg(mark); len(left) > 0 {
+		for _, pid := range left {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		t.Fatalf("%d processes of the execution (%v) outlived the wmrl that started it by 10 s (%s)", len(left), left, Isolation())
+	}
+
+	// Another process's execution under way: its directory is held.
+	live, held, err := newWorkDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { removeWorkDir(live); held.Close() }()
+	stale, _ := filepath.Glob(marked)
+	if len(stale) != 1 {
+		t.Fatalf("the killed helper left %d directories with its mark, want 1", len(stale))
+	}
+	removed, size, err := RemoveLeftovers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if removed != 1 || size < blocksUnder(task.PublicDir(), "") {
+		t.Errorf("RemoveLeftovers removed %d directories of %d bytes, want 1 of at least the task's data", removed, size)
+	}
+	if _, err := os.Stat(filepath.Dir(stale[0])); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the killed helper's directory is still there: %v", err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("the directory of an execution under way was removed: %v", err)
+	}
+}
+
+// The helper of TestAnExecutionEndsWithTheWmrlThatStartedIt: a wmrl with
+// an execution under way, which that test kills.
+func TestHelperKilledWithAnExecution(t *testing.T) {
+	mark := os.Getenv("WMRL_TEST_KILLED_MARK")
+	if mark == "" {
+		t.Skip("run by TestAnExecutionEndsWithTheWmrlThatStartedIt")
+	}
+	task, err := LoadTask(os.Getenv("WMRL_TEST_KILLED_TASK"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := exe(task)
+	s.Limits.Timeout = 10 * time.Minute
+	s.Command = []string{"python3", "solution.py", mark}
+	r, err := s.Run(context.Background(), "import sys, time\nopen(sys.argv[1], 'w').close()\ntime.sleep(600)\n")
+	t.Fatalf("the execution ended before this process was killed: %+v, %v", r, err)
 }
