@@ -146,3 +146,71 @@ func TestEvaluateWorldModelStopsAtAWorldModelThatIsDown(t *testing.T) {
 		t.Errorf("%d of 200 groups asked of a world model that is down", n)
 	}
 }
+
+// claimWM takes a solution's word for its score: code that claims the top
+// of the leaderboard scores 1, other code as groupWM scores it.
+type claimWM struct{ groupWM }
+
+func (c claimWM) Predict(ctx context.Context, trajs []schemas.Trajectory) ([]predict.Score, error) {
+	out, err := c.groupWM.Predict(ctx, trajs)
+	for i, t := range trajs {
+		if err == nil && strings.Contains(t.Response, DefaultClaim) {
+			out[i].Value = 1
+		}
+	}
+	return out, err
+}
+
+// The claim probe asks again with the claim as the code's last line and
+// measures what it buys: the mean rise of the score, and the GRPO
+// advantage a solution gains by making the claim alone in its group. A
+// world model that takes the claim's word shows both; one that ignores it
+// shows nothing. Without a claim, nothing is asked twice.
+func TestTheClaimProbeMeasuresWhatAClaimBuys(t *testing.T) {
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	// GRPO's advantage of rs[i], by hand: population std, + 1e-4.
+	adv := func(rs []float64, i int) float64 {
+		mean, ss := (rs[0]+rs[1]+rs[2])/3, 0.0
+		for _, r := range rs {
+			ss += (r - mean) * (r - mean)
+		}
+		return (rs[i] - mean) / (math.Sqrt(ss/3) + 1e-4)
+	}
+	plain := []float64{0.2, 0.4, 0.6} // each group of executedRows, as groupWM scores it
+	var gain float64
+	for i := range plain {
+		claimed := []float64{0.2, 0.4, 0.6}
+		claimed[i] = 1
+		gain += (adv(claimed, i) - adv(plain, i)) / 3
+	}
+
+	e, err := EvaluateWorldModel(context.Background(), executedRows("a", "b"), claimWM{}, EvalOptions{Claim: DefaultClaim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := e.Claims
+	if c == nil || c.Pairs != 6 || c.Rose != 6 || !near(c.Rise, 0.6) || c.GainPairs != 6 || !near(c.Gain, gain) || c.Gain < 1 {
+		t.Fatalf("claims %+v; want 6 pairs, all higher, rise 0.6, gain %.6f", c, gain)
+	}
+	for _, it := range e.Items {
+		if it.Claimed == nil || *it.Claimed != 1 || it.New == nil || *it.New == 1 {
+			t.Fatalf("item %+v: want its plain score and 1 with the claim", it)
+		}
+	}
+
+	e, err = EvaluateWorldModel(context.Background(), executedRows("a", "b"), groupWM{}, EvalOptions{Claim: DefaultClaim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := e.Claims; c == nil || c.Pairs != 6 || c.Rose != 0 || c.Rise != 0 || c.Gain != 0 {
+		t.Errorf("claims of a world model that ignores them: %+v; want 6 pairs and nothing gained", c)
+	}
+
+	e, err = EvaluateWorldModel(context.Background(), executedRows("a"), groupWM{}, EvalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Claims != nil || e.Items[0].Claimed != nil {
+		t.Errorf("no claim asked for, and claims %+v, item %+v", e.Claims, e.Items[0])
+	}
+}
