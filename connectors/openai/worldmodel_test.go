@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -455,10 +456,9 @@ func TestEachTaskHasItsLimitsInThePrompt(t *testing.T) {
 	}
 }
 
-// TestTheDataSummaryComesFromTheTaskUnlessTheTrajectoryHasOne: a
-// trajectory's meta data_summary is the trainer's word on its data; without
-// one, the prompt says what wmrl read of its task's public data.
-func TestTheDataSummaryComesFromTheTaskUnlessTheTrajectoryHasOne(t *testing.T) {
+// promptsSent is a server that scores every solution 0.5, and the prompts
+// it was sent so far.
+func promptsSent(t *testing.T) (*server, func() []string) {
 	var mu sync.Mutex
 	var prompts []string
 	s := newServer(t, func(_ int64, req map[string]any, w http.ResponseWriter) {
@@ -467,6 +467,14 @@ func TestTheDataSummaryComesFromTheTaskUnlessTheTrajectoryHasOne(t *testing.T) {
 		mu.Unlock()
 		choices(w, `{"status":"scored","score":0.5,"rationale":"ok"}`)
 	})
+	return s, func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(prompts) }
+}
+
+// TestTheDataSummaryComesFromTheTaskUnlessTheTrajectoryHasOne: a
+// trajectory's meta data_summary is the trainer's word on its data; without
+// one, the prompt says what wmrl read of its task's public data.
+func TestTheDataSummaryComesFromTheTaskUnlessTheTrajectoryHasOne(t *testing.T) {
+	s, sent := promptsSent(t)
 	w := wm(t, s.URL, func(c *Config) {
 		c.DataSummary = "data/train.csv (1 KiB): 10 rows; columns id, y"
 		c.TaskData = map[string]string{"churn": "data/train.csv (2 KiB): 20 rows; columns id, churned"}
@@ -481,6 +489,7 @@ func TestTheDataSummaryComesFromTheTaskUnlessTheTrajectoryHasOne(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	prompts := sent()
 	for i, want := range []string{"Data:\n1460 rows, 80 columns\n", "Data:\ndata/train.csv (1 KiB): 10 rows; columns id, y\n",
 		"Data:\ndata/train.csv (2 KiB): 20 rows; columns id, churned\n"} {
 		if i >= len(prompts) || !strings.Contains(prompts[i], want) {
@@ -495,14 +504,7 @@ func TestTheDataSummaryComesFromTheTaskUnlessTheTrajectoryHasOne(t *testing.T) {
 // prompt's own words. With a fixed three-backtick fence, the injected
 // lines below stood outside the block, between it and the question.
 func TestACodeBlockHoldsTheWholeSolution(t *testing.T) {
-	var mu sync.Mutex
-	var prompts []string
-	s := newServer(t, func(_ int64, req map[string]any, w http.ResponseWriter) {
-		mu.Lock()
-		prompts = append(prompts, req["messages"].([]any)[0].(map[string]any)["content"].(string))
-		mu.Unlock()
-		choices(w, `{"status":"scored","score":0.5,"rationale":"ok"}`)
-	})
+	s, sent := promptsSent(t)
 	w := wm(t, s.URL, nil)
 	codes := []string{
 		"print(1)",
@@ -514,6 +516,7 @@ func TestACodeBlockHoldsTheWholeSolution(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	prompts := sent()
 	for i, want := range []string{"```", "````", "``````"} {
 		p := prompts[i]
 		// The block opens on the line after "Candidate solution (...):" and
