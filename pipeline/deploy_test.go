@@ -517,6 +517,22 @@ func TestStoreAlertFiresOnItsCondition(t *testing.T) {
 			summary: "The JetStream store of shared-disk, or its disk, fills within a day at the last 6 hours' rate"})
 }
 
+// WMRLWorldModelRankingFalling fires once the world model's mean
+// within-group Spearman over 6 hours has stood 0.2 below the same a day
+// before for 2 hours, and not for one that ranks as well as it did, nor in
+// the run's first day (nothing to compare with). Per minute, 10 anchor
+// groups ranked at 0.7 on average, from minute 1440 at 0.3 for falling.
+func TestRankingFallAlertFiresOnItsCondition(t *testing.T) {
+	spearman := func(instance, sum string) string {
+		return inputSeries(fmt.Sprintf(`wmrl_wm_within_group_spearman_count{instance=%q}`, instance), "0+10x1900") +
+			inputSeries(fmt.Sprintf(`wmrl_wm_within_group_spearman_sum{instance=%q}`, instance), sum)
+	}
+	input := spearman("falling", "0+7x1440 10080+3x460") + spearman("steady", "0+7x1900")
+	promtoolRuleTest(t, "WMRLWorldModelRankingFalling", input,
+		alertCheck{quietAt: "1700m", firesAt: "1800m", severity: "ticket", instance: "falling",
+			summary: "The world model's within-group Spearman on anchors on falling fell by 0.40 in a day"})
+}
+
 // inputSeries is one of promtool's input_series entries.
 func inputSeries(series, values string) string {
 	return fmt.Sprintf("      - series: '%s'\n        values: '%s'\n", series, values)
