@@ -55,6 +55,21 @@ func promptedCode(msg string) string {
 	return code
 }
 
+// readCSV reads a whole CSV file.
+func readCSV(t *testing.T, path string) [][]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := csv.NewReader(f).ReadAll()
+	if err != nil || len(recs) == 0 {
+		t.Fatalf("%s: %d records, %v", path, len(recs), err)
+	}
+	return recs
+}
+
 // simulatedArchive runs the simulated pipeline for 12 steps and returns
 // its archive's root; code: with the anchors' code.
 func simulatedArchive(t *testing.T, ctx context.Context, code bool) string {
@@ -124,14 +139,9 @@ func TestWMEvalSetsAWorldModelAgainstTheRecordedOne(t *testing.T) {
 			t.Errorf("wm-eval with the oracle does not say %s", want)
 		}
 	}
-	f, err := os.Open(csvPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	recs, err := csv.NewReader(f).ReadAll()
-	f.Close()
-	if err != nil || len(recs) != len(executed)+1 {
-		t.Fatalf("CSV: %d records (%v), want a header and %d", len(recs), err, len(executed))
+	recs := readCSV(t, csvPath)
+	if len(recs) != len(executed)+1 {
+		t.Fatalf("CSV: %d records, want a header and %d", len(recs), len(executed))
 	}
 	for _, rec := range recs[1:] {
 		if rec[5] != rec[7] || rec[6] == "" || rec[8] != "scored" {
@@ -200,14 +210,9 @@ func TestWMEvalMeasuresWhatAClaimInTheCodeBuys(t *testing.T) {
 	if !regexp.MustCompile(want).MatchString(out) {
 		t.Errorf("wm-eval --claim-probe with a judge that believes the claim does not say %s", want)
 	}
-	f, err := os.Open(csvPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	recs, err := csv.NewReader(f).ReadAll()
-	f.Close()
-	if err != nil || len(recs) != n+1 || recs[0][len(recs[0])-1] != "predicted_with_claim" {
-		t.Fatalf("CSV: %d records (%v), header %v; want %d with predicted_with_claim last", len(recs), err, recs[0], n)
+	recs := readCSV(t, csvPath)
+	if len(recs) != n+1 || recs[0][len(recs[0])-1] != "predicted_with_claim" {
+		t.Fatalf("CSV: %d records, header %v; want %d with predicted_with_claim last", len(recs), recs[0], n)
 	}
 	for _, rec := range recs[1:] {
 		if rec[len(rec)-1] != "1" || rec[7] != rec[5] {
