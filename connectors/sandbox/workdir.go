@@ -74,26 +74,20 @@ func newWorkDir() (dir string, held *os.File, err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	p, err := os.Open(parent)
+	p, err := lockDir(parent, syscall.LOCK_SH)
 	if err != nil {
 		return "", nil, err
 	}
 	defer p.Close() // and its flock with it
-	if err := flock(p, syscall.LOCK_SH); err != nil {
-		return "", nil, fmt.Errorf("lock %s: %w", parent, err)
-	}
 	var name [16]byte
 	rand.Read(name[:])
 	dir = filepath.Join(parent, workDirPrefix+hex.EncodeToString(name[:]))
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return "", nil, err
 	}
-	if held, err = os.Open(dir); err == nil {
-		err = flock(held, syscall.LOCK_EX|syscall.LOCK_NB)
-	}
-	if err != nil {
+	if held, err = lockDir(dir, syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		os.Remove(dir)
-		return "", nil, fmt.Errorf("hold %s: %w", dir, err)
+		return "", nil, err
 	}
 	return dir, held, nil
 }
@@ -125,13 +119,25 @@ func workParent() (string, error) {
 	return parent, nil
 }
 
-// flock is flock(2) on f, again when a signal interrupts it.
-func flock(f *os.File, how int) error {
+// lockDir opens the directory path (not a symlink) and takes its flock
+// how, again when a signal interrupts the wait; closing the file
+// releases it.
+func lockDir(path string, how int) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
 	for {
-		if err := syscall.Flock(int(f.Fd()), how); err != syscall.EINTR {
-			return err
+		err = syscall.Flock(int(f.Fd()), how)
+		if err != syscall.EINTR {
+			break
 		}
 	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return f, nil
 }
 
 // RemoveLeftovers removes the work directories in WorkParent that no
@@ -144,20 +150,16 @@ func flock(f *os.File, how int) error {
 // left alone: each process holds its own. It returns how many it removed
 // and the disk space they took.
 func RemoveLeftovers() (removed int, size int64, err error) {
-	parent := WorkParent()
-	p, err := os.Open(parent)
-	if errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Lstat(WorkParent()); errors.Is(err, fs.ErrNotExist) {
 		return 0, 0, nil
 	}
+	parent, err := workParent()
 	if err != nil {
 		return 0, 0, err
 	}
-	defer p.Close()
-	if _, err := workParent(); err != nil {
+	p, err := lockDir(parent, syscall.LOCK_EX)
+	if err != nil {
 		return 0, 0, err
-	}
-	if err := flock(p, syscall.LOCK_EX); err != nil {
-		return 0, 0, fmt.Errorf("lock %s: %w", parent, err)
 	}
 	names, err := p.Readdirnames(-1)
 	var stale []string
@@ -166,18 +168,14 @@ func RemoveLeftovers() (removed int, size int64, err error) {
 			continue
 		}
 		dir := filepath.Join(parent, name)
-		d, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+		d, err := lockDir(dir, syscall.LOCK_EX|syscall.LOCK_NB)
 		if err != nil {
-			continue // gone, or not a directory: not an execution's
-		}
-		if flock(d, syscall.LOCK_EX|syscall.LOCK_NB) != nil {
-			d.Close() // held: an execution under way
-			continue
+			continue // held (an execution under way), gone, or not an execution's
 		}
 		defer d.Close() // held by this sweep until it is removed
 		stale = append(stale, dir)
 	}
-	flock(p, syscall.LOCK_UN)
+	p.Close() // executions may start again while the sweep removes
 	errs := []error{err}
 	for _, dir := range stale {
 		n := blocksUnder(dir, "")
