@@ -33,6 +33,9 @@ func testConfig(t *testing.T) Config {
 	cfg.ExecLatency = time.Millisecond
 	cfg.Debiaser = calibrate.DebiaserConfig{MinPairs: 32, RefitEvery: 16, BufferSize: 1000, Bins: 10}
 	cfg.Denoiser = fuse.DenoiserConfig{Warmup: 4}
+	// A run without --steps closes its archive file every 10 s; a test
+	// that waits for rows to be archived need not wait that long.
+	cfg.ArchiveMaxAge = time.Second
 	return cfg
 }
 
