@@ -61,7 +61,9 @@ func FuzzReadADamagedFile(f *testing.F) {
 // rows or an error naming the file, and those past what the parquet reader
 // survives (the page index's offsets pointing past its end, say) are
 // ErrDamaged, saying what to do. Before, the reader's panic ended the
-// process.
+// process; and a footer whose row group held more rows than the file
+// sent the read out of bounds (change 880, once the rows had two more
+// columns).
 func TestADamagedFileIsRefusedNotCrashedOn(t *testing.T) {
 	dir := t.TempDir()
 	w, err := OpenWriter(WriterConfig{Dir: dir, Run: "r", MaxRows: 1 << 20, MaxAge: time.Hour})
@@ -86,7 +88,7 @@ func TestADamagedFileIsRefusedNotCrashedOn(t *testing.T) {
 		case err == nil:
 		case !strings.Contains(err.Error(), "part-000000000000.parquet"):
 			t.Fatalf("change %d: %v does not name the file", i, err)
-		case errors.Is(err, ErrDamaged) && !strings.Contains(err.Error(), "part-000000000000.parquet: damaged: the parquet reader failed on it") ||
+		case errors.Is(err, ErrDamaged) && !strings.Contains(err.Error(), "part-000000000000.parquet: damaged: ") ||
 			errors.Is(err, ErrDamaged) && !strings.Contains(err.Error(), "move it out of"):
 			t.Fatalf("change %d: %v", i, err)
 		case errors.Is(err, ErrDamaged):

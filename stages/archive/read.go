@@ -106,8 +106,15 @@ func Scan(files []string, fn func([]Row) error) error {
 		if err != nil {
 			return err
 		}
+		at := 0
 		for _, rg := range pf.RowGroups() {
-			rows := make([]Row, rg.NumRows())
+			n := int(rg.NumRows())
+			if err := rowGroupFits(path, n, at, int(pf.NumRows())); err != nil {
+				f.Close()
+				return err
+			}
+			at += n
+			rows := make([]Row, n)
 			if err := decodeRowGroup(path, pf, rg, vals, rows, true); err != nil {
 				f.Close()
 				return err
@@ -118,6 +125,17 @@ func Scan(files []string, fn func([]Row) error) error {
 			}
 		}
 		f.Close()
+	}
+	return nil
+}
+
+// rowGroupFits checks that a row group of n rows, after at rows of the
+// file, fits in the file's total: a damaged footer can say otherwise, and
+// the rows are laid out (or allocated) by these counts.
+func rowGroupFits(path string, n, at, total int) error {
+	if n < 0 || n > total-at {
+		return fmt.Errorf("archive: %s: %w: its footer has a row group of %d rows after %d, in a file of %d; move it out of %s to read the rest",
+			filepath.Base(path), ErrDamaged, n, at, total, filepath.Dir(path))
 	}
 	return nil
 }
@@ -194,6 +212,9 @@ func readFileInto(path string, vals []parquet.Value, dst []Row) error {
 	at := 0
 	for _, rg := range pf.RowGroups() {
 		n := int(rg.NumRows())
+		if err := rowGroupFits(path, n, at, len(dst)); err != nil {
+			return err
+		}
 		if err := decodeRowGroup(path, pf, rg, vals, dst[at:at+n], false); err != nil {
 			return err
 		}
