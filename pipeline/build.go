@@ -801,7 +801,7 @@ func (p *Pipeline) noteLimits(executor string, tasks []*sandbox.Task, limits map
 		more = fmt.Sprintf("; a step waits %v for its anchors (--anchor-deadline): slower ones are fused on the world model (late anchors)", p.cfg.AnchorDeadline)
 	}
 	if p.cfg.ExecCopiesOnce {
-		more += "; an anchor group's copies of a solution run once (--exec-copies-once)"
+		more += "; a solution runs once in the run, its copies in any anchor group taking its outcome (--exec-copies-once)"
 	}
 	if len(tasks) > 1 {
 		more += "; each trajectory on the task its task_id names"

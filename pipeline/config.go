@@ -191,9 +191,10 @@ type Config struct {
 	// executions at once per execute process (default 16).
 	ExecLatency time.Duration
 	ExecSlots   int
-	// ExecCopiesOnce runs an anchor group's copies of a solution (the same
-	// prompt and response) once and gives the copies its outcome
-	// (execute.Handler.CopiesOnce): for executions that are deterministic.
+	// ExecCopiesOnce runs a solution (the same task, prompt and response)
+	// once in the run and gives its copies, in its anchor group and in
+	// later ones, its outcome (execute.Handler.CopiesOnce): for executions
+	// that are deterministic.
 	ExecCopiesOnce bool
 	// ExecDownAfter: after this many executions in a row have failed (the
 	// executor's own errors, not a solution's), anchor groups are published

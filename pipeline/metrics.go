@@ -69,7 +69,7 @@ type Metrics struct {
 	Executions       *prometheus.CounterVec
 	ExecutionSeconds prometheus.Histogram
 	// ExecutionsShared counts the anchor trajectories that took the
-	// execution of a copy in their group (--exec-copies-once).
+	// execution of a copy of their solution (--exec-copies-once).
 	ExecutionsShared prometheus.Counter
 	// ExecutionsWaiting are the executions waiting, by what for: a slot
 	// (--exec-slots all busy), a user (--exec-uids) or a set of GPUs
@@ -219,7 +219,7 @@ func NewMetrics() *Metrics {
 		Help:    "How long the anchor executions this process ran took (the executor's own timing).",
 		Buckets: prometheus.ExponentialBuckets(0.1, 2, 16)})
 	m.ExecutionsShared = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "executions_shared_total",
-		Help: "Anchor trajectories this process did not execute because a copy in their group (the same prompt and response) was, whose outcome they took (--exec-copies-once)."})
+		Help: "Anchor trajectories this process did not execute because a copy of their solution (the same task, prompt and response), in their group or another, was, whose outcome they took (--exec-copies-once)."})
 	m.ExecutionsWaiting = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "wmrl", Name: "executions_waiting",
 		Help: "Anchor executions of this process waiting to start, by what for: slot (every one of --exec-slots busy), user (every one of --exec-uids taken), gpus (every set of --exec-gpus taken)."},
 		[]string{"for"})

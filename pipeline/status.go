@@ -93,7 +93,7 @@ type ExecutionsStatus struct {
 	Groups   int
 	ByStatus map[string]int // execution status to trajectories executed
 	// Shared: the trajectories not executed, that took a copy's outcome
-	// in their group (--exec-copies-once); not in ByStatus.
+	// (--exec-copies-once); not in ByStatus.
 	Shared int
 	// ByCause counts the executions that did not score by execute.Cause
 	// of their detail.

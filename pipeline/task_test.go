@@ -405,9 +405,10 @@ func TestTheWorldModelIsToldTheExecutionLimits(t *testing.T) {
 
 // TestCopiesOfASolutionAreExecutedOnceInARun: with --exec-copies-once, a
 // run of the example task (5 candidate solutions, groups of 8, so most
-// groups hold copies) runs each anchor group's distinct solutions once in
-// the sandbox, and says it does; the archive marks every copy with the
-// trajectory it shares, its true score the sandbox's grade of the
+// groups hold copies, and every group the solutions of others)
+// runs each distinct solution once in the run, and says it does; the
+// archive marks every copy with the trajectory that ran (its step and
+// group when another), its true score the sandbox's grade of the
 // solution, its seconds 0.
 func TestCopiesOfASolutionAreExecutedOnceInARun(t *testing.T) {
 	dir, _ := housingTask(t)
@@ -426,7 +427,7 @@ func TestCopiesOfASolutionAreExecutedOnceInARun(t *testing.T) {
 	if err := p.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "; an anchor group's copies of a solution run once (--exec-copies-once)\n") {
+	if !strings.Contains(out.String(), "; a solution runs once in the run, its copies in any anchor group taking its outcome (--exec-copies-once)\n") {
 		t.Errorf("the run did not say that copies run once:\n%s", out.String())
 	}
 	rows, err := archive.ReadAll(cfg.ArchiveRoot(), cfg.Run)
@@ -434,20 +435,25 @@ func TestCopiesOfASolutionAreExecutedOnceInARun(t *testing.T) {
 		t.Fatal(err)
 	}
 	pol, _ := sim.NewTaskPolicy("default", dir, task.Name, task.Description, 0, 4, 8)
-	code := map[string]string{}
+	type at struct {
+		step        int64
+		group, traj string
+	}
+	code := map[at]string{}
 	for step := range int64(3) {
 		trajs, _ := pol.Step(step)
 		for _, tr := range trajs {
-			code[tr.TrajID] = tr.Response
+			code[at{step, tr.GroupID, tr.TrajID}] = tr.Response
 		}
 	}
-	byTraj := map[string]archive.Row{}
+	byTraj := map[at]archive.Row{}
 	for _, r := range rows {
-		byTraj[r.TrajID] = r
+		byTraj[at{r.Step, r.GroupID, r.TrajID}] = r
 	}
-	anchors, copies := 0, 0
-	distinct := map[[2]string]bool{} // group, solution
+	anchors, copies, elsewhere := 0, 0, 0
+	distinct, perGroup := map[string]bool{}, map[[2]string]bool{}
 	for _, r := range rows {
+		here := at{r.Step, r.GroupID, r.TrajID}
 		if !r.IsAnchor {
 			if r.ExecCopyOf != nil {
 				t.Errorf("%s, not an anchor, is a copy of %s", r.TrajID, *r.ExecCopyOf)
@@ -455,32 +461,45 @@ func TestCopiesOfASolutionAreExecutedOnceInARun(t *testing.T) {
 			continue
 		}
 		anchors++
-		distinct[[2]string{r.GroupID, code[r.TrajID]}] = true
+		distinct[code[here]] = true
+		perGroup[[2]string{fmt.Sprint(r.Step, r.GroupID), code[here]}] = true
 		if r.ExecCopyOf == nil {
 			continue
 		}
 		copies++
-		first, ok := byTraj[*r.ExecCopyOf]
+		of := at{r.Step, r.GroupID, *r.ExecCopyOf}
+		if (r.ExecCopyStep == nil) != (r.ExecCopyGroup == nil) {
+			t.Errorf("%s names the step %v and group %v of the one it copies: both or neither", r.TrajID, r.ExecCopyStep, r.ExecCopyGroup)
+		} else if r.ExecCopyStep != nil {
+			of = at{*r.ExecCopyStep, *r.ExecCopyGroup, *r.ExecCopyOf}
+			elsewhere++
+			if of.step == r.Step && of.group == r.GroupID {
+				t.Errorf("%s of step %d names step %d, group %s", r.TrajID, r.Step, of.step, of.group)
+			}
+		}
+		first, ok := byTraj[of]
 		switch {
-		case !ok || first.GroupID != r.GroupID || code[first.TrajID] != code[r.TrajID] || first.ExecCopyOf != nil:
-			t.Errorf("%s is a copy of %s, which is not an executed copy of its solution in its group", r.TrajID, *r.ExecCopyOf)
+		case !ok || code[of] != code[here] || first.ExecCopyOf != nil:
+			t.Errorf("%s is a copy of %+v, which is not an executed copy of its solution", r.TrajID, of)
 		case r.TrueScore == nil || first.TrueScore == nil || *r.TrueScore != *first.TrueScore:
 			t.Errorf("%s's true score %v, %s's %v", r.TrajID, r.TrueScore, first.TrajID, first.TrueScore)
 		case r.ExecSeconds == nil || *r.ExecSeconds != 0 || first.ExecSeconds == nil || *first.ExecSeconds == 0:
 			t.Errorf("%s took %v seconds as a copy; %s took %v", r.TrajID, r.ExecSeconds, first.TrajID, first.ExecSeconds)
 		}
 	}
-	if anchors != 3*2*8 || copies == 0 {
-		t.Fatalf("%d anchor rows, %d copies; want 48, some copies", anchors, copies)
+	if anchors != 3*2*8 || elsewhere == 0 || len(distinct) >= len(perGroup) {
+		t.Fatalf("%d anchor rows, %d copies, %d of another group's; %d distinct solutions, %d counted by group: want 48 rows, copies of other groups, fewer solutions in the run than by group",
+			anchors, copies, elsewhere, len(distinct), len(perGroup))
 	}
 	ran := 0.0
 	for _, s := range schemas.ExecStatuses {
 		ran += testutil.ToFloat64(p.Metrics().Executions.WithLabelValues(s))
 	}
 	if ran != float64(len(distinct)) || ran != float64(anchors-copies) || testutil.ToFloat64(p.Metrics().ExecutionsShared) != float64(copies) {
-		t.Fatalf("the sandbox ran %v executions, %v shared, for %d anchor trajectories: want one per distinct solution of a group, %d, and %d copies",
+		t.Fatalf("the sandbox ran %v executions, %v shared, for %d anchor trajectories: want one per distinct solution of the run, %d, and %d copies",
 			ran, testutil.ToFloat64(p.Metrics().ExecutionsShared), anchors, len(distinct), copies)
 	}
+	t.Logf("the sandbox ran %v executions for %d anchor trajectories (%d distinct solutions counted by group, as a group's copies alone ran them)", ran, anchors, len(perGroup))
 	// wmrl status counts the executions run, and the copies apart.
 	st, err := ReadStatus(ctx, StreamSource{DataDir: cfg.DataDir, Prefix: cfg.Prefix}, cfg.Run)
 	if err != nil {

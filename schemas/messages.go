@@ -102,8 +102,11 @@ type UpdateItem struct {
 	ExecSeconds *float64 `json:"exec_seconds"`
 	ExecDetail  string   `json:"exec_detail,omitempty"`
 	// ExecCopyOf: the trajectory whose execution this anchor's shares
-	// (schemas.ExecItem.CopyOf); empty when it ran its own.
-	ExecCopyOf string `json:"exec_copy_of,omitempty"`
+	// (schemas.ExecItem.CopyOf); empty when it ran its own. ExecCopyStep
+	// and ExecCopyGroup: its step and group, when not this item's group.
+	ExecCopyOf    string `json:"exec_copy_of,omitempty"`
+	ExecCopyStep  *int64 `json:"exec_copy_step,omitempty"`
+	ExecCopyGroup string `json:"exec_copy_group,omitempty"`
 	// WMVerdict: the status the world model predicted, and WMRationale
 	// its reason, when it says them; on anchor groups' items only, where
 	// there is a truth to set them against (a sentence on every item would
@@ -251,10 +254,16 @@ type ExecItem struct {
 	Status  string   `json:"status"`
 	Seconds float64  `json:"seconds"`
 	Detail  string   `json:"detail,omitempty"`
-	// CopyOf names the trajectory of the group whose execution this one
-	// shares: the same prompt and response, run once (execute's
+	// CopyOf names the trajectory whose execution this one shares: the
+	// same task, prompt and response, run once (execute's
 	// --exec-copies-once). Its Seconds are 0: it took no sandbox time.
-	CopyOf string `json:"copy_of,omitempty"`
+	// CopyStep and CopyGroup say where that trajectory was, when not in
+	// this group: another anchor group of the run, executed first (of any
+	// step: steps in flight execute at once). Trajectory ids are a
+	// step's, and may repeat in another.
+	CopyOf    string `json:"copy_of,omitempty"`
+	CopyStep  *int64 `json:"copy_step,omitempty"`
+	CopyGroup string `json:"copy_group,omitempty"`
 }
 
 // PairGroup is an anchor group's (prediction, truth) pairs (internal:

@@ -98,6 +98,8 @@ var columns = []column{
 	{"response", func(r []Row, i int, v parquet.Value, c *colState) { r[i].Response = c.text(i, v, false) }},
 	{"response_bytes", func(r []Row, i int, v parquet.Value, c *colState) { r[i].ResponseBytes = c.int(i, v) }},
 	{"exec_copy_of", func(r []Row, i int, v parquet.Value, c *colState) { r[i].ExecCopyOf = c.text(i, v, false) }},
+	{"exec_copy_step", func(r []Row, i int, v parquet.Value, c *colState) { r[i].ExecCopyStep = c.int(i, v) }},
+	{"exec_copy_group", func(r []Row, i int, v parquet.Value, c *colState) { r[i].ExecCopyGroup = c.text(i, v, false) }},
 }
 
 // codeColumns hold the anchors' trajectories: kilobytes a row where the
@@ -108,7 +110,8 @@ var codeColumns = map[string]bool{"prompt": true, "response": true}
 // laterColumns were added to Row after archives were first written: a file
 // without one reads it as null (its zero value), and a merge (Compact)
 // rewrites such a file with the column.
-var laterColumns = map[string]bool{"exec_detail": true, "wm_verdict": true, "wm_rationale": true, "prompt": true, "response": true, "response_bytes": true, "exec_copy_of": true}
+var laterColumns = map[string]bool{"exec_detail": true, "wm_verdict": true, "wm_rationale": true, "prompt": true, "response": true, "response_bytes": true, "exec_copy_of": true,
+	"exec_copy_step": true, "exec_copy_group": true}
 
 // missingColumns lists the later columns schema lacks.
 func missingColumns(schema *parquet.Schema) []string {
@@ -141,12 +144,12 @@ func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, r
 		switch col.name {
 		case "predicted", "true_score", "calibrated", "reward", "exec_seconds":
 			st.floats = make([]float64, n)
-		case "response_bytes":
+		case "response_bytes", "exec_copy_step":
 			st.ints = make([]int64, n)
 		case "exec_status", "wm_verdict":
 			st.texts = make([]string, n)
 			st.strs = map[string]string{}
-		case "exec_detail", "wm_rationale", "prompt", "response", "exec_copy_of":
+		case "exec_detail", "wm_rationale", "prompt", "response", "exec_copy_of", "exec_copy_group":
 			st.texts = make([]string, n)
 		default:
 			st.strs = map[string]string{}

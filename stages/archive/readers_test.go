@@ -198,7 +198,8 @@ func runReader(t *testing.T, env []string, name string, args ...string) map[stri
 func ourAggregates(rows []Row) map[string]string {
 	steps := map[int64]bool{}
 	tasks, runs := map[string]bool{}, map[string]bool{}
-	var predicted, truth, status, details, copies, verdicts, rationales, prompts, responses, responseChars, anchors, late int
+	var predicted, truth, status, details, copies, copyGroups, verdicts, rationales, prompts, responses, responseChars, anchors, late int
+	var copySteps int64
 	var responseBytes int64
 	var fusedByStep, calibrated float64
 	first := rows[0].TS
@@ -214,6 +215,10 @@ func ourAggregates(rows []Row) map[string]string {
 		count(r.ExecStatus != nil, &status)
 		count(r.ExecDetail != nil, &details)
 		count(r.ExecCopyOf != nil, &copies)
+		count(r.ExecCopyGroup != nil, &copyGroups)
+		if r.ExecCopyStep != nil {
+			copySteps += *r.ExecCopyStep
+		}
 		count(r.WMVerdict != nil, &verdicts)
 		count(r.WMRationale != nil, &rationales)
 		count(r.Prompt != nil, &prompts)
@@ -239,7 +244,8 @@ func ourAggregates(rows []Row) map[string]string {
 	itoa := strconv.Itoa
 	return map[string]string{
 		"rows": itoa(len(rows)), "steps": itoa(len(steps)), "predicted": itoa(predicted),
-		"true_scores": itoa(truth), "exec_statuses": itoa(status), "exec_details": itoa(details), "exec_copies": itoa(copies), "wm_verdicts": itoa(verdicts), "wm_rationales": itoa(rationales), "anchors": itoa(anchors),
+		"true_scores": itoa(truth), "exec_statuses": itoa(status), "exec_details": itoa(details), "exec_copies": itoa(copies),
+		"exec_copy_groups": itoa(copyGroups), "exec_copy_steps": strconv.FormatInt(copySteps, 10), "wm_verdicts": itoa(verdicts), "wm_rationales": itoa(rationales), "anchors": itoa(anchors),
 		"prompts": itoa(prompts), "responses": itoa(responses), "response_chars": itoa(responseChars),
 		"response_bytes": strconv.FormatInt(responseBytes, 10),
 		"late":           itoa(late), "runs": strings.Join(slices.Sorted(maps.Keys(runs)), ","),

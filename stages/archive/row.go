@@ -92,11 +92,17 @@ type Row struct {
 	// ResponseBytes is the response's length, beside it: Read leaves the
 	// code out but reads this, for the audit's bias by solution length.
 	ResponseBytes *int64 `parquet:"response_bytes,optional"`
-	// ExecCopyOf names the trajectory of the group whose execution this
-	// anchor's shares (the same prompt and response, run once, under
+	// ExecCopyOf names the trajectory whose execution this anchor's
+	// shares (the same task, prompt and response, run once, under
 	// --exec-copies-once; its exec_seconds are 0), null when it ran its
 	// own. Added after the first archives (see laterColumns).
 	ExecCopyOf *string `parquet:"exec_copy_of,optional"`
+	// ExecCopyStep and ExecCopyGroup say where that trajectory was when
+	// not in this row's group: another anchor group of the run, executed
+	// first, whose outcome --exec-copies-once reused (null otherwise).
+	// Added after the first archives (see laterColumns).
+	ExecCopyStep  *int64  `parquet:"exec_copy_step,optional"`
+	ExecCopyGroup *string `parquet:"exec_copy_group,optional"`
 }
 
 // UpdateKey and LateKey name what a file holds, so that a redelivered
@@ -139,6 +145,7 @@ func FromUpdate(u schemas.Update) ([]Row, []LateGroup) {
 			CalibrationSeq: u.CalibrationSeq, AbsorbedSeq: it.AbsorbedSeq, D: u.D,
 		}
 		r.ExecStatus, r.ExecDetail, r.ExecCopyOf = nonEmpty(it.ExecStatus), nonEmpty(it.ExecDetail), nonEmpty(it.ExecCopyOf)
+		r.ExecCopyStep, r.ExecCopyGroup = it.ExecCopyStep, nonEmpty(it.ExecCopyGroup)
 		r.WMVerdict, r.WMRationale = nonEmpty(it.WMVerdict), nonEmpty(it.WMRationale)
 		if lg != nil {
 			s := ExecLate

@@ -12,7 +12,7 @@ import (
 // before the exec_detail column (at f81bfa1): three files of run "r".
 
 // later are the columns added since.
-var later = []string{"exec_detail", "wm_verdict", "wm_rationale", "prompt", "response", "response_bytes", "exec_copy_of"}
+var later = []string{"exec_detail", "wm_verdict", "wm_rationale", "prompt", "response", "response_bytes", "exec_copy_of", "exec_copy_step", "exec_copy_group"}
 
 // oldArchive copies it into root as run.
 func oldArchive(t *testing.T, root, run string) {
@@ -72,6 +72,7 @@ func TestAnArchiveFromBeforeExecDetailReadsAsBefore(t *testing.T) {
 	_, want := writeReaderFixture(t)
 	for i := range want {
 		want[i].ExecDetail, want[i].WMVerdict, want[i].WMRationale, want[i].Prompt, want[i].Response, want[i].ResponseBytes, want[i].ExecCopyOf = nil, nil, nil, nil, nil, nil, nil
+		want[i].ExecCopyStep, want[i].ExecCopyGroup = nil, nil
 	}
 	if !reflect.DeepEqual(old, want) {
 		t.Fatalf("the old archive read %d rows unlike what wrote it (%d rows)", len(old), len(want))

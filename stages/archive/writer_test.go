@@ -28,6 +28,10 @@ func testUpdate(step int64, late ...string) schemas.Update {
 				if i == 2 { // the same solution as a1's, run once
 					it.ExecCopyOf = "a1"
 				}
+				if i == 0 && step > 0 { // the same solution as a0's of the step before
+					before := step - 1
+					it.ExecCopyOf, it.ExecCopyStep, it.ExecCopyGroup = "a0", &before, "a"
+				}
 				if i == 1 {
 					it.ExecDetail = fmt.Sprintf("step %d: (not isolated: no permission for network and PID namespaces)", step)
 					it.WMRationale = "reads the data as the task says"

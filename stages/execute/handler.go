@@ -5,6 +5,8 @@ package execute
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -68,12 +70,14 @@ type Handler struct {
 	// outcome (not those it failed on, nor those not run): for metrics, and
 	// to notice when none of them scores.
 	Executed func(schemas.ExecItem)
-	// CopiesOnce runs a group's copies of a solution (the same prompt and
-	// response) once, and gives each copy that execution's outcome, with
-	// CopyOf naming it. Right where an execution is deterministic (a test
-	// suite); where its score varies with the run (a training run's seed)
-	// the copies' scores are no longer independent draws. Shared, if set,
-	// is told of each copy that did not run.
+	// CopiesOnce runs a solution (the same task, prompt and response)
+	// once in the run: its copies in the group, and in other anchor groups
+	// while this process, or Store, still has its outcome, take that
+	// outcome, with CopyOf naming the trajectory that ran (and CopyStep,
+	// CopyGroup where, when another group). Right where an execution is
+	// deterministic (a test suite); where its score varies with the run (a
+	// training run's seed) the copies' scores are no longer independent
+	// draws. Shared, if set, is told of each copy that did not run.
 	CopiesOnce bool
 	Shared     func(schemas.ExecItem)
 
@@ -85,6 +89,9 @@ type Handler struct {
 	done  map[string]schemas.ExecItem
 	order []string
 	keep  int
+	// running holds the solutions (CopiesOnce) whose execution is under
+	// way, so that a copy in another group waits for it rather than run.
+	running map[string]chan struct{}
 }
 
 // NewHandler builds the stage with at most slots executions at once.
@@ -93,7 +100,7 @@ func NewHandler(run, out string, pub message.Publisher, exe Executor, slots int)
 		slots = 8
 	}
 	return &Handler{Run: run, Out: out, Pub: pub, Exe: exe, Slots: make(chan struct{}, slots),
-		done: map[string]schemas.ExecItem{}, keep: 4096}
+		done: map[string]schemas.ExecItem{}, keep: 8192}
 }
 
 // Outcomes keeps executions' outcomes by key (a trajectory's step, group
@@ -105,6 +112,50 @@ type Outcomes interface {
 
 func doneKey(g schemas.Group, t schemas.Trajectory) string {
 	return fmt.Sprintf("%d/%s/%s", g.Step, g.GroupID, t.TrajID)
+}
+
+// solutionKey names t's solution within the run (CopiesOnce): a digest
+// of its task, prompt and response, whose lengths keep the three apart.
+func solutionKey(t schemas.Trajectory) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%s%d:%s%d:%s", len(t.TaskID), t.TaskID, len(t.Prompt), t.Prompt, len(t.Response), t.Response)
+	return "solution/" + hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// sharedFrom is the outcome of t's execution as its copies in other
+// groups take it: naming t, its group and step, with no sandbox time.
+func sharedFrom(g schemas.Group, t schemas.Trajectory, it schemas.ExecItem) schemas.ExecItem {
+	step := g.Step
+	it.CopyOf, it.CopyStep, it.CopyGroup, it.Seconds = t.TrajID, &step, g.GroupID, 0
+	return it
+}
+
+// claim takes solution key for the caller to execute, unless this
+// process has its outcome by now (done: a copy in another group ran it
+// since the caller looked), or another group of it is executing it now
+// (under: closed once that execution has ended, its outcome remembered).
+func (h *Handler) claim(key string) (it schemas.ExecItem, done bool, under <-chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if it, ok := h.done[key]; ok {
+		return it, true, nil
+	}
+	if ch, ok := h.running[key]; ok {
+		return it, false, ch
+	}
+	if h.running == nil {
+		h.running = map[string]chan struct{}{}
+	}
+	h.running[key] = make(chan struct{})
+	return it, false, nil
+}
+
+// release ends a claim: the execution is over.
+func (h *Handler) release(key string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	close(h.running[key])
+	delete(h.running, key)
 }
 
 // outcome is key's outcome if this process has it, or else Store has.
@@ -169,49 +220,116 @@ func (h *Handler) Handle(msg *message.Message) error {
 	// The outcomes already paid for, looked up together: one round trip
 	// to the store for the group, not one per trajectory.
 	have := make([]bool, len(g.Trajectories))
+	reused := make([]bool, len(g.Trajectories)) // the outcome of a copy in another group
+	runs := h.runs(g.Trajectories)
 	var lookups sync.WaitGroup
 	for i, t := range g.Trajectories {
-		lookups.Go(func() { items[i], have[i] = h.outcome(ctx, doneKey(g, t)) })
+		lookups.Go(func() {
+			if items[i], have[i] = h.outcome(ctx, doneKey(g, t)); have[i] || runs[i] != i || !h.CopiesOnce {
+				return
+			}
+			if it, ok := h.outcome(ctx, solutionKey(t)); ok {
+				it.TrajID = t.TrajID
+				items[i], reused[i] = it, true
+			}
+		})
 	}
 	lookups.Wait()
 	downs := make([]*breaker.DownError, len(g.Trajectories)) // not run, or failed, while the executor is down
-	runs := h.runs(g.Trajectories)
-	for i, t := range g.Trajectories {
-		if have[i] || runs[i] != i {
-			continue
+	// run executes trajectory i, its call to the breaker and a slot taken.
+	run := func(i int, t schemas.Trajectory, call breaker.Call) {
+		defer h.giveSlot()
+		r, err := h.Exe.Execute(ctx, t)
+		downs[i] = call.End(ctx, err)
+		if err != nil {
+			errs[i] = err
+			return
 		}
-		key := doneKey(g, t)
+		it := item(t, r)
+		items[i] = it
+		if h.Executed != nil {
+			h.Executed(it)
+		}
+		if it.Score != nil { // a sandbox error is no outcome: a rerun may score
+			h.remember(ctx, doneKey(g, t), it)
+			if h.CopiesOnce {
+				h.remember(ctx, solutionKey(t), sharedFrom(g, t, it))
+			}
+		}
+	}
+	// await waits for the execution of t's solution under way in another
+	// group and takes its outcome; if that execution gave none (its
+	// executor failed, or a sandbox error), t runs here.
+	await := func(i int, t schemas.Trajectory, under <-chan struct{}) {
+		select {
+		case <-under:
+		case <-ctx.Done():
+			errs[i] = ctx.Err()
+			return
+		}
+		if it, ok := h.outcome(ctx, solutionKey(t)); ok {
+			it.TrajID = t.TrajID
+			items[i], reused[i] = it, true
+			return
+		}
 		call, err := h.Breaker.Ask()
 		if err != nil {
+			errs[i] = err
+			errors.As(err, &downs[i])
+			return
+		}
+		if err := h.takeSlot(ctx); err != nil {
+			call.Abandoned()
+			errs[i] = err
+			return
+		}
+		run(i, t, call)
+	}
+	for i, t := range g.Trajectories {
+		if have[i] || reused[i] || runs[i] != i {
+			continue
+		}
+		release := func() {}
+		if h.CopiesOnce {
+			key := solutionKey(t)
+			it, done, under := h.claim(key)
+			switch {
+			case done:
+				it.TrajID = t.TrajID
+				items[i], reused[i] = it, true
+				continue
+			case under != nil: // another group runs it now: take its outcome
+				wg.Go(func() { await(i, t, under) })
+				continue
+			}
+			release = func() { h.release(key) }
+		}
+		call, err := h.Breaker.Ask()
+		if err != nil {
+			release()
 			errs[i] = err
 			errors.As(err, &downs[i])
 			continue
 		}
 		if err := h.takeSlot(ctx); err != nil {
+			release()
 			call.Abandoned()
 			return fmt.Errorf("execute: group %s: %w", g.GroupID, err)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer h.giveSlot()
-			r, err := h.Exe.Execute(ctx, t)
-			downs[i] = call.End(ctx, err)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			it := item(t, r)
-			items[i] = it
-			if h.Executed != nil {
-				h.Executed(it)
-			}
-			if it.Score != nil { // a sandbox error is no outcome: a rerun may score
-				h.remember(ctx, key, it)
-			}
-		}()
+		wg.Go(func() {
+			defer release() // after its outcome is remembered
+			run(i, t, call)
+		})
 	}
 	wg.Wait()
+	for i, t := range g.Trajectories {
+		if reused[i] {
+			if h.Shared != nil {
+				h.Shared(items[i])
+			}
+			h.remember(ctx, doneKey(g, t), items[i])
+		}
+	}
 	for i, t := range g.Trajectories {
 		if have[i] || runs[i] == i {
 			continue
@@ -222,7 +340,10 @@ func (h *Handler) Handle(msg *message.Message) error {
 			continue
 		}
 		it := items[first]
-		it.TrajID, it.Seconds, it.CopyOf = t.TrajID, 0, g.Trajectories[first].TrajID
+		if it.CopyOf == "" { // else first took it from another group: name the one that ran
+			it.CopyOf = g.Trajectories[first].TrajID
+		}
+		it.TrajID, it.Seconds = t.TrajID, 0
 		items[i] = it
 		if h.Shared != nil {
 			h.Shared(it)
@@ -306,17 +427,17 @@ func (h *Handler) giveSlot() {
 }
 
 // runs maps each trajectory to the one whose execution it takes: itself,
-// or under CopiesOnce the first of the group with the same prompt and
-// response.
+// or under CopiesOnce the first of the group with the same task, prompt
+// and response.
 func (h *Handler) runs(ts []schemas.Trajectory) []int {
 	runs := make([]int, len(ts))
-	first := map[[2]string]int{}
+	first := map[[3]string]int{}
 	for i, t := range ts {
 		runs[i] = i
 		if !h.CopiesOnce {
 			continue
 		}
-		k := [2]string{t.Prompt, t.Response}
+		k := [3]string{t.TaskID, t.Prompt, t.Response}
 		if f, ok := first[k]; ok {
 			runs[i] = f
 		} else {

@@ -357,7 +357,7 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 				if x, ok := execs[id]; ok {
 					sec := x.Seconds
 					rec.TrueScore, rec.ExecStatus, rec.ExecSeconds, rec.ExecDetail = x.Score, x.Status, &sec, x.Detail
-					rec.ExecCopyOf = x.CopyOf
+					rec.ExecCopyOf, rec.ExecCopyStep, rec.ExecCopyGroup = x.CopyOf, x.CopyStep, x.CopyGroup
 				}
 				rec.AbsorbedSeq = cal.seq
 			}

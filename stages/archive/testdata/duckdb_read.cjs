@@ -18,6 +18,8 @@ const { DuckDBInstance } = require('@duckdb/node-api');
            count(exec_status)::BIGINT AS exec_statuses,
            count(exec_detail)::BIGINT AS exec_details,
            count(exec_copy_of)::BIGINT AS exec_copies,
+           count(exec_copy_group)::BIGINT AS exec_copy_groups,
+           coalesce(sum(exec_copy_step), 0)::BIGINT AS exec_copy_steps,
            count(wm_verdict)::BIGINT AS wm_verdicts,
            count(wm_rationale)::BIGINT AS wm_rationales,
            count(prompt)::BIGINT AS prompts,

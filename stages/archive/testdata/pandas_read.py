@@ -24,6 +24,8 @@ print(json.dumps({
     "exec_statuses": str(int(df["exec_status"].notna().sum())),
     "exec_details": str(int(df["exec_detail"].notna().sum())) if "exec_detail" in df else "no column",
     "exec_copies": str(int(df["exec_copy_of"].notna().sum())) if "exec_copy_of" in df else "no column",
+    "exec_copy_groups": str(int(df["exec_copy_group"].notna().sum())) if "exec_copy_group" in df else "no column",
+    "exec_copy_steps": str(int(df["exec_copy_step"].fillna(0).sum())) if "exec_copy_step" in df else "no column",
     "wm_verdicts": str(int(df["wm_verdict"].notna().sum())) if "wm_verdict" in df else "no column",
     "wm_rationales": str(int(df["wm_rationale"].notna().sum())) if "wm_rationale" in df else "no column",
     "prompts": str(int(df["prompt"].notna().sum())) if "prompt" in df else "no column",
