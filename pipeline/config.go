@@ -193,7 +193,7 @@ type Config struct {
 	ExecSlots   int
 	// ExecCopiesOnce runs a solution (the same task, prompt and response)
 	// once in the run and gives its copies, in its anchor group and in
-	// later ones, its outcome (execute.Handler.CopiesOnce): for executions
+	// others, its outcome (execute.Handler.CopiesOnce): for executions
 	// that are deterministic.
 	ExecCopiesOnce bool
 	// ExecDownAfter: after this many executions in a row have failed (the
