@@ -3,11 +3,9 @@ package gateway
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"strconv"
@@ -147,24 +145,12 @@ func (g *Gateway) askWorldModel(ctx context.Context, trajs []schemas.Trajectory)
 	return g.cfg.WorldModel.Predict(ctx, trajs)
 }
 
-// digest names a solution's content in 32 bytes: what the gateway keeps of
-// solutions for a run of days is their digests, not their text.
+// digest names a solution's content in 32 bytes (schemas.Digest): what
+// the gateway keeps of solutions for a run of days is their digests, not
+// their text.
 type digest [sha256.Size]byte
 
-// digestOf hashes parts, each prefixed with its length so that no two
-// different lists of parts run together alike.
-func digestOf(parts ...string) digest {
-	h := sha256.New()
-	var n [8]byte
-	for _, p := range parts {
-		binary.LittleEndian.PutUint64(n[:], uint64(len(p)))
-		h.Write(n[:])
-		io.WriteString(h, p)
-	}
-	var d digest
-	h.Sum(d[:0])
-	return d
-}
+func digestOf(parts ...string) digest { return schemas.Digest(parts...) }
 
 // prediction is the world model's score of one solution: done closes when
 // the call ends, with score or err.

@@ -5,7 +5,6 @@ package execute
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -115,11 +114,10 @@ func doneKey(g schemas.Group, t schemas.Trajectory) string {
 }
 
 // solutionKey names t's solution within the run (CopiesOnce): a digest
-// of its task, prompt and response, whose lengths keep the three apart.
+// of its task, prompt and response.
 func solutionKey(t schemas.Trajectory) string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%d:%s%d:%s%d:%s", len(t.TaskID), t.TaskID, len(t.Prompt), t.Prompt, len(t.Response), t.Response)
-	return "solution/" + hex.EncodeToString(h.Sum(nil)[:16])
+	d := schemas.Digest(t.TaskID, t.Prompt, t.Response)
+	return "solution/" + hex.EncodeToString(d[:16])
 }
 
 // sharedFrom is the outcome of t's execution as its copies in other
