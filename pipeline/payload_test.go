@@ -162,3 +162,38 @@ func TestAGroupTooLargeForTheServerIsSkipped(t *testing.T) {
 		t.Fatalf("replay of the archive: %+v, %v", sum, err)
 	}
 }
+
+// A trajectory's meta reaches the stages' subjects (group, exec) as its
+// trainer published it, through the real server. Decoded into Go values
+// at route, as it was, an integer past 2^53 reached them rounded.
+func TestATrajectorysMetaReachesTheStagesAsSent(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source = SourceExternal
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, nc, js := startClient(t, ctx, cfg)
+	const meta = `{"sample_id":12345678901234567890,"lr":0.1,"tags":["a","b"]}`
+	for g := range 2 {
+		for i := range 4 {
+			tr := fmt.Sprintf(`{"schema":1,"run":"default","step":0,"group_id":"g%d","traj_id":"g%d-t%d","group_size":4,"task_id":"t%d","prompt":"p","response":"print(%d)","policy_version":0,"meta":%s}`, g, g, i, g, i, meta)
+			if _, err := js.Publish(ctx, "wmrl.default.traj", []byte(tr)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := js.Publish(ctx, "wmrl.default.step", []byte(`{"schema":1,"run":"default","step":0,"groups":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool { return len(scanAll(t, nc, "wmrl.default.update")) == 1 })
+	for subject, want := range map[string]int{"wmrl.default.group": 2, "wmrl.default.exec": 1} {
+		groups := scanAll(t, nc, subject)
+		if len(groups) != want {
+			t.Fatalf("%s: %d groups, want %d", subject, len(groups), want)
+		}
+		for _, b := range groups {
+			if n := strings.Count(string(b), `"meta":`+meta); n != 4 {
+				t.Errorf("%s: %d of the group's 4 trajectories carry their meta as sent:\n%s", subject, n, b)
+			}
+		}
+	}
+}

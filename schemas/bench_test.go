@@ -13,7 +13,7 @@ func benchTrajectory(b *testing.B) []byte {
 		Schema: Version, Run: "default", Step: 12, GroupID: "s12-g0003", TrajID: "s12-g0003-t5",
 		GroupSize: 8, TaskID: "task-07", Prompt: "Sort a list of integers in place, stably.",
 		Response: "def solve(xs):\n    xs.sort()\n    return xs\n", PolicyVersion: 12,
-		Meta: map[string]any{"quality": 0.4123},
+		Meta: Meta(`{"quality":0.4123}`),
 	}
 	data, err := stdjson.Marshal(t)
 	if err != nil {
@@ -82,4 +82,16 @@ func BenchmarkDecodeUpdate(b *testing.B) {
 		var u Update
 		return Decode(d, "default", &u)
 	})
+}
+
+// BenchmarkMetaGet: one field of a trajectory's meta, as the simulator
+// reads the quality of every trajectory it scores.
+func BenchmarkMetaGet(b *testing.B) {
+	m := Meta(`{"step":12,"group":3,"note":{"a":[1,2,3]},"sim_quality":0.4123}`)
+	for b.Loop() {
+		var q float64
+		if ok, err := m.Get("sim_quality", &q); !ok || err != nil || q != 0.4123 {
+			b.Fatal(ok, err, q)
+		}
+	}
 }

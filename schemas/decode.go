@@ -86,17 +86,17 @@ func CheckRun(got, want string) error {
 // or invalid field.
 func DecodeTrajectory(data []byte) (Trajectory, error) {
 	var r struct {
-		Schema        *int           `json:"schema"`
-		Run           *string        `json:"run"`
-		Step          *int64         `json:"step"`
-		GroupID       *string        `json:"group_id"`
-		TrajID        *string        `json:"traj_id"`
-		GroupSize     *int           `json:"group_size"`
-		TaskID        *string        `json:"task_id"`
-		Prompt        *string        `json:"prompt"`
-		Response      *string        `json:"response"`
-		PolicyVersion *int64         `json:"policy_version"`
-		Meta          map[string]any `json:"meta"`
+		Schema        *int    `json:"schema"`
+		Run           *string `json:"run"`
+		Step          *int64  `json:"step"`
+		GroupID       *string `json:"group_id"`
+		TrajID        *string `json:"traj_id"`
+		GroupSize     *int    `json:"group_size"`
+		TaskID        *string `json:"task_id"`
+		Prompt        *string `json:"prompt"`
+		Response      *string `json:"response"`
+		PolicyVersion *int64  `json:"policy_version"`
+		Meta          Meta    `json:"meta"`
 	}
 	if err := decodeJSON(data, &r); err != nil {
 		return Trajectory{}, err

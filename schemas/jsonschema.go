@@ -47,7 +47,10 @@ func JSONSchema(d Documented) ([]byte, error) {
 	return buf.Bytes(), err
 }
 
-var timeType = reflect.TypeOf(time.Time{})
+var (
+	timeType = reflect.TypeOf(time.Time{})
+	metaType = reflect.TypeOf(Meta{})
+)
 
 func schemaOf(t reflect.Type) map[string]any {
 	nullable := false
@@ -58,6 +61,8 @@ func schemaOf(t reflect.Type) map[string]any {
 	switch {
 	case t == timeType:
 		s = map[string]any{"type": "string", "format": "date-time"}
+	case t == metaType:
+		s = map[string]any{"type": "object"}
 	case t.Kind() == reflect.String:
 		s = map[string]any{"type": "string"}
 	case t.Kind() == reflect.Bool:

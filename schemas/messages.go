@@ -4,17 +4,17 @@ import "time"
 
 // Trajectory is one candidate solution (public, in: <prefix>.<run>.traj).
 type Trajectory struct {
-	Schema        int            `json:"schema"`
-	Run           string         `json:"run"`
-	Step          int64          `json:"step"`
-	GroupID       string         `json:"group_id"`
-	TrajID        string         `json:"traj_id"`
-	GroupSize     int            `json:"group_size"`
-	TaskID        string         `json:"task_id"`
-	Prompt        string         `json:"prompt"`
-	Response      string         `json:"response"`
-	PolicyVersion int64          `json:"policy_version"`
-	Meta          map[string]any `json:"meta"`
+	Schema        int    `json:"schema"`
+	Run           string `json:"run"`
+	Step          int64  `json:"step"`
+	GroupID       string `json:"group_id"`
+	TrajID        string `json:"traj_id"`
+	GroupSize     int    `json:"group_size"`
+	TaskID        string `json:"task_id"`
+	Prompt        string `json:"prompt"`
+	Response      string `json:"response"`
+	PolicyVersion int64  `json:"policy_version"`
+	Meta          Meta   `json:"meta,omitempty"`
 }
 
 // StepClose is a step's watermark (public, in: <prefix>.<run>.step): the

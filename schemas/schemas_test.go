@@ -41,7 +41,8 @@ func TestJSONSchemaFilesUpToDate(t *testing.T) {
 func TestDecodeTrajectoryNamesWhatIsWrong(t *testing.T) {
 	ok := `{"schema":1,"run":"r","step":3,"group_id":"g","traj_id":"t","group_size":4,"task_id":"x","prompt":"","response":"print(1)","policy_version":7,"meta":{"k":1}}`
 	tr, err := DecodeTrajectory([]byte(ok))
-	if err != nil || tr.Step != 3 || tr.GroupSize != 4 || tr.Meta["k"] != 1.0 {
+	var k float64
+	if found, merr := tr.Meta.Get("k", &k); err != nil || tr.Step != 3 || tr.GroupSize != 4 || !found || merr != nil || k != 1 {
 		t.Fatalf("valid trajectory: %+v %v", tr, err)
 	}
 	for _, tc := range []struct{ payload, want string }{
@@ -52,6 +53,9 @@ func TestDecodeTrajectoryNamesWhatIsWrong(t *testing.T) {
 		{strings.Replace(ok, `"step":3`, `"step":-1`, 1), "step -1"},
 		{strings.Replace(ok, `"run":"r"`, `"run":"a.b"`, 1), `run "a.b"`},
 		{strings.Replace(ok, `"step":3`, `"step":"3"`, 1), "malformed JSON"},
+		{strings.Replace(ok, `{"k":1}`, `[1]`, 1), "meta is an array, want an object"},
+		{strings.Replace(ok, `{"k":1}`, `"k"`, 1), "meta is a string, want an object"},
+		{strings.Replace(ok, `{"k":1}`, `{"k":}`, 1), "malformed JSON"},
 	} {
 		_, err := DecodeTrajectory([]byte(tc.payload))
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {

@@ -273,7 +273,10 @@ func (w *WorldModel) dataSummary(task string) string {
 // way (copies of one solution in a group, once a policy converges on a
 // task) waits for that request rather than paying for another.
 func (w *WorldModel) one(ctx context.Context, t schemas.Trajectory) (predict.Score, error) {
-	summary, _ := t.Meta["data_summary"].(string)
+	var summary string
+	if _, err := t.Meta.Get("data_summary", &summary); err != nil {
+		summary = "" // not a string: the process's own summary instead
+	}
 	if summary == "" {
 		summary = w.dataSummary(t.TaskID)
 	}

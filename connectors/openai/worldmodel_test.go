@@ -78,7 +78,7 @@ func wm(t *testing.T, url string, tweak func(*Config)) *WorldModel {
 
 func traj(id, code string) schemas.Trajectory {
 	return schemas.Trajectory{TrajID: id, TaskID: "house-prices", Prompt: "Predict prices.", Response: code,
-		Meta: map[string]any{"data_summary": "1460 rows, 80 columns"}}
+		Meta: schemas.Meta(`{"data_summary":"1460 rows, 80 columns"}`)}
 }
 
 func TestPredictsFromStructuredReplies(t *testing.T) {

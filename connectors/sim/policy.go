@@ -49,7 +49,7 @@ func (p *Policy) Step(n int64) ([]schemas.Trajectory, schemas.StepClose) {
 				Schema: schemas.Version, Run: p.Run, Step: n, GroupID: gid,
 				TrajID: fmt.Sprintf("%s-t%d", gid, i), GroupSize: p.GroupSize,
 				TaskID: fmt.Sprintf("task-%d", task), Prompt: fmt.Sprintf("Solve task %d.", task),
-				Response: body, PolicyVersion: n, Meta: map[string]any{QualityKey: q},
+				Response: body, PolicyVersion: n, Meta: qualityMeta(q),
 			})
 		}
 	}

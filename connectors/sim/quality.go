@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"strconv"
 
 	"github.com/wmrl/wmrl/schemas"
 )
@@ -20,10 +21,17 @@ const QualityKey = "sim_quality"
 // simulated policy wrote it, otherwise a uniform value derived from the task
 // and response, so outside trajectories are scored deterministically.
 func Quality(t schemas.Trajectory) float64 {
-	if v, ok := t.Meta[QualityKey].(float64); ok && v >= 0 && v <= 1 {
+	var v float64
+	if ok, err := t.Meta.Get(QualityKey, &v); ok && err == nil && v >= 0 && v <= 1 {
 		return v
 	}
 	return rng(t.TaskID, t.Response, "quality").Float64()
+}
+
+// qualityMeta is the meta the simulated policy writes: q exactly, as the
+// shortest decimal that reads back as q.
+func qualityMeta(q float64) schemas.Meta {
+	return schemas.Meta(`{"` + QualityKey + `":` + strconv.FormatFloat(q, 'g', -1, 64) + `}`)
 }
 
 // rng is a generator seeded by the content of its parts.

@@ -71,7 +71,7 @@ func (p *TaskPolicy) Step(n int64) ([]schemas.Trajectory, schemas.StepClose) {
 			trajs = append(trajs, schemas.Trajectory{
 				Schema: schemas.Version, Run: p.Run, Step: n, GroupID: gid, TrajID: fmt.Sprintf("%s-t%d", gid, i),
 				GroupSize: p.GroupSize, TaskID: task.id, Prompt: task.prompt,
-				Response: task.solutions[r.IntN(len(task.solutions))], PolicyVersion: n, Meta: map[string]any{},
+				Response: task.solutions[r.IntN(len(task.solutions))], PolicyVersion: n,
 			})
 		}
 	}

@@ -151,12 +151,16 @@ func (r *rewarder) Reward(step int, groups [][]rl.Traj) (rl.StepRewards, error) 
 	for g, trajs := range groups {
 		gid := rl.GroupID(step, g)
 		for i, tr := range trajs {
+			meta, err := schemas.NewMeta(map[string]any{metaStep: step, metaGroup: g, metaIndex: i, metaTask: tr.Task, metaStyle: tr.Style})
+			if err != nil {
+				return rl.StepRewards{}, err
+			}
 			t := schemas.Trajectory{
 				Schema: schemas.Version, Run: rl.RunName, Step: int64(step), GroupID: gid,
 				TrajID: trajID(gid, i), GroupSize: len(trajs), TaskID: fmt.Sprintf("task-%d", tr.Task),
 				Prompt: fmt.Sprintf("Solve task %d.", tr.Task), Response: fmt.Sprintf("style %d", tr.Style),
 				PolicyVersion: int64(step),
-				Meta:          map[string]any{metaStep: step, metaGroup: g, metaIndex: i, metaTask: tr.Task, metaStyle: tr.Style},
+				Meta:          meta,
 			}
 			if err := publish(r.topo.Subject(schemas.KindTraj), t); err != nil {
 				return rl.StepRewards{}, err
@@ -274,11 +278,13 @@ func (e executor) Execute(ctx context.Context, t schemas.Trajectory) (execute.Re
 func place(t schemas.Trajectory) (step, g, i int, tr rl.Traj, err error) {
 	vals := make([]int, 5)
 	for k, key := range []string{metaStep, metaGroup, metaIndex, metaTask, metaStyle} {
-		f, ok := t.Meta[key].(float64) // JSON numbers
-		if !ok {
-			return 0, 0, 0, tr, fmt.Errorf("simrl: trajectory %s: meta %s is %v, want a number", t.TrajID, key, t.Meta[key])
+		ok, err := t.Meta.Get(key, &vals[k])
+		if err == nil && !ok {
+			err = fmt.Errorf("no %s in %s", key, t.Meta)
 		}
-		vals[k] = int(f)
+		if err != nil {
+			return 0, 0, 0, tr, fmt.Errorf("simrl: trajectory %s: %w", t.TrajID, err)
+		}
 	}
 	return vals[0], vals[1], vals[2], rl.Traj{Task: vals[3], Style: vals[4]}, nil
 }

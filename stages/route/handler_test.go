@@ -372,10 +372,11 @@ func TestAGroupIsMeasuredWithItsHeaders(t *testing.T) {
 	for _, headers := range []int{0, 200} {
 		rec := &recorder{}
 		var dropped []Dropped
+		var sizes []int
 		h, err := NewHandler(Config{
 			Run: "r", Out: Topics{Group: "group", Exec: "exec", Plan: "plan"},
 			Scheduler: SchedulerConfig{Fraction: 0.5}, StepTimeout: time.Minute,
-			MaxPayload: 1200, Size: func(m *message.Message) int { return len(m.Payload) + headers },
+			MaxPayload: 1200, Size: func(m *message.Message) int { n := len(m.Payload); sizes = append(sizes, n); return n + headers },
 			OnDropped: func(d Dropped) { dropped = append(dropped, d) },
 		}, rec)
 		if err != nil {
@@ -384,7 +385,7 @@ func TestAGroupIsMeasuredWithItsHeaders(t *testing.T) {
 		h.mu.Lock()
 		for i := range 2 {
 			tr := traj(0, "a", i, 2)
-			tr.Response = strings.Repeat("x", 300) // a group message of about 1,000 bytes
+			tr.Response = strings.Repeat("x", 320) // a group message of about 1,050 bytes
 			if err := h.asm.AddTraj(tr); err != nil {
 				t.Fatal(err)
 			}
@@ -399,9 +400,12 @@ func TestAGroupIsMeasuredWithItsHeaders(t *testing.T) {
 		if len(rec.plans) != 1 {
 			t.Fatalf("headers of %d bytes: %d plans", headers, len(rec.plans))
 		}
+		if len(sizes) == 0 || sizes[0] > 1200 || sizes[0]+200 <= 1200 {
+			t.Fatalf("the group's payload is %v bytes: the test needs one that fits 1,200 bytes alone and not with 200 of headers", sizes)
+		}
 		sent := len(rec.msgs["group"])
 		if n := len(rec.plans[0].Groups[0].TrajIDs); n != 2 || (headers == 0) != (sent == 1) || (headers == 0) != (len(dropped) == 0) {
-			t.Errorf("headers of %d bytes: %d group messages sent, dropped %+v", headers, sent, dropped)
+			t.Errorf("headers of %d bytes: %d group messages sent (payloads of %v bytes), dropped %+v", headers, sent, sizes, dropped)
 		}
 	}
 }
