@@ -1,6 +1,7 @@
 package schemas
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 )
@@ -23,6 +24,9 @@ func FuzzDecode(f *testing.F) {
 		`{"schema":1,"run":"r","step":2,"groups":[{"group_id":"g","anchor":true,"traj_ids":["t0"],"dropped":"too large"}]}`,
 		`{"schema":1,"run":"r","step":2,"group_id":"g","anchor":true,"trajectories":[{"schema":1,"run":"r","step":2,"group_id":"g","traj_id":"t0","group_size":1,"task_id":"x","prompt":"p","response":"r","policy_version":0}]}`,
 		`{"schema":1,"run":"r","step":2,"items":[{"score":1e300}]}`, `{"schema":2}`, `[`, `null`, `{"items":[null]}`,
+		"{\"schema\":1,\"run\":\"r\",\"step\":3,\"group_id\":\"g\",\"traj_id\":\"t\",\"group_size\":4,\"task_id\":\"x\",\"prompt\":\"\",\"response\":\"\",\"policy_version\":7,\"meta\":{\"id\":12345678901234567890,\"x\":1e400,\"s\":\"\xff\",\"k\":1,\"k\":2}}",
+		`{"schema":1,"run":"r","step":3,"group_id":"g","traj_id":"t","group_size":4,"task_id":"x","prompt":"","response":"","policy_version":7,"meta":[1]}`,
+		"{\"schema\":1,\"run\":\"r\",\"step\":3,\"group_id\":\"g\",\"traj_id\":\"t\",\"group_size\":4,\"task_id\":\"x\",\"prompt\":\"\",\"response\":\"\",\"policy_version\":7,\"meta\":{\"h\":\"<a> & \u2028\"}}",
 	} {
 		f.Add([]byte(seed))
 	}
@@ -32,6 +36,15 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("took a trajectory that breaks the contract: %+v", tr)
 			}
 			mustEncode(t, tr)
+			// Its meta goes on as it came: an object, the same again
+			// once sent and read back.
+			if len(tr.Meta) > 0 && tr.Meta[0] != '{' {
+				t.Fatalf("took meta %s, which is not an object", tr.Meta)
+			}
+			m, _ := NewTrajMessage(tr)
+			if again, err := DecodeTrajectory(m.Payload); err != nil || !bytes.Equal(again.Meta, tr.Meta) {
+				t.Fatalf("meta %s came back as %s (%v)", tr.Meta, again.Meta, err)
+			}
 		} else if !errors.Is(err, ErrInvalid) {
 			t.Fatalf("trajectory: %v is not ErrInvalid", err)
 		}

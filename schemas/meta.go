@@ -64,7 +64,13 @@ func (m *Meta) UnmarshalJSON(b []byte) error {
 		*m = out
 		return nil
 	}
-	*m = bytes.Clone(b)
+	// Escaped as encoding/json escapes every string it writes (<, >, &,
+	// U+2028, U+2029), so that the meta is the same bytes on every subject
+	// after the first.
+	var out bytes.Buffer
+	out.Grow(len(b))
+	json.HTMLEscape(&out, b)
+	*m = out.Bytes()
 	return nil
 }
 

@@ -11,7 +11,7 @@ import (
 // trainer wrote it. Decoded into Go values, as it was, an integer past 2^53
 // came out rounded: 12345678901234567890 as 12345678901234567000.
 func TestMetaPassesThroughAsItCame(t *testing.T) {
-	const meta = `{"sample_id":12345678901234567890,"seed":9007199254740993,"lr":0.1,"z":{"b":[1,2.50,-0e0]},"a":"é \u2028"}`
+	const meta = `{"sample_id":12345678901234567890,"seed":9007199254740993,"lr":0.1,"z":{"b":[1,2.50,-0e0]},"a":"é \u2028 \u003c"}`
 	traj := `{"schema":1,"run":"r","step":3,"group_id":"g","traj_id":"t","group_size":1,"task_id":"x","prompt":"p","response":"print(1)","policy_version":7,"meta":` + meta + `}`
 	tr, err := DecodeTrajectory([]byte(traj))
 	if err != nil {
