@@ -83,8 +83,12 @@ func (m Meta) Get(key string, v any) (bool, error) {
 		return false, nil
 	}
 	dec := jsontext.NewDecoder(bytes.NewReader(m), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
-	if tok, err := dec.ReadToken(); err != nil || tok.Kind() != '{' {
-		return false, fmt.Errorf("meta: not an object (%v)", err)
+	tok, err := dec.ReadToken()
+	if err != nil {
+		return false, fmt.Errorf("meta: %w", err)
+	}
+	if tok.Kind() != '{' {
+		return false, fmt.Errorf("meta is %s, want an object", jsonKind(byte(tok.Kind())))
 	}
 	var raw jsontext.Value
 	for dec.PeekKind() == '"' {
@@ -118,6 +122,8 @@ func jsonKind(first byte) string {
 		return "a string"
 	case 't', 'f':
 		return "a boolean"
+	case 'n':
+		return "null"
 	default:
 		return "a number"
 	}

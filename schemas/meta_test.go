@@ -100,7 +100,9 @@ func TestMetaGetReadsAsEncodingJSON(t *testing.T) {
 		{`{"a":{"k":5},"b":[{"k":6}],"k":7}`, true, 7, ""},
 		{`{"a":{"k":5}}`, false, 0, ""},
 		{`{"k":"x"}`, true, 0, "meta k"},
-		{`[1]`, false, 0, "not an object"},
+		{`[1]`, false, 0, "meta is an array, want an object"},
+		{`{"k":`, false, 0, "meta: "},
+		{`null`, false, 0, "meta is null, want an object"},
 	} {
 		var got float64
 		found, err := Meta(tc.meta).Get("k", &got)
