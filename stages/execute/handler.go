@@ -219,6 +219,12 @@ func (h *Handler) Handle(msg *message.Message) error {
 	// to the store for the group, not one per trajectory.
 	have := make([]bool, len(g.Trajectories))
 	reused := make([]bool, len(g.Trajectories)) // the outcome of a copy in another group
+	// reuse gives trajectory i the outcome it of its solution's execution
+	// in another group.
+	reuse := func(i int, t schemas.Trajectory, it schemas.ExecItem) {
+		it.TrajID = t.TrajID
+		items[i], reused[i] = it, true
+	}
 	runs := h.runs(g.Trajectories)
 	var lookups sync.WaitGroup
 	for i, t := range g.Trajectories {
@@ -227,8 +233,7 @@ func (h *Handler) Handle(msg *message.Message) error {
 				return
 			}
 			if it, ok := h.outcome(ctx, solutionKey(t)); ok {
-				it.TrajID = t.TrajID
-				items[i], reused[i] = it, true
+				reuse(i, t, it)
 			}
 		})
 	}
@@ -266,8 +271,7 @@ func (h *Handler) Handle(msg *message.Message) error {
 			return
 		}
 		if it, ok := h.outcome(ctx, solutionKey(t)); ok {
-			it.TrajID = t.TrajID
-			items[i], reused[i] = it, true
+			reuse(i, t, it)
 			return
 		}
 		call, err := h.Breaker.Ask()
@@ -293,8 +297,7 @@ func (h *Handler) Handle(msg *message.Message) error {
 			it, done, under := h.claim(key)
 			switch {
 			case done:
-				it.TrajID = t.TrajID
-				items[i], reused[i] = it, true
+				reuse(i, t, it)
 				continue
 			case under != nil: // another group runs it now: take its outcome
 				wg.Go(func() { await(i, t, under) })
