@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -232,7 +233,10 @@ func TestArchiveMergesItsFilesWhileItWrites(t *testing.T) {
 }
 
 // A second archive stage for a run, here in a process of its own on the
-// first one's server, is refused at start, naming the rule.
+// first one's server, waits for the first one's lease, saying so; one
+// writing the same run into the same root from another stream (another
+// prefix, so another lease) is refused at start by the root's lock, naming
+// the rule.
 func TestOneArchiveStagePerRun(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Source = SourceExternal
@@ -242,11 +246,26 @@ func TestOneArchiveStagePerRun(t *testing.T) {
 	second := testConfig(t)
 	second.NATSURL, second.Source, second.Stages = p.URL(), SourceExternal, []string{StageArchive}
 	second.ArchiveDir = cfg.ArchiveRoot()
-	if _, err := Start(ctx, second); err == nil || !strings.Contains(err.Error(), "one archive stage per run") {
-		t.Fatalf("a second archive stage for run %s: %v", cfg.Run, err)
+	var out syncBuffer
+	second.Quiet, second.Out = false, &out
+	waiting, stop := context.WithCancel(ctx)
+	defer stop()
+	started := make(chan error, 1)
+	go func() { _, err := Start(waiting, second); started <- err }()
+	waitFor(t, 30*time.Second, func() bool {
+		return strings.Contains(out.String(), "archive: another process runs this stage for run default")
+	})
+	stop()
+	if err := <-started; !errors.Is(err, errStoppedWaiting) {
+		t.Fatalf("a second archive stage for run %s, stopped while it waited: %v", cfg.Run, err)
+	}
+	other := second
+	other.Quiet, other.Prefix = true, "elsewhere"
+	if _, err := Start(ctx, other); err == nil || !strings.Contains(err.Error(), "one archive stage per run") {
+		t.Fatalf("run %s's archive stage from another stream, in the same root: %v", cfg.Run, err)
 	}
 	// Another run's archive stage in the same root is no second writer.
-	second.Run = "other"
+	second.Run, second.Quiet = "other", true
 	q, err := Start(ctx, second)
 	if err != nil {
 		t.Fatalf("run other's archive stage beside run %s's: %v", cfg.Run, err)

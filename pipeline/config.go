@@ -262,6 +262,8 @@ type Config struct {
 	// ackWait, when set, replaces the consumers' AckWait (30 s): tests
 	// set an hour, so that what waits for it shows as never coming.
 	ackWait time.Duration
+	// leaseTTL, when set, replaces LeaseTTL: tests of a lapsed lease.
+	leaseTTL time.Duration
 }
 
 // DefaultConfig is `wmrl run` with no flags.

@@ -46,6 +46,12 @@ func (p *Pipeline) metricsHandler() http.Handler {
 func (p *Pipeline) healthz(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
+	if w := p.standby.Load(); w != nil {
+		// Alive and doing what it should: a liveness probe leaves it be, and
+		// a rolling update goes on to stop the process it waits for.
+		_ = enc.Encode(map[string]any{"status": "standby", "run": p.cfg.Run, "stages": p.cfg.Stages, "waiting": *w})
+		return
+	}
 	if err := p.health(); err != nil {
 		w.Header().Set("Retry-After", "1")
 		w.WriteHeader(http.StatusServiceUnavailable)
@@ -59,6 +65,8 @@ func (p *Pipeline) healthz(w http.ResponseWriter, _ *http.Request) {
 // connection is up, else what it is doing instead.
 func (p *Pipeline) health() error {
 	switch {
+	case !p.built.Load():
+		return errors.New("starting: the stages are not consuming yet")
 	case p.router.IsClosed():
 		return errors.New("stopping")
 	case !p.router.IsRunning():

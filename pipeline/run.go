@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -52,6 +53,11 @@ type Pipeline struct {
 	httpTLS      *tls.Config // nil: plain HTTP
 	dl           *deadLetters
 	state        *natsjs.StateStore // checkpoints; opened by the first stage that keeps one
+	leases       []*natsjs.Lease    // of the one-per-run stages it runs
+	// standby: what the process waits for before it starts, while it
+	// waits for a lease; built: the stages are built (router is set).
+	standby atomic.Pointer[string]
+	built   atomic.Bool
 
 	started       time.Time
 	doneOnce      sync.Once // the closing line of a run of --steps
@@ -69,6 +75,12 @@ type Pipeline struct {
 // published, or a stage fails.
 func Run(ctx context.Context, cfg Config) error {
 	p, err := Start(ctx, cfg)
+	if errors.Is(err, errStoppedWaiting) {
+		if cfg.setDefaults(); !cfg.Quiet {
+			fmt.Fprintf(cfg.Out, "%v\n", err)
+		}
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -113,13 +125,28 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 			p.notef("%s", open)
 		}
 	}
-	if err := p.build(ctx); err != nil {
+	p.serveMetrics(ctx) // from the start: a process waiting for a lease answers /healthz too
+	err = p.takeLeases(ctx)
+	if err == nil {
+		p.standby.Store(nil)
+		err = p.build(ctx)
+	}
+	if err == nil {
+		p.built.Store(true)
+	}
+	if err != nil {
 		if p.httpListener != nil {
 			p.httpListener.Close()
 		}
 		cancel()
 		p.wg.Wait() // what the stages built so far started (the archive's writer releases its run)
+		p.releaseLeases()
 		tr.close()
+		p.errMu.Lock()
+		defer p.errMu.Unlock()
+		if p.err != nil { // what stopped the start (the metrics address taken)
+			return nil, p.err
+		}
 		return nil, err
 	}
 	p.start(ctx)
@@ -325,16 +352,6 @@ func (p *Pipeline) start(ctx context.Context) {
 			return nil
 		})
 	}
-	if p.cfg.MetricsAddr != "" {
-		srv := &http.Server{Addr: p.cfg.MetricsAddr, Handler: p.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
-		p.go_(func() error {
-			go func() { <-ctx.Done(); _ = srv.Close() }()
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("pipeline: metrics on %s: %w", p.cfg.MetricsAddr, err)
-			}
-			return nil
-		})
-	}
 	p.go_(func() error { return p.router.Run(ctx) })
 	if p.source != nil {
 		p.go_(func() error { return p.source.run(ctx) })
@@ -351,9 +368,26 @@ func (p *Pipeline) start(ctx context.Context) {
 			_ = s.Close()
 		}
 		p.wg.Wait()
+		p.releaseLeases()
 		_ = p.pub.Close()
 		p.tr.close()
 		p.doneOnce.Do(p.sayStopped) // unless it said it was done
 		close(p.done)
 	}()
+}
+
+// serveMetrics serves /metrics, /healthz and the profiles on MetricsAddr,
+// if set, until ctx is done.
+func (p *Pipeline) serveMetrics(ctx context.Context) {
+	if p.cfg.MetricsAddr == "" {
+		return
+	}
+	srv := &http.Server{Addr: p.cfg.MetricsAddr, Handler: p.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+	p.go_(func() error {
+		go func() { <-ctx.Done(); _ = srv.Close() }()
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("pipeline: metrics on %s: %w", p.cfg.MetricsAddr, err)
+		}
+		return nil
+	})
 }

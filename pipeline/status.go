@@ -66,6 +66,17 @@ type Status struct {
 	// ExecutionsWindow, whichever process ran them, or over about the
 	// newest ExecutionsMax groups of it.
 	Executions ExecutionsStatus
+	// Runners: which process runs each one-per-run stage (route, pair,
+	// calibrate, fuse, archive, in that order), as its lease says.
+	Runners []StageRunner
+}
+
+// StageRunner is the process that holds a one-per-run stage's lease (nil:
+// none does), and when it last renewed it.
+type StageRunner struct {
+	Stage   string
+	Holder  *natsjs.Holder
+	Renewed time.Time
 }
 
 // ExecutionsWindow is how far back Status looks at executions, and
@@ -220,7 +231,29 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 	if st.Executions, err = readExecutions(ctx, c, stream, st, schemas.Subject(src.Prefix, run, schemas.KindExecution)); err != nil {
 		return nil, err
 	}
+	if st.Runners, err = readRunners(ctx, c, src.Prefix, run); err != nil {
+		return nil, err
+	}
 	return st, nil
+}
+
+// readRunners reads the leases of the run's one-per-run stages.
+func readRunners(ctx context.Context, c *streamConn, prefix, run string) ([]StageRunner, error) {
+	ls, err := natsjs.ReadLeases(ctx, c.js, LeaseBucket(prefix))
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: status: %w", err)
+	}
+	out := make([]StageRunner, len(onePerRun))
+	for i, stage := range onePerRun {
+		out[i].Stage = stage
+		if ls == nil {
+			continue
+		}
+		if out[i].Holder, out[i].Renewed, err = ls.Held(ctx, leaseKey(run, stage)); err != nil {
+			return nil, fmt.Errorf("pipeline: status: %w", err)
+		}
+	}
+	return out, nil
 }
 
 // windowStart is where a look at the newest messages of subject starts:

@@ -171,7 +171,7 @@ func stageCommand() *cobra.Command {
 	var estimator string
 	cmd := &cobra.Command{
 		Use:   "stage NAME",
-		Short: "Run one stage alone; processes of the same stage share the work (" + strings.Join(pipeline.AllStages, ", ") + ")",
+		Short: "Run one stage alone (" + strings.Join(pipeline.AllStages, ", ") + "); processes of predict or execute share the work, a second of another waits to take over from the first",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cfg.NATSURL == "" {

@@ -128,6 +128,7 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 		fmt.Fprintf(w, "newest of them:  %s by %s, %s: %s\n", kind, stage, ago(st.LastDeadLetterAt), cut(oneLine(dl.Reason), 240))
 	}
 	writeExecutions(w, st.Executions, ago)
+	writeRunners(w, st.Runners, now)
 	if len(st.Consumers) == 0 {
 		fmt.Fprintln(w, "consumers:       none of the run's subjects has one")
 		return
@@ -258,4 +259,37 @@ func nextStep(st *pipeline.Status) (int64, bool) {
 		next, ok = max(next, u.Step+1), true
 	}
 	return next, ok
+}
+
+// writeRunners says which process runs each one-per-run stage, a line per
+// process, as the stages' leases say.
+func writeRunners(w io.Writer, rs []pipeline.StageRunner, now time.Time) {
+	var order []string
+	by := map[string][]string{}
+	held := map[string]pipeline.StageRunner{}
+	var none []string
+	for _, r := range rs {
+		if r.Holder == nil {
+			none = append(none, r.Stage)
+			continue
+		}
+		if _, ok := by[r.Holder.ID]; !ok {
+			order = append(order, r.Holder.ID)
+			held[r.Holder.ID] = r
+		}
+		by[r.Holder.ID] = append(by[r.Holder.ID], r.Stage)
+	}
+	head := "one per run:     "
+	for _, id := range order {
+		r := held[id]
+		fmt.Fprintf(w, "%s%s: %s (renewed %s ago)\n", head, strings.Join(by[id], ", "), r.Holder, now.Sub(r.Renewed).Round(time.Second))
+		head = strings.Repeat(" ", len(head))
+	}
+	if len(none) > 0 {
+		them := "it"
+		if len(none) > 1 {
+			them = "them"
+		}
+		fmt.Fprintf(w, "%s%s: no process runs %s (stopped, or a wmrl from before leases)\n", head, strings.Join(none, ", "), them)
+	}
 }

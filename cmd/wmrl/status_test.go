@@ -255,3 +255,39 @@ func TestTheNextStepIsPastTheNewestTrajectorysStep(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusSaysWhoRunsEachOnePerRunStage: a line per process that holds
+// leases, in the stages' order, and one for the stages nobody runs; the
+// JSON has every stage, with a null holder for those.
+func TestStatusSaysWhoRunsEachOnePerRunStage(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	a := &natsjs.Holder{Host: "h1", PID: 4242, Since: now.Add(-time.Hour), ID: "a"}
+	b := &natsjs.Holder{Host: "h2", PID: 7, Since: now.Add(-time.Minute), ID: "b"}
+	st := &pipeline.Status{Stream: "S", Runners: []pipeline.StageRunner{
+		{Stage: "route", Holder: a, Renewed: now.Add(-2 * time.Second)},
+		{Stage: "pair", Holder: a, Renewed: now.Add(-3 * time.Second)},
+		{Stage: "calibrate"},
+		{Stage: "fuse", Holder: b, Renewed: now.Add(-4 * time.Second)},
+		{Stage: "archive"},
+	}}
+	var out strings.Builder
+	writeStatus(&out, st, "here", "wmrl", "default", now)
+	want := "one per run:     route, pair: host h1, pid 4242, since 2026-12-03T11:00:00Z (renewed 2s ago)\n" +
+		"                 fuse: host h2, pid 7, since 2026-12-03T11:59:00Z (renewed 4s ago)\n" +
+		"                 calibrate, archive: no process runs them (stopped, or a wmrl from before leases)\n"
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("the stages' runners show as:\n%s\nwant:\n%s", out.String(), want)
+	}
+	var js strings.Builder
+	if err := writeStatusJSON(&js, st, "default", now); err != nil {
+		t.Fatal(err)
+	}
+	var doc statusDoc
+	if err := json.Unmarshal([]byte(js.String()), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Runners) != 5 || doc.Runners[2].Stage != "calibrate" || doc.Runners[2].Holder != nil ||
+		doc.Runners[3].Holder == nil || doc.Runners[3].Holder.Host != "h2" || doc.Runners[3].Holder.AgeSeconds != 4 {
+		t.Errorf("runners in the JSON: %s", js.String())
+	}
+}

@@ -30,6 +30,23 @@ type statusDoc struct {
 	DeadLetters      deadLettersDoc `json:"dead_letters"`
 	Executions       executionsDoc  `json:"executions"`
 	Consumers        []consumerDoc  `json:"consumers"`
+	// Runners: which process runs each one-per-run stage (holder null:
+	// none), as its lease says.
+	Runners []runnerDoc `json:"runners"`
+}
+
+type runnerDoc struct {
+	Stage  string     `json:"stage"`
+	Holder *holderDoc `json:"holder"`
+}
+
+type holderDoc struct {
+	Host      string    `json:"host"`
+	PID       int       `json:"pid"`
+	Since     time.Time `json:"since"`
+	RenewedAt time.Time `json:"renewed_at"`
+	// AgeSeconds: since the last renewal (every 5 s while it runs).
+	AgeSeconds float64 `json:"age_seconds"`
 }
 
 type storeDoc struct {
@@ -171,6 +188,14 @@ func writeStatusJSON(w io.Writer, st *pipeline.Status, run string, now time.Time
 			cd.LastDelivery = &t
 		}
 		d.Consumers = append(d.Consumers, cd)
+	}
+	d.Runners = []runnerDoc{}
+	for _, r := range st.Runners {
+		rd := runnerDoc{Stage: r.Stage}
+		if h := r.Holder; h != nil {
+			rd.Holder = &holderDoc{Host: h.Host, PID: h.PID, Since: h.Since.UTC(), RenewedAt: r.Renewed.UTC(), AgeSeconds: age(r.Renewed)}
+		}
+		d.Runners = append(d.Runners, rd)
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

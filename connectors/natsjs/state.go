@@ -39,6 +39,14 @@ type StoreConfig struct {
 // an existing one's replica count and TTL. A bucket that cannot answer for
 // the moment is waited for, up to ctx.
 func OpenStore(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (*StateStore, error) {
+	kv, err := openKV(ctx, js, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &StateStore{kv: kv}, nil
+}
+
+func openKV(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (jetstream.KeyValue, error) {
 	var kv jetstream.KeyValue
 	err := UntilAnswered(ctx, func(ctx context.Context) (err error) {
 		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
@@ -54,7 +62,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (*S
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: bucket %s: %w", cfg.Bucket, err)
 	}
-	return &StateStore{kv: kv}, nil
+	return kv, nil
 }
 
 // Load decodes key's value into v; ok is false when the key has none. A

@@ -1,0 +1,316 @@
+package natsjs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Leases hands out leases: keys of a key-value bucket that one process at a
+// time holds, for as long as it renews them. The bucket ages every value
+// out TTL after it was written, so a lease whose holder died (or lost the
+// server) lapses TTL after its last renewal, and another process may take
+// it; one released on a clean stop is free at once.
+type Leases struct {
+	kv  jetstream.KeyValue
+	ttl time.Duration
+	// poll is how often a process waiting for a lease asks again.
+	poll time.Duration
+}
+
+// Holder says who holds a lease. ID tells apart two leases taken on one
+// host, or by one process (a restart in place).
+type Holder struct {
+	Host  string    `json:"host"`
+	PID   int       `json:"pid"`
+	Since time.Time `json:"since"`
+	ID    string    `json:"id"`
+}
+
+// NewHolder names this process as a lease's holder.
+func NewHolder() Holder {
+	host, _ := os.Hostname()
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	return Holder{Host: host, PID: os.Getpid(), Since: time.Now().UTC(), ID: hex.EncodeToString(id[:])}
+}
+
+func (h Holder) String() string {
+	return fmt.Sprintf("host %s, pid %d, since %s", h.Host, h.PID, h.Since.Format(time.RFC3339))
+}
+
+// ErrLeaseLost: the lease passed to another holder.
+var ErrLeaseLost = errors.New("natsjs: lease lost")
+
+// OpenLeases opens bucket (creating it) with leases that lapse ttl after
+// their last renewal, on replicas servers of a cluster.
+func OpenLeases(ctx context.Context, js jetstream.JetStream, bucket string, replicas int, ttl time.Duration) (*Leases, error) {
+	if ttl < time.Second {
+		return nil, fmt.Errorf("natsjs: lease TTL %v: at least 1s (the server ages values out by the second)", ttl)
+	}
+	kv, err := openKV(ctx, js, StoreConfig{Bucket: bucket, Description: "wmrl leases: which process runs a stage that must run once", Replicas: replicas, TTL: ttl})
+	if err != nil {
+		return nil, err
+	}
+	return &Leases{kv: kv, ttl: ttl, poll: min(ttl/4, time.Second)}, nil
+}
+
+// TTL is how long a lease outlives its last renewal.
+func (l *Leases) TTL() time.Duration { return l.ttl }
+
+// Acquire takes key for me, waiting while another holds it: busy, if set,
+// hears who does, once for each holder met. It returns the lease once me
+// holds it, or ctx's error.
+func (l *Leases) Acquire(ctx context.Context, key string, me Holder, busy func(Holder)) (*Lease, error) {
+	value, err := json.Marshal(me)
+	if err != nil {
+		return nil, err
+	}
+	var told string
+	for {
+		rev, other, err := l.take(ctx, key, me, value)
+		if err != nil {
+			return nil, err
+		}
+		if other == nil {
+			le := &Lease{l: l, key: key, me: me, value: value, rev: rev, lost: make(chan struct{}), done: make(chan struct{})}
+			var ctx context.Context
+			ctx, le.stop = context.WithCancel(context.Background())
+			go le.renew(ctx)
+			return le, nil
+		}
+		if busy != nil && other.ID != told {
+			busy(*other)
+			told = other.ID
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(l.poll):
+		}
+	}
+}
+
+// take creates key for me. It returns the revision me holds it at, or who
+// else holds it. A create whose reply was lost finds me as the holder.
+func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) (uint64, *Holder, error) {
+	for range 3 {
+		var rev uint64
+		err := UntilAnswered(ctx, func(ctx context.Context) (err error) {
+			rev, err = l.kv.Create(ctx, key, value)
+			return err
+		}, nil)
+		if err == nil {
+			return rev, nil, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !wrongLastSeq(err) {
+			return 0, nil, fmt.Errorf("natsjs: lease %s: %w", key, err)
+		}
+		h, rev, err := l.holder(ctx, key)
+		switch {
+		case err != nil:
+			return 0, nil, err
+		case h == nil: // lapsed or released since: ask again
+			continue
+		case h.ID == me.ID:
+			return rev, nil, nil
+		}
+		return 0, h, nil
+	}
+	return 0, nil, fmt.Errorf("natsjs: lease %s: taken and freed three times while this process asked for it", key)
+}
+
+// wrongLastSeq: a write at a revision the key is no longer at (10071, or
+// 10164 from a replicated bucket).
+func wrongLastSeq(err error) bool {
+	apiErr, ok := errors.AsType[*jetstream.APIError](err)
+	return ok && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// ReadLeases opens bucket to read who holds its leases, without making
+// it: nil, and no error, when there is none.
+func ReadLeases(ctx context.Context, js jetstream.JetStream, bucket string) (*Leases, error) {
+	kv, err := js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("natsjs: bucket %s: %w", bucket, err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("natsjs: bucket %s: %w", bucket, err)
+	}
+	return &Leases{kv: kv, ttl: st.TTL()}, nil
+}
+
+// Held says who holds key (nil: nobody) and when they last renewed it.
+func (l *Leases) Held(ctx context.Context, key string) (*Holder, time.Time, error) {
+	h, e, err := l.entry(ctx, key)
+	if h == nil {
+		return nil, time.Time{}, err
+	}
+	return h, e.Created(), nil
+}
+
+// holder reads who holds key, and at which revision (nil: nobody).
+func (l *Leases) holder(ctx context.Context, key string) (*Holder, uint64, error) {
+	h, e, err := l.entry(ctx, key)
+	if h == nil {
+		return nil, 0, err
+	}
+	return h, e.Revision(), nil
+}
+
+func (l *Leases) entry(ctx context.Context, key string) (*Holder, jetstream.KeyValueEntry, error) {
+	var e jetstream.KeyValueEntry
+	err := UntilAnswered(ctx, func(ctx context.Context) (err error) {
+		e, err = l.kv.Get(ctx, key)
+		return err
+	}, nil)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("natsjs: lease %s: %w", key, err)
+	}
+	var h Holder
+	if err := json.Unmarshal(e.Value(), &h); err != nil {
+		h = Holder{Host: "?", ID: "unreadable " + string(e.Value())}
+	}
+	return &h, e, nil
+}
+
+// Free drops key's lease whoever holds it: for a holder known to be gone
+// (the embedded server's store, reopened, was that of the process before).
+func (l *Leases) Free(ctx context.Context, key string) error {
+	err := UntilAnswered(ctx, func(ctx context.Context) error { return l.kv.Delete(ctx, key) }, nil)
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("natsjs: free lease %s: %w", key, err)
+	}
+	return nil
+}
+
+// Lease is a key held: renewed every TTL/6 until Release, or until it is
+// lost.
+type Lease struct {
+	l     *Leases
+	key   string
+	me    Holder
+	value []byte
+
+	mu   sync.Mutex
+	rev  uint64
+	err  error
+	lost chan struct{}
+	stop context.CancelFunc // ends the renewals, one under way too
+	done chan struct{}
+}
+
+// Lost is closed once the lease is lost; Err says why.
+func (le *Lease) Lost() <-chan struct{} { return le.lost }
+
+// Err is why the lease was lost (nil while held).
+func (le *Lease) Err() error {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.err
+}
+
+// Holder is who holds the lease: this process.
+func (le *Lease) Holder() Holder { return le.me }
+
+// renew keeps the lease until Release or its loss. A renewal the server
+// cannot answer is tried again at the next tick, however long that takes:
+// a holder that cannot reach the server cannot take messages from it
+// either, and once it can again, its renewal finds the lease still its
+// own, or lapsed and free (and takes it again), or taken by another
+// process after the TTL, and only then is it lost. A server restarted
+// after an outage longer than the TTL thus hands the lease to a process
+// waiting for it, if there is one; the holder stops at its next renewal.
+func (le *Lease) renew(stop context.Context) {
+	defer close(le.done)
+	every := le.l.ttl / 6
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(stop, every)
+		err := le.renewOnce(ctx)
+		cancel()
+		if errors.Is(err, ErrLeaseLost) && stop.Err() == nil {
+			le.lose(err)
+			return
+		}
+	}
+}
+
+// renewOnce writes the lease again at its revision. Written since by
+// someone else, it is lost; lapsed or deleted meanwhile, it is taken again
+// if nobody else has; written by a renewal whose reply was lost, it is
+// still held.
+func (le *Lease) renewOnce(ctx context.Context) error {
+	le.mu.Lock()
+	rev := le.rev
+	le.mu.Unlock()
+	next, err := le.l.kv.Update(ctx, le.key, le.value, rev)
+	if wrongLastSeq(err) || errors.Is(err, jetstream.ErrKeyNotFound) {
+		var other *Holder
+		next, other, err = le.l.take(ctx, le.key, le.me, le.value)
+		if err == nil && other != nil {
+			return fmt.Errorf("%w: %s is held by %s", ErrLeaseLost, le.key, other)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	le.mu.Lock()
+	le.rev = next
+	le.mu.Unlock()
+	return nil
+}
+
+func (le *Lease) lose(err error) {
+	le.mu.Lock()
+	le.err = err
+	le.mu.Unlock()
+	close(le.lost)
+}
+
+// Release stops renewing and frees the lease, unless it was lost: the next
+// process waiting for it takes it at once.
+func (le *Lease) Release(ctx context.Context) error {
+	le.Abandon()
+	if le.Err() != nil {
+		return nil
+	}
+	le.mu.Lock()
+	rev := le.rev
+	le.mu.Unlock()
+	err := UntilAnswered(ctx, func(ctx context.Context) error {
+		return le.l.kv.Delete(ctx, le.key, jetstream.LastRevision(rev))
+	}, nil)
+	if err != nil && !wrongLastSeq(err) { // another holds it now: theirs to free
+		return fmt.Errorf("natsjs: release lease %s: %w", le.key, err)
+	}
+	return nil
+}
+
+// Abandon stops renewing without freeing the lease, which lapses TTL
+// after its last renewal: for a holder that cannot reach the server.
+func (le *Lease) Abandon() {
+	le.stop()
+	<-le.done
+}

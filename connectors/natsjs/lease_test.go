@@ -1,0 +1,252 @@
+package natsjs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
+)
+
+// leases opens a lease bucket on a fresh embedded server, once for each of
+// n processes (each with its own connection).
+func leases(t *testing.T, ctx context.Context, ttl time.Duration, n int) []*Leases {
+	t.Helper()
+	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	var out []*Leases
+	for range n {
+		nc, err := srv.Connect("lease-test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := OpenLeases(ctx, js, "TEST_LEASES", 1, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// acquireAsync takes key in the background, telling whom it waited for.
+func acquireAsync(ctx context.Context, l *Leases, key string, me Holder) (<-chan *Lease, <-chan Holder) {
+	got, busy := make(chan *Lease, 1), make(chan Holder, 4)
+	go func() {
+		le, err := l.Acquire(ctx, key, me, func(h Holder) { busy <- h })
+		if err == nil {
+			got <- le
+		}
+		close(got)
+	}()
+	return got, busy
+}
+
+// A second process waits while the first holds the lease, hears who holds
+// it, and takes it as soon as the first releases it; the first did not
+// lose it meanwhile.
+func TestALeaseIsHeldByOneProcessAtATime(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ls := leases(t, ctx, time.Second, 2)
+	a, b := NewHolder(), NewHolder()
+	first, err := ls[0].Acquire(ctx, "run.fuse", a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, busy := acquireAsync(ctx, ls[1], "run.fuse", b)
+	if h := <-busy; h.ID != a.ID || h.PID != a.PID {
+		t.Fatalf("the second was told %+v holds the lease, want %+v", h, a)
+	}
+	// Several TTLs: the first keeps it by renewing.
+	select {
+	case le := <-got:
+		t.Fatalf("the second took the lease the first holds and renews: %+v", le.Holder())
+	case <-first.Lost():
+		t.Fatalf("the first lost its lease while renewing it: %v", first.Err())
+	case <-time.After(3 * ls[0].TTL()):
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := <-got
+	if second == nil {
+		t.Fatal("the second never took the released lease")
+	}
+	if second.Holder().ID != b.ID {
+		t.Fatalf("the lease went to %+v", second.Holder())
+	}
+	if err := first.Err(); err != nil {
+		t.Fatalf("a released lease says it was lost: %v", err)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A holder that stops renewing without releasing (a killed process) lets
+// the lease lapse: the next takes it after the TTL.
+func TestALeaseNotRenewedLapses(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ls := leases(t, ctx, time.Second, 2)
+	first, err := ls[0].Acquire(ctx, "run.route", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Abandon() // dies: no more renewals, no release
+	got, busy := acquireAsync(ctx, ls[1], "run.route", NewHolder())
+	select {
+	case h := <-busy:
+		if h.ID != first.Holder().ID {
+			t.Fatalf("waited for %+v, want the dead holder %+v", h, first.Holder())
+		}
+	case <-got:
+		t.Fatal("the lease was taken at once from a holder that renewed it just now")
+	}
+	if second := <-got; second == nil {
+		t.Fatal("the lapsed lease was never taken")
+	}
+}
+
+// A lease taken by another (freed by hand, as for a holder known to be
+// gone) is lost to its old holder at its next renewal, naming the new one.
+func TestALeaseTakenByAnotherIsLost(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ls := leases(t, ctx, 2*time.Second, 2)
+	first, err := ls[0].Acquire(ctx, "run.pair", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ls[1].Free(ctx, "run.pair"); err != nil {
+		t.Fatal(err)
+	}
+	b := NewHolder()
+	b.Host = "other-host"
+	second, err := ls[1].Acquire(ctx, "run.pair", b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-first.Lost():
+	case <-ctx.Done():
+		t.Fatal("the old holder never noticed its lease was taken")
+	}
+	if err := first.Err(); !errors.Is(err, ErrLeaseLost) || !strings.Contains(err.Error(), "other-host") {
+		t.Fatalf("lost with %v, want ErrLeaseLost naming the new holder", err)
+	}
+	select {
+	case <-second.Lost():
+		t.Fatalf("the new holder lost it too: %v", second.Err())
+	case <-time.After(ls[1].TTL()):
+	}
+	// Releasing a lost lease leaves the new holder's alone.
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h, _, err := ls[0].holder(ctx, "run.pair"); err != nil || h == nil || h.ID != b.ID {
+		t.Fatalf("after the old holder's release the lease is %+v (%v), want the new holder's", h, err)
+	}
+}
+
+// A lease whose key expired without anyone taking it (its holder could not
+// reach the server for a while) is taken back by its holder, not lost.
+func TestALapsedLeaseNobodyTookIsKept(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ls := leases(t, ctx, 2*time.Second, 1)
+	le, err := ls[0].Acquire(ctx, "run.archive", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ls[0].Free(ctx, "run.archive"); err != nil { // as if aged out
+		t.Fatal(err)
+	}
+	if err := le.renewOnce(ctx); err != nil {
+		t.Fatalf("renewing a lapsed lease nobody took: %v", err)
+	}
+	if h, _, err := ls[0].holder(ctx, "run.archive"); err != nil || h == nil || h.ID != le.Holder().ID {
+		t.Fatalf("the lease is %+v (%v), want its holder's again", h, err)
+	}
+	// A create whose reply was lost: asked again, the holder finds itself.
+	if _, other, err := ls[0].take(ctx, "run.archive", le.Holder(), le.value); err != nil || other != nil {
+		t.Fatalf("taking a lease it holds: held by %+v, %v", other, err)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h, _, err := ls[0].holder(ctx, "run.archive"); err != nil || h != nil {
+		t.Fatalf("after release the lease is held by %+v (%v)", h, err)
+	}
+}
+
+// A server down for longer than the TTL, with nobody waiting for the
+// lease: its holder, reconnected, takes it again and does not lose it (it
+// could not take messages while the server was away either).
+func TestALeaseOutlivesAnOutageOfTheServer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir, addr := t.TempDir(), fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	start := func() *Server {
+		srv, err := StartServer(ctx, ServerConfig{StoreDir: dir, Listen: addr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return srv
+	}
+	srv := start()
+	nc, err := nats.Connect("nats://"+addr, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ls, err := OpenLeases(ctx, js, "TEST_LEASES", 1, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	le, err := ls.Acquire(ctx, "run.fuse", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+	time.Sleep(3 * ls.TTL()) // renewals fail; the value ages out
+	srv = start()
+	defer srv.Shutdown()
+	waitUntil(t, ctx, nc.IsConnected)
+	time.Sleep(ls.TTL()) // six renewals
+	select {
+	case <-le.Lost():
+		t.Fatalf("lost over an outage nobody took it during: %v", le.Err())
+	default:
+	}
+	if h, _, err := ls.Held(ctx, "run.fuse"); err != nil || h == nil || h.ID != le.Holder().ID {
+		t.Fatalf("after the outage the lease is held by %+v (%v), want its holder again", h, err)
+	}
+}
+
+func waitUntil(t *testing.T, ctx context.Context, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatal("condition not met")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,130 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+)
+
+// Route, pair, calibrate, fuse and archive run once per run: each joins a
+// step's messages, which a second process would split with it through the
+// shared durable consumers (neither would ever hold a whole step, and the
+// run would stall while both run; the archive's rows would go to two
+// places). A process takes a lease on each of them before it starts, and
+// one that finds a lease held waits, saying by whom, until its holder
+// stops (and releases it) or is not heard from for the lease's TTL: a
+// second `wmrl stage fuse`, or the new one of a rolling update, is a
+// standby rather than a stall.
+
+// LeaseTTL is how long a stage's lease outlives its holder's last renewal:
+// after a crash on an external server, its successor waits this long at
+// most, as it waits out the consumers' AckWait for what the crashed one
+// held.
+const LeaseTTL = 30 * time.Second
+
+// LeaseBucket is the key-value bucket of a prefix's stage leases.
+func LeaseBucket(prefix string) string {
+	return "WMRL_LEASES_" + strings.ToUpper(natsjs.SafeName(prefix))
+}
+
+// onePerRun are the stages a run has one process of, in the order their
+// leases are taken (one order for every process, so that two never wait
+// for each other).
+var onePerRun = []string{StageRoute, StagePair, StageCalibrate, StageFuse, StageArchive}
+
+// leaseKey is a stage's lease key for the run.
+func leaseKey(run, stage string) string { return run + "." + stage }
+
+// takeLeases takes the leases of the one-per-run stages this process runs,
+// waiting for those another process holds. On the embedded server, just
+// started on its store, a lease of one of them is the process before
+// this one's, which is gone: it is freed first.
+func (p *Pipeline) takeLeases(ctx context.Context) error {
+	var mine []string
+	for _, st := range onePerRun {
+		if p.cfg.runs(st) {
+			mine = append(mine, st)
+		}
+	}
+	if len(mine) == 0 {
+		return nil
+	}
+	ttl := p.cfg.leaseTTL
+	if ttl == 0 {
+		ttl = LeaseTTL
+	}
+	open, cancel := context.WithTimeout(ctx, p.cfg.StartupWait)
+	ls, err := natsjs.OpenLeases(open, p.tr.js, LeaseBucket(p.cfg.Prefix), p.cfg.Replicas, ttl)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("pipeline: %w", err)
+	}
+	me := natsjs.NewHolder()
+	for _, st := range mine {
+		key := leaseKey(p.cfg.Run, st)
+		if p.tr.srv != nil {
+			if err := ls.Free(ctx, key); err != nil {
+				return fmt.Errorf("pipeline: %w", err)
+			}
+		}
+		var waited *natsjs.Holder
+		le, err := ls.Acquire(ctx, key, me, func(h natsjs.Holder) {
+			waited = &h
+			w := fmt.Sprintf("waiting to run %s, which another process runs (%s)", st, h)
+			p.standby.Store(&w)
+			p.notef("%s: another process runs this stage for run %s (%s); this one waits, and takes over once that one stops, "+
+				"or %v after it was last heard from (a run has one %s: two would split its messages between them and stall the run)",
+				st, p.cfg.Run, h, ttl, st)
+		})
+		if err != nil {
+			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+				return fmt.Errorf("%w: it waited to run %s, which another process runs (%s)", errStoppedWaiting, st, waited)
+			}
+			return fmt.Errorf("pipeline: stage %s: %w", st, err)
+		}
+		if waited != nil {
+			p.notef("%s: took over run %s's %s stage", st, p.cfg.Run, st)
+		}
+		p.leases = append(p.leases, le)
+		p.go_(func() error {
+			select {
+			case <-le.Lost():
+				return fmt.Errorf("pipeline: stage %s: %w; this process stops, handing back what it holds (start it again: it waits for the holder)", st, le.Err())
+			case <-ctx.Done():
+				return nil
+			}
+		})
+	}
+	return nil
+}
+
+// errStoppedWaiting: stopped (Ctrl-C, SIGTERM) while waiting for another
+// process's lease, before anything started.
+var errStoppedWaiting = errors.New("stopped before it started")
+
+// releaseLeases frees the process's leases once its stages have handed
+// back what they held, so that a process waiting for them starts at once.
+// Without a connection to the server they lapse instead, TTL after their
+// last renewal.
+func (p *Pipeline) releaseLeases() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, le := range p.leases {
+		if !p.tr.nc.IsConnected() {
+			le.Abandon()
+			continue
+		}
+		wg.Go(func() {
+			if err := le.Release(ctx); err != nil {
+				p.notef("%v; it lapses after its TTL", err)
+			}
+		})
+	}
+	wg.Wait()
+}

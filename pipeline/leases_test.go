@@ -1,0 +1,233 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
+	"github.com/wmrl/wmrl/connectors/sim"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// A second fuse process started beside a running one (a rolling update, or
+// one started by mistake) waits, saying who runs fuse, while the run goes
+// on; it takes over once the first stops, and the run's steps are each
+// fused once. A lease taken from it ends it with the reason. Before leases,
+// the two split every step's messages and neither fused any until one
+// stopped.
+func TestASecondFuseWaitsAndTakesOver(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const ttl = 3 * time.Second
+	cfg := testConfig(t)
+	cfg.Source, cfg.leaseTTL = SourceExternal, ttl
+	cfg.Stages = []string{StageRoute, StagePredict, StageExecute, StagePair, StageCalibrate}
+	_, nc, js := startClient(t, ctx, cfg)
+	pol := sim.Policy{Run: "default", Tasks: 4, Groups: 4, GroupSize: 4}
+
+	var mu sync.Mutex
+	fusedBy := map[int64][]string{}
+	fuseCfg := func(name string, out *syncBuffer) Config {
+		c := testConfig(t)
+		c.NATSURL, c.Stages, c.Source, c.leaseTTL = nc.ConnectedUrl(), []string{StageFuse}, SourceExternal, ttl
+		c.Quiet, c.Out = false, out
+		c.OnUpdate = func(u schemas.Update, _ time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			fusedBy[u.Step] = append(fusedBy[u.Step], name)
+		}
+		return c
+	}
+	fusedUpTo := func(n int64) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			for s := range n {
+				if len(fusedBy[s]) == 0 {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	publish := func(from, to int64) {
+		for s := from; s < to; s++ {
+			publishStep(t, ctx, js, pol, s)
+		}
+	}
+
+	var out1, out2 syncBuffer
+	first, err := Start(ctx, fuseCfg("first", &out1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(0, 3)
+	waitFor(t, time.Minute, fusedUpTo(3))
+
+	type started struct {
+		p   *Pipeline
+		err error
+	}
+	second := make(chan started, 1)
+	cfg2 := fuseCfg("second", &out2)
+	cfg2.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	health := func() (int, string) {
+		resp, err := http.Get("http://" + cfg2.MetricsAddr + "/healthz")
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	go func() {
+		p, err := Start(ctx, cfg2)
+		second <- started{p, err}
+	}()
+	waitFor(t, time.Minute, func() bool { return strings.Contains(out2.String(), "another process runs this stage") })
+	if s := out2.String(); !strings.Contains(s, "fuse: another process runs this stage for run default (host ") {
+		t.Fatalf("the waiting process said:\n%s\nwant who runs fuse", s)
+	}
+	// Alive, for a liveness probe; standing by, for a person.
+	if code, body := health(); code != http.StatusOK || !strings.Contains(body, `"status":"standby"`) ||
+		!strings.Contains(body, "waiting to run fuse, which another process runs (host ") {
+		t.Errorf("/healthz of the waiting process: %d %s", code, body)
+	}
+	// The run goes on beside the waiting process, on the first alone.
+	publish(3, 6)
+	waitFor(t, time.Minute, fusedUpTo(6))
+	select {
+	case s := <-second:
+		t.Fatalf("the second fuse started while the first ran: %v", s.err)
+	default:
+	}
+
+	if err := first.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	s := <-second
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	t.Cleanup(func() { s.p.Stop() })
+	if !strings.Contains(out2.String(), "fuse: took over run default's fuse stage") {
+		t.Errorf("the second process did not say it took over:\n%s", out2.String())
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		code, body := health()
+		return code == http.StatusOK && strings.Contains(body, `"status":"ok"`)
+	})
+	publish(6, 9)
+	waitFor(t, time.Minute, fusedUpTo(9))
+	mu.Lock()
+	for step := range int64(9) {
+		want := "first"
+		if step >= 6 {
+			want = "second"
+		}
+		if got := fusedBy[step]; len(got) != 1 || got[0] != want {
+			t.Errorf("step %d fused by %v, want once by the %s process", step, got, want)
+		}
+	}
+	mu.Unlock()
+	if n := len(decodeUpdates(t, scanAll(t, nc, "wmrl.default.update"))); n != 9 {
+		t.Errorf("%d updates stored, want 9", n)
+	}
+	// Status says who runs what: fuse the second process, the others the
+	// run's (which has no archive stage).
+	st, err := ReadStatus(ctx, StreamSource{NATSURL: nc.ConnectedUrl(), Prefix: "wmrl"}, "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := map[string]string{}
+	for _, r := range st.Runners {
+		if r.Holder != nil {
+			runs[r.Stage] = r.Holder.ID
+		}
+	}
+	if len(runs) != 4 || runs[StageFuse] != s.p.leases[0].Holder().ID || runs[StageRoute] == runs[StageFuse] || runs[StageRoute] != runs[StageCalibrate] {
+		t.Errorf("status says the stages are run by %v; want fuse by the second process (%s), route, pair and calibrate by the run's, archive by none",
+			runs, s.p.leases[0].Holder().ID)
+	}
+
+	// Another process takes the lease (its holder was thought gone): the
+	// second notices at its next renewal and stops, saying so.
+	ls, err := natsjs.OpenLeases(ctx, js, LeaseBucket("wmrl"), 1, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.Free(ctx, leaseKey("default", StageFuse)); err != nil {
+		t.Fatal(err)
+	}
+	other := natsjs.NewHolder()
+	other.Host = "other-host"
+	if _, err := ls.Acquire(ctx, leaseKey("default", StageFuse), other, nil); err != nil {
+		t.Fatal(err)
+	}
+	err = s.p.Wait()
+	if !errors.Is(err, natsjs.ErrLeaseLost) || !strings.Contains(err.Error(), "stage fuse") || !strings.Contains(err.Error(), "other-host") {
+		t.Fatalf("the second process ended with %v, want its fuse lease lost to other-host", err)
+	}
+}
+
+// The embedded server's process frees the leases of its own stages when
+// it starts: their holder was the process before it on the same store,
+// killed before it could release them (as TestSIGKILLLosesNothing does).
+func TestARestartOnTheEmbeddedServerTakesItsLeasesAtOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Source, cfg.Steps = SourceSim, 2
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	// What a killed process leaves: every lease held, by a holder gone.
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: cfg.DataDir + "/nats"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := srv.Connect("dead-holder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	ls, err := natsjs.OpenLeases(ctx, js, LeaseBucket("wmrl"), 1, LeaseTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range onePerRun {
+		if _, err := ls.Acquire(ctx, leaseKey("default", st), natsjs.NewHolder(), func(natsjs.Holder) {
+			t.Errorf("lease %s held after the run stopped: it did not release it", st)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nc.Close()
+	srv.Shutdown() // the leases are renewed no more, and lapse only after LeaseTTL
+
+	var out syncBuffer
+	cfg.Steps, cfg.Quiet, cfg.Out = 4, false, &out
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(LeaseTTL / 2):
+		t.Fatalf("the restart waited for the leases of the process before it:\n%s", out.String())
+	}
+	if s := out.String(); strings.Contains(s, "another process runs this stage") {
+		t.Errorf("the restart waited for its own leases:\n%s", s)
+	}
+}
