@@ -14,8 +14,8 @@ import (
 // Route, pair, calibrate, fuse and archive run once per run: each joins a
 // step's messages, which a second process would split with it through the
 // shared durable consumers (neither would ever hold a whole step, and the
-// run would stall while both run; the archive's rows would go to two
-// places). A process takes a lease on each of them before it starts, and
+// run would stall while both run). A process takes a lease on each of
+// them before it starts, and
 // one that finds a lease held waits, saying by whom, until its holder
 // stops (and releases it) or is not heard from for the lease's TTL: a
 // second `wmrl stage fuse`, or the new one of a rolling update, is a
@@ -82,8 +82,8 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 				st, p.cfg.Run, h, ttl, st)
 		})
 		if err != nil {
-			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-				return fmt.Errorf("%w: it waited to run %s, which another process runs (%s)", errStoppedWaiting, st, waited)
+			if waited != nil && errors.Is(err, context.Canceled) && ctx.Err() != nil {
+				return fmt.Errorf("%w: it waited to run %s, which another process runs (%s)", errStoppedWaiting, st, *waited)
 			}
 			return fmt.Errorf("pipeline: stage %s: %w", st, err)
 		}
