@@ -33,8 +33,7 @@ func LeaseBucket(prefix string) string {
 }
 
 // onePerRun are the stages a run has one process of, in the order their
-// leases are taken (one order for every process, so that two never wait
-// for each other).
+// leases are taken and listed.
 var onePerRun = []string{StageRoute, StagePair, StageCalibrate, StageFuse, StageArchive}
 
 // leaseKey is a stage's lease key for the run.
@@ -65,42 +64,82 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 		return fmt.Errorf("pipeline: %w", err)
 	}
 	me := natsjs.NewHolder()
-	for _, st := range mine {
-		key := leaseKey(p.cfg.Run, st)
-		if p.tr.srv != nil {
-			if err := ls.Free(ctx, key); err != nil {
+	if p.tr.srv != nil {
+		for _, st := range mine {
+			if err := ls.Free(ctx, leaseKey(p.cfg.Run, st)); err != nil {
 				return fmt.Errorf("pipeline: %w", err)
 			}
 		}
-		var waited *natsjs.Holder
-		le, err := ls.Acquire(ctx, key, me, func(h natsjs.Holder) {
-			waited = &h
-			w := fmt.Sprintf("waiting to run %s, which another process runs (%s)", st, h)
+	}
+	// All or none: a process waiting for one lease holds no other, so
+	// that status does not name it for stages it does not run yet.
+	var told string
+	for {
+		stage, holder, err := p.tryLeases(ctx, ls, me, mine)
+		if err != nil {
+			return err
+		}
+		if holder == nil {
+			break
+		}
+		if told != stage+holder.ID {
+			told = stage + holder.ID
+			w := fmt.Sprintf("waiting to run %s, which another process runs (%s)", stage, holder)
 			p.standby.Store(&w)
 			p.notef("%s: another process runs this stage for run %s (%s); this one waits, and takes over once that one stops, "+
 				"or %v after it was last heard from (a run has one %s: two would split its messages between them and stall the run)",
-				st, p.cfg.Run, h, ttl, st)
-		})
-		if err != nil {
-			if waited != nil && errors.Is(err, context.Canceled) && ctx.Err() != nil {
-				return fmt.Errorf("%w: it waited to run %s, which another process runs (%s)", errStoppedWaiting, st, *waited)
+				stage, p.cfg.Run, holder, ls.TTL(), stage)
+		}
+		if err := ls.Wait(ctx, leaseKey(p.cfg.Run, stage)); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("%w: it waited to run %s, which another process runs (%s)", errStoppedWaiting, stage, holder)
 			}
-			return fmt.Errorf("pipeline: stage %s: %w", st, err)
+			return fmt.Errorf("pipeline: stage %s: %w", stage, err)
 		}
-		if waited != nil {
-			p.notef("%s: took over run %s's %s stage", st, p.cfg.Run, st)
+	}
+	if told != "" {
+		what := "stages " + strings.Join(mine, ", ")
+		if len(mine) == 1 {
+			what = mine[0] + " stage"
 		}
-		p.leases = append(p.leases, le)
+		p.notef("took over run %s's %s", p.cfg.Run, what)
+	}
+	for i, le := range p.leases {
 		p.go_(func() error {
 			select {
 			case <-le.Lost():
-				return fmt.Errorf("pipeline: stage %s: %w; this process stops, handing back what it holds (start it again: it waits for the holder)", st, le.Err())
+				return fmt.Errorf("pipeline: stage %s: %w; this process stops, handing back what it holds (start it again: it waits for the holder)", mine[i], le.Err())
 			case <-ctx.Done():
 				return nil
 			}
 		})
 	}
 	return nil
+}
+
+// tryLeases takes the leases of stages, in order, and keeps them all; at
+// the first another process holds, it frees those it took and names the
+// stage and the holder.
+func (p *Pipeline) tryLeases(ctx context.Context, ls *natsjs.Leases, me natsjs.Holder, stages []string) (string, *natsjs.Holder, error) {
+	var got []*natsjs.Lease
+	for _, st := range stages {
+		le, other, err := ls.TryAcquire(ctx, leaseKey(p.cfg.Run, st), me)
+		if err == nil && other == nil {
+			got = append(got, le)
+			continue
+		}
+		free, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		for _, le := range got {
+			_ = le.Release(free) // else it lapses
+		}
+		cancel()
+		if err != nil {
+			return "", nil, fmt.Errorf("pipeline: stage %s: %w", st, err)
+		}
+		return st, other, nil
+	}
+	p.leases = got
+	return "", nil, nil
 }
 
 // errStoppedWaiting: stopped (Ctrl-C, SIGTERM) while waiting for another

@@ -120,7 +120,7 @@ func TestASecondFuseWaitsAndTakesOver(t *testing.T) {
 		t.Fatal(s.err)
 	}
 	t.Cleanup(func() { s.p.Stop() })
-	if !strings.Contains(out2.String(), "fuse: took over run default's fuse stage") {
+	if !strings.Contains(out2.String(), "took over run default's fuse stage") {
 		t.Errorf("the second process did not say it took over:\n%s", out2.String())
 	}
 	waitFor(t, 30*time.Second, func() bool {
@@ -229,5 +229,71 @@ func TestARestartOnTheEmbeddedServerTakesItsLeasesAtOnce(t *testing.T) {
 	}
 	if s := out.String(); strings.Contains(s, "another process runs this stage") {
 		t.Errorf("the restart waited for its own leases:\n%s", s)
+	}
+}
+
+// A process that waits for one stage's lease holds none of its others
+// meanwhile: status names nobody for them, not a process that does not
+// run them yet. Once the lease is free, it takes all of them.
+func TestAProcessWaitingForOneLeaseHoldsNoOther(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := srv.Connect("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ls, err := natsjs.OpenLeases(ctx, js, LeaseBucket("wmrl"), 1, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fuse, err := ls.Acquire(ctx, leaseKey("default", StageFuse), natsjs.NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t)
+	var out syncBuffer
+	cfg.NATSURL, cfg.Source, cfg.leaseTTL = srv.URL(), SourceExternal, 2*time.Second
+	cfg.Stages, cfg.Quiet, cfg.Out = []string{StageRoute, StagePair, StageFuse}, false, &out
+	started := make(chan error, 1)
+	var p *Pipeline
+	go func() { var err error; p, err = Start(ctx, cfg); started <- err }()
+	waitFor(t, time.Minute, func() bool { return strings.Contains(out.String(), "fuse: another process runs this stage") })
+	runners := func() map[string]string {
+		st, err := ReadStatus(ctx, StreamSource{NATSURL: srv.URL(), Prefix: "wmrl"}, "default")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]string{}
+		for _, r := range st.Runners {
+			if r.Holder != nil {
+				m[r.Stage] = r.Holder.ID
+			}
+		}
+		return m
+	}
+	time.Sleep(time.Second) // a few of its polls
+	if m := runners(); len(m) != 1 || m[StageFuse] != fuse.Holder().ID {
+		t.Fatalf("while the process waits for fuse, the leases are held by %v; want fuse's alone, by its holder %s", m, fuse.Holder().ID)
+	}
+	if err := fuse.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	if !strings.Contains(out.String(), "took over run default's stages route, pair, fuse") {
+		t.Errorf("it did not say what it took over:\n%s", out.String())
+	}
+	m := runners()
+	if len(m) != 3 || m[StageRoute] != m[StageFuse] || m[StageRoute] != p.leases[0].Holder().ID {
+		t.Errorf("after the release the leases are held by %v, want route, pair and fuse by the process", m)
 	}
 }

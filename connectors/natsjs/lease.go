@@ -70,31 +70,52 @@ func (l *Leases) TTL() time.Duration { return l.ttl }
 // hears who does, once for each holder met. It returns the lease once me
 // holds it, or ctx's error.
 func (l *Leases) Acquire(ctx context.Context, key string, me Holder, busy func(Holder)) (*Lease, error) {
-	value, err := json.Marshal(me)
-	if err != nil {
-		return nil, err
-	}
 	var told string
 	for {
-		rev, other, err := l.take(ctx, key, me, value)
-		if err != nil {
-			return nil, err
-		}
-		if other == nil {
-			le := &Lease{l: l, key: key, me: me, value: value, rev: rev, lost: make(chan struct{}), done: make(chan struct{})}
-			var ctx context.Context
-			ctx, le.stop = context.WithCancel(context.Background())
-			go le.renew(ctx)
-			return le, nil
+		le, other, err := l.TryAcquire(ctx, key, me)
+		if err != nil || le != nil {
+			return le, err
 		}
 		if busy != nil && other.ID != told {
 			busy(*other)
 			told = other.ID
 		}
+		if err := l.Wait(ctx, key); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// TryAcquire takes key for me if nobody holds it, and says who does
+// otherwise.
+func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease, *Holder, error) {
+	value, err := json.Marshal(me)
+	if err != nil {
+		return nil, nil, err
+	}
+	rev, other, err := l.take(ctx, key, me, value)
+	if err != nil || other != nil {
+		return nil, other, err
+	}
+	le := &Lease{l: l, key: key, me: me, value: value, rev: rev, lost: make(chan struct{}), done: make(chan struct{})}
+	var stop context.Context
+	stop, le.stop = context.WithCancel(context.Background())
+	go le.renew(stop)
+	return le, nil, nil
+}
+
+// Wait returns once nobody holds key (released, or lapsed), asking every
+// poll interval, or with ctx's error.
+func (l *Leases) Wait(ctx context.Context, key string) error {
+	for {
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(l.poll):
+		}
+		h, _, err := l.holder(ctx, key)
+		if err != nil || h == nil {
+			return err
 		}
 	}
 }
