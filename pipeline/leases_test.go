@@ -145,16 +145,7 @@ func TestASecondFuseWaitsAndTakesOver(t *testing.T) {
 	}
 	// Status says who runs what: fuse the second process, the others the
 	// run's (which has no archive stage).
-	st, err := ReadStatus(ctx, StreamSource{NATSURL: nc.ConnectedUrl(), Prefix: "wmrl"}, "default")
-	if err != nil {
-		t.Fatal(err)
-	}
-	runs := map[string]string{}
-	for _, r := range st.Runners {
-		if r.Holder != nil {
-			runs[r.Stage] = r.Holder.ID
-		}
-	}
+	runs := runnersOf(t, ctx, nc.ConnectedUrl())
 	if len(runs) != 4 || runs[StageFuse] != s.p.leases[0].Holder().ID || runs[StageRoute] == runs[StageFuse] || runs[StageRoute] != runs[StageCalibrate] {
 		t.Errorf("status says the stages are run by %v; want fuse by the second process (%s), route, pair and calibrate by the run's, archive by none",
 			runs, s.p.leases[0].Holder().ID)
@@ -265,21 +256,8 @@ func TestAProcessWaitingForOneLeaseHoldsNoOther(t *testing.T) {
 	var p *Pipeline
 	go func() { var err error; p, err = Start(ctx, cfg); started <- err }()
 	waitFor(t, time.Minute, func() bool { return strings.Contains(out.String(), "fuse: another process runs this stage") })
-	runners := func() map[string]string {
-		st, err := ReadStatus(ctx, StreamSource{NATSURL: srv.URL(), Prefix: "wmrl"}, "default")
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]string{}
-		for _, r := range st.Runners {
-			if r.Holder != nil {
-				m[r.Stage] = r.Holder.ID
-			}
-		}
-		return m
-	}
 	time.Sleep(time.Second) // a few of its polls
-	if m := runners(); len(m) != 1 || m[StageFuse] != fuse.Holder().ID {
+	if m := runnersOf(t, ctx, srv.URL()); len(m) != 1 || m[StageFuse] != fuse.Holder().ID {
 		t.Fatalf("while the process waits for fuse, the leases are held by %v; want fuse's alone, by its holder %s", m, fuse.Holder().ID)
 	}
 	if err := fuse.Release(ctx); err != nil {
@@ -292,8 +270,25 @@ func TestAProcessWaitingForOneLeaseHoldsNoOther(t *testing.T) {
 	if !strings.Contains(out.String(), "took over run default's stages route, pair, fuse") {
 		t.Errorf("it did not say what it took over:\n%s", out.String())
 	}
-	m := runners()
+	m := runnersOf(t, ctx, srv.URL())
 	if len(m) != 3 || m[StageRoute] != m[StageFuse] || m[StageRoute] != p.leases[0].Holder().ID {
 		t.Errorf("after the release the leases are held by %v, want route, pair and fuse by the process", m)
 	}
+}
+
+// runnersOf is what status says of run default's one-per-run stages: the
+// ID of each one's holder, for those with one.
+func runnersOf(t *testing.T, ctx context.Context, url string) map[string]string {
+	t.Helper()
+	st, err := ReadStatus(ctx, StreamSource{NATSURL: url, Prefix: "wmrl"}, "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]string{}
+	for _, r := range st.Runners {
+		if r.Holder != nil {
+			m[r.Stage] = r.Holder.ID
+		}
+	}
+	return m
 }
