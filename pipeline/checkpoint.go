@@ -79,6 +79,12 @@ func (p *Pipeline) notef(format string, args ...any) {
 func saver[T any](p *Pipeline, st *natsjs.StateStore, stage string) (save func(context.Context, T) error, onErr func(error)) {
 	key := checkpointKey(p.cfg.Run, stage)
 	save = func(ctx context.Context, c T) error {
+		if _, lost := p.leaseLost.Load(stage); lost {
+			// The process that took the stage over keeps its checkpoints;
+			// this one's, older, would replace theirs.
+			p.notef("%s: no checkpoint saved: another process runs this stage now", stage)
+			return nil
+		}
 		if err := st.Save(ctx, key, storedCheckpoint[T]{StreamCreated: p.tr.created, Checkpoint: c}); err != nil {
 			return err
 		}

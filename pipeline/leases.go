@@ -108,6 +108,7 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 		p.go_(func() error {
 			select {
 			case <-le.Lost():
+				p.leaseLost.Store(mine[i], true)
 				return fmt.Errorf("pipeline: stage %s: %w; this process stops, handing back what it holds (start it again: it waits for the holder)", mine[i], le.Err())
 			case <-ctx.Done():
 				return nil

@@ -152,7 +152,20 @@ func TestASecondFuseWaitsAndTakesOver(t *testing.T) {
 	}
 
 	// Another process takes the lease (its holder was thought gone): the
-	// second notices at its next renewal and stops, saying so.
+	// second notices at its next renewal and stops, saying so, and saves
+	// no checkpoint over the new holder's.
+	state, err := js.KeyValue(ctx, StateBucket("wmrl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkpoint := func() uint64 {
+		e, err := state.Get(ctx, checkpointKey("default", StageFuse))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e.Revision()
+	}
+	before := checkpoint()
 	ls, err := natsjs.OpenLeases(ctx, js, LeaseBucket("wmrl"), 1, ttl)
 	if err != nil {
 		t.Fatal(err)
@@ -168,6 +181,9 @@ func TestASecondFuseWaitsAndTakesOver(t *testing.T) {
 	err = s.p.Wait()
 	if !errors.Is(err, natsjs.ErrLeaseLost) || !strings.Contains(err.Error(), "stage fuse") || !strings.Contains(err.Error(), "other-host") {
 		t.Fatalf("the second process ended with %v, want its fuse lease lost to other-host", err)
+	}
+	if after := checkpoint(); after != before || !strings.Contains(out2.String(), "fuse: no checkpoint saved: another process runs this stage now") {
+		t.Errorf("the process that lost its lease saved a checkpoint (revision %d, then %d), or did not say it did not:\n%s", before, after, out2.String())
 	}
 }
 

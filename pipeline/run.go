@@ -58,6 +58,9 @@ type Pipeline struct {
 	// waits for a lease; built: the stages are built (router is set).
 	standby atomic.Pointer[string]
 	built   atomic.Bool
+	// leaseLost: the stages another process took over (it stops, and
+	// saves no checkpoint of theirs over the other's).
+	leaseLost sync.Map
 
 	started       time.Time
 	doneOnce      sync.Once // the closing line of a run of --steps
