@@ -39,17 +39,18 @@ func (p *Pipeline) metricsHandler() http.Handler {
 
 // healthz answers an orchestrator's probe of this process (a Kubernetes
 // liveness or readiness probe, a load balancer's check): 200 while its
-// stages consume and its NATS connection is up, 503 with the reason and a
+// stages consume and its NATS connection is up, 200 with status "standby"
+// while it waits for another process's lease to start, 503 with the reason and a
 // Retry-After while it starts, stops or has lost its server (its stages
 // then wait; nothing is lost, so a liveness probe should allow for a
 // server's restart).
 func (p *Pipeline) healthz(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
-	if w := p.standby.Load(); w != nil {
+	if waiting := p.standby.Load(); waiting != nil {
 		// Alive and doing what it should: a liveness probe leaves it be, and
 		// a rolling update goes on to stop the process it waits for.
-		_ = enc.Encode(map[string]any{"status": "standby", "run": p.cfg.Run, "stages": p.cfg.Stages, "waiting": *w})
+		_ = enc.Encode(map[string]any{"status": "standby", "run": p.cfg.Run, "stages": p.cfg.Stages, "waiting": *waiting})
 		return
 	}
 	if err := p.health(); err != nil {
