@@ -113,7 +113,7 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 			return ctx.Err()
 		case <-time.After(l.poll):
 		}
-		h, _, err := l.holder(ctx, key)
+		h, _, err := l.entry(ctx, key)
 		if err != nil || h == nil {
 			return err
 		}
@@ -135,14 +135,14 @@ func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) 
 		if !errors.Is(err, jetstream.ErrKeyExists) && !wrongLastSeq(err) {
 			return 0, nil, fmt.Errorf("natsjs: lease %s: %w", key, err)
 		}
-		h, rev, err := l.holder(ctx, key)
+		h, e, err := l.entry(ctx, key)
 		switch {
 		case err != nil:
 			return 0, nil, err
 		case h == nil: // lapsed or released since: ask again
 			continue
 		case h.ID == me.ID:
-			return rev, nil, nil
+			return e.Revision(), nil, nil
 		}
 		return 0, h, nil
 	}
@@ -166,11 +166,7 @@ func ReadLeases(ctx context.Context, js jetstream.JetStream, bucket string) (*Le
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: bucket %s: %w", bucket, err)
 	}
-	st, err := kv.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("natsjs: bucket %s: %w", bucket, err)
-	}
-	return &Leases{kv: kv, ttl: st.TTL()}, nil
+	return &Leases{kv: kv}, nil // to read: no TTL or poll needed
 }
 
 // Held says who holds key (nil: nobody) and when they last renewed it.
@@ -182,15 +178,7 @@ func (l *Leases) Held(ctx context.Context, key string) (*Holder, time.Time, erro
 	return h, e.Created(), nil
 }
 
-// holder reads who holds key, and at which revision (nil: nobody).
-func (l *Leases) holder(ctx context.Context, key string) (*Holder, uint64, error) {
-	h, e, err := l.entry(ctx, key)
-	if h == nil {
-		return nil, 0, err
-	}
-	return h, e.Revision(), nil
-}
-
+// entry reads who holds key (nil: nobody) and the value's entry.
 func (l *Leases) entry(ctx context.Context, key string) (*Holder, jetstream.KeyValueEntry, error) {
 	var e jetstream.KeyValueEntry
 	err := UntilAnswered(ctx, func(ctx context.Context) (err error) {

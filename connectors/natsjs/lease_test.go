@@ -159,7 +159,7 @@ func TestALeaseTakenByAnotherIsLost(t *testing.T) {
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if h, _, err := ls[0].holder(ctx, "run.pair"); err != nil || h == nil || h.ID != b.ID {
+	if h, _, err := ls[0].Held(ctx, "run.pair"); err != nil || h == nil || h.ID != b.ID {
 		t.Fatalf("after the old holder's release the lease is %+v (%v), want the new holder's", h, err)
 	}
 }
@@ -180,7 +180,7 @@ func TestALapsedLeaseNobodyTookIsKept(t *testing.T) {
 	if err := le.renewOnce(ctx); err != nil {
 		t.Fatalf("renewing a lapsed lease nobody took: %v", err)
 	}
-	if h, _, err := ls[0].holder(ctx, "run.archive"); err != nil || h == nil || h.ID != le.Holder().ID {
+	if h, _, err := ls[0].Held(ctx, "run.archive"); err != nil || h == nil || h.ID != le.Holder().ID {
 		t.Fatalf("the lease is %+v (%v), want its holder's again", h, err)
 	}
 	// A create whose reply was lost: asked again, the holder finds itself.
@@ -190,7 +190,7 @@ func TestALapsedLeaseNobodyTookIsKept(t *testing.T) {
 	if err := le.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if h, _, err := ls[0].holder(ctx, "run.archive"); err != nil || h != nil {
+	if h, _, err := ls[0].Held(ctx, "run.archive"); err != nil || h != nil {
 		t.Fatalf("after release the lease is held by %+v (%v)", h, err)
 	}
 }
