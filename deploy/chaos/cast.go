@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// cast is the processes of the rehearsal, each logging to a file of its
+// own (every start appends to it).
+type cast struct {
+	dir   string
+	names []string
+	procs map[string]*proc
+}
+
+type proc struct {
+	args []string
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+	// killed: this rehearsal stopped it; an exit otherwise is the
+	// process's own, and it is started again.
+	killed bool
+}
+
+func (c *cast) add(name string, args []string) {
+	if c.procs == nil {
+		c.procs = map[string]*proc{}
+	}
+	c.names = append(c.names, name)
+	c.procs[name] = &proc{args: args}
+}
+
+func (c *cast) startAll() error {
+	if err := os.MkdirAll(filepath.Join(c.dir, "logs"), 0o755); err != nil {
+		return err
+	}
+	for _, n := range c.names {
+		if err := c.start(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *cast) start(name string) error {
+	p := c.procs[name]
+	log, err := os.OpenFile(filepath.Join(c.dir, "logs", name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(log, "=== started %s\n", time.Now().Format(time.RFC3339))
+	cmd := exec.Command(p.args[0], p.args[1:]...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	p.cmd, p.done, p.killed = cmd, make(chan struct{}), false
+	go func(done chan struct{}) {
+		_ = cmd.Wait()
+		log.Close()
+		close(done)
+	}(p.done)
+	return nil
+}
+
+func exited(p *proc) bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// restartExited starts again a process that ended by itself (a stage
+// whose lease was taken while it was frozen, a trainer that gave up), as
+// a supervisor would, and says so.
+func (c *cast) restartExited() error {
+	for _, n := range c.names {
+		p := c.procs[n]
+		if p.killed || !exited(p) {
+			continue
+		}
+		say("%s ended by itself (%s); starting it again", n, p.cmd.ProcessState)
+		if err := c.start(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// signal sends sig to a process and waits for it to end: 40 s, then
+// SIGKILL, for a SIGTERM.
+func (c *cast) signal(name string, sig syscall.Signal) {
+	p := c.procs[name]
+	if exited(p) {
+		return
+	}
+	p.killed = true
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(40 * time.Second):
+		say("%s did not stop within 40s of %s; killing it", name, sigName[sig])
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+var sigName = map[syscall.Signal]string{syscall.SIGKILL: "SIGKILL", syscall.SIGTERM: "SIGTERM"}
+
+// kill stops a random process every 5 to 20 s for d, and starts it again
+// 0.5 to 3 s later. It returns how many it stopped.
+func (c *cast) kill(ctx context.Context, d time.Duration, rng *rand.Rand) (int, error) {
+	end := time.Now().Add(d)
+	kills := 0
+	for time.Now().Before(end) {
+		next := time.Now().Add(5*time.Second + time.Duration(rng.Int64N(int64(15*time.Second))))
+		for time.Now().Before(next) {
+			if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+				return kills, err
+			}
+			if err := c.restartExited(); err != nil {
+				return kills, err
+			}
+		}
+		name := c.names[rng.IntN(len(c.names))]
+		sig := syscall.SIGKILL
+		if rng.Float64() < 0.3 {
+			sig = syscall.SIGTERM
+		}
+		c.signal(name, sig)
+		kills++
+		say("kill %d: %s, %s (%s)", kills, name, sigName[sig], c.procs[name].cmd.ProcessState)
+		if err := sleepCtx(ctx, 500*time.Millisecond+time.Duration(rng.Int64N(int64(2500*time.Millisecond)))); err != nil {
+			return kills, err
+		}
+		if err := c.start(name); err != nil {
+			return kills, err
+		}
+	}
+	return kills, nil
+}
+
+// waitFor waits for name to end with status 0, starting it again when it
+// fails.
+func (c *cast) waitFor(ctx context.Context, name string, limit time.Duration) error {
+	return c.whileWaiting(ctx, limit, func() (bool, error) {
+		p := c.procs[name]
+		if !exited(p) {
+			return false, nil
+		}
+		if p.cmd.ProcessState.Success() {
+			p.killed = true // done, not to be started again
+			return true, nil
+		}
+		say("%s ended (%s); starting it again", name, p.cmd.ProcessState)
+		return false, c.start(name)
+	})
+}
+
+// whileWaiting asks done every half second until it says so, for at most
+// limit, and meanwhile starts again any process that ends by itself.
+func (c *cast) whileWaiting(ctx context.Context, limit time.Duration, done func() (bool, error)) error {
+	deadline := time.Now().Add(limit)
+	for {
+		if ok, err := done(); ok || err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not done within %v: see the logs in %s", limit, filepath.Join(c.dir, "logs"))
+		}
+		if err := c.restartExited(); err != nil {
+			return err
+		}
+		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// stopAll stops every process at once with SIGTERM, as an operator
+// stops a deployment: one at a time, each holder stopped would hand its
+// stage to its standby, stopped next.
+func (c *cast) stopAll() {
+	for _, n := range c.names {
+		if p := c.procs[n]; !exited(p) {
+			p.killed = true
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, n := range c.names {
+		c.signal(n, syscall.SIGTERM)
+	}
+}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/archive"
+)
+
+// run builds what a clean run of 3 steps of 2 groups of 2 stores: group
+// g0 of each step is an anchor, step 1's late (fused on the world model,
+// its late rows archived after).
+func cleanRun() (rep *report, updates []schemas.Update, rows []archive.Row) {
+	rep = newReport(3, 2, 2)
+	for s := range int64(3) {
+		u := schemas.Update{Step: s}
+		for g := range 2 {
+			for i := range 2 {
+				src := archive.SourceWorldModel
+				if g == 0 && s != 1 {
+					src = archive.SourceAnchor
+				}
+				id := fmt.Sprintf("s%d-g%d-t%d", s, g, i)
+				u.Items = append(u.Items, schemas.UpdateItem{TrajID: id, GroupID: fmt.Sprintf("g%d", g), Source: src})
+				rows = append(rows, archive.Row{Step: s, GroupID: fmt.Sprintf("g%d", g), TrajID: id, Source: src})
+			}
+		}
+		if s == 1 {
+			u.LateAnchors = []string{"g0"}
+			for i := range 2 {
+				rows = append(rows, archive.Row{Step: s, GroupID: "g0", TrajID: fmt.Sprintf("s1-g0-t%d", i), Source: archive.SourceLateAnchor})
+			}
+		}
+		updates = append(updates, u)
+		rep.watermarks[s]++
+		rep.calibrations[groupKey(s, "g0")]++
+		rep.seqs[s+1]++
+	}
+	return rep, updates, rows
+}
+
+func TestACleanRunPasses(t *testing.T) {
+	rep, updates, rows := cleanRun()
+	for _, u := range updates {
+		rep.addUpdate(u)
+	}
+	rep.addRows(0, rows)
+	if p := rep.problems(); len(p) > 0 {
+		t.Fatalf("a clean run has problems: %q", p)
+	}
+}
+
+// Each way a run can lose or double something is named.
+func TestTheCheckNamesWhatARunLostOrDoubled(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		spoil func(rep *report, updates []schemas.Update, rows []archive.Row) ([]schemas.Update, []archive.Row)
+		want  string
+	}{
+		{"an update missing", func(_ *report, u []schemas.Update, r []archive.Row) ([]schemas.Update, []archive.Row) {
+			return u[:2], r
+		}, "1 steps have no update (the first: 2)"},
+		{"an update twice", func(_ *report, u []schemas.Update, r []archive.Row) ([]schemas.Update, []archive.Row) {
+			return append(u, u[0]), r
+		}, "1 steps have more than one update"},
+		{"an update short of an item", func(_ *report, u []schemas.Update, r []archive.Row) ([]schemas.Update, []archive.Row) {
+			u[2].Items = u[2].Items[1:]
+			return u, r
+		}, "1 updates have other than 4 items (the first: step 2)"},
+		{"a watermark twice", func(rep *report, u []schemas.Update, r []archive.Row) ([]schemas.Update, []archive.Row) {
+			rep.watermarks[1]++
+			return u, r
+		}, "1 steps have more than one watermark"},
+		{"an anchor group absorbed twice", func(rep *report, u []schemas.Update, r []archive.Row) ([]schemas.Update, []archive.Row) {
+			rep.calibrations[groupKey(2, "g0")]++
+			return u, r
+		}, "anchor group 2/g0 was absorbed 2 times"},
+		{"a late anchor group never absorbed", func(rep *report, u []schemas.Update, r []archive.Row) ([]schemas.Update, []archive.Row) {
+			delete(rep.calibrations, groupKey(1, "g0"))
+			return u, r
+		}, "anchor group 1/g0 was never absorbed"},
+		{"a calibration published twice", func(rep *report, u []schemas.Update, r []archive.Row) ([]schemas.Update, []archive.Row) {
+			rep.seqs[2]++
+			return u, r
+		}, "calibration sequence number 2 published 2 times"},
+		{"a row twice", func(_ *report, u []schemas.Update, r []archive.Row) ([]schemas.Update, []archive.Row) {
+			return u, append(r, r[0])
+		}, "1 trajectories have more than one row"},
+		{"a row missing", func(_ *report, u []schemas.Update, r []archive.Row) ([]schemas.Update, []archive.Row) {
+			return u, r[1:]
+		}, "1 steps have other than 4 rows"},
+		{"a late group's late rows missing", func(_ *report, u []schemas.Update, r []archive.Row) ([]schemas.Update, []archive.Row) {
+			return u, slices.DeleteFunc(r, func(row archive.Row) bool { return row.Source == archive.SourceLateAnchor })
+		}, "late anchor group 1/g0 has 0 late rows, want 2"},
+		{"a dead letter", func(rep *report, u []schemas.Update, r []archive.Row) ([]schemas.Update, []archive.Row) {
+			rep.deadLetters["pair: waited 10m0s"]++
+			return u, r
+		}, "1 dead letters"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep, updates, rows := cleanRun()
+			updates, rows = tc.spoil(rep, updates, rows)
+			for _, u := range updates {
+				rep.addUpdate(u)
+			}
+			rep.addRows(0, rows)
+			p := rep.problems()
+			if !slices.ContainsFunc(p, func(s string) bool { return strings.Contains(s, tc.want) }) {
+				t.Fatalf("problems %q do not say %q", p, tc.want)
+			}
+			if rep.ok() {
+				t.Fatal("ok")
+			}
+		})
+	}
+}
+
+// With --archive-apart a successor can write the holder's last file again
+// in its own root: counted, not a failure. Twice in one root is one.
+func TestRowsInBothRootsAreCountedRowsTwiceInOneFail(t *testing.T) {
+	rep, updates, rows := cleanRun()
+	for _, u := range updates {
+		rep.addUpdate(u)
+	}
+	rep.addRows(0, rows)
+	rep.addRows(1, rows[:4])
+	if p := rep.problems(); len(p) > 0 || rep.archive.inBothRoots != 4 {
+		t.Fatalf("problems %q, %d rows in both roots; want none and 4", p, rep.archive.inBothRoots)
+	}
+	rep.addRows(1, rows[:1])
+	if p := rep.problems(); !slices.ContainsFunc(p, func(s string) bool {
+		return strings.Contains(s, "1 trajectories have more than one row of their step in one archive root")
+	}) {
+		t.Fatalf("problems %q", p)
+	}
+}

@@ -1,0 +1,240 @@
+// Command chaos rehearses the failures of a split deployment before a
+// training run meets them. It runs a run's stages as processes of their
+// own, two of each (`wmrl stage NAME`), and a simulated trainer as another,
+// against a NATS server; for a while it kills one of them at random every
+// few seconds (SIGKILL mostly, SIGTERM otherwise) and starts it again.
+// Then it lets the trainer finish, stops everything, and checks what the
+// run stored: every step's update once, with every trajectory; every
+// watermark once; every anchor group absorbed by the calibration once;
+// every trajectory in the Parquet archives once (a late anchor group's
+// once more, as its late rows); and which dead letters there are. It
+// prints PASS or FAIL and exits 1 on FAIL.
+//
+//	go run ./deploy/chaos                 # 5 minutes of kills on an embedded server
+//	go run ./deploy/chaos --for 20m --nats nats://10.0.0.5:4222
+//
+// On a server of your own it uses a stream of its own (--prefix): the
+// rehearsal of a cluster, its failovers and its latencies, is the point.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// stages: two processes of each; the one-per-run stages' second waits as
+// a standby, predict's and execute's share the work.
+var stages = []string{"route", "pair", "calibrate", "fuse", "archive", "predict", "execute"}
+
+type options struct {
+	dur             time.Duration
+	seed            uint64
+	wmrl, nats, dir string
+	prefix, run     string
+	groups, size    int
+	keep            bool
+	// archiveApart gives each archive process a root of its own.
+	archiveApart bool
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "trainer" {
+		if err := trainerMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "trainer:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	var o options
+	flag.DurationVar(&o.dur, "for", 5*time.Minute, "how long to kill processes")
+	flag.Uint64Var(&o.seed, "seed", 1, "seed of which process is killed when, and how")
+	flag.StringVar(&o.wmrl, "wmrl", "", "the wmrl binary to run (default: go build ./cmd/wmrl into --dir)")
+	flag.StringVar(&o.nats, "nats", "", "NATS server (default: one embedded in this process, in --dir)")
+	flag.StringVar(&o.dir, "dir", "", "directory of the logs, archives and the embedded server's store (default: a new one in the temporary directory)")
+	flag.StringVar(&o.prefix, "prefix", "wmrlchaos", "subject prefix: the stream is WMRL_<PREFIX>")
+	flag.StringVar(&o.run, "run", "", "run name (default: chaos-<the time>)")
+	flag.IntVar(&o.groups, "groups", 16, "groups per step")
+	flag.IntVar(&o.size, "group-size", 8, "trajectories per group")
+	flag.BoolVar(&o.keep, "keep", false, "keep --dir when it was made here")
+	flag.BoolVar(&o.archiveApart, "archive-apart", false, "give each archive process an --archive of its own, as on two machines' disks, instead of one they share")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ok, err := rehearse(ctx, o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		os.Exit(2)
+	}
+	if !ok {
+		os.Exit(1)
+	}
+}
+
+func rehearse(ctx context.Context, o options) (bool, error) {
+	if o.run == "" {
+		o.run = "chaos-" + time.Now().UTC().Format("20060102-150405")
+	}
+	if o.dir == "" {
+		d, err := os.MkdirTemp("", "wmrl-chaos-")
+		if err != nil {
+			return false, err
+		}
+		o.dir = d
+		if !o.keep {
+			defer os.RemoveAll(d)
+		}
+	}
+	if o.wmrl == "" {
+		o.wmrl = filepath.Join(o.dir, "wmrl")
+		say("building ./cmd/wmrl")
+		if out, err := exec.Command("go", "build", "-o", o.wmrl, "./cmd/wmrl").CombinedOutput(); err != nil {
+			return false, fmt.Errorf("go build ./cmd/wmrl (run this from the repository's root, or give --wmrl): %v\n%s", err, out)
+		}
+	}
+	if o.nats == "" {
+		srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(o.dir, "nats"), MaxPayload: 8 << 20})
+		if err != nil {
+			return false, err
+		}
+		defer srv.Shutdown()
+		o.nats = srv.URL()
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return false, err
+	}
+	say("run %s, stream %s on %s; logs in %s", o.run, streamName(o.prefix), o.nats, filepath.Join(o.dir, "logs"))
+	c := &cast{dir: o.dir}
+	common := []string{"--nats", o.nats, "--prefix", o.prefix, "--run", o.run}
+	trainer := func(steps int64) []string {
+		return append([]string{self, "trainer", "--steps", fmt.Sprint(steps), "--groups", fmt.Sprint(o.groups), "--group-size", fmt.Sprint(o.size)}, common...)
+	}
+	c.add("trainer", trainer(1<<40))
+	for _, s := range stages {
+		for i := 1; i <= 2; i++ {
+			args := append([]string{o.wmrl, "stage", s}, common...)
+			if s == "archive" {
+				root := filepath.Join(o.dir, "archive")
+				if o.archiveApart {
+					root += fmt.Sprint(i)
+				}
+				args = append(args, "--archive", root)
+			}
+			c.add(fmt.Sprintf("%s-%d", s, i), args)
+		}
+	}
+	if err := c.startAll(); err != nil {
+		return false, err
+	}
+	defer c.stopAll()
+	stopProgress, err := progress(ctx, o)
+	if err != nil {
+		return false, err
+	}
+	defer stopProgress()
+
+	kills, err := c.kill(ctx, o.dur, rand.New(rand.NewPCG(o.seed, 0)))
+	if err != nil {
+		return false, err
+	}
+	tr, err := dialRun(ctx, o.nats, o.prefix, o.run)
+	if err != nil {
+		return false, err
+	}
+	defer tr.close()
+	// The trainer ends at a step boundary: killed, it resumes after the
+	// newest watermark and publishes 20 steps more.
+	c.signal("trainer", syscall.SIGKILL)
+	last, _, err := tr.lastStep(ctx, schemas.KindStep)
+	if err != nil {
+		return false, err
+	}
+	target := last + 1 + 20
+	say("%d kills in %v; the trainer ends at step %d", kills, o.dur, target-1)
+	c.procs["trainer"].args = trainer(target)
+	if err := c.start("trainer"); err != nil {
+		return false, err
+	}
+	if err := c.waitFor(ctx, "trainer", 15*time.Minute); err != nil {
+		return false, err
+	}
+	// A step held back (an anchor group past its deadline, a prediction
+	// redelivered) is fused after later ones.
+	if err := c.whileWaiting(ctx, 5*time.Minute, func() (bool, error) {
+		n, err := tr.count(ctx, schemas.KindUpdate)
+		return n >= uint64(target), err
+	}); err != nil {
+		return false, fmt.Errorf("waiting for every step's update: %w", err)
+	}
+	stopProgress()
+	c.stopAll()
+	say("every process stopped; checking what the run stored")
+	r, err := tr.check(ctx, o, target)
+	if err != nil {
+		return false, err
+	}
+	r.print(os.Stdout)
+	return r.ok(), nil
+}
+
+// progress says every 30 s which step the run fused last, until stopped.
+func progress(ctx context.Context, o options) (stop func(), err error) {
+	r, err := dialRun(ctx, o.nats, o.prefix, o.run)
+	if err != nil {
+		return nil, err
+	}
+	done := make(chan struct{})
+	var once sync.Once
+	go func() {
+		defer r.close()
+		t := time.NewTicker(30 * time.Second)
+		defer t.Stop()
+		prev, at := int64(-1), time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				s, ok, err := r.lastStep(ctx, schemas.KindUpdate)
+				switch {
+				case err != nil:
+					say("progress: %v", err)
+				case !ok:
+					say("no step fused yet")
+				default:
+					say("step %d fused, %.0f steps/s over the last %v", s, float64(s-prev)/now.Sub(at).Seconds(), now.Sub(at).Round(time.Second))
+					prev, at = s, now
+				}
+			}
+		}
+	}()
+	return func() { once.Do(func() { close(done) }) }, nil
+}
+
+func say(format string, args ...any) {
+	fmt.Printf("%s %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+// sleepCtx waits d, or less when ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/sim"
+	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// inFlight: steps the trainer publishes ahead of the newest update, as
+// `wmrl run`'s simulated source does.
+const inFlight = 4
+
+func streamName(prefix string) string { return pipeline.StreamName(prefix) }
+
+// runConn is a connection to a run's stream.
+type runConn struct {
+	nc          *nats.Conn
+	js          jetstream.JetStream
+	stream      jetstream.Stream // once it exists
+	prefix, run string
+}
+
+func dialRun(ctx context.Context, url, prefix, run string) (*runConn, error) {
+	nc, err := nats.Connect(url, nats.Name("wmrl chaos"), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return &runConn{nc: nc, js: js, prefix: prefix, run: run}, nil
+}
+
+func (r *runConn) close() { r.nc.Close() }
+
+func (r *runConn) subject(k schemas.Kind) string { return r.prefix + "." + r.run + "." + string(k) }
+
+// lastStep reads the step of the newest message on the run's subject of
+// kind k; ok is false when there is none (or no stream yet).
+func (r *runConn) lastStep(ctx context.Context, k schemas.Kind) (step int64, ok bool, err error) {
+	if r.stream == nil {
+		s, err := r.js.Stream(ctx, streamName(r.prefix))
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return 0, false, nil
+		}
+		if err != nil {
+			return 0, false, err
+		}
+		r.stream = s
+	}
+	m, err := r.stream.GetLastMsgForSubject(ctx, r.subject(k))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	var v struct {
+		Step int64 `json:"step"`
+	}
+	if err := json.Unmarshal(m.Data, &v); err != nil {
+		return 0, false, fmt.Errorf("%s: %w", r.subject(k), err)
+	}
+	return v.Step, true, nil
+}
+
+// count is how many messages the run's subject of kind k holds.
+func (r *runConn) count(ctx context.Context, k schemas.Kind) (uint64, error) {
+	s, err := r.js.Stream(ctx, streamName(r.prefix))
+	if err != nil {
+		return 0, err
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(r.subject(k)))
+	if err != nil {
+		return 0, err
+	}
+	return info.State.Subjects[r.subject(k)], nil
+}
+
+// trainerMain plays the trainer: the simulated policy's steps, published
+// on the run's public subjects from the step after the newest watermark,
+// at most inFlight ahead of the updates. It ends, status 0, once the
+// update of its last step is stored.
+func trainerMain(args []string) error {
+	fs := flag.NewFlagSet("trainer", flag.ContinueOnError)
+	url := fs.String("nats", "", "server")
+	prefix := fs.String("prefix", "", "subject prefix")
+	run := fs.String("run", "", "run")
+	steps := fs.Int64("steps", 0, "steps in all")
+	groups := fs.Int("groups", 16, "groups per step")
+	size := fs.Int("group-size", 8, "trajectories per group")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	r, err := dialRun(ctx, *url, *prefix, *run)
+	if err != nil {
+		return err
+	}
+	defer r.close()
+	pub, err := natsjs.NewPublisher(natsjs.PublisherConfig{Conn: r.nc})
+	if err != nil {
+		return err
+	}
+	// The stream is the stages' to make, with their settings.
+	for {
+		if _, err := r.js.Stream(ctx, streamName(*prefix)); err == nil {
+			break
+		}
+		if err := sleepCtx(ctx, time.Second); err != nil {
+			return err
+		}
+	}
+	next := int64(0)
+	if s, ok, err := r.lastStep(ctx, schemas.KindStep); err != nil {
+		return err
+	} else if ok {
+		next = s + 1
+	}
+	fmt.Printf("publishing steps %d to %d\n", next, *steps-1)
+	policy := &sim.Policy{Run: *run, Tasks: 32, Groups: *groups, GroupSize: *size}
+	updated := func() (int64, error) {
+		s, ok, err := r.lastStep(ctx, schemas.KindUpdate)
+		if !ok {
+			s = -1
+		}
+		return s, err
+	}
+	for step := next; step < *steps; step++ {
+		for {
+			u, err := updated()
+			if err != nil {
+				return err
+			}
+			if step-u <= inFlight {
+				break
+			}
+			if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+				return err
+			}
+		}
+		trajs, wm := policy.Step(step)
+		msgs := make([]*message.Message, len(trajs))
+		for i, t := range trajs {
+			if msgs[i], err = schemas.NewTrajMessage(t); err != nil {
+				return err
+			}
+		}
+		if err := pub.Publish(r.subject(schemas.KindTraj), msgs...); err != nil {
+			return err
+		}
+		m, err := schemas.NewMessage(fmt.Sprintf("%s/step/%d", wm.Run, step), wm)
+		if err != nil {
+			return err
+		}
+		if err := pub.Publish(r.subject(schemas.KindStep), m); err != nil {
+			return err
+		}
+	}
+	for {
+		u, err := updated()
+		if err != nil {
+			return err
+		}
+		if u >= *steps-1 {
+			fmt.Printf("the update of step %d is stored\n", u)
+			return nil
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
