@@ -31,12 +31,9 @@ import (
 	"time"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/schemas"
 )
-
-// stages: two processes of each; the one-per-run stages' second waits as
-// a standby, predict's and execute's share the work.
-var stages = []string{"route", "pair", "calibrate", "fuse", "archive", "predict", "execute"}
 
 type options struct {
 	dur             time.Duration
@@ -122,10 +119,12 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 		return append([]string{self, "trainer", "--steps", fmt.Sprint(steps), "--groups", fmt.Sprint(o.groups), "--group-size", fmt.Sprint(o.size)}, common...)
 	}
 	c.add("trainer", trainer(1<<40))
-	for _, s := range stages {
+	// Two processes of each stage: the one-per-run stages' second waits as
+	// a standby, predict's and execute's share the work.
+	for _, s := range pipeline.AllStages {
 		for i := 1; i <= 2; i++ {
 			args := append([]string{o.wmrl, "stage", s}, common...)
-			if s == "archive" {
+			if s == pipeline.StageArchive {
 				root := filepath.Join(o.dir, "archive")
 				if o.archiveApart {
 					root += fmt.Sprint(i)
@@ -167,16 +166,23 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	if err := c.start("trainer"); err != nil {
 		return false, err
 	}
+	// A run that does not finish is checked all the same: the check says
+	// what it lacks.
 	if err := c.waitFor(ctx, "trainer", 15*time.Minute); err != nil {
-		return false, err
-	}
-	// A step held back (an anchor group past its deadline, a prediction
-	// redelivered) is fused after later ones.
-	if err := c.whileWaiting(ctx, 5*time.Minute, func() (bool, error) {
+		if ctx.Err() != nil {
+			return false, err
+		}
+		say("the trainer: %v", err)
+	} else if err := c.whileWaiting(ctx, 5*time.Minute, func() (bool, error) {
+		// A step held back (an anchor group past its deadline, a
+		// prediction redelivered) is fused after later ones.
 		n, err := tr.count(ctx, schemas.KindUpdate)
 		return n >= uint64(target), err
 	}); err != nil {
-		return false, fmt.Errorf("waiting for every step's update: %w", err)
+		if ctx.Err() != nil {
+			return false, err
+		}
+		say("waiting for every step's update: %v", err)
 	}
 	stopProgress()
 	c.stopAll()
