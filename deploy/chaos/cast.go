@@ -80,8 +80,8 @@ func exited(p *proc) bool {
 }
 
 // restartExited starts again a process that ended by itself (a stage
-// whose lease was taken while it was frozen, a trainer that gave up), as
-// a supervisor would, and says so.
+// that stopped on an error, a trainer that failed), as a supervisor
+// would, and says so.
 func (c *cast) restartExited() error {
 	for _, n := range c.names {
 		p := c.procs[n]
