@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 )
@@ -117,8 +118,10 @@ func (c *cast) signal(name string, sig syscall.Signal) {
 var sigName = map[syscall.Signal]string{syscall.SIGKILL: "SIGKILL", syscall.SIGTERM: "SIGTERM"}
 
 // kill stops a random process every 5 to 20 s for d, and starts it again
-// 0.5 to 3 s later. It returns how many it stopped.
-func (c *cast) kill(ctx context.Context, d time.Duration, rng *rand.Rand) (int, error) {
+// 0.5 to 3 s later; every fourth is server, when it is named. It returns
+// how many it stopped.
+func (c *cast) kill(ctx context.Context, d time.Duration, rng *rand.Rand, server string) (int, error) {
+	others := slices.DeleteFunc(slices.Clone(c.names), func(n string) bool { return n == server })
 	end := time.Now().Add(d)
 	kills := 0
 	for time.Now().Before(end) {
@@ -131,7 +134,10 @@ func (c *cast) kill(ctx context.Context, d time.Duration, rng *rand.Rand) (int, 
 				return kills, err
 			}
 		}
-		name := c.names[rng.IntN(len(c.names))]
+		name := others[rng.IntN(len(others))]
+		if server != "" && kills%4 == 3 {
+			name = server
+		}
 		sig := syscall.SIGKILL
 		if rng.Float64() < 0.3 {
 			sig = syscall.SIGTERM
@@ -186,17 +192,19 @@ func (c *cast) whileWaiting(ctx context.Context, limit time.Duration, done func(
 	}
 }
 
-// stopAll stops every process at once with SIGTERM, as an operator
-// stops a deployment: one at a time, each holder stopped would hand its
-// stage to its standby, stopped next.
-func (c *cast) stopAll() {
+// stopAll stops every process but those named at once with SIGTERM, as
+// an operator stops a deployment: one at a time, each holder stopped would
+// hand its stage to its standby, stopped next.
+func (c *cast) stopAll(except ...string) {
+	var names []string
 	for _, n := range c.names {
-		if p := c.procs[n]; !exited(p) {
+		if p := c.procs[n]; !slices.Contains(except, n) && !exited(p) {
 			p.killed = true
 			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			names = append(names, n)
 		}
 	}
-	for _, n := range c.names {
+	for _, n := range names {
 		c.signal(n, syscall.SIGTERM)
 	}
 }

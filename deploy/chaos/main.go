@@ -22,6 +22,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -44,6 +45,9 @@ type options struct {
 	keep            bool
 	// archiveApart gives each archive process a root of its own.
 	archiveApart bool
+	// natsServer: a nats-server binary to run as one of the processes
+	// killed, instead of the embedded server.
+	natsServer string
 }
 
 func main() {
@@ -59,6 +63,7 @@ func main() {
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of which process is killed when, and how")
 	flag.StringVar(&o.wmrl, "wmrl", "", "the wmrl binary to run (default: go build ./cmd/wmrl into --dir)")
 	flag.StringVar(&o.nats, "nats", "", "NATS server (default: one embedded in this process, in --dir)")
+	flag.StringVar(&o.natsServer, "nats-server", "", "a nats-server binary to run on a store in --dir instead of the embedded server, as one more process it kills (every fourth kill) and starts again (go build -o nats-server github.com/nats-io/nats-server/v2)")
 	flag.StringVar(&o.dir, "dir", "", "directory of the logs, archives and the embedded server's store (default: a new one in the temporary directory)")
 	flag.StringVar(&o.prefix, "prefix", "wmrlchaos", "subject prefix: the stream is WMRL_<PREFIX>")
 	flag.StringVar(&o.run, "run", "", "run name (default: chaos-<the time>)")
@@ -100,7 +105,18 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 			return false, fmt.Errorf("go build ./cmd/wmrl (run this from the repository's root, or give --wmrl): %v\n%s", err, out)
 		}
 	}
-	if o.nats == "" {
+	c := &cast{dir: o.dir}
+	switch {
+	case o.natsServer != "" && o.nats != "":
+		return false, fmt.Errorf("--nats and --nats-server: give one")
+	case o.natsServer != "":
+		args, url, err := serverArgs(o)
+		if err != nil {
+			return false, err
+		}
+		c.add(natsServerName, args)
+		o.nats = url
+	case o.nats == "":
 		srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(o.dir, "nats"), MaxPayload: 8 << 20})
 		if err != nil {
 			return false, err
@@ -113,7 +129,6 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 		return false, err
 	}
 	say("run %s, stream %s on %s; logs in %s", o.run, streamName(o.prefix), o.nats, filepath.Join(o.dir, "logs"))
-	c := &cast{dir: o.dir}
 	common := []string{"--nats", o.nats, "--prefix", o.prefix, "--run", o.run}
 	trainer := func(steps int64) []string {
 		return append([]string{self, "trainer", "--steps", fmt.Sprint(steps), "--groups", fmt.Sprint(o.groups), "--group-size", fmt.Sprint(o.size)}, common...)
@@ -144,7 +159,11 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	}
 	defer stopProgress()
 
-	kills, err := c.kill(ctx, o.dur, rand.New(rand.NewPCG(o.seed, 0)))
+	server := ""
+	if o.natsServer != "" {
+		server = natsServerName
+	}
+	kills, err := c.kill(ctx, o.dur, rand.New(rand.NewPCG(o.seed, 0)), server)
 	if err != nil {
 		return false, err
 	}
@@ -156,9 +175,14 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	// The trainer ends at a step boundary: killed, it resumes after the
 	// newest watermark and publishes 20 steps more.
 	c.signal("trainer", syscall.SIGKILL)
-	last, _, err := tr.lastStep(ctx, schemas.KindStep)
-	if err != nil {
-		return false, err
+	var last int64
+	// The server may be starting again after a kill.
+	if err := c.whileWaiting(ctx, time.Minute, func() (bool, error) {
+		var err error
+		last, _, err = tr.lastStep(ctx, schemas.KindStep)
+		return err == nil, nil
+	}); err != nil {
+		return false, fmt.Errorf("reading the newest watermark: %w", err)
 	}
 	target := last + 1 + 20
 	say("%d kills in %v; the trainer ends at step %d", kills, o.dur, target-1)
@@ -185,7 +209,7 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 		say("waiting for every step's update: %v", err)
 	}
 	stopProgress()
-	c.stopAll()
+	c.stopAll(natsServerName)
 	say("every process stopped; checking what the run stored")
 	r, err := tr.check(ctx, o, target)
 	if err != nil {
@@ -193,6 +217,25 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	}
 	r.print(os.Stdout)
 	return r.ok(), nil
+}
+
+const natsServerName = "nats-server"
+
+// serverArgs writes the configuration of a nats-server on a free port of
+// 127.0.0.1, with its store in o.dir, and returns its command and URL.
+func serverArgs(o options) (args []string, url string, err error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	conf := filepath.Join(o.dir, "nats-server.conf")
+	text := fmt.Sprintf("listen: 127.0.0.1:%d\nmax_payload: 8MB\njetstream { store_dir: %q }\n", port, filepath.Join(o.dir, "nats"))
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		return nil, "", err
+	}
+	return []string{o.natsServer, "-c", conf}, fmt.Sprintf("nats://127.0.0.1:%d", port), nil
 }
 
 // progress says every 30 s which step the run fused last, until stopped.

@@ -36,7 +36,7 @@ type runConn struct {
 }
 
 func dialRun(ctx context.Context, url, prefix, run string) (*runConn, error) {
-	nc, err := nats.Connect(url, nats.Name("wmrl chaos"), nats.MaxReconnects(-1))
+	nc, err := nats.Connect(url, nats.Name("wmrl chaos"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", url, err)
 	}
@@ -137,12 +137,24 @@ func trainerMain(args []string) error {
 	}
 	fmt.Printf("publishing steps %d to %d\n", next, *steps-1)
 	policy := &sim.Policy{Run: *run, Tasks: 32, Groups: *groups, GroupSize: *size}
+	// updated reads the newest update's step, waiting out a server that
+	// does not answer (it restarts), as a trainer waits for its rewards.
 	updated := func() (int64, error) {
-		s, ok, err := r.lastStep(ctx, schemas.KindUpdate)
-		if !ok {
-			s = -1
+		for {
+			s, ok, err := r.lastStep(ctx, schemas.KindUpdate)
+			switch {
+			case err == nil && !ok:
+				return -1, nil
+			case err == nil:
+				return s, nil
+			case ctx.Err() != nil:
+				return 0, ctx.Err()
+			}
+			fmt.Printf("reading the newest update: %v; trying again\n", err)
+			if err := sleepCtx(ctx, time.Second); err != nil {
+				return 0, err
+			}
 		}
-		return s, err
 	}
 	for step := next; step < *steps; step++ {
 		for {
