@@ -129,6 +129,7 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 		Redelivered: func(m *message.Message) bool {
 			return m.Metadata.Get(natsjs.MetaDeliveries) > "1" || len(m.Metadata.Get(natsjs.MetaDeliveries)) > 1
 		},
+		Seq: natsjs.StreamSeq,
 		Out: route.Topics{
 			Group: p.topo.Out(StageRoute, schemas.KindGroup),
 			Exec:  p.topo.Out(StageRoute, schemas.KindExec),

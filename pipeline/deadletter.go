@@ -156,8 +156,7 @@ func (d *deadLetters) lastAttempt(msg *message.Message) bool {
 
 // sendMsg dead-letters a message a handler was given.
 func (d *deadLetters) sendMsg(stage string, msg *message.Message, reason string) (schemas.DeadLetter, error) {
-	seq, _ := strconv.ParseUint(msg.Metadata.Get(natsjs.MetaStreamSeq), 10, 64)
-	return d.send(stage, msg.Metadata.Get(natsjs.MetaSubject), seq, reason, msg.Payload)
+	return d.send(stage, msg.Metadata.Get(natsjs.MetaSubject), natsjs.StreamSeq(msg), reason, msg.Payload)
 }
 
 // send stores a message of subject, at seq on the stream, on the dlq

@@ -340,6 +340,13 @@ func fromNats(jm jetstream.Msg) *message.Message {
 	return wm
 }
 
+// StreamSeq is a received message's stream sequence (MetaStreamSeq), 0
+// when it has none.
+func StreamSeq(m *message.Message) uint64 {
+	seq, _ := strconv.ParseUint(m.Metadata.Get(MetaStreamSeq), 10, 64)
+	return seq
+}
+
 // awaitAcks waits until the server has handled every acknowledgement and
 // hand-back sent so far. A consumer's are queued on the server and handled
 // on its own goroutine, in order, and a server that stops drops what is

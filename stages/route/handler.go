@@ -32,6 +32,7 @@ type Handler struct {
 	now   func() time.Time
 
 	redelivered func(*message.Message) bool
+	seq         func(*message.Message) uint64
 	inFlight    func(context.Context) (int, error)
 	maxPayload  int
 	size        func(*message.Message) int
@@ -49,7 +50,18 @@ type Handler struct {
 	// noWatermarkSaid: the steps OnNoWatermark heard of.
 	firstAt         map[int64]time.Time
 	noWatermarkSaid map[int64]bool
+	// taken: the stream sequences of the trajectories an open step took;
+	// planned: those of the newest keepPlanned steps planned, sorted, in
+	// the order plannedOrder; with Seq, what tells a trajectory delivered
+	// again from a late one.
+	taken, planned map[int64][]uint64
+	plannedOrder   []int64
 }
+
+// keepPlanned: how many planned steps' trajectory sequences route keeps.
+// A server that restarts after a crash can deliver again what route
+// acknowledged in its last moments: a few steps.
+const keepPlanned = 1024
 
 // Config configures a Handler.
 type Config struct {
@@ -61,6 +73,14 @@ type Config struct {
 	// Redelivered tells a message delivered before (to a process that may
 	// have planned its step) from a first delivery. Default: never.
 	Redelivered func(*message.Message) bool
+	// Seq, if set, is a message's stream sequence. A trajectory of a step
+	// this process planned is then a copy when its sequence is one the
+	// plan took, and late otherwise, however often it was delivered: a
+	// server restarted after a crash can have lost what it had counted of
+	// its deliveries and acknowledgements, and deliver as new what route
+	// had planned (Redelivered tells only steps planned before this
+	// process started, or long ago).
+	Seq func(*message.Message) uint64
 	// InFlight counts anchor groups sent for execution and not executed
 	// yet. With Scheduler.MaxInFlight > 0 it is asked before each step is
 	// planned, and the cap lowers that step's anchors; a failed count
@@ -143,11 +163,12 @@ func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
 		cfg.WatermarkWait = 5 * time.Minute
 	}
 	return &Handler{
-		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, inFlight: cfg.InFlight, maxPayload: cfg.MaxPayload, size: cfg.Size, onShort: cfg.OnShort,
+		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, seq: cfg.Seq, inFlight: cfg.InFlight, maxPayload: cfg.MaxPayload, size: cfg.Size, onShort: cfg.OnShort,
 		onDropped:     cfg.OnDropped,
 		onNoWatermark: cfg.OnNoWatermark, watermarkWait: cfg.WatermarkWait,
 		asm: NewAssembly(cfg.StepTimeout), done: map[int64]chan struct{}{}, sent: map[int64][]string{},
 		firstAt: map[int64]time.Time{}, noWatermarkSaid: map[int64]bool{},
+		taken: map[int64][]uint64{}, planned: map[int64][]uint64{},
 	}, nil
 }
 
@@ -204,13 +225,22 @@ func (h *Handler) HandleTraj(msg *message.Message) error {
 func (h *Handler) addTraj(msg *message.Message, t schemas.Trajectory) (<-chan struct{}, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.asm.IsClosed(t.Step) && h.redelivered(msg) {
-		// Delivered before, to a route that planned its step and died
-		// before acknowledging: a duplicate, not a late trajectory.
-		return nil, nil
+	if h.asm.IsClosed(t.Step) {
+		if seqs, ok := h.planned[t.Step]; ok {
+			if _, taken := slices.BinarySearch(seqs, h.seq(msg)); taken {
+				return nil, nil // delivered again: its step's plan took it
+			}
+		} else if h.redelivered(msg) {
+			// Delivered before, to a route that planned its step and died
+			// before acknowledging: a duplicate, not a late trajectory.
+			return nil, nil
+		}
 	}
 	if err := h.asm.AddTraj(t); err != nil {
 		return nil, fmt.Errorf("route: %w", err)
+	}
+	if h.seq != nil {
+		h.taken[t.Step] = append(h.taken[t.Step], h.seq(msg))
 	}
 	if _, ok := h.firstAt[t.Step]; !ok {
 		h.firstAt[t.Step] = h.now()
@@ -294,6 +324,7 @@ func (h *Handler) Flush() error {
 			}
 		}
 		h.asm.Close(step)
+		h.keepPlanned(step)
 		close(h.doneFor(step))
 		delete(h.done, step)
 		delete(h.sent, step)
@@ -315,6 +346,23 @@ func (h *Handler) Flush() error {
 		}
 	}
 	return nil
+}
+
+// keepPlanned keeps the sequences of the trajectories step took, now
+// planned, forgetting the oldest planned step's beyond keepPlanned.
+func (h *Handler) keepPlanned(step int64) {
+	if h.seq == nil {
+		return
+	}
+	seqs := h.taken[step]
+	delete(h.taken, step)
+	slices.Sort(seqs)
+	h.planned[step] = slices.Compact(seqs)
+	h.plannedOrder = append(h.plannedOrder, step)
+	if len(h.plannedOrder) > keepPlanned {
+		delete(h.planned, h.plannedOrder[0])
+		h.plannedOrder = h.plannedOrder[1:]
+	}
 }
 
 // shortOf is what plan lacks of its watermark's declared groups, or nil.
