@@ -238,7 +238,7 @@ func serverArgs(o options) (args []string, url string, err error) {
 	return []string{o.natsServer, "-c", conf}, fmt.Sprintf("nats://127.0.0.1:%d", port), nil
 }
 
-// progress says every 30 s which step the run fused last, until stopped.
+// progress says every 30 s how many steps the run fused, until stopped.
 func progress(ctx context.Context, o options) (stop func(), err error) {
 	r, err := dialRun(ctx, o.nats, o.prefix, o.run)
 	if err != nil {
@@ -250,22 +250,20 @@ func progress(ctx context.Context, o options) (stop func(), err error) {
 		defer r.close()
 		t := time.NewTicker(30 * time.Second)
 		defer t.Stop()
-		prev, at := int64(-1), time.Now()
+		var prev uint64
+		at := time.Now()
 		for {
 			select {
 			case <-done:
 				return
 			case now := <-t.C:
-				s, ok, err := r.lastStep(ctx, schemas.KindUpdate)
-				switch {
-				case err != nil:
+				n, err := r.count(ctx, schemas.KindUpdate)
+				if err != nil {
 					say("progress: %v", err)
-				case !ok:
-					say("no step fused yet")
-				default:
-					say("step %d fused, %.0f steps/s over the last %v", s, float64(s-prev)/now.Sub(at).Seconds(), now.Sub(at).Round(time.Second))
-					prev, at = s, now
+					continue
 				}
+				say("%d steps fused, %.0f a second over the last %v", n, float64(n-prev)/now.Sub(at).Seconds(), now.Sub(at).Round(time.Second))
+				prev, at = n, now
 			}
 		}
 	}()

@@ -96,8 +96,8 @@ func (r *runConn) count(ctx context.Context, k schemas.Kind) (uint64, error) {
 
 // trainerMain plays the trainer: the simulated policy's steps, published
 // on the run's public subjects from the step after the newest watermark,
-// at most inFlight ahead of the updates. It ends, status 0, once the
-// update of its last step is stored.
+// at most inFlight ahead of the updates. It ends, status 0, once every
+// step's update is stored.
 func trainerMain(args []string) error {
 	fs := flag.NewFlagSet("trainer", flag.ContinueOnError)
 	url := fs.String("nats", "", "server")
@@ -137,20 +137,20 @@ func trainerMain(args []string) error {
 	}
 	fmt.Printf("publishing steps %d to %d\n", next, *steps-1)
 	policy := &sim.Policy{Run: *run, Tasks: 32, Groups: *groups, GroupSize: *size}
-	// updated reads the newest update's step, waiting out a server that
-	// does not answer (it restarts), as a trainer waits for its rewards.
-	updated := func() (int64, error) {
+	// fused counts the updates stored, waiting out a server that does not
+	// answer (it restarts), as a trainer waits for its rewards. It counts:
+	// the newest update is not the newest step's when a step held back (a
+	// late anchor group) is fused after later ones.
+	fused := func() (int64, error) {
 		for {
-			s, ok, err := r.lastStep(ctx, schemas.KindUpdate)
+			n, err := r.count(ctx, schemas.KindUpdate)
 			switch {
-			case err == nil && !ok:
-				return -1, nil
 			case err == nil:
-				return s, nil
+				return int64(n), nil
 			case ctx.Err() != nil:
 				return 0, ctx.Err()
 			}
-			fmt.Printf("reading the newest update: %v; trying again\n", err)
+			fmt.Printf("counting the updates: %v; trying again\n", err)
 			if err := sleepCtx(ctx, time.Second); err != nil {
 				return 0, err
 			}
@@ -158,11 +158,11 @@ func trainerMain(args []string) error {
 	}
 	for step := next; step < *steps; step++ {
 		for {
-			u, err := updated()
+			n, err := fused()
 			if err != nil {
 				return err
 			}
-			if step-u <= inFlight {
+			if step-n < inFlight {
 				break
 			}
 			if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
@@ -188,12 +188,12 @@ func trainerMain(args []string) error {
 		}
 	}
 	for {
-		u, err := updated()
+		n, err := fused()
 		if err != nil {
 			return err
 		}
-		if u >= *steps-1 {
-			fmt.Printf("the update of step %d is stored\n", u)
+		if n >= *steps {
+			fmt.Printf("%d updates stored, every step's\n", n)
 			return nil
 		}
 		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
