@@ -135,7 +135,7 @@ func TestHandlerStoresPlanLastAndTellsDuplicatesFromLateInput(t *testing.T) {
 // time, trajectories route had planned and acknowledged: it lost what it
 // had counted of them. Their stream sequences tell them from late ones.
 // Before, route went by the delivery count alone, and dead-lettered every
-// such copy as late (1,553 of them in a rehearsal with ten kills of the
+// such copy as late (1,553 of them in a rehearsal with nine kills of the
 // server: go run ./deploy/chaos --nats-server), while a late trajectory
 // delivered twice was acknowledged as a copy, and lost without a word.
 func TestACopyOfAPlannedTrajectoryIsKnownByItsSequence(t *testing.T) {
