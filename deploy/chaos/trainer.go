@@ -52,20 +52,29 @@ func (r *runConn) close() { r.nc.Close() }
 
 func (r *runConn) subject(k schemas.Kind) string { return r.prefix + "." + r.run + "." + string(k) }
 
-// lastStep reads the step of the newest message on the run's subject of
-// kind k; ok is false when there is none (or no stream yet).
-func (r *runConn) lastStep(ctx context.Context, k schemas.Kind) (step int64, ok bool, err error) {
+// streamOf is the run's stream, asked for once it exists (nil before).
+func (r *runConn) streamOf(ctx context.Context) (jetstream.Stream, error) {
 	if r.stream == nil {
 		s, err := r.js.Stream(ctx, streamName(r.prefix))
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return 0, false, nil
+			return nil, nil
 		}
 		if err != nil {
-			return 0, false, err
+			return nil, err
 		}
 		r.stream = s
 	}
-	m, err := r.stream.GetLastMsgForSubject(ctx, r.subject(k))
+	return r.stream, nil
+}
+
+// lastStep reads the step of the newest message on the run's subject of
+// kind k; ok is false when there is none (or no stream yet).
+func (r *runConn) lastStep(ctx context.Context, k schemas.Kind) (step int64, ok bool, err error) {
+	s, err := r.streamOf(ctx)
+	if s == nil || err != nil {
+		return 0, false, err
+	}
+	m, err := s.GetLastMsgForSubject(ctx, r.subject(k))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, false, nil
 	}
@@ -83,8 +92,8 @@ func (r *runConn) lastStep(ctx context.Context, k schemas.Kind) (step int64, ok 
 
 // count is how many messages the run's subject of kind k holds.
 func (r *runConn) count(ctx context.Context, k schemas.Kind) (uint64, error) {
-	s, err := r.js.Stream(ctx, streamName(r.prefix))
-	if err != nil {
+	s, err := r.streamOf(ctx)
+	if s == nil || err != nil {
 		return 0, err
 	}
 	info, err := s.Info(ctx, jetstream.WithSubjectFilter(r.subject(k)))
@@ -122,7 +131,7 @@ func trainerMain(args []string) error {
 	}
 	// The stream is the stages' to make, with their settings.
 	for {
-		if _, err := r.js.Stream(ctx, streamName(*prefix)); err == nil {
+		if s, err := r.streamOf(ctx); s != nil && err == nil {
 			break
 		}
 		if err := sleepCtx(ctx, time.Second); err != nil {
