@@ -190,6 +190,17 @@ func TestAStepHeldByAPredictionGivenUpIsFusedOnceItIsSentAgain(t *testing.T) {
 	if !strings.Contains(out.String(), "fuse: step 1 got its last prediction and was fused") {
 		t.Errorf("the run did not say step 1 was fused at last:\n%s", out.String())
 	}
+	// Step 1's update is the newest stored; status still says the run
+	// fused up to step 3.
+	if st, err := ReadStatus(ctx, StreamSource{DataDir: cfg.DataDir, Prefix: "wmrl"}, "default"); err != nil {
+		t.Fatal(err)
+	} else if len(st.Unfused) != 0 || st.LastUpdate == nil || st.LastUpdate.Step != 3 {
+		top := int64(-1)
+		if st.LastUpdate != nil {
+			top = st.LastUpdate.Step
+		}
+		t.Errorf("status of the stopped run: unfused %+v, fused up to step %d; want every step fused, up to 3", st.Unfused, top)
+	}
 	if n := len(readStored(t, cfg.DataDir, "wmrl.default.dlq")); n != 2 {
 		t.Errorf("%d dead letters left, want the 2 kept", n)
 	}

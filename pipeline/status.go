@@ -40,8 +40,12 @@ type Status struct {
 	LastStepAt time.Time
 	// LastTrajStep is the step of the newest trajectory (nil: none), with
 	// when it was stored: one past LastStep's waits for its watermark.
-	LastTrajStep    *int64
-	LastTrajAt      time.Time
+	LastTrajStep *int64
+	LastTrajAt   time.Time
+	// LastUpdate is the update of the highest step fused: not the newest
+	// stored when a step held back (by a late anchor group, or a
+	// prediction sent back from the dead letters) was fused after later
+	// ones.
 	LastUpdate      *schemas.Update
 	LastUpdateAt    time.Time
 	LastCalibration *schemas.Calibration
@@ -209,8 +213,20 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 	} else if ok {
 		st.LastDeadLetter = &dl
 	}
-	if st.Unfused, err = readUnfused(ctx, c, stream, st, src.Prefix, run); err != nil {
+	var highest natsjs.Record
+	if st.Unfused, highest, err = readUnfused(ctx, c, stream, st, src.Prefix, run); err != nil {
 		return nil, err
+	}
+	if step, ok := msgIDStep(highest.MsgID); ok && st.LastUpdate != nil && step > st.LastUpdate.Step {
+		m, err := stream.GetMsg(ctx, highest.Seq)
+		if err != nil {
+			return nil, fmt.Errorf("pipeline: status: update of step %d (stream seq %d): %w", step, highest.Seq, err)
+		}
+		var u schemas.Update
+		if err := json.Unmarshal(m.Data, &u); err != nil {
+			return nil, fmt.Errorf("pipeline: status: update of step %d (stream seq %d): %w", step, highest.Seq, err)
+		}
+		st.LastUpdate, st.LastUpdateAt = &u, m.Time
 	}
 	consumers := stream.ListConsumers(ctx)
 	for ci := range consumers.Info() {
@@ -317,11 +333,14 @@ func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream,
 // not, among the plans of the last UnfusedWindow (or about the newest
 // UnfusedMax), from the two subjects' message IDs (headers only): reading
 // every plan and update took status 4 s longer on a simulated run's store
-// of 5,000 steps, and these bounds keep it as fast as before.
-func readUnfused(ctx context.Context, c *streamConn, stream jetstream.Stream, st *Status, prefix, run string) ([]UnfusedStep, error) {
+// of 5,000 steps, and these bounds keep it as fast as before. It also
+// gives the record (headers only) of the highest step's update over
+// that window.
+func readUnfused(ctx context.Context, c *streamConn, stream jetstream.Stream, st *Status, prefix, run string) ([]UnfusedStep, natsjs.Record, error) {
+	var highest natsjs.Record
 	plans := schemas.Subject(prefix, run, schemas.KindPlan)
 	if st.Subjects[plans] == 0 {
-		return nil, nil
+		return nil, highest, nil
 	}
 	since, _ := windowStart(ctx, stream, st, plans, UnfusedWindow, UnfusedMax)
 	read := func(subject string, fn func(natsjs.Record)) error {
@@ -331,12 +350,16 @@ func readUnfused(ctx context.Context, c *streamConn, stream jetstream.Stream, st
 		return nil
 	}
 	fused := map[int64]bool{}
+	top := int64(-1)
 	if err := read(schemas.Subject(prefix, run, schemas.KindUpdate), func(r natsjs.Record) {
 		if step, ok := msgIDStep(r.MsgID); ok {
 			fused[step] = true
+			if step > top {
+				top, highest = step, r
+			}
 		}
 	}); err != nil {
-		return nil, err
+		return nil, highest, err
 	}
 	var out []UnfusedStep
 	if err := read(plans, func(r natsjs.Record) {
@@ -344,8 +367,8 @@ func readUnfused(ctx context.Context, c *streamConn, stream jetstream.Stream, st
 			out = append(out, UnfusedStep{Step: step, Planned: r.Time})
 		}
 	}); err != nil {
-		return nil, err
+		return nil, highest, err
 	}
 	slices.SortFunc(out, func(a, b UnfusedStep) int { return cmp.Compare(a.Step, b.Step) })
-	return slices.CompactFunc(out, func(a, b UnfusedStep) bool { return a.Step == b.Step }), nil
+	return slices.CompactFunc(out, func(a, b UnfusedStep) bool { return a.Step == b.Step }), highest, nil
 }

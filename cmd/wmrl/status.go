@@ -26,8 +26,10 @@ func statusCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show where a run is: the last step received, fused and calibrated, dead letters and the newest one's reason, and each consumer's backlog",
-		Long: `Show where a run is, from its stream: the newest step watermark, update
-and calibration with their age, the steps planned and not fused (one
+		Long: `Show where a run is, from its stream: the newest step watermark and
+calibration, and the highest step fused (not the newest update stored
+when a step held back was fused after later ones), with their age,
+the steps planned and not fused (one
 held back behind a later fused step waits for an anchor group within its
 deadline, or for a prediction that a stage between predict and fuse may
 have dead-lettered), the dead letters with the newest one's
