@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -24,6 +25,10 @@ type proc struct {
 	args []string
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
+	// started: when cmd was; quick: how many times in a row it ended by
+	// itself within quickExit of that.
+	started time.Time
+	quick   int
 	// killed: this rehearsal stopped it; an exit otherwise is the
 	// process's own, and it is started again.
 	killed bool
@@ -58,11 +63,14 @@ func (c *cast) start(name string) error {
 	fmt.Fprintf(log, "=== started %s\n", time.Now().Format(time.RFC3339))
 	cmd := exec.Command(p.args[0], p.args[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
+	// A rehearsal that is killed stops its processes too, rather than
+	// leave them running on its --dir (the next one's, maybe).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		log.Close()
 		return fmt.Errorf("%s: %w", name, err)
 	}
-	p.cmd, p.done, p.killed = cmd, make(chan struct{}), false
+	p.cmd, p.done, p.killed, p.started = cmd, make(chan struct{}), false, time.Now()
 	go func(done chan struct{}) {
 		_ = cmd.Wait()
 		log.Close()
@@ -82,12 +90,16 @@ func exited(p *proc) bool {
 
 // restartExited starts again a process that ended by itself (a stage
 // that stopped on an error, a trainer that failed), as a supervisor
-// would, and says so.
+// would, and says so; one that ends as it starts (a wrong flag, a bug),
+// quickTries times in a row, ends the rehearsal instead.
 func (c *cast) restartExited() error {
 	for _, n := range c.names {
 		p := c.procs[n]
 		if p.killed || !exited(p) {
 			continue
+		}
+		if err := c.quickExit(n); err != nil {
+			return err
 		}
 		say("%s ended by itself (%s); starting it again", n, p.cmd.ProcessState)
 		if err := c.start(n); err != nil {
@@ -95,6 +107,29 @@ func (c *cast) restartExited() error {
 		}
 	}
 	return nil
+}
+
+const (
+	quickExit  = 3 * time.Second
+	quickTries = 5
+)
+
+// quickExit counts an exit of name within quickExit of its start, and
+// fails once it is the quickTries-th in a row, with the end of its log.
+func (c *cast) quickExit(name string) error {
+	p := c.procs[name]
+	if time.Since(p.started) > quickExit {
+		p.quick = 0
+		return nil
+	}
+	if p.quick++; p.quick < quickTries {
+		return nil
+	}
+	log := filepath.Join(c.dir, "logs", name+".log")
+	b, _ := os.ReadFile(log)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return fmt.Errorf("%s ended by itself within %v of its start %d times in a row (%s); the end of %s:\n%s",
+		name, quickExit, p.quick, p.cmd.ProcessState, log, strings.Join(lines[max(0, len(lines)-5):], "\n"))
 }
 
 // signal sends sig to a process and waits for it to end: 40 s, then
@@ -118,10 +153,10 @@ func (c *cast) signal(name string, sig syscall.Signal) {
 var sigName = map[syscall.Signal]string{syscall.SIGKILL: "SIGKILL", syscall.SIGTERM: "SIGTERM"}
 
 // kill stops a random process every 5 to 20 s for d, and starts it again
-// 0.5 to 3 s later; every fourth is server, when it is named. It returns
-// how many it stopped.
-func (c *cast) kill(ctx context.Context, d time.Duration, rng *rand.Rand, server string) (int, error) {
-	others := slices.DeleteFunc(slices.Clone(c.names), func(n string) bool { return n == server })
+// 0.5 to 3 s later; every fourth is one of servers, when there are any.
+// It returns how many it stopped.
+func (c *cast) kill(ctx context.Context, d time.Duration, rng *rand.Rand, servers []string) (int, error) {
+	others := slices.DeleteFunc(slices.Clone(c.names), func(n string) bool { return slices.Contains(servers, n) })
 	end := time.Now().Add(d)
 	kills := 0
 	for time.Now().Before(end) {
@@ -135,8 +170,11 @@ func (c *cast) kill(ctx context.Context, d time.Duration, rng *rand.Rand, server
 			}
 		}
 		name := others[rng.IntN(len(others))]
-		if server != "" && kills%4 == 3 {
-			name = server
+		switch {
+		case len(servers) == 1 && kills%4 == 3:
+			name = servers[0]
+		case len(servers) > 1 && kills%4 == 3:
+			name = servers[rng.IntN(len(servers))]
 		}
 		sig := syscall.SIGKILL
 		if rng.Float64() < 0.3 {
@@ -166,6 +204,9 @@ func (c *cast) waitFor(ctx context.Context, name string, limit time.Duration) er
 		if p.cmd.ProcessState.Success() {
 			p.killed = true // done, not to be started again
 			return true, nil
+		}
+		if err := c.quickExit(name); err != nil {
+			return false, err
 		}
 		say("%s ended (%s); starting it again", name, p.cmd.ProcessState)
 		return false, c.start(name)

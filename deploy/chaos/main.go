@@ -12,6 +12,10 @@
 //
 //	go run ./deploy/chaos                 # 5 minutes of kills on an embedded server
 //	go run ./deploy/chaos --for 20m --nats nats://10.0.0.5:4222
+//	go run ./deploy/chaos --nats-server ./nats-server --cluster 3
+//
+// The last runs the server too, as a three-node cluster whose nodes it
+// kills as well.
 //
 // On a server of your own it uses a stream of its own (--prefix): the
 // rehearsal of a cluster, its failovers and its latencies, is the point.
@@ -27,6 +31,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -46,8 +52,10 @@ type options struct {
 	// archiveApart gives each archive process a root of its own.
 	archiveApart bool
 	// natsServer: a nats-server binary to run as one of the processes
-	// killed, instead of the embedded server.
+	// killed, instead of the embedded server; cluster such servers as
+	// the nodes of one JetStream cluster, the stream replicated on each.
 	natsServer string
+	cluster    int
 }
 
 func main() {
@@ -64,6 +72,7 @@ func main() {
 	flag.StringVar(&o.wmrl, "wmrl", "", "the wmrl binary to run (default: go build ./cmd/wmrl into --dir)")
 	flag.StringVar(&o.nats, "nats", "", "NATS server (default: one embedded in this process, in --dir)")
 	flag.StringVar(&o.natsServer, "nats-server", "", "a nats-server binary to run on a store in --dir instead of the embedded server, as one more process it kills (every fourth kill) and starts again (go build -o nats-server github.com/nats-io/nats-server/v2)")
+	flag.IntVar(&o.cluster, "cluster", 1, "with --nats-server, run this many as the nodes of a JetStream cluster, the run's stream and buckets replicated on each (--replicas); every fourth kill is one node's")
 	flag.StringVar(&o.dir, "dir", "", "directory of the logs, archives and the embedded server's store (default: a new one in the temporary directory)")
 	flag.StringVar(&o.prefix, "prefix", "wmrlchaos", "subject prefix: the stream is WMRL_<PREFIX>")
 	flag.StringVar(&o.run, "run", "", "run name (default: chaos-<the time>)")
@@ -98,6 +107,11 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 			defer os.RemoveAll(d)
 		}
 	}
+	unlock, err := lockDir(o.dir)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
 	if o.wmrl == "" {
 		o.wmrl = filepath.Join(o.dir, "wmrl")
 		say("building ./cmd/wmrl")
@@ -106,15 +120,23 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 		}
 	}
 	c := &cast{dir: o.dir}
+	var servers []string // the processes that are NATS servers
 	switch {
 	case o.natsServer != "" && o.nats != "":
 		return false, fmt.Errorf("--nats and --nats-server: give one")
+	case o.cluster < 1 || o.cluster > 5:
+		return false, fmt.Errorf("--cluster %d: want 1 to 5 nodes (JetStream's replicas)", o.cluster)
+	case o.cluster > 1 && o.natsServer == "":
+		return false, fmt.Errorf("--cluster %d needs --nats-server: the embedded server is a single node", o.cluster)
 	case o.natsServer != "":
-		args, url, err := serverArgs(o)
+		nodes, url, err := serverArgs(o)
 		if err != nil {
 			return false, err
 		}
-		c.add(natsServerName, args)
+		for _, n := range nodes {
+			c.add(n.name, n.args)
+			servers = append(servers, n.name)
+		}
 		o.nats = url
 	case o.nats == "":
 		srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(o.dir, "nats"), MaxPayload: 8 << 20})
@@ -129,9 +151,13 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 		return false, err
 	}
 	say("run %s, stream %s on %s; logs in %s", o.run, streamName(o.prefix), o.nats, filepath.Join(o.dir, "logs"))
-	common := []string{"--nats", o.nats, "--prefix", o.prefix, "--run", o.run}
+	run := []string{"--nats", o.nats, "--prefix", o.prefix, "--run", o.run}
 	trainer := func(steps int64) []string {
-		return append([]string{self, "trainer", "--steps", fmt.Sprint(steps), "--groups", fmt.Sprint(o.groups), "--group-size", fmt.Sprint(o.size)}, common...)
+		return append([]string{self, "trainer", "--steps", fmt.Sprint(steps), "--groups", fmt.Sprint(o.groups), "--group-size", fmt.Sprint(o.size)}, run...)
+	}
+	common := run
+	if o.cluster > 1 {
+		common = append(slices.Clip(run), "--replicas", fmt.Sprint(o.cluster))
 	}
 	c.add("trainer", trainer(1<<40))
 	// Two processes of each stage: the one-per-run stages' second waits as
@@ -159,11 +185,7 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	}
 	defer stopProgress()
 
-	server := ""
-	if o.natsServer != "" {
-		server = natsServerName
-	}
-	kills, err := c.kill(ctx, o.dur, rand.New(rand.NewPCG(o.seed, 0)), server)
+	kills, err := c.kill(ctx, o.dur, rand.New(rand.NewPCG(o.seed, 0)), servers)
 	if err != nil {
 		return false, err
 	}
@@ -199,7 +221,7 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 		say("the trainer: %v", err)
 	}
 	stopProgress()
-	c.stopAll(natsServerName)
+	c.stopAll(servers...)
 	say("every process stopped; checking what the run stored")
 	r, err := tr.check(ctx, o, target)
 	if err != nil {
@@ -209,23 +231,74 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	return r.ok(), nil
 }
 
-const natsServerName = "nats-server"
+// lockDir takes dir for this rehearsal: another one there would restart
+// its processes on this one's files (its servers' stores).
+func lockDir(dir string) (unlock func(), err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, ".chaos.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--dir %s: another rehearsal uses it (%w); give another directory, or stop that one", dir, err)
+	}
+	return func() { f.Close() }, nil
+}
 
-// serverArgs writes the configuration of a nats-server on a free port of
-// 127.0.0.1, with its store in o.dir, and returns its command and URL.
-func serverArgs(o options) (args []string, url string, err error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// node is a nats-server process of the rehearsal.
+type node struct {
+	name string
+	args []string
+}
+
+// serverArgs writes the configurations of o.cluster nats-servers on free
+// ports of 127.0.0.1 (one: a single server; more: the nodes of a cluster
+// named wmrlchaos, routed to each other, as deploy/nats's files), each
+// with its store in o.dir, and returns their commands and the client URLs.
+func serverArgs(o options) (nodes []node, urls string, err error) {
+	ports, err := freePorts(2 * o.cluster)
 	if err != nil {
 		return nil, "", err
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	conf := filepath.Join(o.dir, "nats-server.conf")
-	text := fmt.Sprintf("listen: 127.0.0.1:%d\nmax_payload: 8MB\njetstream { store_dir: %q }\n", port, filepath.Join(o.dir, "nats"))
-	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
-		return nil, "", err
+	var routes, clients []string
+	for i := range o.cluster {
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[o.cluster+i]))
+		clients = append(clients, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
 	}
-	return []string{o.natsServer, "-c", conf}, fmt.Sprintf("nats://127.0.0.1:%d", port), nil
+	for i := range o.cluster {
+		name, store := "nats-server", filepath.Join(o.dir, "nats")
+		if o.cluster > 1 {
+			name = fmt.Sprintf("nats-%d", i+1)
+			store = filepath.Join(o.dir, name)
+		}
+		text := fmt.Sprintf("server_name: %s\nlisten: 127.0.0.1:%d\nmax_payload: 8MB\njetstream { store_dir: %q }\n", name, ports[i], store)
+		if o.cluster > 1 {
+			text += fmt.Sprintf("cluster {\n  name: wmrlchaos\n  listen: 127.0.0.1:%d\n  routes: [\n    %s\n  ]\n}\n", ports[o.cluster+i], strings.Join(routes, "\n    "))
+		}
+		conf := filepath.Join(o.dir, name+".conf")
+		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+			return nil, "", err
+		}
+		nodes = append(nodes, node{name: name, args: []string{o.natsServer, "-c", conf}})
+	}
+	return nodes, strings.Join(clients, ","), nil
+}
+
+// freePorts finds n ports of 127.0.0.1 free now, each a different one.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
 }
 
 // progress says every 30 s how many steps the run fused, until stopped.
