@@ -120,10 +120,24 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 	}
 }
 
+// takeTries bounds how often take asks again when the create is refused
+// as the key exists and the read finds it free: on a cluster the read may
+// be a follower's (a key-value bucket allows direct gets), a moment behind
+// the stream's leader, and each replica ages a lapsed lease out by its own
+// clock. take pauses l.poll/5 before each retry.
+const takeTries = 10
+
 // take creates key for me. It returns the revision me holds it at, or who
 // else holds it. A create whose reply was lost finds me as the holder.
 func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) (uint64, *Holder, error) {
-	for range 3 {
+	for try := range takeTries {
+		if try > 0 {
+			select {
+			case <-ctx.Done():
+				return 0, nil, ctx.Err()
+			case <-time.After(l.poll / 5):
+			}
+		}
 		var rev uint64
 		err := UntilAnswered(ctx, func(ctx context.Context) (err error) {
 			rev, err = l.kv.Create(ctx, key, value)
@@ -146,7 +160,7 @@ func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) 
 		}
 		return 0, h, nil
 	}
-	return 0, nil, fmt.Errorf("natsjs: lease %s: taken and freed three times while this process asked for it", key)
+	return 0, nil, fmt.Errorf("natsjs: lease %s: the server refused to create it as it exists, and read it back as free, %d times in a row", key, takeTries)
 }
 
 // wrongLastSeq: a write at a revision the key is no longer at (10071, or

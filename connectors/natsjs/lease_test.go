@@ -250,3 +250,45 @@ func waitUntil(t *testing.T, ctx context.Context, cond func() bool) {
 		}
 	}
 }
+
+// staleKV reads a key as missing its first stale times: a follower of a
+// replicated bucket that has not yet applied the create (direct gets may
+// be answered by any replica).
+type staleKV struct {
+	jetstream.KeyValue
+	stale int
+}
+
+func (s *staleKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	if s.stale > 0 {
+		s.stale--
+		return nil, jetstream.ErrKeyNotFound
+	}
+	return s.KeyValue.Get(ctx, key)
+}
+
+// A process whose reads lag the creates (a cluster's follower) hears who
+// holds the lease once its reads catch up, rather than failing: it took
+// three contradictions for an error before, and a standby ended on it.
+func TestAStaleReadOfAHeldLeaseIsAskedAgain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ls := leases(t, ctx, time.Second, 2)
+	a := NewHolder()
+	first, err := ls[0].Acquire(ctx, "run.fuse", a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Release(ctx)
+	lagging := *ls[1]
+	lagging.kv = &staleKV{KeyValue: ls[1].kv, stale: 5}
+	le, other, err := lagging.TryAcquire(ctx, "run.fuse", NewHolder())
+	if err != nil || le != nil || other == nil || other.ID != a.ID {
+		t.Fatalf("a lagging reader's TryAcquire: lease %v, holder %+v, error %v; want the holder %+v", le, other, err, a)
+	}
+	// Reads that never catch up end in an error that says so.
+	lagging.kv = &staleKV{KeyValue: ls[1].kv, stale: 1 << 30}
+	if _, _, err := lagging.TryAcquire(ctx, "run.fuse", NewHolder()); err == nil || !strings.Contains(err.Error(), "read it back as free, 10 times in a row") {
+		t.Fatalf("reads that never catch up: %v", err)
+	}
+}
