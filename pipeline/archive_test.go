@@ -123,6 +123,10 @@ func TestArchiveKeepsLateAnchorPairs(t *testing.T) {
 			t.Fatalf("late pair %d/%s has no world-model row in its step", r.Step, r.TrajID)
 		case r.TrueScore == nil || r.Reward != nil || r.AbsorbedSeq == 0 || *r.Predicted != *w.Predicted || r.TaskID != w.TaskID:
 			t.Fatalf("late pair row %+v (its step's row %+v)", r, w)
+		case r.ExecSeconds == nil || *r.ExecSeconds < cfg.ExecLatency.Seconds():
+			// From the outcome execute stored: the late ones are the
+			// slow ones, which an audit of execution times needs most.
+			t.Fatalf("late pair %d/%s archived with exec_seconds %v, want its execution's %v or more", r.Step, r.TrajID, r.ExecSeconds, cfg.ExecLatency.Seconds())
 		}
 	}
 }

@@ -349,6 +349,15 @@ func (p *Pipeline) buildArchive(ctx context.Context) error {
 			}
 		}
 	}
+	// A late anchor group's rows take their execution's seconds, detail
+	// and copy from the outcomes execute keeps (an outside executor's
+	// leave them null).
+	if store, err := openOutcomes(ctx, p.tr.js, p.cfg); err == nil {
+		st.Outcome = store.Load
+		st.OnOutcomeError = func(err error) { p.dl.say(StageArchive, "outcome-store", "%v", err) }
+	} else {
+		p.notef("archive: %v; late anchor groups' rows are archived without their execution's seconds", err)
+	}
 	if err := p.subscribe(StageArchive, schemas.KindUpdate, st.HandleUpdate); err != nil {
 		return err
 	}

@@ -35,6 +35,15 @@ type Stage struct {
 	// until some come.
 	CodeWait time.Duration
 	OnNoCode func(step int64, groups []string)
+	// Outcome, if set, reads an anchor trajectory's execution by its key
+	// (step/group/trajectory ID, as execute stores outcomes): a late
+	// anchor group's rows take its seconds, detail and the trajectory it
+	// copied from there, as a calibration carries only the scores. Late
+	// executions are the slow ones: without their seconds the archive's
+	// record of execution times stops at the deadline. A miss leaves
+	// them null; an error too, and OnOutcomeError, if set, hears it.
+	Outcome        func(ctx context.Context, key string) (schemas.ExecItem, bool, error)
+	OnOutcomeError func(error)
 
 	mu      sync.Mutex
 	waiting map[int64]chan struct{} // steps whose update calibrations wait for
@@ -101,7 +110,9 @@ func (s *Stage) HandleCalibration(msg *message.Message) error {
 		// unwritten and its calibration acknowledged.
 		g, update, late := s.W.Late(c.Step, c.GroupID)
 		if late {
-			commit, err := s.W.Add(LateKey(c.Step, c.GroupID), FromLate(c, g, s.Now()), nil)
+			rows := FromLate(c, g, s.Now())
+			s.addOutcomes(ctx, rows)
+			commit, err := s.W.Add(LateKey(c.Step, c.GroupID), rows, nil)
 			if err != nil {
 				return outage(err)
 			}
@@ -121,6 +132,35 @@ func (s *Stage) HandleCalibration(msg *message.Message) error {
 		case <-ctx.Done():
 			return fmt.Errorf("archive: gave up waiting for the update of step %d: %w", c.Step, ctx.Err())
 		}
+	}
+}
+
+// outcomeWait bounds the reads of a late group's outcomes: a store that
+// does not answer costs the rows their seconds, never a stalled archive.
+const outcomeWait = 10 * time.Second
+
+// addOutcomes fills late rows' execution columns from Outcome.
+func (s *Stage) addOutcomes(ctx context.Context, rows []Row) {
+	if s.Outcome == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, outcomeWait)
+	defer cancel()
+	for i := range rows {
+		r := &rows[i]
+		it, ok, err := s.Outcome(ctx, fmt.Sprintf("%d/%s/%s", r.Step, r.GroupID, r.TrajID))
+		if err != nil {
+			if s.OnOutcomeError != nil {
+				s.OnOutcomeError(fmt.Errorf("archive: the execution of late anchor %s of step %d: %w (its row is archived without its seconds)", r.TrajID, r.Step, err))
+			}
+			return
+		}
+		if !ok {
+			continue
+		}
+		seconds := it.Seconds
+		r.ExecSeconds, r.ExecDetail = &seconds, nonEmpty(it.Detail)
+		r.ExecCopyOf, r.ExecCopyStep, r.ExecCopyGroup = nonEmpty(it.CopyOf), it.CopyStep, nonEmpty(it.CopyGroup)
 	}
 }
 

@@ -3,6 +3,7 @@ package archive
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -250,5 +251,48 @@ func TestALateCalibrationRacingItsUpdateIsArchived(t *testing.T) {
 	}
 	if pending := w.PendingLate(); len(pending) != 0 {
 		t.Fatalf("%d of %d late groups' calibrations were acknowledged without their rows, the first step %d's", len(pending), steps, pending[0].Step)
+	}
+}
+
+// A late anchor group's rows take their executions' seconds, detail and
+// copy from the outcomes; a miss leaves them null, and an error is heard
+// and leaves the rest null, without holding the rows back.
+func TestLateRowsTakeTheirExecutionsFromTheOutcomes(t *testing.T) {
+	rows := []Row{{Step: 7, GroupID: "g1", TrajID: "t0"}, {Step: 7, GroupID: "g1", TrajID: "t1"}, {Step: 7, GroupID: "g1", TrajID: "t2"}, {Step: 7, GroupID: "g1", TrajID: "t3"}}
+	from := int64(5)
+	var asked []string
+	var heard []error
+	s := &Stage{
+		Outcome: func(_ context.Context, key string) (schemas.ExecItem, bool, error) {
+			asked = append(asked, key)
+			switch key {
+			case "7/g1/t0":
+				return schemas.ExecItem{TrajID: "t0", Status: schemas.ExecScored, Seconds: 1500, Detail: "slow"}, true, nil
+			case "7/g1/t1":
+				return schemas.ExecItem{TrajID: "t1", Status: schemas.ExecScored, CopyOf: "t9", CopyStep: &from, CopyGroup: "g4"}, true, nil
+			case "7/g1/t2":
+				return schemas.ExecItem{}, false, nil
+			}
+			return schemas.ExecItem{}, false, fmt.Errorf("bucket down")
+		},
+		OnOutcomeError: func(err error) { heard = append(heard, err) },
+	}
+	s.addOutcomes(context.Background(), rows)
+	if fmt.Sprint(asked) != "[7/g1/t0 7/g1/t1 7/g1/t2 7/g1/t3]" {
+		t.Fatalf("asked for %v", asked)
+	}
+	if r := rows[0]; r.ExecSeconds == nil || *r.ExecSeconds != 1500 || r.ExecDetail == nil || *r.ExecDetail != "slow" || r.ExecCopyOf != nil {
+		t.Errorf("executed row: %+v", r)
+	}
+	if r := rows[1]; r.ExecSeconds == nil || *r.ExecSeconds != 0 || r.ExecCopyOf == nil || *r.ExecCopyOf != "t9" || r.ExecCopyStep == nil || *r.ExecCopyStep != 5 || r.ExecCopyGroup == nil || *r.ExecCopyGroup != "g4" {
+		t.Errorf("copied row: %+v", r)
+	}
+	for _, r := range rows[2:] {
+		if r.ExecSeconds != nil || r.ExecCopyOf != nil {
+			t.Errorf("row with no outcome read: %+v", r)
+		}
+	}
+	if len(heard) != 1 || !strings.Contains(heard[0].Error(), "late anchor t3 of step 7: bucket down") {
+		t.Errorf("errors heard: %v", heard)
 	}
 }
