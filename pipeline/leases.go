@@ -86,6 +86,9 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 			told = stage + holder.ID
 			w := fmt.Sprintf("waiting to run %s, which another process runs (%s)", stage, holder)
 			p.standby.Store(&w)
+			for _, st := range mine {
+				p.metrics.Standby.WithLabelValues(st).Set(1)
+			}
 			p.notef("%s: another process runs this stage for run %s (%s); this one waits, and takes over once that one stops, "+
 				"or %v after it was last heard from (a run has one %s: two would split its messages between them and stall the run)",
 				stage, p.cfg.Run, holder, ls.TTL(), stage)
@@ -98,6 +101,9 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 		}
 	}
 	if told != "" {
+		for _, st := range mine {
+			p.metrics.Standby.WithLabelValues(st).Set(0)
+		}
 		what := "stages " + strings.Join(mine, ", ")
 		if len(mine) == 1 {
 			what = mine[0] + " stage"

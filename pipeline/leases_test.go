@@ -103,6 +103,23 @@ func TestASecondFuseWaitsAndTakesOver(t *testing.T) {
 		!strings.Contains(body, "waiting to run fuse, which another process runs (host ") {
 		t.Errorf("/healthz of the waiting process: %d %s", code, body)
 	}
+	standby := func() string {
+		resp, err := http.Get("http://" + cfg2.MetricsAddr + "/metrics")
+		if err != nil {
+			return err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "wmrl_stage_standby{") {
+				return line
+			}
+		}
+		return "no wmrl_stage_standby"
+	}
+	if got := standby(); got != `wmrl_stage_standby{stage="fuse"} 1` {
+		t.Errorf("/metrics of the waiting process: %s", got)
+	}
 	// The run goes on beside the waiting process, on the first alone.
 	publish(3, 6)
 	waitFor(t, time.Minute, fusedUpTo(6))
@@ -127,6 +144,9 @@ func TestASecondFuseWaitsAndTakesOver(t *testing.T) {
 		code, body := health()
 		return code == http.StatusOK && strings.Contains(body, `"status":"ok"`)
 	})
+	if got := standby(); got != `wmrl_stage_standby{stage="fuse"} 0` {
+		t.Errorf("/metrics of the process that took over: %s", got)
+	}
 	publish(6, 9)
 	waitFor(t, time.Minute, fusedUpTo(9))
 	mu.Lock()

@@ -100,6 +100,9 @@ type Metrics struct {
 	// its clients expires (Unix seconds; 0 without TLS), by server: nats
 	// (the embedded one) and gateway.
 	CertNotAfter *prometheus.GaugeVec
+	// Standby is 1 for each one-per-run stage this process waits to run
+	// while another process holds its lease, 0 once it runs it.
+	Standby *prometheus.GaugeVec
 }
 
 // NewMetrics registers the collectors, with the Go runtime's (go_*) and
@@ -170,6 +173,9 @@ func NewMetrics() *Metrics {
 	for _, server := range []string{certNATS, certGateway} {
 		m.CertNotAfter.WithLabelValues(server) // 0 until a server presents one
 	}
+	m.Standby = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "wmrl", Name: "stage_standby",
+		Help: "1 for each one-per-run stage (route, pair, calibrate, fuse, archive) this process waits to run while another process runs it (holds its lease), 0 once it runs it: with none at 1 for a stage, the loss of its process stalls the run until it is started again."},
+		[]string{"stage"})
 	m.NATSReconnects = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "nats_reconnects_total",
 		Help: "Reconnections of this process's connection to its NATS server, after it was lost."})
 	m.ShortSteps = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "steps_closed_short_total",
@@ -231,7 +237,7 @@ func NewMetrics() *Metrics {
 	m.ExecutionSlotsBusy = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "wmrl", Name: "execution_slots_busy",
 		Help: "Of those, the ones taken: an execution under way, or waiting for a user or a set of GPUs."})
 	r.MustRegister(m.ExecutionsWaiting, m.ExecutionSlots, m.ExecutionSlotsBusy)
-	r.MustRegister(m.Latency, m.StepLatency, m.NATSReconnects, m.ShortSteps, m.CertNotAfter, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
+	r.MustRegister(m.Latency, m.StepLatency, m.NATSReconnects, m.ShortSteps, m.CertNotAfter, m.Standby, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
 		m.RewardAnswers, m.WMRequests, m.WMRequestSeconds, m.WMTokens, m.Executions, m.ExecutionSeconds, m.ExecutionsShared)
 	return m
 }
