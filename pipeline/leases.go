@@ -53,6 +53,9 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 	if len(mine) == 0 {
 		return nil
 	}
+	for _, st := range mine { // present at 0, so that a run's sum by stage is defined
+		p.metrics.Standby.WithLabelValues(st).Set(0)
+	}
 	ttl := p.cfg.leaseTTL
 	if ttl == 0 {
 		ttl = LeaseTTL

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
@@ -70,6 +71,11 @@ func TestASecondFuseWaitsAndTakesOver(t *testing.T) {
 	first, err := Start(ctx, fuseCfg("first", &out1))
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The process that runs fuse says it is not standing by: summed over
+	// a run's processes by stage, the gauge counts the standbys.
+	if got := testutil.ToFloat64(first.Metrics().Standby.WithLabelValues(StageFuse)); got != 0 || testutil.CollectAndCount(first.Metrics().Standby) != 1 {
+		t.Errorf("wmrl_stage_standby of the process running fuse: %v in %d series, want 0 in 1", got, testutil.CollectAndCount(first.Metrics().Standby))
 	}
 	publish(0, 3)
 	waitFor(t, time.Minute, fusedUpTo(3))
