@@ -151,7 +151,7 @@ func (s *Stage) addOutcomes(ctx context.Context, rows []Row) {
 		it, ok, err := s.Outcome(ctx, fmt.Sprintf("%d/%s/%s", r.Step, r.GroupID, r.TrajID))
 		if err != nil {
 			if s.OnOutcomeError != nil {
-				s.OnOutcomeError(fmt.Errorf("archive: the execution of late anchor %s of step %d: %w (its row is archived without its seconds)", r.TrajID, r.Step, err))
+				s.OnOutcomeError(fmt.Errorf("archive: the execution of late anchor %s of step %d: %w (its row, and those after it in its group, are archived without their seconds)", r.TrajID, r.Step, err))
 			}
 			return
 		}

@@ -292,7 +292,7 @@ func TestLateRowsTakeTheirExecutionsFromTheOutcomes(t *testing.T) {
 			t.Errorf("row with no outcome read: %+v", r)
 		}
 	}
-	if len(heard) != 1 || !strings.Contains(heard[0].Error(), "late anchor t3 of step 7: bucket down") {
+	if len(heard) != 1 || !strings.Contains(heard[0].Error(), "late anchor t3 of step 7: bucket down (its row, and those after it") {
 		t.Errorf("errors heard: %v", heard)
 	}
 }
