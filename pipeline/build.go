@@ -79,7 +79,7 @@ func (p *Pipeline) build(ctx context.Context) error {
 			h.CopiesOnce, h.Shared = cfg.ExecCopiesOnce, func(schemas.ExecItem) { p.metrics.ExecutionsShared.Inc() }
 			h.Breaker = p.breaker(stage, "the executor", cfg.ExecDownAfter, cfg.ExecProbeEvery, p.metrics.ExecutorDown,
 				"anchor groups are published at once with their executions ungraded (their steps use the world model for them)")
-			if store, serr := openOutcomes(ctx, p.tr.js, p.cfg); serr == nil {
+			if store, serr := p.outcomes(ctx); serr == nil {
 				h.Store = store
 				h.OnStoreError = func(err error) {
 					p.dl.say(StageExecute, "outcome-store", "%v (best effort: at worst a redelivery runs the trajectory again)", err)
@@ -352,7 +352,7 @@ func (p *Pipeline) buildArchive(ctx context.Context) error {
 	// A late anchor group's rows take their execution's seconds, detail
 	// and copy from the outcomes execute keeps (an outside executor's
 	// leave them null).
-	if store, err := openOutcomes(ctx, p.tr.js, p.cfg); err == nil {
+	if store, err := p.outcomes(ctx); err == nil {
 		st.Outcome = store.Load
 		st.OnOutcomeError = func(err error) { p.dl.say(StageArchive, "outcome-store", "%v", err) }
 	} else {

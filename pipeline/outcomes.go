@@ -47,6 +47,14 @@ func openOutcomes(ctx context.Context, js jetstream.JetStream, cfg Config) (outc
 	return outcomeStore{st: st, run: cfg.Run}, err
 }
 
+// outcomes opens the run's outcome store once for the process: execute
+// keeps outcomes in it and archive reads late anchors' back, and a bucket
+// that does not answer is waited for (up to StartupWait) once, not by each.
+func (p *Pipeline) outcomes(ctx context.Context) (outcomeStore, error) {
+	p.outcomesOnce.Do(func() { p.outcomeStore, p.outcomesErr = openOutcomes(ctx, p.tr.js, p.cfg) })
+	return p.outcomeStore, p.outcomesErr
+}
+
 // key is a bucket key for a run's trajectory key: group and trajectory IDs
 // may hold any character, a bucket key only a few.
 func (o outcomeStore) key(k string) string {

@@ -42,11 +42,15 @@ type Pipeline struct {
 	progress      *progress
 	archived      *progress
 	archiveWriter *archive.Writer
-	lettered      lettered // late anchor groups whose pairs a dead letter holds up (--steps)
-	gateway       *gateway.Gateway
-	wm            predict.WorldModel
-	wmBreaker     *breaker.Breaker // the world model's, shared by predict and the gateway
-	wmReplies     *replies         // what its answers came to, told by predict and the gateway
+	// The outcome store, opened once (outcomes).
+	outcomesOnce sync.Once
+	outcomeStore outcomeStore
+	outcomesErr  error
+	lettered     lettered // late anchor groups whose pairs a dead letter holds up (--steps)
+	gateway      *gateway.Gateway
+	wm           predict.WorldModel
+	wmBreaker    *breaker.Breaker // the world model's, shared by predict and the gateway
+	wmReplies    *replies         // what its answers came to, told by predict and the gateway
 	// httpListener is bound in build, so Start fails on a busy address and
 	// HTTPURL is known as soon as Start returns.
 	httpListener net.Listener
