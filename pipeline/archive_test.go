@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 )
@@ -121,7 +122,8 @@ func TestArchiveKeepsLateAnchorPairs(t *testing.T) {
 		switch {
 		case !ok:
 			t.Fatalf("late pair %d/%s has no world-model row in its step", r.Step, r.TrajID)
-		case r.TrueScore == nil || r.Reward != nil || r.AbsorbedSeq == 0 || *r.Predicted != *w.Predicted || r.TaskID != w.TaskID:
+		case r.TrueScore == nil || r.Reward != nil || r.AbsorbedSeq == 0 || *r.Predicted != *w.Predicted || r.TaskID != w.TaskID ||
+			r.ExecStatus == nil || *r.ExecStatus != schemas.ExecScored:
 			t.Fatalf("late pair row %+v (its step's row %+v)", r, w)
 		case r.ExecSeconds == nil || *r.ExecSeconds < cfg.ExecLatency.Seconds():
 			// From the outcome execute stored: the late ones are the
@@ -129,6 +131,69 @@ func TestArchiveKeepsLateAnchorPairs(t *testing.T) {
 			t.Fatalf("late pair %d/%s archived with exec_seconds %v, want its execution's %v or more", r.Step, r.TrajID, r.ExecSeconds, cfg.ExecLatency.Seconds())
 		}
 	}
+}
+
+// A late anchor group's trajectories the world model could not grade
+// have no pair, but their executions scored: they get late rows too, from
+// the outcomes execute stored, so that the archive holds every true score
+// the run paid for. Before, a late group had a row per pair only.
+func TestLateRowsHoldTheExecutionsOfUngradedTrajectories(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.ExecLatency = 400 * time.Millisecond
+	cfg.AnchorDeadline = 50 * time.Millisecond
+	cfg.ArchiveMaxAge = 50 * time.Millisecond
+	cfg.Steps = 4
+	wm := sim.DefaultWorldModel()
+	wm.UngradedEvery = 3
+	cfg.WorldModelImpl = wm
+	ups, rows := runAndReadArchive(t, cfg)
+	late := map[string]bool{}
+	for _, u := range ups {
+		for _, g := range u.LateAnchors {
+			late[fmt.Sprintf("%d/%s", u.Step, g)] = true
+		}
+	}
+	if len(late) != 4*2 {
+		t.Fatalf("%d late anchor groups, want all 8 late", len(late))
+	}
+	wmRows := map[string]archive.Row{}
+	wmUngraded := 0
+	for _, r := range rows {
+		if r.Source == archive.SourceWorldModel && late[fmt.Sprintf("%d/%s", r.Step, r.GroupID)] {
+			wmRows[fmt.Sprintf("%d/%s", r.Step, r.TrajID)] = r
+			if r.Predicted == nil {
+				wmUngraded++
+			}
+		}
+	}
+	if wmUngraded == 0 {
+		t.Fatal("the world model graded every trajectory of the late groups: the test proves nothing")
+	}
+	var lateRows, ungraded int
+	for _, r := range rows {
+		if r.Source != archive.SourceLateAnchor {
+			continue
+		}
+		lateRows++
+		w, ok := wmRows[fmt.Sprintf("%d/%s", r.Step, r.TrajID)]
+		switch {
+		case !ok:
+			t.Fatalf("late row %d/%s has no world-model row in a late group", r.Step, r.TrajID)
+		case r.TrueScore == nil || r.ExecStatus == nil || *r.ExecStatus != schemas.ExecScored || r.ExecSeconds == nil || r.AbsorbedSeq == 0 || r.Reward != nil:
+			t.Fatalf("late row %+v", r)
+		case (r.Predicted == nil) != (w.Predicted == nil) || r.WMStatus != w.WMStatus:
+			t.Fatalf("late row %+v against its world-model row %+v", r, w)
+		case r.Predicted == nil:
+			ungraded++
+			if r.Calibrated != nil {
+				t.Fatalf("ungraded late row with a calibrated score: %+v", r)
+			}
+		}
+	}
+	if lateRows != len(late)*cfg.GroupSize || ungraded != wmUngraded {
+		t.Fatalf("%d late rows, %d of them for the %d ungraded trajectories; want one per trajectory of the %d late groups, %d", lateRows, ungraded, wmUngraded, len(late), len(late)*cfg.GroupSize)
+	}
+	t.Logf("%d late rows, %d of them for trajectories the world model did not grade", lateRows, ungraded)
 }
 
 // An archive whose directory is gone for a while (a disk unmounted, a

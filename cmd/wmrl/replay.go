@@ -193,7 +193,7 @@ func replayCommand() *cobra.Command {
 				}
 			}
 			fmt.Fprintf(stdout, "replayed run %s: %d steps, %d rows (%d late anchor pairs), %d anchor groups absorbed in %s\n",
-				run, sum.Steps, sum.Rows, sum.LateRows, sum.AnchorGroups, time.Since(start).Round(time.Millisecond))
+				run, sum.Steps, sum.Rows, sum.LatePairs, sum.AnchorGroups, time.Since(start).Round(time.Millisecond))
 			if len(sum.Gaps) > 0 {
 				fmt.Fprintf(stdout, "warning: the archive holds no anchor group for %d calibration seqs (first %d): those pairs were never archived, so the live calibration saw pairs this replay cannot\n", len(sum.Gaps), sum.Gaps[0])
 			}

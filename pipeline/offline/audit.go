@@ -257,7 +257,9 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 			s.d, s.rho, s.seen = r.D, r.Rho, true
 		}
 		if r.Predicted == nil {
-			a.Ungraded++
+			if r.Source != archive.SourceLateAnchor { // else counted on its world-model row
+				a.Ungraded++
+			}
 			continue
 		}
 		if r.Source != archive.SourceLateAnchor {

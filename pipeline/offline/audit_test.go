@@ -470,6 +470,40 @@ func TestAuditSetsWhatTheWorldModelSaidAgainstTheExecutions(t *testing.T) {
 	}
 }
 
+// TestAuditCountsALateAnchorOnceAndByHowItEnded: a late anchor's
+// ungraded prediction is counted once, on its world-model row, not again
+// on the late row of its execution; a late pair counts under the status
+// its execution ended with (a timeout scored 0 is a timeout).
+func TestAuditCountsALateAnchorOnceAndByHowItEnded(t *testing.T) {
+	str := func(s string) *string { return &s }
+	f := func(x float64) *float64 { return &x }
+	late := str(archive.ExecLate)
+	rows := []archive.Row{
+		{Step: 1, GroupID: "g", TrajID: "a", TaskID: "t", IsAnchor: true, Source: archive.SourceAnchor, Predicted: f(0.5), TrueScore: f(0.6), ExecStatus: str(schemas.ExecScored)},
+		{Step: 1, GroupID: "g", TrajID: "b", TaskID: "t", IsAnchor: true, Source: archive.SourceAnchor, Predicted: f(0.3), TrueScore: f(0.2), ExecStatus: str(schemas.ExecScored)},
+		{Step: 2, GroupID: "h", TrajID: "c", TaskID: "t", IsAnchor: true, Source: archive.SourceWorldModel, Predicted: f(0.7), ExecStatus: late},
+		{Step: 2, GroupID: "h", TrajID: "d", TaskID: "t", IsAnchor: true, Source: archive.SourceWorldModel, WMStatus: schemas.PredUngraded, ExecStatus: late},
+		{Step: 2, GroupID: "h", TrajID: "c", TaskID: "t", IsAnchor: true, Source: archive.SourceLateAnchor, Predicted: f(0.7), TrueScore: f(0), ExecStatus: str(schemas.ExecTimedOut)},
+		{Step: 2, GroupID: "h", TrajID: "d", TaskID: "t", IsAnchor: true, Source: archive.SourceLateAnchor, WMStatus: schemas.PredUngraded, TrueScore: f(0.4), ExecStatus: str(schemas.ExecScored)},
+	}
+	a, err := RunAudit(rows, AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Ungraded != 1 || a.Pairs != 3 || a.LatePairs != 1 {
+		t.Errorf("ungraded %d, pairs %d (late %d); want d's ungraded prediction once, and 3 pairs, 1 of them late", a.Ungraded, a.Pairs, a.LatePairs)
+	}
+	var timedOut *Outcome
+	for i, o := range a.Outcomes {
+		if o.Status == schemas.ExecTimedOut {
+			timedOut = &a.Outcomes[i]
+		}
+	}
+	if timedOut == nil || timedOut.Pairs != 1 || float64(timedOut.MeanPredicted) != 0.7 || math.Abs(timedOut.Share-1.0/3) > 1e-12 {
+		t.Errorf("outcomes %+v; want the late timeout as one of 3 pairs, predicted 0.7", a.Outcomes)
+	}
+}
+
 // largest picks what a stable sort, largest first, would put first.
 func TestLargestIsTheTopOfAStableSort(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))

@@ -51,7 +51,7 @@ type StepReport struct {
 // ReplaySummary is the whole replay.
 type ReplaySummary struct {
 	Run                             string
-	Steps, Rows, LateRows           int
+	Steps, Rows, LatePairs          int
 	AnchorGroups, DroppedAnchors    int
 	MaxFusedDiff, MaxCalibratedDiff float64
 	SignAgreement                   float64
@@ -104,7 +104,9 @@ func Replay(rows []archive.Row, opt ReplayOptions, report func(StepReport)) (Rep
 			a.rows = append(a.rows, r)
 		}
 		if r.Source == archive.SourceLateAnchor {
-			sum.LateRows++
+			if r.Predicted != nil && r.TrueScore != nil { // a pair, not an ungraded trajectory's execution
+				sum.LatePairs++
+			}
 			continue
 		}
 		s := steps[r.Step]

@@ -118,24 +118,41 @@ func TestReplayReproducesTheArchive(t *testing.T) {
 }
 
 // Late anchors are absorbed after their steps; the replay absorbs them at
-// their recorded seq and still reproduces every step.
+// their recorded seq and still reproduces every step. Their trajectories
+// the world model did not grade have late rows too, which are no pairs.
 func TestReplayReproducesLateAnchors(t *testing.T) {
+	wm := sim.DefaultWorldModel()
+	wm.UngradedEvery = 5
 	rows, settings := archiveRun(t, 12, func(c *pipeline.Config) {
 		c.ExecLatency = 60 * time.Millisecond
 		c.AnchorDeadline = 40 * time.Millisecond
 		c.ArchiveMaxAge = 50 * time.Millisecond
+		c.WorldModelImpl = wm
 	})
+	pairs, ungraded := 0, 0
+	for _, r := range rows {
+		switch {
+		case r.Source != archive.SourceLateAnchor:
+		case r.Predicted == nil:
+			ungraded++
+		default:
+			pairs++
+		}
+	}
 	sum, err := Replay(rows, ReplayOptions{Settings: settings}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sum.LateRows == 0 {
-		t.Fatalf("no late anchors: the test proves nothing (%+v)", sum)
+	if sum.LatePairs == 0 || ungraded == 0 {
+		t.Fatalf("%d late pairs, %d late rows of ungraded trajectories: the test proves nothing (%+v)", sum.LatePairs, ungraded, sum)
+	}
+	if sum.LatePairs != pairs {
+		t.Errorf("replay counted %d late pairs; the archive has %d, and %d late rows without a prediction", sum.LatePairs, pairs, ungraded)
 	}
 	if sum.MaxFusedDiff > 1e-9 || sum.MaxCalibratedDiff > 1e-9 || len(sum.Gaps) != 0 {
 		t.Fatalf("replay differs: %+v", sum)
 	}
-	t.Logf("%d late rows of %d", sum.LateRows, len(rows))
+	t.Logf("%d late pairs and %d late rows of ungraded trajectories, of %d rows", sum.LatePairs, ungraded, len(rows))
 }
 
 // evictingExecutor scores as the simulated one, but the sandbox of every

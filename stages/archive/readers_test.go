@@ -110,7 +110,7 @@ func skipOrFail(t *testing.T, require, why string) {
 	t.Skip(why)
 }
 
-// writeReaderFixture writes six steps, each with a late anchor row, into
+// writeReaderFixture writes six steps, each with two late anchor rows, into
 // several files, and returns the directory and the rows as we read them.
 func writeReaderFixture(t *testing.T) (string, []Row) {
 	t.Helper()
@@ -134,7 +134,13 @@ func writeReaderFixture(t *testing.T) (string, []Row) {
 		c := schemas.Calibration{Run: "r", Seq: step + 1, Version: 1, Step: step, GroupID: "b",
 			Pairs: []schemas.CalibratedPair{{TrajID: "b0", Predicted: 0.1, True: 0.4, Before: 0.2}}}
 		g, _, _ := w.Late(step, "b")
-		if _, err := w.Add(LateKey(step, "b"), FromLate(c, g, time.Date(2026, 12, 2, 11, 0, 0, 0, time.UTC)), nil); err != nil {
+		// b2, which the world model did not grade, crashed: a row of
+		// its own, with no pair.
+		outcomes := map[string]schemas.ExecItem{
+			"b0": {TrajID: "b0", Score: f64(0.4), Status: schemas.ExecScored, Seconds: 1500},
+			"b2": {TrajID: "b2", Score: f64(0), Status: schemas.ExecCrashed, Seconds: 3, Detail: "Traceback: MemoryError"},
+		}
+		if _, err := w.Add(LateKey(step, "b"), FromLate(c, g, outcomes, time.Date(2026, 12, 2, 11, 0, 0, 0, time.UTC)), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -151,7 +157,7 @@ func writeReaderFixture(t *testing.T) (string, []Row) {
 			late++
 		}
 	}
-	if late != 6 || len(rows) != 6*6+6 {
+	if late != 2*6 || len(rows) != 6*6+2*6 {
 		t.Fatalf("fixture: %d rows, %d late", len(rows), late)
 	}
 	return dir, rows

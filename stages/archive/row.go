@@ -1,7 +1,7 @@
 // Package archive keeps every reward record as Parquet for offline replays
 // and audits of the world model's bias: one row per trajectory of every
-// step update, and one per anchor pair whose execution came too late for
-// its step.
+// step update, and one per trajectory of an anchor group whose execution
+// came too late for its step, once that execution scored.
 package archive
 
 import (
@@ -11,8 +11,9 @@ import (
 	"github.com/wmrl/wmrl/schemas"
 )
 
-// Sources of a row: the two of an update item, and an anchor pair absorbed
-// by the calibration after its step was fused on world-model rewards.
+// Sources of a row: the two of an update item, and a late anchor: the
+// execution of an anchor trajectory whose group was absorbed by the
+// calibration after its step was fused on world-model rewards.
 const (
 	SourceAnchor     = "anchor"
 	SourceWorldModel = "world_model"
@@ -20,8 +21,8 @@ const (
 )
 
 // ExecLate is the exec_status of the world-model row of an anchor whose
-// execution missed its step's deadline; its pair comes later as a row of
-// source late_anchor.
+// execution missed its step's deadline; its execution comes later as a
+// row of source late_anchor.
 const ExecLate = "late"
 
 // Row is one archived record. The column names are public: DuckDB, pandas
@@ -118,6 +119,17 @@ type LateGroup struct {
 	GroupID       string           `json:"group_id"`
 	TaskID        string           `json:"task_id"`
 	PolicyVersion map[string]int64 `json:"policy_version"`
+	// Ungraded lists, in the update's order, the group's trajectories the
+	// world model gave no score: no pair comes for them, so their rows
+	// come from their executions' outcomes alone. Absent from the files
+	// of archives from before it was kept.
+	Ungraded []UngradedTraj `json:"ungraded,omitempty"`
+}
+
+// UngradedTraj is a late anchor trajectory without a world-model score.
+type UngradedTraj struct {
+	TrajID   string `json:"traj_id"`
+	WMStatus string `json:"wm_status"`
 }
 
 // FromUpdate turns an update into its rows, in item order, and lists its
@@ -152,6 +164,9 @@ func FromUpdate(u schemas.Update) ([]Row, []LateGroup) {
 			r.ExecStatus = &s
 			lg.TaskID = it.TaskID
 			lg.PolicyVersion[it.TrajID] = it.PolicyVersion
+			if it.Predicted == nil {
+				lg.Ungraded = append(lg.Ungraded, UngradedTraj{TrajID: it.TrajID, WMStatus: it.WMStatus})
+			}
 		}
 		rows[i] = r
 	}
@@ -169,19 +184,39 @@ func nonEmpty(s string) *string {
 	return &s
 }
 
-// FromLate turns a late anchor group's calibration into its rows: one per
-// pair, with the out-of-sample calibrated prediction and no reward.
-func FromLate(c schemas.Calibration, g LateGroup, now time.Time) []Row {
-	rows := make([]Row, len(c.Pairs))
-	scored := schemas.ExecScored
-	for i, p := range c.Pairs {
-		pred, truth, before := p.Predicted, p.True, p.Before
-		rows[i] = Row{
-			Run: c.Run, Step: c.Step, GroupID: c.GroupID, TrajID: p.TrajID, TaskID: g.TaskID,
-			PolicyVersion: g.PolicyVersion[p.TrajID], IsAnchor: true,
-			Predicted: &pred, TrueScore: &truth, Calibrated: &before, CalibrationVersion: c.Version,
-			Source: SourceLateAnchor, WMStatus: schemas.PredOK, ExecStatus: &scored, TS: now.UTC(),
+// FromLate turns a late anchor group's calibration into its rows, with
+// no reward: one per pair, with the out-of-sample calibrated prediction,
+// then one per trajectory of g.Ungraded whose execution scored. Their
+// execution's status, seconds, detail and copy come from outcomes (by
+// trajectory ID; a calibration carries only the scores): a pair without
+// one has a null exec_status, as nothing says how its execution ended
+// (a score of 0 is also what a crash or a timeout gets), and an ungraded
+// trajectory without one has no row.
+func FromLate(c schemas.Calibration, g LateGroup, outcomes map[string]schemas.ExecItem, now time.Time) []Row {
+	rows := make([]Row, 0, len(c.Pairs)+len(g.Ungraded))
+	row := func(traj, wmStatus string) Row {
+		r := Row{
+			Run: c.Run, Step: c.Step, GroupID: c.GroupID, TrajID: traj, TaskID: g.TaskID,
+			PolicyVersion: g.PolicyVersion[traj], IsAnchor: true, CalibrationVersion: c.Version,
+			Source: SourceLateAnchor, WMStatus: wmStatus, TS: now.UTC(),
 			CalibrationSeq: c.Seq, AbsorbedSeq: c.Seq,
+		}
+		if it, ok := outcomes[traj]; ok {
+			seconds := it.Seconds
+			r.TrueScore, r.ExecStatus, r.ExecSeconds, r.ExecDetail = it.Score, nonEmpty(it.Status), &seconds, nonEmpty(it.Detail)
+			r.ExecCopyOf, r.ExecCopyStep, r.ExecCopyGroup = nonEmpty(it.CopyOf), it.CopyStep, nonEmpty(it.CopyGroup)
+		}
+		return r
+	}
+	for _, p := range c.Pairs {
+		r := row(p.TrajID, schemas.PredOK)
+		pred, truth, before := p.Predicted, p.True, p.Before
+		r.Predicted, r.TrueScore, r.Calibrated = &pred, &truth, &before // the score the calibration absorbed
+		rows = append(rows, r)
+	}
+	for _, u := range g.Ungraded {
+		if r := row(u.TrajID, u.WMStatus); r.TrueScore != nil {
+			rows = append(rows, r)
 		}
 	}
 	return rows

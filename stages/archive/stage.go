@@ -37,11 +37,14 @@ type Stage struct {
 	OnNoCode func(step int64, groups []string)
 	// Outcome, if set, reads an anchor trajectory's execution by its key
 	// (step/group/trajectory ID, as execute stores outcomes): a late
-	// anchor group's rows take its seconds, detail and the trajectory it
-	// copied from there, as a calibration carries only the scores. Late
-	// executions are the slow ones: without their seconds the archive's
-	// record of execution times stops at the deadline. A miss leaves
-	// them null; an error too, and OnOutcomeError, if set, hears it.
+	// anchor group's rows take its status, seconds, detail and the
+	// trajectory it copied from there, as a calibration carries only the
+	// scores, and its trajectories the world model did not grade get rows
+	// from there alone (see FromLate). Late executions are the slow ones,
+	// timeouts among them: without their status and seconds the
+	// archive's record of how executions end stops at the deadline. A
+	// miss leaves them null; an error too, and OnOutcomeError, if set,
+	// hears it.
 	Outcome        func(ctx context.Context, key string) (schemas.ExecItem, bool, error)
 	OnOutcomeError func(error)
 
@@ -110,8 +113,7 @@ func (s *Stage) HandleCalibration(msg *message.Message) error {
 		// unwritten and its calibration acknowledged.
 		g, update, late := s.W.Late(c.Step, c.GroupID)
 		if late {
-			rows := FromLate(c, g, s.Now())
-			s.addOutcomes(ctx, rows)
+			rows := FromLate(c, g, s.outcomesOf(ctx, c, g), s.Now())
 			commit, err := s.W.Add(LateKey(c.Step, c.GroupID), rows, nil)
 			if err != nil {
 				return outage(err)
@@ -139,29 +141,36 @@ func (s *Stage) HandleCalibration(msg *message.Message) error {
 // does not answer costs the rows their seconds, never a stalled archive.
 const outcomeWait = 10 * time.Second
 
-// addOutcomes fills late rows' execution columns from Outcome.
-func (s *Stage) addOutcomes(ctx context.Context, rows []Row) {
+// outcomesOf reads from Outcome the executions of a late group's
+// trajectories: its pairs', then those the world model did not grade, by
+// trajectory ID. The first error ends the reads.
+func (s *Stage) outcomesOf(ctx context.Context, c schemas.Calibration, g LateGroup) map[string]schemas.ExecItem {
 	if s.Outcome == nil {
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, outcomeWait)
 	defer cancel()
-	for i := range rows {
-		r := &rows[i]
-		it, ok, err := s.Outcome(ctx, fmt.Sprintf("%d/%s/%s", r.Step, r.GroupID, r.TrajID))
+	trajs := make([]string, 0, len(c.Pairs)+len(g.Ungraded))
+	for _, p := range c.Pairs {
+		trajs = append(trajs, p.TrajID)
+	}
+	for _, u := range g.Ungraded {
+		trajs = append(trajs, u.TrajID)
+	}
+	out := make(map[string]schemas.ExecItem, len(trajs))
+	for _, traj := range trajs {
+		it, ok, err := s.Outcome(ctx, fmt.Sprintf("%d/%s/%s", c.Step, c.GroupID, traj))
 		if err != nil {
 			if s.OnOutcomeError != nil {
-				s.OnOutcomeError(fmt.Errorf("archive: the execution of late anchor %s of step %d: %w (its row, and those after it in its group, are archived without their seconds)", r.TrajID, r.Step, err))
+				s.OnOutcomeError(fmt.Errorf("archive: the execution of late anchor %s of step %d: %w (its row, and those after it in its group, are archived without their execution's status and seconds, and its ungraded trajectories without rows)", traj, c.Step, err))
 			}
-			return
+			break
 		}
-		if !ok {
-			continue
+		if ok {
+			out[traj] = it
 		}
-		seconds := it.Seconds
-		r.ExecSeconds, r.ExecDetail = &seconds, nonEmpty(it.Detail)
-		r.ExecCopyOf, r.ExecCopyStep, r.ExecCopyGroup = nonEmpty(it.CopyOf), it.CopyStep, nonEmpty(it.CopyGroup)
 	}
+	return out
 }
 
 // HandleExec takes an anchor group's trajectories (what route sends the

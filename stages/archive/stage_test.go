@@ -254,45 +254,90 @@ func TestALateCalibrationRacingItsUpdateIsArchived(t *testing.T) {
 	}
 }
 
-// A late anchor group's rows take their executions' seconds, detail and
-// copy from the outcomes; a miss leaves them null, and an error is heard
-// and leaves the rest null, without holding the rows back.
+// TestLateRowsTakeTheirExecutionsFromTheOutcomes: a late group's rows
+// take their execution's status, seconds, detail and copy from the
+// outcomes (a calibration has only the scores), so a timeout scored 0
+// reads timed_out, not scored; a trajectory the world model did not grade
+// gets a row of its own from its outcome; a miss leaves a pair's columns
+// null and an ungraded trajectory rowless; an error ends the reads, said
+// once.
 func TestLateRowsTakeTheirExecutionsFromTheOutcomes(t *testing.T) {
-	rows := []Row{{Step: 7, GroupID: "g1", TrajID: "t0"}, {Step: 7, GroupID: "g1", TrajID: "t1"}, {Step: 7, GroupID: "g1", TrajID: "t2"}, {Step: 7, GroupID: "g1", TrajID: "t3"}}
+	c := schemas.Calibration{Run: "r", Step: 7, GroupID: "g1", Seq: 12, Version: 3, Pairs: []schemas.CalibratedPair{
+		{TrajID: "t0", Predicted: 0.6, True: 0, Before: 0.5},
+		{TrajID: "t1", Predicted: 0.4, True: 0.7, Before: 0.45},
+		{TrajID: "t2", Predicted: 0.3, True: 0.2, Before: 0.3},
+	}}
+	g := LateGroup{Step: 7, GroupID: "g1", TaskID: "house", PolicyVersion: map[string]int64{"t0": 4, "t1": 4, "t2": 5, "t3": 5, "t4": 5, "t5": 5},
+		Ungraded: []UngradedTraj{{TrajID: "t3", WMStatus: schemas.PredUngraded}, {TrajID: "t4", WMStatus: schemas.PredUngraded}, {TrajID: "t5", WMStatus: "not_sent"}}}
 	from := int64(5)
 	var asked []string
 	var heard []error
+	down := "7/g1/t5"
 	s := &Stage{
 		Outcome: func(_ context.Context, key string) (schemas.ExecItem, bool, error) {
 			asked = append(asked, key)
+			if key == down {
+				return schemas.ExecItem{}, false, fmt.Errorf("bucket down")
+			}
 			switch key {
 			case "7/g1/t0":
-				return schemas.ExecItem{TrajID: "t0", Status: schemas.ExecScored, Seconds: 1500, Detail: "slow"}, true, nil
+				return schemas.ExecItem{TrajID: "t0", Score: f64(0), Status: schemas.ExecTimedOut, Seconds: 1800, Detail: "killed at the time limit"}, true, nil
 			case "7/g1/t1":
-				return schemas.ExecItem{TrajID: "t1", Status: schemas.ExecScored, CopyOf: "t9", CopyStep: &from, CopyGroup: "g4"}, true, nil
-			case "7/g1/t2":
-				return schemas.ExecItem{}, false, nil
+				return schemas.ExecItem{TrajID: "t1", Score: f64(0.7), Status: schemas.ExecScored, CopyOf: "t9", CopyStep: &from, CopyGroup: "g4"}, true, nil
+			case "7/g1/t3":
+				return schemas.ExecItem{TrajID: "t3", Score: f64(0.9), Status: schemas.ExecScored, Seconds: 1200}, true, nil
 			}
-			return schemas.ExecItem{}, false, fmt.Errorf("bucket down")
+			return schemas.ExecItem{}, false, nil
 		},
 		OnOutcomeError: func(err error) { heard = append(heard, err) },
 	}
-	s.addOutcomes(context.Background(), rows)
-	if fmt.Sprint(asked) != "[7/g1/t0 7/g1/t1 7/g1/t2 7/g1/t3]" {
+	now := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	rows := FromLate(c, g, s.outcomesOf(context.Background(), c, g), now)
+	if fmt.Sprint(asked) != "[7/g1/t0 7/g1/t1 7/g1/t2 7/g1/t3 7/g1/t4 7/g1/t5]" {
 		t.Fatalf("asked for %v", asked)
 	}
-	if r := rows[0]; r.ExecSeconds == nil || *r.ExecSeconds != 1500 || r.ExecDetail == nil || *r.ExecDetail != "slow" || r.ExecCopyOf != nil {
-		t.Errorf("executed row: %+v", r)
-	}
-	if r := rows[1]; r.ExecSeconds == nil || *r.ExecSeconds != 0 || r.ExecCopyOf == nil || *r.ExecCopyOf != "t9" || r.ExecCopyStep == nil || *r.ExecCopyStep != 5 || r.ExecCopyGroup == nil || *r.ExecCopyGroup != "g4" {
-		t.Errorf("copied row: %+v", r)
-	}
-	for _, r := range rows[2:] {
-		if r.ExecSeconds != nil || r.ExecCopyOf != nil {
-			t.Errorf("row with no outcome read: %+v", r)
+	var got []string
+	for _, r := range rows {
+		got = append(got, r.TrajID)
+		if r.Source != SourceLateAnchor || !r.IsAnchor || r.AbsorbedSeq != 12 || r.CalibrationSeq != 12 || r.CalibrationVersion != 3 ||
+			r.TaskID != "house" || r.PolicyVersion != g.PolicyVersion[r.TrajID] || r.Reward != nil || !r.TS.Equal(now) {
+			t.Errorf("row %+v", r)
 		}
 	}
-	if len(heard) != 1 || !strings.Contains(heard[0].Error(), "late anchor t3 of step 7: bucket down (its row, and those after it") {
+	if fmt.Sprint(got) != "[t0 t1 t2 t3]" {
+		t.Fatalf("rows for %v, want the three pairs then t3 (t4 has no outcome, t5's read failed)", got)
+	}
+	str := func(p *string) string {
+		if p == nil {
+			return "<nil>"
+		}
+		return *p
+	}
+	if r := rows[0]; str(r.ExecStatus) != schemas.ExecTimedOut || r.ExecSeconds == nil || *r.ExecSeconds != 1800 || str(r.ExecDetail) != "killed at the time limit" ||
+		r.TrueScore == nil || *r.TrueScore != 0 || *r.Predicted != 0.6 || *r.Calibrated != 0.5 || r.WMStatus != schemas.PredOK || r.ExecCopyOf != nil {
+		t.Errorf("timed-out pair: %+v", r)
+	}
+	if r := rows[1]; str(r.ExecStatus) != schemas.ExecScored || r.ExecSeconds == nil || *r.ExecSeconds != 0 ||
+		str(r.ExecCopyOf) != "t9" || r.ExecCopyStep == nil || *r.ExecCopyStep != 5 || str(r.ExecCopyGroup) != "g4" {
+		t.Errorf("copied pair: %+v", r)
+	}
+	if r := rows[2]; r.ExecStatus != nil || r.ExecSeconds != nil || r.TrueScore == nil || *r.TrueScore != 0.2 {
+		t.Errorf("pair with no outcome read: %+v; want its score and no execution columns", r)
+	}
+	if r := rows[3]; r.Predicted != nil || r.Calibrated != nil || r.WMStatus != schemas.PredUngraded || r.TrueScore == nil || *r.TrueScore != 0.9 ||
+		str(r.ExecStatus) != schemas.ExecScored || r.ExecSeconds == nil || *r.ExecSeconds != 1200 {
+		t.Errorf("ungraded trajectory's row: %+v", r)
+	}
+	if len(heard) != 1 || !strings.Contains(heard[0].Error(), "late anchor t5 of step 7: bucket down (its row, and those after it") {
 		t.Errorf("errors heard: %v", heard)
+	}
+
+	// The first error ends the reads: what comes after it is not asked.
+	asked, heard, down = nil, nil, "7/g1/t1"
+	if rows := FromLate(c, g, s.outcomesOf(context.Background(), c, g), now); len(rows) != 3 || rows[0].ExecStatus == nil || rows[1].ExecStatus != nil {
+		t.Errorf("with t1's read failing: %+v", rows)
+	}
+	if fmt.Sprint(asked) != "[7/g1/t0 7/g1/t1]" || len(heard) != 1 {
+		t.Errorf("with t1's read failing, asked for %v, heard %v", asked, heard)
 	}
 }

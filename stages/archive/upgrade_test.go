@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/wmrl/wmrl/schemas"
 )
 
 // testdata/archive-v1 is writeReaderFixture's archive as wmrl wrote it
@@ -69,10 +71,21 @@ func TestAnArchiveFromBeforeExecDetailReadsAsBefore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, want := writeReaderFixture(t)
-	for i := range want {
-		want[i].ExecDetail, want[i].WMVerdict, want[i].WMRationale, want[i].Prompt, want[i].Response, want[i].ResponseBytes, want[i].ExecCopyOf = nil, nil, nil, nil, nil, nil, nil
-		want[i].ExecCopyStep, want[i].ExecCopyGroup = nil, nil
+	_, rows := writeReaderFixture(t)
+	// Late rows then were one per pair, marked scored, with no execution
+	// columns: the outcomes were not read.
+	scored := schemas.ExecScored
+	var want []Row
+	for _, r := range rows {
+		r.ExecDetail, r.WMVerdict, r.WMRationale, r.Prompt, r.Response, r.ResponseBytes, r.ExecCopyOf = nil, nil, nil, nil, nil, nil, nil
+		r.ExecCopyStep, r.ExecCopyGroup = nil, nil
+		if r.Source == SourceLateAnchor {
+			if r.Predicted == nil {
+				continue
+			}
+			r.ExecStatus, r.ExecSeconds = &scored, nil
+		}
+		want = append(want, r)
 	}
 	if !reflect.DeepEqual(old, want) {
 		t.Fatalf("the old archive read %d rows unlike what wrote it (%d rows)", len(old), len(want))
