@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -75,5 +76,60 @@ func TestAuditSaysWhatToExpect(t *testing.T) {
 	}
 	if _, err := wmrl(ctx, "audit", "--archive", root, "--out", again, "--expect-seeds", "1"); err == nil || !strings.Contains(err.Error(), "--expect-seeds 1") {
 		t.Errorf("--expect-seeds 1: %v", err)
+	}
+}
+
+// TestAuditSetsTheExecutionTimesAgainstTheDeadline: wmrl audit reads the
+// run's --anchor-deadline from the archive and sets the anchors' execution
+// times against it, the late groups' times included (from their late
+// rows); --anchor-deadline replaces the recorded one.
+func TestAuditSetsTheExecutionTimesAgainstTheDeadline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := finishedRun(ctx, t, 12, func(cfg *pipeline.Config) {
+		cfg.ExecLatency, cfg.AnchorDeadline, cfg.ArchiveMaxAge = 60*time.Millisecond, 40*time.Millisecond, 50*time.Millisecond
+	})
+	report := filepath.Join(t.TempDir(), "report")
+	out, err := wmrl(ctx, "audit", "--archive", cfg.ArchiveRoot(), "--out", report, "--expect-seeds", "0")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var sum struct {
+		Exec *struct {
+			Executions int     `json:"executions"`
+			Anchor     int     `json:"anchor_groups"`
+			Late       int     `json:"late_groups"`
+			Timed      int     `json:"groups_timed"`
+			Deadline   float64 `json:"anchor_deadline_seconds"`
+			Within     float64 `json:"groups_within_deadline"`
+			Slowest    struct {
+				Median float64 `json:"median"`
+			} `json:"group_slowest_seconds"`
+		} `json:"execution_times"`
+	}
+	b, err := os.ReadFile(filepath.Join(report, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &sum); err != nil || sum.Exec == nil {
+		t.Fatalf("summary.json: %v, execution times %v", err, sum.Exec)
+	}
+	e := sum.Exec
+	// Every execution takes at least ExecLatency, past the deadline: every
+	// anchor group is late, and its times come from its late rows alone.
+	if e.Anchor != 12*2 /* 2 of 16 groups a step */ || e.Late != e.Anchor || e.Timed != e.Anchor || e.Executions != e.Anchor*cfg.GroupSize ||
+		e.Deadline != 0.04 || e.Within != 0 || e.Slowest.Median < 0.06 {
+		t.Errorf("execution times %+v; want every anchor group late and timed, the deadline 0.04 s, none within it, the slowest 0.06 s or more", *e)
+	}
+	want := "execution times: " + strconv.Itoa(e.Executions) + " anchor executions, median "
+	if !strings.Contains(out, want) || !strings.Contains(out, "; "+strconv.Itoa(e.Late)+" of "+strconv.Itoa(e.Anchor)+" anchor groups late for the deadline of 0.04s, which 0.0% of the groups' slowest executions ended within (exec-times.png)") {
+		t.Errorf("wmrl audit's output lacks the execution times:\n%s", out)
+	}
+	if _, err := os.Stat(filepath.Join(report, "exec-times.png")); err != nil {
+		t.Error(err)
+	}
+	out, err = wmrl(ctx, "audit", "--archive", cfg.ArchiveRoot(), "--out", report, "--expect-seeds", "0", "--anchor-deadline", "1m")
+	if err != nil || !strings.Contains(out, "late for the deadline of 60s, which 100.0% of the groups' slowest executions ended within") {
+		t.Errorf("--anchor-deadline 1m (%v):\n%s", err, out)
 	}
 }

@@ -249,6 +249,7 @@ func auditCommand() *cobra.Command {
 		root, run, out string
 		opt            offline.AuditOptions
 		expect         offline.ExpectOptions
+		deadline       time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "audit --archive DIR --out REPORT",
@@ -262,6 +263,11 @@ func auditCommand() *cobra.Command {
 			rows, settings, run, err := loadRun(root, run, stderr)
 			if err != nil {
 				return err
+			}
+			if deadline > 0 {
+				opt.AnchorDeadline = deadline.Seconds()
+			} else {
+				opt.AnchorDeadline = settings.AnchorDeadline
 			}
 			start := time.Now()
 			a, err := offline.RunAudit(rows, opt)
@@ -304,6 +310,7 @@ func auditCommand() *cobra.Command {
 				printCauses(stdout, a)
 			}
 			printMisses(stdout, a)
+			printExecTimes(stdout, a.Executions)
 			if l := a.Length; l != nil && len(l.Levels) > 0 {
 				first, last := l.Levels[0], l.Levels[len(l.Levels)-1]
 				fmt.Fprintf(stdout, "by solution length (%d anchor pairs): %s; within-group Spearman of length and residual after one monotone map %+.3f ± %.3f over %d groups; residual after it %+.3f in the shortest fifth (%d-%d bytes), %+.3f in the longest (%d-%d)\n",
@@ -338,6 +345,7 @@ func auditCommand() *cobra.Command {
 	fs.Float64Var(&opt.Tolerance, "tolerance", 0.05, "a level's mean residual within this counts as unbiased")
 	fs.IntVar(&opt.MinBinPairs, "min-bin-pairs", 10, "levels with fewer anchor pairs are not judged")
 	fs.IntVar(&opt.MinTaskPairs, "min-task-pairs", 30, "tasks with fewer anchor pairs get no verdict")
+	fs.DurationVar(&deadline, "anchor-deadline", 0, "the run's --anchor-deadline, which the execution times are set against (default: as the archive records it; archives from before it was recorded need it)")
 	fs.IntVar(&expect.Seeds, "expect-seeds", 8, "seeds of the wmrl sim run at this world model (what to expect); 0 skips it")
 	expect.Optimizer, expect.Costs = rl.DefaultConfig().Optimizer, rl.DefaultCosts
 	fs.Var(choiceFlag[rl.Optimizer]{&expect.Optimizer, rl.Optimizers}, "expect-optimizer", fmt.Sprintf("the simulated learner's optimizer for what to expect: %v", rl.Optimizers))
@@ -476,4 +484,24 @@ func printMisses(w io.Writer, a *offline.Audit) {
 		}
 		fmt.Fprintf(w, "  step %d, %s, %s: predicted %.3f, true %.3f (%s)%s\n", m.Step, m.GroupID, m.TrajID, m.Predicted, m.True, ended, cut(oneLine(said), 200))
 	}
+}
+
+// printExecTimes says how long the anchors' executions took, against the
+// run's deadline.
+func printExecTimes(w io.Writer, e *offline.ExecTimes) {
+	if e == nil {
+		return
+	}
+	fmt.Fprintf(w, "execution times: %d anchor executions, median %.3g s, p99 %.3g s, max %.3g s", e.Own(), e.Seconds.Median, e.Seconds.P99, e.Seconds.Max)
+	if e.Groups > 0 {
+		fmt.Fprintf(w, "; each anchor group's slowest: median %.3g s, p95 %.3g s, max %.3g s", e.Slowest.Median, e.Slowest.P95, e.Slowest.Max)
+	}
+	fmt.Fprintf(w, "; %d of %d anchor groups late", e.LateGroups, e.AnchorGroups)
+	if e.Deadline > 0 && e.Groups > 0 {
+		fmt.Fprintf(w, " for the deadline of %gs, which %.1f%% of the groups' slowest executions ended within (exec-times.png)", e.Deadline, 100*float64(e.WithinDeadline))
+		if late := float64(e.LateGroups) / float64(e.AnchorGroups); late > 1-float64(e.WithinDeadline)+0.05 {
+			fmt.Fprintf(w, ": more groups were late than that (%.1f%%), so the time a group waits outside its executions (for a slot, its prediction, its calibration) matters too", 100*late)
+		}
+	}
+	fmt.Fprintln(w)
 }

@@ -44,6 +44,9 @@ type AuditOptions struct {
 	// MinBinPairs: levels with fewer anchor pairs are not judged (default
 	// 10); MinTaskPairs: tasks with fewer get no verdict (default 30).
 	MinBinPairs, MinTaskPairs int
+	// AnchorDeadline is the run's --anchor-deadline in seconds, which the
+	// execution times are set against (0: not known).
+	AnchorDeadline float64
 }
 
 func (o *AuditOptions) setDefaults() {
@@ -179,6 +182,9 @@ type Audit struct {
 	// archive holds no lengths, from before response_bytes or with
 	// --archive-code=false).
 	Length *LengthBias `json:"length_bias,omitempty"`
+	// Executions is how long the anchors' executions took (nil: the
+	// archive records no execution's seconds).
+	Executions *ExecTimes `json:"execution_times,omitempty"`
 	// Expect, if set (Expect), is wmrl sim's benchmark at this world model.
 	Expect *rl.Expectation `json:"expect,omitempty"`
 
@@ -334,6 +340,7 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 	a.FailureAUC = Num(fuse.AUC(neg, failed))
 	a.Causes, a.OtherCauses = causes.result()
 	a.Misses, a.Verdicts = missesAndVerdicts(rows)
+	a.Executions = execTimes(rows, opt.AnchorDeadline)
 	a.FailuresWithoutDetail = causes.noDetail
 	// The run-wide map, cross-fitted on the anchor groups, and each task's
 	// own map likewise on its pairs alone.

@@ -49,6 +49,12 @@ func WriteReport(a *Audit, dir string) error {
 			make        func(*Audit) (*plot.Plot, error)
 		}{"length.png", "Residual by solution length", plotLength})
 	}
+	if a.Executions != nil {
+		plots = append(plots, struct {
+			name, title string
+			make        func(*Audit) (*plot.Plot, error)
+		}{"exec-times.png", "Anchors' execution times against the deadline", plotExecTimes})
+	}
 	type img struct{ Name, Title, Data string }
 	var imgs []img
 	for _, pl := range plots {
@@ -346,6 +352,39 @@ func plotRho(a *Audit) (*plot.Plot, error) {
 	return p, nil
 }
 
+// plotExecTimes draws the share of executions, and of anchor groups by
+// their slowest execution, done within each time, with the deadline.
+func plotExecTimes(a *Audit) (*plot.Plot, error) {
+	e := a.Executions
+	p := newPlot("Share of anchor executions ended within a time", "seconds (exec_seconds: not counting the wait for a slot)", "share ended")
+	p.Legend.Top, p.Legend.Left = false, false
+	cdf := func(xs []float64) plotter.XYs {
+		xy := make(plotter.XYs, 0, 2*len(xs)+1)
+		xy = append(xy, plotter.XY{X: 0, Y: 0})
+		for i, x := range xs { // a step up at each value
+			xy = append(xy, plotter.XY{X: x, Y: float64(i) / float64(len(xs))}, plotter.XY{X: x, Y: float64(i+1) / float64(len(xs))})
+		}
+		return xy
+	}
+	if len(e.each) > 0 {
+		if err := line(p, "each execution", cdf(e.each), faint, false, false); err != nil {
+			return nil, err
+		}
+	}
+	if len(e.slowest) > 0 {
+		if err := line(p, "each anchor group's slowest", cdf(e.slowest), blue, false, false); err != nil {
+			return nil, err
+		}
+	}
+	if e.Deadline > 0 {
+		if err := line(p, fmt.Sprintf("--anchor-deadline %gs", e.Deadline), plotter.XYs{{X: e.Deadline, Y: 0}, {X: e.Deadline, Y: 1}}, orange, true, false); err != nil {
+			return nil, err
+		}
+	}
+	p.Y.Min, p.Y.Max = 0, 1
+	return p, nil
+}
+
 func fmtNum(n Num) string {
 	if math.IsNaN(float64(n)) {
 		return "–"
@@ -358,6 +397,12 @@ var page = template.Must(template.New("audit").Funcs(template.FuncMap{
 	"f3":  func(f float64) string { return fmt.Sprintf("%.3f", f) },
 	"sf3": func(f float64) string { return fmt.Sprintf("%+.3f", f) },
 	"pct": func(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) },
+	"npct": func(n Num) string {
+		if math.IsNaN(float64(n)) {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.1f%%", 100*float64(n))
+	},
 	"x2":  func(n Num) Num { return 2 * n },
 	"few": func() int { return FewLengths },
 	"cls": func(v string) string {
@@ -445,6 +490,18 @@ a missing package or a limit belongs to the sandbox, not the policy, and a fix t
 <p class="note">The anchor pairs whose raw world-model score was furthest from the true score, with what the world model said and how the execution ended.</p>
 <table><tr><th>step</th><th class="l">group, trajectory</th><th class="l">task</th><th>predicted</th><th>true</th><th class="l">execution</th><th class="l">world model</th></tr>
 {{range .A.Misses}}<tr><td>{{.Step}}</td><td class="l">{{.GroupID}}, {{.TrajID}}</td><td class="l">{{.TaskID}}</td><td>{{f3 .Predicted}}</td><td>{{f3 .True}}</td><td class="l">{{.ExecStatus}}{{if .Cause}}: {{.Cause}}{{end}}</td><td class="l">{{.WMVerdict}}{{if .WMRationale}}: <small>{{.WMRationale}}</small>{{end}}</td></tr>
+{{end}}</table>
+{{end}}{{with .A.Executions}}<h2>Execution times</h2>
+<p class="note">How long the anchors' executions took (exec_seconds), {{.Executions}} of them{{if .Copies}}, {{.Copies}} of which took an identical solution's outcome and are left out{{end}}.
+A step waits for an anchor group until its slowest execution has ended and its pairs are calibrated, or until <code>--anchor-deadline</code>, after which the group is late: fused on the world model for its step, its pairs calibrated when they come.
+{{.LateGroups}} of the run's {{.AnchorGroups}} anchor groups were late{{if gt .Deadline 0.0}}; the deadline was {{.Deadline}} s, and {{npct .WithinDeadline}} of the {{.Groups}} groups with every time recorded had their slowest execution end within it{{end}}.
+These times leave out the wait for a slot (<code>--exec-slots</code>) and the calibration, so a deadline needs room above them.</p>
+<table><tr><th class="l"></th><th>count</th><th>median (s)</th><th>p90</th><th>p95</th><th>p99</th><th>max</th></tr>
+<tr><td class="l">each execution</td><td>{{.Own}}</td><td>{{f3 .Seconds.Median}}</td><td>{{f3 .Seconds.P90}}</td><td>{{f3 .Seconds.P95}}</td><td>{{f3 .Seconds.P99}}</td><td>{{f3 .Seconds.Max}}</td></tr>
+<tr><td class="l">each anchor group's slowest</td><td>{{.Groups}}</td><td>{{f3 .Slowest.Median}}</td><td>{{f3 .Slowest.P90}}</td><td>{{f3 .Slowest.P95}}</td><td>{{f3 .Slowest.P99}}</td><td>{{f3 .Slowest.Max}}</td></tr>
+</table>
+<table><tr><th class="l">execution ended</th><th>executions</th><th>median (s)</th><th>max (s)</th></tr>
+{{range .ByStatus}}<tr><td class="l">{{.Status}}</td><td>{{.Executions}}</td><td>{{f3 .Median}}</td><td>{{f3 .Max}}</td></tr>
 {{end}}</table>
 {{end}}{{with .A.Length}}<h2>Bias by solution length</h2>
 <p class="note">The anchor pairs by the length of their solution ({{.Pairs}} with the length archived), in five bands of equal pairs.

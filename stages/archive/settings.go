@@ -23,6 +23,10 @@ type Settings struct {
 	AnchorFraction float64                  `json:"anchor_fraction"`
 	AnchorMin      int                      `json:"anchor_min"`
 	AnchorRounding string                   `json:"anchor_rounding,omitempty"`
+	// AnchorDeadline is --anchor-deadline in seconds, which the audit sets
+	// the executions' times against (0 in archives from before it was
+	// kept).
+	AnchorDeadline float64 `json:"anchor_deadline_seconds,omitempty"`
 }
 
 // ReadSettings returns the settings recorded in a file.

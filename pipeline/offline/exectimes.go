@@ -1,0 +1,160 @@
+package offline
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+
+	"gonum.org/v1/gonum/stat"
+
+	"github.com/wmrl/wmrl/stages/archive"
+)
+
+// ExecTimes is how long the anchors' executions took (exec_seconds):
+// what --anchor-deadline and an execution's time limit are set from. A
+// step waits for an anchor group until its slowest execution has ended
+// and its pairs are calibrated, so a deadline is set against the groups'
+// slowest executions. exec_seconds leaves out the time an execution
+// waited for a slot (--exec-slots), so a deadline needs room above them.
+type ExecTimes struct {
+	// Executions counts the anchor trajectories with seconds recorded,
+	// Copies among them those that took the outcome of an identical
+	// solution's execution (--exec-copies-once): no time of their own,
+	// so they are left out of Seconds and ByStatus.
+	Executions int           `json:"executions"`
+	Copies     int           `json:"copies"`
+	Seconds    Quantiles     `json:"seconds"`
+	ByStatus   []StatusTimes `json:"by_status"`
+	// AnchorGroups counts the run's anchor groups, LateGroups those fused
+	// on the world model for missing the deadline; Groups those with
+	// every trajectory's seconds (a late group's sandbox errors, and
+	// every late execution in archives written before late rows carried
+	// seconds, have none), and Slowest their slowest execution's seconds.
+	AnchorGroups int       `json:"anchor_groups"`
+	LateGroups   int       `json:"late_groups"`
+	Groups       int       `json:"groups_timed"`
+	Slowest      Quantiles `json:"group_slowest_seconds"`
+	// Deadline is the run's --anchor-deadline in seconds (0: not known),
+	// and WithinDeadline the share of Groups whose slowest execution ended
+	// within it.
+	Deadline       float64 `json:"anchor_deadline_seconds,omitempty"`
+	WithinDeadline Num     `json:"groups_within_deadline"`
+
+	each, slowest []float64 // sorted, for the plot
+}
+
+// Own counts the executions with time of their own: Executions but the
+// Copies.
+func (e *ExecTimes) Own() int { return len(e.each) }
+
+// Quantiles of a set of durations, in seconds.
+type Quantiles struct {
+	Median float64 `json:"median"`
+	P90    float64 `json:"p90"`
+	P95    float64 `json:"p95"`
+	P99    float64 `json:"p99"`
+	Max    float64 `json:"max"`
+}
+
+// StatusTimes is the executions that ended one way.
+type StatusTimes struct {
+	Status     string  `json:"status"`
+	Executions int     `json:"executions"`
+	Median     float64 `json:"median"`
+	Max        float64 `json:"max"`
+}
+
+// quantiles of sorted xs (the empirical distribution); zero when empty.
+func quantiles(xs []float64) Quantiles {
+	if len(xs) == 0 {
+		return Quantiles{}
+	}
+	q := func(p float64) float64 { return stat.Quantile(p, stat.Empirical, xs, nil) }
+	return Quantiles{Median: q(0.5), P90: q(0.9), P95: q(0.95), P99: q(0.99), Max: xs[len(xs)-1]}
+}
+
+// execTimes measures the anchors' execution times over a run's rows; nil
+// when no row records any (an archive from before exec_seconds, or a run
+// without anchors). deadline is the run's --anchor-deadline in seconds,
+// 0 when not known.
+func execTimes(rows []archive.Row, deadline float64) *ExecTimes {
+	type traj struct {
+		seconds float64
+		timed   bool
+	}
+	groups := map[string]map[string]*traj{} // "step/group" of anchor groups: trajectory ID to its time
+	late := map[string]bool{}
+	byStatus := map[string][]float64{}
+	e := &ExecTimes{Deadline: deadline}
+	member := func(key, id string) *traj {
+		g := groups[key]
+		if g == nil {
+			g = map[string]*traj{}
+			groups[key] = g
+		}
+		t := g[id]
+		if t == nil {
+			t = &traj{}
+			g[id] = t
+		}
+		return t
+	}
+	for _, r := range rows {
+		if !r.IsAnchor {
+			continue
+		}
+		key := fmt.Sprintf("%d/%s", r.Step, r.GroupID)
+		t := member(key, r.TrajID) // a late anchor's world-model row and its late row: one trajectory
+		if r.ExecStatus != nil && *r.ExecStatus == archive.ExecLate {
+			late[key] = true
+		}
+		if r.ExecSeconds == nil || t.timed {
+			continue
+		}
+		t.seconds, t.timed = *r.ExecSeconds, true
+		e.Executions++
+		if r.ExecCopyOf != nil {
+			e.Copies++
+			continue
+		}
+		e.each = append(e.each, t.seconds)
+		if r.ExecStatus != nil {
+			byStatus[*r.ExecStatus] = append(byStatus[*r.ExecStatus], t.seconds)
+		}
+	}
+	if e.Executions == 0 {
+		return nil
+	}
+	e.AnchorGroups, e.LateGroups = len(groups), len(late)
+	within := 0
+	for _, g := range groups {
+		slowest, all := 0.0, true
+		for _, t := range g {
+			all = all && t.timed
+			slowest = max(slowest, t.seconds)
+		}
+		if !all {
+			continue
+		}
+		e.slowest = append(e.slowest, slowest)
+		if slowest <= deadline {
+			within++
+		}
+	}
+	slices.Sort(e.each)
+	slices.Sort(e.slowest)
+	e.Seconds, e.Slowest, e.Groups = quantiles(e.each), quantiles(e.slowest), len(e.slowest)
+	e.WithinDeadline = Num(math.NaN())
+	if deadline > 0 && e.Groups > 0 {
+		e.WithinDeadline = Num(float64(within) / float64(e.Groups))
+	}
+	for status, xs := range byStatus {
+		slices.Sort(xs)
+		e.ByStatus = append(e.ByStatus, StatusTimes{Status: status, Executions: len(xs), Median: quantiles(xs).Median, Max: xs[len(xs)-1]})
+	}
+	slices.SortFunc(e.ByStatus, func(a, b StatusTimes) int {
+		return cmp.Or(cmp.Compare(b.Executions, a.Executions), cmp.Compare(a.Status, b.Status))
+	})
+	return e
+}
