@@ -84,14 +84,21 @@ func TestArchiveHoldsEveryItemOnce(t *testing.T) {
 	checkArchive(t, rows, ups)
 }
 
-// Anchors whose execution misses the deadline are fused on world-model
-// rewards; their pairs, absorbed later, are archived as late_anchor rows.
-func TestArchiveKeepsLateAnchorPairs(t *testing.T) {
+// lateConfig is a run of 4 steps whose every anchor group is late: its
+// executions take 400 ms, the deadline is 50 ms.
+func lateConfig(t *testing.T) Config {
 	cfg := testConfig(t)
 	cfg.ExecLatency = 400 * time.Millisecond
 	cfg.AnchorDeadline = 50 * time.Millisecond
 	cfg.ArchiveMaxAge = 50 * time.Millisecond
 	cfg.Steps = 4
+	return cfg
+}
+
+// Anchors whose execution misses the deadline are fused on world-model
+// rewards; their pairs, absorbed later, are archived as late_anchor rows.
+func TestArchiveKeepsLateAnchorPairs(t *testing.T) {
+	cfg := lateConfig(t)
 	// A run of fixed length ends once the late pairs are archived too.
 	ups, rows := runAndReadArchive(t, cfg)
 	late := 0
@@ -138,11 +145,7 @@ func TestArchiveKeepsLateAnchorPairs(t *testing.T) {
 // the outcomes execute stored, so that the archive holds every true score
 // the run paid for. Before, a late group had a row per pair only.
 func TestLateRowsHoldTheExecutionsOfUngradedTrajectories(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.ExecLatency = 400 * time.Millisecond
-	cfg.AnchorDeadline = 50 * time.Millisecond
-	cfg.ArchiveMaxAge = 50 * time.Millisecond
-	cfg.Steps = 4
+	cfg := lateConfig(t)
 	wm := sim.DefaultWorldModel()
 	wm.UngradedEvery = 3
 	cfg.WorldModelImpl = wm
