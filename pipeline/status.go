@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"gonum.org/v1/gonum/stat"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
@@ -117,6 +118,26 @@ type ExecutionsStatus struct {
 	// its status and detail, and when its group was stored.
 	NewestFailure   schemas.ExecItem
 	NewestFailureAt time.Time
+	// Seconds: how long the executions took (copies and sandbox errors,
+	// which may not have run, left out), and Slowest each group's slowest
+	// execution, what a step waits for up to --anchor-deadline (zero: no
+	// execution).
+	Seconds, Slowest TimeQuantiles
+}
+
+// TimeQuantiles are the median, 99th percentile and maximum of a set of
+// durations in seconds (the empirical distribution).
+type TimeQuantiles struct {
+	Median, P99, Max float64
+}
+
+// timeQuantiles of xs, which it sorts; zero when empty.
+func timeQuantiles(xs []float64) TimeQuantiles {
+	if len(xs) == 0 {
+		return TimeQuantiles{}
+	}
+	slices.Sort(xs)
+	return TimeQuantiles{Median: stat.Quantile(0.5, stat.Empirical, xs, nil), P99: stat.Quantile(0.99, stat.Empirical, xs, nil), Max: xs[len(xs)-1]}
 }
 
 // UnfusedStep is a step planned and not fused, with when its plan was
@@ -305,14 +326,20 @@ func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream,
 		return es, nil
 	}
 	es.Since, es.Capped = windowStart(ctx, stream, st, subject, ExecutionsWindow, ExecutionsMax)
+	var each, slowest []float64
 	err := natsjs.ScanSince(ctx, c.js, c.stream, subject, es.Since, false, func(rec natsjs.Record) error {
 		var e schemas.Execution
 		if json.Unmarshal(rec.Data, &e) == nil {
 			es.Groups++
+			slow := 0.0
 			for _, it := range e.Items {
+				slow = max(slow, it.Seconds)
 				if it.CopyOf != "" {
 					es.Shared++
 					continue
+				}
+				if it.Status != schemas.ExecSandboxError {
+					each = append(each, it.Seconds)
 				}
 				es.ByStatus[it.Status]++
 				if it.Status != schemas.ExecScored {
@@ -320,12 +347,16 @@ func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream,
 					es.ByCause[execute.Cause(it.Detail)]++
 				}
 			}
+			if len(e.Items) > 0 {
+				slowest = append(slowest, slow)
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		return es, fmt.Errorf("pipeline: status: executions: %w", err)
 	}
+	es.Seconds, es.Slowest = timeQuantiles(each), timeQuantiles(slowest)
 	return es, nil
 }
 

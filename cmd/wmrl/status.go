@@ -211,6 +211,17 @@ func writeExecutions(w io.Writer, es pipeline.ExecutionsStatus, ago func(time.Ti
 	} else {
 		fmt.Fprintf(w, "executions:      %d in the last %s (%d anchor groups): %s%s\n", total, window, es.Groups, strings.Join(parts, ", "), shared)
 	}
+	if es.Slowest.Max > 0 {
+		secs := func(q pipeline.TimeQuantiles) string {
+			return fmt.Sprintf("median %s, p99 %s, max %s", seconds(q.Median), seconds(q.P99), seconds(q.Max))
+		}
+		if es.Seconds.Max > 0 {
+			fmt.Fprintf(w, "                 each took %s;", secs(es.Seconds))
+		} else {
+			fmt.Fprintf(w, "                ")
+		}
+		fmt.Fprintf(w, " a group's slowest %s (a step waits for it up to --anchor-deadline)\n", secs(es.Slowest))
+	}
 	if f := es.NewestFailure; f.Status != "" {
 		fmt.Fprintf(w, "newest failure:  %s, %s: %s\n", f.Status, ago(es.NewestFailureAt), cut(oneLine(f.Detail), 240))
 	}
@@ -294,4 +305,10 @@ func writeRunners(w io.Writer, rs []pipeline.StageRunner, now time.Time) {
 		}
 		fmt.Fprintf(w, "%s%s: no process runs %s (stopped, or a wmrl from before leases)\n", head, strings.Join(none, ", "), them)
 	}
+}
+
+// seconds writes a duration given in seconds as Go does, to the
+// millisecond (1m2.5s, 350ms).
+func seconds(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(time.Millisecond).String()
 }

@@ -82,6 +82,11 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 	if doc.Executions.Groups != 1 || doc.Executions.ByStatus["scored"] != 4 || len(doc.Unfused) != 0 {
 		t.Errorf("status --json executions %+v, unfused %+v", doc.Executions, doc.Unfused)
 	}
+	// The simulated executor takes 1 ms an execution: the group's slowest
+	// is its executions' maximum.
+	if e, g := doc.Executions.Seconds, doc.Executions.GroupSlowest; e == nil || g == nil || e.Median < 0.001 || e.Median > e.P99 || e.P99 > e.Max || g.Max != e.Max || g.Median != e.Max {
+		t.Errorf("status --json execution times %+v, a group's slowest %+v", e, g)
+	}
 	if c := consumerOf(doc, "route_default_traj"); c == nil || c.Backlog != 0 || c.LastDelivery == nil || c.Unread {
 		t.Errorf("status --json route_default_traj: %+v", c)
 	}
@@ -185,6 +190,7 @@ func TestStatusTellsAnOutageFromBadInput(t *testing.T) {
 	}
 
 	st.Executions = pipeline.ExecutionsStatus{Groups: 5, ByStatus: map[string]int{schemas.ExecScored: 30, schemas.ExecCrashed: 9, schemas.ExecSandboxError: 1},
+		Seconds: pipeline.TimeQuantiles{Median: 95.25, P99: 1199.9996, Max: 1200}, Slowest: pipeline.TimeQuantiles{Median: 301, P99: 1200, Max: 1200},
 		NewestFailure:   schemas.ExecItem{Status: schemas.ExecCrashed, Detail: "exit code 1: ModuleNotFoundError: No module named 'lightgbm'"},
 		NewestFailureAt: now.Add(-time.Minute),
 		ByCause: map[string]int{"ModuleNotFoundError: No module named 'lightgbm'": 6, "KeyError: 'area'": 2, "killed by signal N (killed)": 1,
@@ -192,6 +198,7 @@ func TestStatusTellsAnOutageFromBadInput(t *testing.T) {
 	b.Reset()
 	writeStatus(&b, st, "here", "wmrl", "default", now)
 	if !strings.Contains(b.String(), "executions:      40 in the last 1h (5 anchor groups): scored 30, crashed 9, sandbox_error 1\n"+
+		"                 each took median 1m35.25s, p99 20m0s, max 20m0s; a group's slowest median 5m1s, p99 20m0s, max 20m0s (a step waits for it up to --anchor-deadline)\n"+
 		"newest failure:  crashed, 2026-12-03T11:59:00Z, 1m0s ago: exit code 1: ModuleNotFoundError: No module named 'lightgbm'\n"+
 		"failure causes:  6 ModuleNotFoundError: No module named 'lightgbm'\n"+
 		"                 2 KeyError: 'area'\n"+

@@ -107,6 +107,24 @@ type executionsDoc struct {
 	Shared        int            `json:"shared"` // took a copy's outcome (--exec-copies-once), not in by_status
 	ByCause       map[string]int `json:"by_cause"`
 	NewestFailure *failureDoc    `json:"newest_failure"`
+	// Seconds: the executions' times, copies and sandbox errors left out;
+	// GroupSlowest: each anchor group's slowest execution (null: none).
+	Seconds      *quantilesDoc `json:"seconds"`
+	GroupSlowest *quantilesDoc `json:"group_slowest_seconds"`
+}
+
+type quantilesDoc struct {
+	Median float64 `json:"median"`
+	P99    float64 `json:"p99"`
+	Max    float64 `json:"max"`
+}
+
+// quantilesOf is q as a document, null when there were none.
+func quantilesOf(q pipeline.TimeQuantiles) *quantilesDoc {
+	if q == (pipeline.TimeQuantiles{}) {
+		return nil
+	}
+	return &quantilesDoc{Median: q.Median, P99: q.P99, Max: q.Max}
 }
 
 type failureDoc struct {
@@ -173,7 +191,8 @@ func writeStatusJSON(w io.Writer, st *pipeline.Status, run string, now time.Time
 	}
 	es := st.Executions
 	d.Executions = executionsDoc{WindowSeconds: pipeline.ExecutionsWindow.Seconds(), Capped: es.Capped, Groups: es.Groups,
-		ByStatus: nonNil(es.ByStatus), Shared: es.Shared, ByCause: nonNil(es.ByCause)}
+		ByStatus: nonNil(es.ByStatus), Shared: es.Shared, ByCause: nonNil(es.ByCause),
+		Seconds: quantilesOf(es.Seconds), GroupSlowest: quantilesOf(es.Slowest)}
 	if !es.Since.IsZero() {
 		d.Executions.Since = es.Since.UTC()
 	}

@@ -8,6 +8,7 @@ import (
 
 	"gonum.org/v1/gonum/stat"
 
+	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 )
 
@@ -21,7 +22,9 @@ type ExecTimes struct {
 	// Executions counts the anchor trajectories with seconds recorded,
 	// Copies among them those that took the outcome of an identical
 	// solution's execution (--exec-copies-once): no time of their own,
-	// so they are left out of Seconds and ByStatus.
+	// so they are left out of Seconds and ByStatus. Seconds leaves out
+	// sandbox errors too (the executor failed, the code may not have
+	// run: a service that is down gives them at once); ByStatus has them.
 	Executions int           `json:"executions"`
 	Copies     int           `json:"copies"`
 	Seconds    Quantiles     `json:"seconds"`
@@ -44,8 +47,8 @@ type ExecTimes struct {
 	each, slowest []float64 // sorted, for the plot
 }
 
-// Own counts the executions with time of their own: Executions but the
-// Copies.
+// Own counts the executions Seconds is over: Executions but the Copies
+// and the sandbox errors.
 func (e *ExecTimes) Own() int { return len(e.each) }
 
 // Quantiles of a set of durations, in seconds.
@@ -118,9 +121,11 @@ func execTimes(rows []archive.Row, deadline float64) *ExecTimes {
 			e.Copies++
 			continue
 		}
-		e.each = append(e.each, t.seconds)
 		if r.ExecStatus != nil {
 			byStatus[*r.ExecStatus] = append(byStatus[*r.ExecStatus], t.seconds)
+		}
+		if r.ExecStatus == nil || *r.ExecStatus != schemas.ExecSandboxError {
+			e.each = append(e.each, t.seconds)
 		}
 	}
 	if e.Executions == 0 {
