@@ -492,13 +492,13 @@ func printExecTimes(w io.Writer, e *offline.ExecTimes) {
 	if e == nil {
 		return
 	}
-	fmt.Fprintf(w, "execution times: %d anchor executions, median %.3g s, p99 %.3g s, max %.3g s", e.Own(), e.Seconds.Median, e.Seconds.P99, e.Seconds.Max)
+	fmt.Fprintf(w, "execution times: %d anchor executions, median %s, p99 %s, max %s", e.Own(), seconds(e.Seconds.Median), seconds(e.Seconds.P99), seconds(e.Seconds.Max))
 	if e.Groups > 0 {
-		fmt.Fprintf(w, "; each anchor group's slowest: median %.3g s, p95 %.3g s, max %.3g s", e.Slowest.Median, e.Slowest.P95, e.Slowest.Max)
+		fmt.Fprintf(w, "; each anchor group's slowest: median %s, p95 %s, max %s", seconds(e.Slowest.Median), seconds(e.Slowest.P95), seconds(e.Slowest.Max))
 	}
 	fmt.Fprintf(w, "; %d of %d anchor groups late", e.LateGroups, e.AnchorGroups)
 	if e.Deadline > 0 && e.Groups > 0 {
-		fmt.Fprintf(w, " for the deadline of %gs, which %.1f%% of the groups' slowest executions ended within (exec-times.png)", e.Deadline, 100*float64(e.WithinDeadline))
+		fmt.Fprintf(w, " for the deadline of %s, which %.1f%% of the groups' slowest executions ended within (exec-times.png)", seconds(e.Deadline), 100*float64(e.WithinDeadline))
 		if late := float64(e.LateGroups) / float64(e.AnchorGroups); late > 1-float64(e.WithinDeadline)+0.05 {
 			fmt.Fprintf(w, ": more groups were late than that (%.1f%%), so the time a group waits outside its executions (for a slot, its prediction, its calibration) matters too", 100*late)
 		}

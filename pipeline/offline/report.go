@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -377,7 +378,7 @@ func plotExecTimes(a *Audit) (*plot.Plot, error) {
 		}
 	}
 	if e.Deadline > 0 {
-		if err := line(p, fmt.Sprintf("--anchor-deadline %gs", e.Deadline), plotter.XYs{{X: e.Deadline, Y: 0}, {X: e.Deadline, Y: 1}}, orange, true, false); err != nil {
+		if err := line(p, "--anchor-deadline "+time.Duration(e.Deadline*float64(time.Second)).Round(time.Millisecond).String(), plotter.XYs{{X: e.Deadline, Y: 0}, {X: e.Deadline, Y: 1}}, orange, true, false); err != nil {
 			return nil, err
 		}
 	}
