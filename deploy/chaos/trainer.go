@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -209,4 +210,33 @@ func trainerMain(args []string) error {
 			return err
 		}
 	}
+}
+
+// archiveDrained reports whether the archive stage's durable consumers
+// (its updates', calibrations' and anchor groups') have nothing left:
+// none undelivered, none delivered and not acknowledged. An error (a
+// node starting again) reads as not yet.
+func (r *runConn) archiveDrained(ctx context.Context) bool {
+	s, err := r.streamOf(ctx)
+	if err != nil || s == nil {
+		return false
+	}
+	prefix := natsjs.SafeName(pipeline.StageArchive + "_" + r.run + "_")
+	names := s.ConsumerNames(ctx)
+	found := 0
+	for name := range names.Name() {
+		if !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		c, err := s.Consumer(ctx, name)
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(ctx)
+		if err != nil || info.NumPending > 0 || info.NumAckPending > 0 {
+			return false
+		}
+		found++
+	}
+	return names.Err() == nil && found > 0
 }
