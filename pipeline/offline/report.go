@@ -493,10 +493,10 @@ a missing package or a limit belongs to the sandbox, not the policy, and a fix t
 {{range .A.Misses}}<tr><td>{{.Step}}</td><td class="l">{{.GroupID}}, {{.TrajID}}</td><td class="l">{{.TaskID}}</td><td>{{f3 .Predicted}}</td><td>{{f3 .True}}</td><td class="l">{{.ExecStatus}}{{if .Cause}}: {{.Cause}}{{end}}</td><td class="l">{{.WMVerdict}}{{if .WMRationale}}: <small>{{.WMRationale}}</small>{{end}}</td></tr>
 {{end}}</table>
 {{end}}{{with .A.Executions}}<h2>Execution times</h2>
-<p class="note">How long the anchors' executions took (exec_seconds), {{.Executions}} of them{{if .Copies}}, {{.Copies}} of which took an identical solution's outcome and are left out{{end}}.
+<p class="note">How long the anchors' executions took (exec_seconds): {{.Executions}} recorded, {{.Own}} of them in the first row, which leaves out {{if .Copies}}the {{.Copies}} that took an identical solution's outcome, and {{end}}sandbox errors (a service that is down gives them at once; the table by status has them).
 A step waits for an anchor group until its slowest execution has ended and its pairs are calibrated, or until <code>--anchor-deadline</code>, after which the group is late: fused on the world model for its step, its pairs calibrated when they come.
 {{.LateGroups}} of the run's {{.AnchorGroups}} anchor groups were late{{if gt .Deadline 0.0}}; the deadline was {{.Deadline}} s, and {{npct .WithinDeadline}} of the {{.Groups}} groups with every time recorded had their slowest execution end within it{{end}}.
-These times leave out the wait for a slot (<code>--exec-slots</code>) and the calibration, so a deadline needs room above them.</p>
+These times leave out the wait for a slot (<code>--exec-slots</code>), for the group's prediction and for its calibration, so a deadline needs room above them.</p>
 <table><tr><th class="l"></th><th>count</th><th>median (s)</th><th>p90</th><th>p95</th><th>p99</th><th>max</th></tr>
 <tr><td class="l">each execution</td><td>{{.Own}}</td><td>{{f3 .Seconds.Median}}</td><td>{{f3 .Seconds.P90}}</td><td>{{f3 .Seconds.P95}}</td><td>{{f3 .Seconds.P99}}</td><td>{{f3 .Seconds.Max}}</td></tr>
 <tr><td class="l">each anchor group's slowest</td><td>{{.Groups}}</td><td>{{f3 .Slowest.Median}}</td><td>{{f3 .Slowest.P90}}</td><td>{{f3 .Slowest.P95}}</td><td>{{f3 .Slowest.P99}}</td><td>{{f3 .Slowest.Max}}</td></tr>
