@@ -354,7 +354,9 @@ func (p *Pipeline) buildArchive(ctx context.Context) error {
 	// trajectories' rows come from there (an outside executor's leave
 	// the columns null and those trajectories without rows).
 	if store, err := p.outcomes(ctx); err == nil {
-		st.Outcome = store.Load
+		st.Outcome = func(ctx context.Context, step int64, group, traj string) (schemas.ExecItem, bool, error) {
+			return store.Load(ctx, execute.OutcomeKey(step, group, traj))
+		}
 		st.OnOutcomeError = func(err error) { p.dl.say(StageArchive, "outcome-store", "%v", err) }
 	} else {
 		p.notef("archive: %v; late anchor groups' rows are archived without their execution's status and seconds, and their ungraded trajectories without rows", err)

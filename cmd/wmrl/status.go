@@ -215,12 +215,11 @@ func writeExecutions(w io.Writer, es pipeline.ExecutionsStatus, ago func(time.Ti
 		secs := func(q pipeline.TimeQuantiles) string {
 			return fmt.Sprintf("median %s, p99 %s, max %s", seconds(q.Median), seconds(q.P99), seconds(q.Max))
 		}
+		line := fmt.Sprintf("a group's slowest %s (a step waits for it up to --anchor-deadline)", secs(es.Slowest))
 		if es.Seconds.Max > 0 {
-			fmt.Fprintf(w, "                 each took %s;", secs(es.Seconds))
-		} else {
-			fmt.Fprintf(w, "                ")
+			line = fmt.Sprintf("each took %s; %s", secs(es.Seconds), line)
 		}
-		fmt.Fprintf(w, " a group's slowest %s (a step waits for it up to --anchor-deadline)\n", secs(es.Slowest))
+		fmt.Fprintf(w, "%17s%s\n", "", line)
 	}
 	if f := es.NewestFailure; f.Status != "" {
 		fmt.Fprintf(w, "newest failure:  %s, %s: %s\n", f.Status, ago(es.NewestFailureAt), cut(oneLine(f.Detail), 240))

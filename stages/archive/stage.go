@@ -35,8 +35,8 @@ type Stage struct {
 	// until some come.
 	CodeWait time.Duration
 	OnNoCode func(step int64, groups []string)
-	// Outcome, if set, reads an anchor trajectory's execution by its key
-	// (step/group/trajectory ID, as execute stores outcomes): a late
+	// Outcome, if set, reads an anchor trajectory's execution (the
+	// outcome execute stored) by its step, group and ID: a late
 	// anchor group's rows take its status, seconds, detail and the
 	// trajectory it copied from there, as a calibration carries only the
 	// scores, and its trajectories the world model did not grade get rows
@@ -45,7 +45,7 @@ type Stage struct {
 	// archive's record of how executions end stops at the deadline. A
 	// miss leaves them null; an error too, and OnOutcomeError, if set,
 	// hears it.
-	Outcome        func(ctx context.Context, key string) (schemas.ExecItem, bool, error)
+	Outcome        func(ctx context.Context, step int64, group, traj string) (schemas.ExecItem, bool, error)
 	OnOutcomeError func(error)
 
 	mu      sync.Mutex
@@ -159,7 +159,7 @@ func (s *Stage) outcomesOf(ctx context.Context, c schemas.Calibration, g LateGro
 	}
 	out := make(map[string]schemas.ExecItem, len(trajs))
 	for _, traj := range trajs {
-		it, ok, err := s.Outcome(ctx, fmt.Sprintf("%d/%s/%s", c.Step, c.GroupID, traj))
+		it, ok, err := s.Outcome(ctx, c.Step, c.GroupID, traj)
 		if err != nil {
 			if s.OnOutcomeError != nil {
 				s.OnOutcomeError(fmt.Errorf("archive: the execution of late anchor %s of step %d: %w (its row, and those after it in its group, are archived without their execution's status and seconds, and its ungraded trajectories without rows)", traj, c.Step, err))

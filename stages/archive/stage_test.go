@@ -274,7 +274,8 @@ func TestLateRowsTakeTheirExecutionsFromTheOutcomes(t *testing.T) {
 	var heard []error
 	down := "7/g1/t5"
 	s := &Stage{
-		Outcome: func(_ context.Context, key string) (schemas.ExecItem, bool, error) {
+		Outcome: func(_ context.Context, step int64, group, traj string) (schemas.ExecItem, bool, error) {
+			key := fmt.Sprintf("%d/%s/%s", step, group, traj)
 			asked = append(asked, key)
 			if key == down {
 				return schemas.ExecItem{}, false, fmt.Errorf("bucket down")

@@ -109,8 +109,14 @@ type Outcomes interface {
 	Save(ctx context.Context, key string, it schemas.ExecItem) error
 }
 
+// OutcomeKey is the key of a trajectory's outcome in Outcomes: its step,
+// group and ID. Readers of the outcomes (the archive's late rows) use it.
+func OutcomeKey(step int64, group, traj string) string {
+	return fmt.Sprintf("%d/%s/%s", step, group, traj)
+}
+
 func doneKey(g schemas.Group, t schemas.Trajectory) string {
-	return fmt.Sprintf("%d/%s/%s", g.Step, g.GroupID, t.TrajID)
+	return OutcomeKey(g.Step, g.GroupID, t.TrajID)
 }
 
 // solutionKey names t's solution within the run (CopiesOnce): a digest
