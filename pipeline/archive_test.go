@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math"
 	"os"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
+	"github.com/wmrl/wmrl/stages/execute"
 )
 
 // checkArchive compares the archived rows with the stored updates: one row
@@ -197,6 +199,73 @@ func TestLateRowsHoldTheExecutionsOfUngradedTrajectories(t *testing.T) {
 		t.Fatalf("%d late rows, %d of them for the %d ungraded trajectories; want one per trajectory of the %d late groups, %d", lateRows, ungraded, wmUngraded, len(late), len(late)*cfg.GroupSize)
 	}
 	t.Logf("%d late rows, %d of them for trajectories the world model did not grade", lateRows, ungraded)
+}
+
+// sandboxErrors wraps the simulated executor: it runs every trajectory for
+// its latency, and ends those that lost reports true for with a sandbox
+// error (no score).
+type sandboxErrors struct {
+	sim.Executor
+	lost func(traj string) bool
+}
+
+func (e *sandboxErrors) Execute(ctx context.Context, t schemas.Trajectory) (execute.Result, error) {
+	r, err := e.Executor.Execute(ctx, t)
+	if err != nil || !e.lost(t.TrajID) {
+		return r, err
+	}
+	return execute.Result{Status: schemas.ExecSandboxError, Seconds: r.Seconds, Detail: "sandbox lost"}, nil
+}
+
+// A late anchor group's executions that gave no score (sandbox errors) have
+// no pair either: they get late rows too, from the outcomes execute kept,
+// so that the archive says how every execution the run paid for ended,
+// and how long it took. Before, they had none: their world-model row
+// (exec_status late) was all the archive had of them.
+func TestLateRowsHoldTheSandboxErrors(t *testing.T) {
+	cfg := lateConfig(t)
+	lost := func(traj string) bool { return crc32.ChecksumIEEE([]byte(traj))%4 == 0 }
+	cfg.ExecutorImpl = &sandboxErrors{Executor: sim.Executor{Latency: cfg.ExecLatency, Noise: 0.02}, lost: lost}
+	ups, rows := runAndReadArchive(t, cfg)
+	late := map[string]bool{}
+	for _, u := range ups {
+		for _, g := range u.LateAnchors {
+			late[fmt.Sprintf("%d/%s", u.Step, g)] = true
+		}
+	}
+	if len(late) != 4*2 {
+		t.Fatalf("%d late anchor groups, want all 8 late", len(late))
+	}
+	want := 0
+	for _, r := range rows {
+		if r.Source == archive.SourceWorldModel && late[fmt.Sprintf("%d/%s", r.Step, r.GroupID)] && lost(r.TrajID) {
+			want++
+		}
+	}
+	if want == 0 {
+		t.Fatal("no trajectory of the late groups had a sandbox error: the test proves nothing")
+	}
+	var lateRows, errs int
+	for _, r := range rows {
+		if r.Source != archive.SourceLateAnchor {
+			continue
+		}
+		lateRows++
+		if !lost(r.TrajID) {
+			continue
+		}
+		errs++
+		if r.ExecStatus == nil || *r.ExecStatus != schemas.ExecSandboxError || r.ExecDetail == nil || *r.ExecDetail != "sandbox lost" ||
+			r.ExecSeconds == nil || *r.ExecSeconds < cfg.ExecLatency.Seconds() || r.TrueScore != nil || r.Predicted != nil || r.Calibrated != nil ||
+			r.WMStatus != schemas.PredOK || !late[fmt.Sprintf("%d/%s", r.Step, r.GroupID)] {
+			t.Fatalf("sandbox error's late row %+v", r)
+		}
+	}
+	if errs != want || lateRows != len(late)*cfg.GroupSize {
+		t.Fatalf("%d late rows, %d of them sandbox errors; want one per trajectory of the %d late groups, %d, and %d sandbox errors",
+			lateRows, errs, len(late), len(late)*cfg.GroupSize, want)
+	}
+	t.Logf("%d late rows, %d of them sandbox errors", lateRows, errs)
 }
 
 // An archive whose directory is gone for a while (a disk unmounted, a

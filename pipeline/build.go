@@ -350,16 +350,17 @@ func (p *Pipeline) buildArchive(ctx context.Context) error {
 		}
 	}
 	// A late anchor group's rows take their execution's status, seconds,
-	// detail and copy from the outcomes execute keeps, and its ungraded
-	// trajectories' rows come from there (an outside executor's leave
-	// the columns null and those trajectories without rows).
+	// detail and copy from the outcomes execute keeps, and the rows of its
+	// trajectories without a pair (ungraded, or a sandbox error) come from
+	// there (an outside executor's leave the columns null and those
+	// trajectories without rows).
 	if store, err := p.outcomes(ctx); err == nil {
 		st.Outcome = func(ctx context.Context, step int64, group, traj string) (schemas.ExecItem, bool, error) {
 			return store.Load(ctx, execute.OutcomeKey(step, group, traj))
 		}
 		st.OnOutcomeError = func(err error) { p.dl.say(StageArchive, "outcome-store", "%v", err) }
 	} else {
-		p.notef("archive: %v; late anchor groups' rows are archived without their execution's status and seconds, and their ungraded trajectories without rows", err)
+		p.notef("archive: %v; late anchor groups' rows are archived without their execution's status and seconds, and their trajectories without a pair (ungraded, or a sandbox error) without rows", err)
 	}
 	if err := p.subscribe(StageArchive, schemas.KindUpdate, st.HandleUpdate); err != nil {
 		return err

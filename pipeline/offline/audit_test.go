@@ -485,6 +485,9 @@ func TestAuditCountsALateAnchorOnceAndByHowItEnded(t *testing.T) {
 		{Step: 2, GroupID: "h", TrajID: "d", TaskID: "t", IsAnchor: true, Source: archive.SourceWorldModel, WMStatus: schemas.PredUngraded, ExecStatus: late},
 		{Step: 2, GroupID: "h", TrajID: "c", TaskID: "t", IsAnchor: true, Source: archive.SourceLateAnchor, Predicted: f(0.7), TrueScore: f(0), ExecStatus: str(schemas.ExecTimedOut)},
 		{Step: 2, GroupID: "h", TrajID: "d", TaskID: "t", IsAnchor: true, Source: archive.SourceLateAnchor, WMStatus: schemas.PredUngraded, TrueScore: f(0.4), ExecStatus: str(schemas.ExecScored)},
+		// e's execution gave no score: graded, and no pair.
+		{Step: 2, GroupID: "h", TrajID: "e", TaskID: "t", IsAnchor: true, Source: archive.SourceWorldModel, Predicted: f(0.2), ExecStatus: late},
+		{Step: 2, GroupID: "h", TrajID: "e", TaskID: "t", IsAnchor: true, Source: archive.SourceLateAnchor, WMStatus: schemas.PredOK, ExecStatus: str(schemas.ExecSandboxError), ExecSeconds: f(90)},
 	}
 	a, err := RunAudit(rows, AuditOptions{})
 	if err != nil {
@@ -492,6 +495,9 @@ func TestAuditCountsALateAnchorOnceAndByHowItEnded(t *testing.T) {
 	}
 	if a.Ungraded != 1 || a.Pairs != 3 || a.LatePairs != 1 {
 		t.Errorf("ungraded %d, pairs %d (late %d); want d's ungraded prediction once, and 3 pairs, 1 of them late", a.Ungraded, a.Pairs, a.LatePairs)
+	}
+	if e := a.Executions; e == nil || e.Executions != 1 || e.Own() != 0 || len(e.ByStatus) != 1 || e.ByStatus[0].Status != schemas.ExecSandboxError || e.ByStatus[0].Max != 90 {
+		t.Errorf("execution times %+v; want e's sandbox error, by its status only", e)
 	}
 	var timedOut *Outcome
 	for i, o := range a.Outcomes {

@@ -31,9 +31,9 @@ type ExecTimes struct {
 	ByStatus   []StatusTimes `json:"by_status"`
 	// AnchorGroups counts the run's anchor groups, LateGroups those fused
 	// on the world model for missing the deadline; Groups those with
-	// every trajectory's seconds (a late group's sandbox errors, and
-	// every late execution in archives written before late rows carried
-	// seconds, have none), and Slowest their slowest execution's seconds.
+	// every trajectory's seconds (in archives written before late rows
+	// carried seconds, and before they held sandbox errors, a late
+	// group's have none), and Slowest their slowest execution's seconds.
 	AnchorGroups int       `json:"anchor_groups"`
 	LateGroups   int       `json:"late_groups"`
 	Groups       int       `json:"groups_timed"`

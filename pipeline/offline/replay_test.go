@@ -128,11 +128,14 @@ func TestReplayReproducesLateAnchors(t *testing.T) {
 		c.AnchorDeadline = 40 * time.Millisecond
 		c.ArchiveMaxAge = 50 * time.Millisecond
 		c.WorldModelImpl = wm
+		c.ExecutorImpl = &losingExecutor{sim.Executor{Latency: c.ExecLatency, Noise: 0.02}}
 	})
-	pairs, ungraded := 0, 0
+	pairs, ungraded, lost := 0, 0, 0
 	for _, r := range rows {
 		switch {
 		case r.Source != archive.SourceLateAnchor:
+		case r.TrueScore == nil:
+			lost++
 		case r.Predicted == nil:
 			ungraded++
 		default:
@@ -143,16 +146,30 @@ func TestReplayReproducesLateAnchors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sum.LatePairs == 0 || ungraded == 0 {
-		t.Fatalf("%d late pairs, %d late rows of ungraded trajectories: the test proves nothing (%+v)", sum.LatePairs, ungraded, sum)
+	if sum.LatePairs == 0 || ungraded == 0 || lost == 0 {
+		t.Fatalf("%d late pairs, %d late rows of ungraded trajectories, %d of sandbox errors: the test proves nothing (%+v)", sum.LatePairs, ungraded, lost, sum)
 	}
 	if sum.LatePairs != pairs {
-		t.Errorf("replay counted %d late pairs; the archive has %d, and %d late rows without a prediction", sum.LatePairs, pairs, ungraded)
+		t.Errorf("replay counted %d late pairs; the archive has %d, and %d late rows without a prediction or a score", sum.LatePairs, pairs, ungraded+lost)
 	}
 	if sum.MaxFusedDiff > 1e-9 || sum.MaxCalibratedDiff > 1e-9 || len(sum.Gaps) != 0 {
 		t.Fatalf("replay differs: %+v", sum)
 	}
-	t.Logf("%d late pairs and %d late rows of ungraded trajectories, of %d rows", sum.LatePairs, ungraded, len(rows))
+	t.Logf("%d late pairs, and late rows of %d ungraded trajectories and %d sandbox errors, of %d rows", sum.LatePairs, ungraded, lost, len(rows))
+}
+
+// losingExecutor scores as the simulated one, but every sixth trajectory
+// (by ID) ends in a sandbox error after its execution's time.
+type losingExecutor struct{ sim.Executor }
+
+func (e *losingExecutor) Execute(ctx context.Context, t schemas.Trajectory) (execute.Result, error) {
+	r, err := e.Executor.Execute(ctx, t)
+	h := fnv.New32a()
+	h.Write([]byte(t.TrajID))
+	if err != nil || h.Sum32()%6 != 0 {
+		return r, err
+	}
+	return execute.Result{Status: schemas.ExecSandboxError, Seconds: r.Seconds, Detail: "sandbox lost"}, nil
 }
 
 // evictingExecutor scores as the simulated one, but the sandbox of every

@@ -1,11 +1,13 @@
 // Package archive keeps every reward record as Parquet for offline replays
 // and audits of the world model's bias: one row per trajectory of every
 // step update, and one per trajectory of an anchor group whose execution
-// came too late for its step, once that execution scored.
+// came too late for its step, once the group's calibration comes.
 package archive
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/wmrl/wmrl/schemas"
@@ -186,22 +188,25 @@ func nonEmpty(s string) *string {
 
 // FromLate turns a late anchor group's calibration into its rows, with
 // no reward: one per pair, with the out-of-sample calibrated prediction,
-// then one per trajectory of g.Ungraded whose execution scored. Their
-// execution's status, seconds, detail and copy come from outcomes (by
-// trajectory ID; a calibration carries only the scores): a pair without
-// one has a null exec_status, as nothing says how its execution ended
-// (a score of 0 is also what a crash or a timeout gets), and an ungraded
-// trajectory without one has no row.
+// then one per other trajectory of the group (those the world model did
+// not grade, and those whose execution gave no score: no pair comes for
+// either) with an outcome. Their execution's status, seconds, detail and
+// copy come from outcomes (by trajectory ID; a calibration carries only
+// the scores): a pair takes a scored one only, and without it has a null
+// exec_status, as nothing says how its execution ended (a score of 0 is
+// also what a crash or a timeout gets); another trajectory without one
+// has no row. The other trajectories' rows have null predicted and
+// calibrated (a graded one's prediction is on its world-model row).
 func FromLate(c schemas.Calibration, g LateGroup, outcomes map[string]schemas.ExecItem, now time.Time) []Row {
 	rows := make([]Row, 0, len(c.Pairs)+len(g.Ungraded))
-	row := func(traj, wmStatus string) Row {
+	row := func(traj, wmStatus string, it schemas.ExecItem, ok bool) Row {
 		r := Row{
 			Run: c.Run, Step: c.Step, GroupID: c.GroupID, TrajID: traj, TaskID: g.TaskID,
 			PolicyVersion: g.PolicyVersion[traj], IsAnchor: true, CalibrationVersion: c.Version,
 			Source: SourceLateAnchor, WMStatus: wmStatus, TS: now.UTC(),
 			CalibrationSeq: c.Seq, AbsorbedSeq: c.Seq,
 		}
-		if it, ok := outcomes[traj]; ok {
+		if ok {
 			seconds := it.Seconds
 			r.TrueScore, r.ExecStatus, r.ExecSeconds, r.ExecDetail = it.Score, nonEmpty(it.Status), &seconds, nonEmpty(it.Detail)
 			r.ExecCopyOf, r.ExecCopyStep, r.ExecCopyGroup = nonEmpty(it.CopyOf), it.CopyStep, nonEmpty(it.CopyGroup)
@@ -209,15 +214,42 @@ func FromLate(c schemas.Calibration, g LateGroup, outcomes map[string]schemas.Ex
 		return r
 	}
 	for _, p := range c.Pairs {
-		r := row(p.TrajID, schemas.PredOK)
+		it, ok := outcomes[p.TrajID]
+		r := row(p.TrajID, schemas.PredOK, it, ok && it.Score != nil)
 		pred, truth, before := p.Predicted, p.True, p.Before
 		r.Predicted, r.TrueScore, r.Calibrated = &pred, &truth, &before // the score the calibration absorbed
 		rows = append(rows, r)
 	}
-	for _, u := range g.Ungraded {
-		if r := row(u.TrajID, u.WMStatus); r.TrueScore != nil {
-			rows = append(rows, r)
+	for _, o := range g.others(c) {
+		if it, ok := outcomes[o.TrajID]; ok {
+			rows = append(rows, row(o.TrajID, o.WMStatus, it, true))
 		}
 	}
 	return rows
+}
+
+// others lists g's trajectories that have no pair in c: those the world
+// model did not grade, in the update's order, then the graded ones (whose
+// executions gave no score) by ID.
+func (g LateGroup) others(c schemas.Calibration) []UngradedTraj {
+	paired := make(map[string]bool, len(c.Pairs))
+	for _, p := range c.Pairs {
+		paired[p.TrajID] = true
+	}
+	out := make([]UngradedTraj, 0, max(0, len(g.PolicyVersion)-len(c.Pairs)))
+	listed := make(map[string]bool, len(g.Ungraded))
+	for _, u := range g.Ungraded {
+		listed[u.TrajID] = true
+		if !paired[u.TrajID] {
+			out = append(out, u)
+		}
+	}
+	ungraded := len(out)
+	for traj := range g.PolicyVersion {
+		if !paired[traj] && !listed[traj] {
+			out = append(out, UngradedTraj{TrajID: traj, WMStatus: schemas.PredOK})
+		}
+	}
+	slices.SortFunc(out[ungraded:], func(a, b UngradedTraj) int { return strings.Compare(a.TrajID, b.TrajID) })
+	return out
 }

@@ -39,8 +39,9 @@ type Stage struct {
 	// outcome execute stored) by its step, group and ID: a late
 	// anchor group's rows take its status, seconds, detail and the
 	// trajectory it copied from there, as a calibration carries only the
-	// scores, and its trajectories the world model did not grade get rows
-	// from there alone (see FromLate). Late executions are the slow ones,
+	// scores, and its trajectories without a pair (the world model did
+	// not grade them, or their execution gave no score) get rows from
+	// there alone (see FromLate). Late executions are the slow ones,
 	// timeouts among them: without their status and seconds the
 	// archive's record of how executions end stops at the deadline. A
 	// miss leaves them null; an error too, and OnOutcomeError, if set,
@@ -142,7 +143,7 @@ func (s *Stage) HandleCalibration(msg *message.Message) error {
 const outcomeWait = 10 * time.Second
 
 // outcomesOf reads from Outcome the executions of a late group's
-// trajectories: its pairs', then those the world model did not grade, by
+// trajectories: its pairs', then the others' (see FromLate), by
 // trajectory ID. The first error ends the reads.
 func (s *Stage) outcomesOf(ctx context.Context, c schemas.Calibration, g LateGroup) map[string]schemas.ExecItem {
 	if s.Outcome == nil {
@@ -150,19 +151,20 @@ func (s *Stage) outcomesOf(ctx context.Context, c schemas.Calibration, g LateGro
 	}
 	ctx, cancel := context.WithTimeout(ctx, outcomeWait)
 	defer cancel()
-	trajs := make([]string, 0, len(c.Pairs)+len(g.Ungraded))
+	others := g.others(c)
+	trajs := make([]string, 0, len(c.Pairs)+len(others))
 	for _, p := range c.Pairs {
 		trajs = append(trajs, p.TrajID)
 	}
-	for _, u := range g.Ungraded {
-		trajs = append(trajs, u.TrajID)
+	for _, o := range others {
+		trajs = append(trajs, o.TrajID)
 	}
 	out := make(map[string]schemas.ExecItem, len(trajs))
 	for _, traj := range trajs {
 		it, ok, err := s.Outcome(ctx, c.Step, c.GroupID, traj)
 		if err != nil {
 			if s.OnOutcomeError != nil {
-				s.OnOutcomeError(fmt.Errorf("archive: the execution of late anchor %s of step %d: %w (its row, and those after it in its group, are archived without their execution's status and seconds, and its ungraded trajectories without rows)", traj, c.Step, err))
+				s.OnOutcomeError(fmt.Errorf("archive: the execution of late anchor %s of step %d: %w (its row, and those after it in its group, are archived without their execution's status and seconds, and its trajectories without a pair without rows)", traj, c.Step, err))
 			}
 			break
 		}

@@ -257,22 +257,25 @@ func TestALateCalibrationRacingItsUpdateIsArchived(t *testing.T) {
 // TestLateRowsTakeTheirExecutionsFromTheOutcomes: a late group's rows
 // take their execution's status, seconds, detail and copy from the
 // outcomes (a calibration has only the scores), so a timeout scored 0
-// reads timed_out, not scored; a trajectory the world model did not grade
-// gets a row of its own from its outcome; a miss leaves a pair's columns
-// null and an ungraded trajectory rowless; an error ends the reads, said
-// once.
+// reads timed_out, not scored; a trajectory without a pair (the world
+// model did not grade it, or its execution gave no score) gets a row of
+// its own from its outcome; a miss, or a kept execution without a score,
+// leaves a pair's columns null, and a miss leaves a trajectory without a
+// pair rowless; an error ends the reads, said once.
 func TestLateRowsTakeTheirExecutionsFromTheOutcomes(t *testing.T) {
 	c := schemas.Calibration{Run: "r", Step: 7, GroupID: "g1", Seq: 12, Version: 3, Pairs: []schemas.CalibratedPair{
 		{TrajID: "t0", Predicted: 0.6, True: 0, Before: 0.5},
 		{TrajID: "t1", Predicted: 0.4, True: 0.7, Before: 0.45},
 		{TrajID: "t2", Predicted: 0.3, True: 0.2, Before: 0.3},
 	}}
-	g := LateGroup{Step: 7, GroupID: "g1", TaskID: "house", PolicyVersion: map[string]int64{"t0": 4, "t1": 4, "t2": 5, "t3": 5, "t4": 5, "t5": 5},
+	// t6 and t7 the world model graded, but they have no pair: their
+	// executions gave no score.
+	g := LateGroup{Step: 7, GroupID: "g1", TaskID: "house", PolicyVersion: map[string]int64{"t0": 4, "t1": 4, "t2": 5, "t3": 5, "t4": 5, "t5": 5, "t7": 6, "t6": 6},
 		Ungraded: []UngradedTraj{{TrajID: "t3", WMStatus: schemas.PredUngraded}, {TrajID: "t4", WMStatus: schemas.PredUngraded}, {TrajID: "t5", WMStatus: "not_sent"}}}
 	from := int64(5)
 	var asked []string
 	var heard []error
-	down := "7/g1/t5"
+	down := "7/g1/t7"
 	s := &Stage{
 		Outcome: func(_ context.Context, step int64, group, traj string) (schemas.ExecItem, bool, error) {
 			key := fmt.Sprintf("%d/%s/%s", step, group, traj)
@@ -285,8 +288,12 @@ func TestLateRowsTakeTheirExecutionsFromTheOutcomes(t *testing.T) {
 				return schemas.ExecItem{TrajID: "t0", Score: f64(0), Status: schemas.ExecTimedOut, Seconds: 1800, Detail: "killed at the time limit"}, true, nil
 			case "7/g1/t1":
 				return schemas.ExecItem{TrajID: "t1", Score: f64(0.7), Status: schemas.ExecScored, CopyOf: "t9", CopyStep: &from, CopyGroup: "g4"}, true, nil
+			case "7/g1/t2": // a second process ran it, and ended it so (as the bucket last heard)
+				return schemas.ExecItem{TrajID: "t2", Status: schemas.ExecSandboxError, Seconds: 3, Detail: "container evicted"}, true, nil
 			case "7/g1/t3":
 				return schemas.ExecItem{TrajID: "t3", Score: f64(0.9), Status: schemas.ExecScored, Seconds: 1200}, true, nil
+			case "7/g1/t6":
+				return schemas.ExecItem{TrajID: "t6", Status: schemas.ExecSandboxError, Seconds: 1500, Detail: "sandbox lost"}, true, nil
 			}
 			return schemas.ExecItem{}, false, nil
 		},
@@ -294,7 +301,7 @@ func TestLateRowsTakeTheirExecutionsFromTheOutcomes(t *testing.T) {
 	}
 	now := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
 	rows := FromLate(c, g, s.outcomesOf(context.Background(), c, g), now)
-	if fmt.Sprint(asked) != "[7/g1/t0 7/g1/t1 7/g1/t2 7/g1/t3 7/g1/t4 7/g1/t5]" {
+	if fmt.Sprint(asked) != "[7/g1/t0 7/g1/t1 7/g1/t2 7/g1/t3 7/g1/t4 7/g1/t5 7/g1/t6 7/g1/t7]" {
 		t.Fatalf("asked for %v", asked)
 	}
 	var got []string
@@ -305,8 +312,8 @@ func TestLateRowsTakeTheirExecutionsFromTheOutcomes(t *testing.T) {
 			t.Errorf("row %+v", r)
 		}
 	}
-	if fmt.Sprint(got) != "[t0 t1 t2 t3]" {
-		t.Fatalf("rows for %v, want the three pairs then t3 (t4 has no outcome, t5's read failed)", got)
+	if fmt.Sprint(got) != "[t0 t1 t2 t3 t6]" {
+		t.Fatalf("rows for %v, want the three pairs, then t3 and t6 (t4 and t5 have no outcome, t7's read failed)", got)
 	}
 	str := func(p *string) string {
 		if p == nil {
@@ -323,13 +330,17 @@ func TestLateRowsTakeTheirExecutionsFromTheOutcomes(t *testing.T) {
 		t.Errorf("copied pair: %+v", r)
 	}
 	if r := rows[2]; r.ExecStatus != nil || r.ExecSeconds != nil || r.TrueScore == nil || *r.TrueScore != 0.2 {
-		t.Errorf("pair with no outcome read: %+v; want its score and no execution columns", r)
+		t.Errorf("pair whose kept execution gave no score: %+v; want its score and no execution columns", r)
 	}
 	if r := rows[3]; r.Predicted != nil || r.Calibrated != nil || r.WMStatus != schemas.PredUngraded || r.TrueScore == nil || *r.TrueScore != 0.9 ||
 		str(r.ExecStatus) != schemas.ExecScored || r.ExecSeconds == nil || *r.ExecSeconds != 1200 {
 		t.Errorf("ungraded trajectory's row: %+v", r)
 	}
-	if len(heard) != 1 || !strings.Contains(heard[0].Error(), "late anchor t5 of step 7: bucket down (its row, and those after it") {
+	if r := rows[4]; r.Predicted != nil || r.Calibrated != nil || r.WMStatus != schemas.PredOK || r.TrueScore != nil || r.PolicyVersion != 6 ||
+		str(r.ExecStatus) != schemas.ExecSandboxError || r.ExecSeconds == nil || *r.ExecSeconds != 1500 || str(r.ExecDetail) != "sandbox lost" {
+		t.Errorf("sandbox error's row: %+v", r)
+	}
+	if len(heard) != 1 || !strings.Contains(heard[0].Error(), "late anchor t7 of step 7: bucket down (its row, and those after it") {
 		t.Errorf("errors heard: %v", heard)
 	}
 

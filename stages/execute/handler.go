@@ -55,9 +55,13 @@ type Handler struct {
 	LastAttempt func(*message.Message) bool
 	// Store, if set, keeps every outcome beyond this process, so that a
 	// group taken over after a crash or restart, or by another process of
-	// the stage, runs only the trajectories that have none. It is best
-	// effort: an error reading it is a miss, an outcome it fails to store
-	// is used all the same, and both errors go to OnStoreError (if set).
+	// the stage, runs only the trajectories that have none. An execution
+	// that gave no score (a sandbox error, or one given up on the last
+	// attempt) is kept too, as how it ended (the archive's rows of a late
+	// anchor group read it back), but never taken as an outcome: it runs
+	// again. It is best effort: an error reading it is a miss, an outcome
+	// it fails to store is used all the same, and both errors go to
+	// OnStoreError (if set).
 	Store        Outcomes
 	OnStoreError func(error)
 	// Breaker, if set, counts the executor's failures in a row; while it
@@ -235,7 +239,13 @@ func (h *Handler) Handle(msg *message.Message) error {
 	var lookups sync.WaitGroup
 	for i, t := range g.Trajectories {
 		lookups.Go(func() {
-			if items[i], have[i] = h.outcome(ctx, doneKey(g, t)); have[i] || runs[i] != i || !h.CopiesOnce {
+			// An execution that gave no score (a sandbox error) is kept
+			// for the record, not as an outcome: it runs again.
+			if it, ok := h.outcome(ctx, doneKey(g, t)); ok && it.Score != nil {
+				items[i], have[i] = it, true
+				return
+			}
+			if runs[i] != i || !h.CopiesOnce {
 				return
 			}
 			if it, ok := h.outcome(ctx, solutionKey(t)); ok {
@@ -259,11 +269,12 @@ func (h *Handler) Handle(msg *message.Message) error {
 		if h.Executed != nil {
 			h.Executed(it)
 		}
-		if it.Score != nil { // a sandbox error is no outcome: a rerun may score
-			h.remember(ctx, doneKey(g, t), it)
-			if h.CopiesOnce {
-				h.remember(ctx, solutionKey(t), sharedFrom(g, t, it))
-			}
+		// Kept whether or not it scored: a sandbox error is read back as
+		// how the execution ended (a late group's archive rows), never
+		// reused in place of running it again.
+		h.remember(ctx, doneKey(g, t), it)
+		if h.CopiesOnce && it.Score != nil {
+			h.remember(ctx, solutionKey(t), sharedFrom(g, t, it))
 		}
 	}
 	// await waits for the execution of t's solution under way in another
@@ -355,9 +366,7 @@ func (h *Handler) Handle(msg *message.Message) error {
 		if h.Shared != nil {
 			h.Shared(it)
 		}
-		if it.Score != nil {
-			h.remember(ctx, doneKey(g, t), it)
-		}
+		h.remember(ctx, doneKey(g, t), it)
 	}
 	var failed error
 	var down *breaker.DownError
@@ -396,6 +405,7 @@ func (h *Handler) Handle(msg *message.Message) error {
 			why = "executor failed on every attempt: " + why
 		}
 		items[i] = schemas.ExecItem{TrajID: g.Trajectories[i].TrajID, Status: schemas.ExecSandboxError, Detail: schemas.Clip(why, MaxDetail)}
+		h.remember(ctx, doneKey(g, g.Trajectories[i]), items[i]) // how it ended, for the record: a resend runs it again
 		n++
 	}
 	if err := h.publish(g, items); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -119,6 +120,40 @@ func TestSandboxErrorsAreRunAgain(t *testing.T) {
 	}
 }
 
+// A sandbox error is kept in the store, as how the execution ended (a
+// late anchor group's archive rows read it back), but never taken as an
+// outcome: the group, redelivered to another process, runs it again, and
+// the score replaces it.
+func TestASandboxErrorIsKeptButRunAgain(t *testing.T) {
+	ctx := context.Background()
+	store := &memStore{m: map[string]schemas.ExecItem{}}
+	exe := &sandboxThenScore{runs: map[string]int{}}
+	g := anchorGroup("s", "e", "ok")
+	first := NewHandler("r", "execution", &stagetest.Recorder{}, exe, 3)
+	first.Store = store
+	if err := first.Handle(stagetest.Message(t, ctx, g)); err == nil {
+		t.Fatal("e's executor error did not hand the group back")
+	}
+	kept, ok, _ := store.Load(ctx, OutcomeKey(1, "g", "s"))
+	if !ok || kept.Score != nil || kept.Status != schemas.ExecSandboxError || kept.Detail != "container evicted" {
+		t.Fatalf("kept for s: %+v (%v); want its sandbox error", kept, ok)
+	}
+	if _, ok, _ := store.Load(ctx, OutcomeKey(1, "g", "e")); ok {
+		t.Error("e's executor error was kept: it is no execution")
+	}
+	second := NewHandler("r", "execution", &stagetest.Recorder{}, exe, 3)
+	second.Store = store
+	if err := second.Handle(stagetest.Message(t, ctx, g)); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{"s": 2, "e": 2, "ok": 1}; !maps.Equal(exe.runs, want) {
+		t.Errorf("runs %v, want %v", exe.runs, want)
+	}
+	if kept, _, _ = store.Load(ctx, OutcomeKey(1, "g", "s")); kept.Score == nil || kept.Status != schemas.ExecScored {
+		t.Errorf("kept for s after its rerun: %+v; want the score", kept)
+	}
+}
+
 // brokenFor fails the trajectories it names on every run.
 type brokenFor map[string]bool
 
@@ -139,6 +174,8 @@ func TestLastAttemptPublishesWhatWasExecuted(t *testing.T) {
 		pub := &stagetest.Recorder{}
 		h := NewHandler("r", "execution", pub, broken, 2)
 		h.LastAttempt = func(*message.Message) bool { return last }
+		store := &memStore{m: map[string]schemas.ExecItem{}}
+		h.Store = store
 		last = false
 		if err := h.Handle(stagetest.Message(t, context.Background(), g)); err == nil || pub.Count() != 0 {
 			t.Fatalf("%v, not the last attempt: %v, %d published", broken, err, pub.Count())
@@ -153,6 +190,10 @@ func TestLastAttemptPublishesWhatWasExecuted(t *testing.T) {
 		for _, it := range e.Items {
 			if broken[it.TrajID] != (it.Score == nil) || (it.Score == nil && (it.Status != schemas.ExecSandboxError || it.Detail == "")) {
 				t.Errorf("%v: item %+v", broken, it)
+			}
+			// How each ended is kept, the given-up ones too.
+			if kept, ok, _ := store.Load(context.Background(), OutcomeKey(1, "g", it.TrajID)); !ok || !reflect.DeepEqual(kept, it) {
+				t.Errorf("%v: kept for %s: %+v (%v); want %+v", broken, it.TrajID, kept, ok, it)
 			}
 		}
 	}
