@@ -496,11 +496,13 @@ func printExecTimes(w io.Writer, e *offline.ExecTimes) {
 	if e.Groups > 0 {
 		fmt.Fprintf(w, "; each anchor group's slowest: median %s, p95 %s, max %s", seconds(e.Slowest.Median), seconds(e.Slowest.P95), seconds(e.Slowest.Max))
 	}
-	fmt.Fprintf(w, "; %d of %d anchor groups late", e.LateGroups, e.AnchorGroups)
+	late := float64(e.LateGroups) / float64(e.AnchorGroups)
+	fmt.Fprintf(w, "; %d of %d anchor groups (%.1f%%) late", e.LateGroups, e.AnchorGroups, 100*late)
 	if e.Deadline > 0 && e.Groups > 0 {
-		fmt.Fprintf(w, " for the deadline of %s, which %.1f%% of the groups' slowest executions ended within (exec-times.png)", seconds(e.Deadline), 100*float64(e.WithinDeadline))
-		if late := float64(e.LateGroups) / float64(e.AnchorGroups); late > 1-float64(e.WithinDeadline)+0.05 {
-			fmt.Fprintf(w, ": more groups were late than that (%.1f%%), so the time a group waits outside its executions (for a slot, its prediction, its calibration) matters too", 100*late)
+		past := 1 - float64(e.WithinDeadline)
+		fmt.Fprintf(w, " for the deadline of %s, and %.1f%% of the groups' slowest executions ran past it (exec-times.png)", seconds(e.Deadline), 100*past)
+		if late > past+0.05 {
+			fmt.Fprint(w, ": more groups were late than executions ran past it, so the time a group waits outside its executions (for a slot, its prediction, its calibration) matters too")
 		}
 	}
 	fmt.Fprintln(w)
