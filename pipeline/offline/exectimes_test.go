@@ -2,11 +2,14 @@ package offline
 
 import (
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"gonum.org/v1/plot"
 
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
@@ -15,7 +18,9 @@ import (
 // TestExecTimesSetsTheGroupsSlowestAgainstTheDeadline: a group counts by
 // its slowest execution, a late group's times come from its late rows, a
 // copy took no time of its own, and a group missing a time (a late
-// sandbox error has no late row) is left out of the groups' times.
+// execution without a late row: an outside executor's, or a sandbox
+// error in an archive from before they had one) is left out of the
+// groups' times.
 func TestExecTimesSetsTheGroupsSlowestAgainstTheDeadline(t *testing.T) {
 	str := func(s string) *string { return &s }
 	f := func(x float64) *float64 { return &x }
@@ -44,7 +49,7 @@ func TestExecTimesSetsTheGroupsSlowestAgainstTheDeadline(t *testing.T) {
 		lateWM(2, "b", "b0"), lateWM(2, "b", "b1"), lateWM(2, "b", "b2"),
 		lateWM(3, "c", "c0"), lateWM(3, "c", "c1"),
 		failed("d0"), failed("d1"),
-		// The late rows come after their steps, b2's never (a sandbox error).
+		// The late rows come after their steps, b2's never.
 		lateRow(2, "b", "b0", schemas.ExecScored, 40), lateRow(2, "b", "b1", schemas.ExecCrashed, 50),
 		lateRow(3, "c", "c0", schemas.ExecScored, 35), lateRow(3, "c", "c1", schemas.ExecScored, 31),
 	}
@@ -102,6 +107,62 @@ func TestTheReportShowsTheExecutionTimes(t *testing.T) {
 	for _, want := range []string{"<h2>Execution times</h2>", "the deadline was 0.5 s", "<td class=\"l\">each anchor group's slowest</td>"} {
 		if !strings.Contains(html, want) {
 			t.Errorf("the report lacks %q", want)
+		}
+	}
+}
+
+// The execution-times plot puts a spread as real executions have (minutes,
+// a tail to half an hour) on a log axis, and runs its x axis past both the
+// longest time and the deadline; a group whose slowest took 0 s (its
+// executions copied an identical solution's outcome) does not break the
+// log axis.
+func TestTheExecutionTimesPlotFitsTheTimes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	times := func(n int, median, sigma, cap float64) []float64 { // log-normal, at most cap, in no order
+		xs := make([]float64, n)
+		for i := range xs {
+			xs[i] = min(cap, median*math.Exp(sigma*rng.NormFloat64()))
+		}
+		return xs
+	}
+	for _, c := range []struct {
+		name     string
+		each     []float64
+		deadline float64
+		log      bool
+	}{
+		{"tens of milliseconds, within the deadline", times(800, 0.031, 0.02, 0.039), 0.040, false},
+		{"tens of milliseconds, past the deadline", times(800, 0.031, 0.02, 0.039), 0.010, false},
+		{"minutes", times(800, 60, 1.1, 1800), 1800, true},
+		{"minutes, a deadline of 5", times(800, 60, 1.1, 1800), 300, true},
+	} {
+		var slowest []float64
+		for i := 0; i+8 <= len(c.each); i += 8 {
+			slowest = append(slowest, slices.Max(c.each[i:i+8]))
+		}
+		slowest = append(slowest, 0)
+		each := slices.Sorted(slices.Values(c.each))
+		slices.Sort(slowest)
+		e := &ExecTimes{Deadline: c.deadline, each: each, slowest: slowest, Seconds: quantiles(each)}
+		p, err := plotExecTimes(&Audit{Executions: e})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		_, log := p.X.Scale.(plot.LogScale)
+		if log != c.log {
+			t.Errorf("%s: log axis %v; want %v (median %g, longest %g)", c.name, log, c.log, e.Seconds.Median, each[len(each)-1])
+		}
+		if p.X.Max <= max(c.deadline, each[len(each)-1]) || (log && (p.X.Min <= 0 || p.X.Min >= each[0])) || (!log && p.X.Min != 0) {
+			t.Errorf("%s: x axis %g to %g; want past the deadline %g and the longest %g, from 0 or, on a log axis, from below the shortest %g above 0",
+				c.name, p.X.Min, p.X.Max, c.deadline, each[len(each)-1], each[0])
+		}
+		path := filepath.Join(t.TempDir(), "exec-times.png")
+		if err := p.Save(plotW, plotH, path); err != nil { // a 0 s on a log axis would panic here
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if dir := os.Getenv("WMRL_PLOTS"); dir != "" { // to look at them
+			data, _ := os.ReadFile(path)
+			os.WriteFile(filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".png"), data, 0o644)
 		}
 	}
 }

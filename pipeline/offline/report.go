@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -63,8 +64,9 @@ func WriteReport(a *Audit, dir string) error {
 		if err != nil {
 			return fmt.Errorf("audit: %s: %w", pl.name, err)
 		}
+		roomForLegend(p, plotW, plotH)
 		path := filepath.Join(dir, pl.name)
-		if err := p.Save(7*vg.Inch, 4.2*vg.Inch, path); err != nil {
+		if err := p.Save(plotW, plotH, path); err != nil {
 			return fmt.Errorf("audit: %s: %w", pl.name, err)
 		}
 		data, err := os.ReadFile(path)
@@ -115,6 +117,36 @@ type expectRow struct {
 	Name string
 	*rl.MethodResult
 }
+
+// The report's plots are drawn plotW by plotH.
+const plotW, plotH = 7 * vg.Inch, 4.2 * vg.Inch
+
+// roomForLegend raises the top of p's y axis, once its data are added, so
+// that its legend (at the top) sits above them when p is drawn w by h: no
+// line, point or bar runs under it. The ticks stay within the data's range.
+func roomForLegend(p *plot.Plot, w, h vg.Length) {
+	legend := p.Legend.Rectangle(draw.Canvas{}).Size().Y
+	if !p.Legend.Top || legend == 0 {
+		return
+	}
+	data := p.DataCanvas(draw.Canvas{Rectangle: vg.Rectangle{Max: vg.Point{X: w, Y: h}}}).Size().Y
+	top := p.Y.Max
+	if data <= 0 || top <= p.Y.Min {
+		return
+	}
+	share := min(0.5, float64((legend+p.Legend.Padding)/data)+0.02) // of the axis, the legend's
+	p.Y.Max = top + (top-p.Y.Min)*share/(1-share)
+	p.Y.Tick.Marker = ticksUpTo{p.Y.Tick.Marker, top}
+}
+
+// ticksUpTo marks the axis as its Ticker would up to top: the ticks of
+// the data's range, none in the legend's room above it.
+type ticksUpTo struct {
+	plot.Ticker
+	top float64
+}
+
+func (t ticksUpTo) Ticks(min, _ float64) []plot.Tick { return t.Ticker.Ticks(min, t.top) }
 
 func newPlot(title, x, y string) *plot.Plot {
 	p := plot.New()
@@ -240,7 +272,6 @@ func plotBias(a *Audit) (*plot.Plot, error) {
 
 func plotLength(a *Audit) (*plot.Plot, error) {
 	p := newPlot("Mean residual (score - true) by solution length", "mean length of the band's responses (bytes)", "mean residual")
-	p.Legend.Top = false // at the top it covered the housing run's lines
 	var before, mono plotter.XYs
 	for _, l := range a.Length.Levels {
 		before = append(before, plotter.XY{X: l.MeanBytes, Y: float64(l.ResidualBefore)})
@@ -354,18 +385,29 @@ func plotRho(a *Audit) (*plot.Plot, error) {
 }
 
 // plotExecTimes draws the share of executions, and of anchor groups by
-// their slowest execution, done within each time, with the deadline.
+// their slowest execution, ended within each time, with the deadline. A
+// spread as real executions have (the longest ten times the median or
+// more) gets a log axis, on which both the bulk and the tail show.
 func plotExecTimes(a *Audit) (*plot.Plot, error) {
 	e := a.Executions
-	p := newPlot("Share of anchor executions ended within a time", "seconds (exec_seconds: not counting the wait for a slot)", "share ended")
-	p.Legend.Top, p.Legend.Left = false, false
+	ax := execAxisOf(e)
+	label := "seconds (exec_seconds: not counting the wait for a slot)"
+	if ax.log {
+		label += ", log scale"
+	}
+	p := newPlot("Share of anchor executions ended within a time", label, "share ended")
+	p.X.Min, p.X.Max = ax.min, ax.max
+	if ax.log {
+		p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	}
 	cdf := func(xs []float64) plotter.XYs {
-		xy := make(plotter.XYs, 0, 2*len(xs)+1)
-		xy = append(xy, plotter.XY{X: 0, Y: 0})
-		for i, x := range xs { // a step up at each value
+		xy := make(plotter.XYs, 0, 2*len(xs)+2)
+		xy = append(xy, plotter.XY{X: ax.min, Y: 0})
+		for i, x := range xs { // a step up at each value; on a log axis, 0 s at its left end
+			x = max(x, ax.min)
 			xy = append(xy, plotter.XY{X: x, Y: float64(i) / float64(len(xs))}, plotter.XY{X: x, Y: float64(i+1) / float64(len(xs))})
 		}
-		return xy
+		return append(xy, plotter.XY{X: ax.max, Y: 1})
 	}
 	if len(e.each) > 0 {
 		if err := line(p, "each execution", cdf(e.each), faint, false, false); err != nil {
@@ -384,6 +426,37 @@ func plotExecTimes(a *Audit) (*plot.Plot, error) {
 	}
 	p.Y.Min, p.Y.Max = 0, 1
 	return p, nil
+}
+
+// execAxis is the x axis of the execution-times plot: from 0 (or, on a log
+// axis, below the shortest time) to past the longest time and the
+// deadline, so that neither runs along the plot's edge.
+type execAxis struct {
+	log      bool
+	min, max float64
+}
+
+func execAxisOf(e *ExecTimes) execAxis {
+	hi, lo := e.Deadline, math.Inf(1)
+	if e.Deadline > 0 {
+		lo = e.Deadline
+	}
+	for _, xs := range [][]float64{e.each, e.slowest} {
+		if len(xs) == 0 {
+			continue
+		}
+		hi = max(hi, xs[len(xs)-1])
+		if i, _ := slices.BinarySearch(xs, math.SmallestNonzeroFloat64); i < len(xs) {
+			lo = min(lo, xs[i]) // the shortest time above 0
+		}
+	}
+	switch {
+	case hi <= 0:
+		return execAxis{min: 0, max: 1}
+	case e.Seconds.Median > 0 && hi >= 10*e.Seconds.Median && lo < hi:
+		return execAxis{log: true, min: lo / 1.5, max: hi * 1.5}
+	}
+	return execAxis{min: 0, max: hi * 1.08}
 }
 
 func fmtNum(n Num) string {
