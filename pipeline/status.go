@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"gonum.org/v1/gonum/stat"
 
@@ -71,6 +73,9 @@ type Status struct {
 	// ExecutionsWindow, whichever process ran them, or over about the
 	// newest ExecutionsMax groups of it.
 	Executions ExecutionsStatus
+	// Anchors: what became of the anchor groups of the steps fused in
+	// Unfused's window.
+	Anchors AnchorsStatus
 	// Runners: which process runs each one-per-run stage (route, pair,
 	// calibrate, fuse, archive, in that order), as its lease says.
 	Runners []StageRunner
@@ -99,6 +104,28 @@ const (
 	UnfusedWindow = 24 * time.Hour
 	UnfusedMax    = 200
 )
+
+// AnchorsStatus is what became of the anchor groups of the steps fused in
+// a window, as their updates say: how many missed --anchor-deadline (the
+// step used the world model's rewards for them, and their executions
+// still feed the calibration), and how many were executed with fewer
+// than two scores. A deadline set too short shows here first.
+type AnchorsStatus struct {
+	// Since: where the window starts, that of Unfused: UnfusedWindow ago,
+	// or later when that held more than UnfusedMax plans (Capped).
+	Since  time.Time
+	Capped bool
+	Steps  int
+	// Groups: the steps' anchor groups (used, late and failed); Late and
+	// Failed among them.
+	Groups, Late, Failed int
+}
+
+// add counts a step's anchor groups.
+func (as *AnchorsStatus) add(used, late, failed int) {
+	as.Steps++
+	as.Groups, as.Late, as.Failed = as.Groups+used+late+failed, as.Late+late, as.Failed+failed
+}
 
 // ExecutionsStatus is how the anchor executions of a window ended.
 type ExecutionsStatus struct {
@@ -235,7 +262,7 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 		st.LastDeadLetter = &dl
 	}
 	var highest natsjs.Record
-	if st.Unfused, highest, err = readUnfused(ctx, c, stream, st, src.Prefix, run); err != nil {
+	if st.Unfused, st.Anchors, highest, err = readUnfused(ctx, c, stream, st, src.Prefix, run); err != nil {
 		return nil, err
 	}
 	if step, ok := msgIDStep(highest.MsgID); ok && st.LastUpdate != nil && step > st.LastUpdate.Step {
@@ -366,14 +393,19 @@ func readExecutions(ctx context.Context, c *streamConn, stream jetstream.Stream,
 // every plan and update took status 4 s longer on a simulated run's store
 // of 5,000 steps, and these bounds keep it as fast as before. It also
 // gives the record (headers only) of the highest step's update over
-// that window.
-func readUnfused(ctx context.Context, c *streamConn, stream jetstream.Stream, st *Status, prefix, run string) ([]UnfusedStep, natsjs.Record, error) {
+// that window, and sums up the anchor groups of the updates stored in
+// it: from their headers (schemas.HeaderAnchors and the others), and,
+// for an update without them (stored before they were added, or by a
+// stage in fuse's place), from the update itself.
+func readUnfused(ctx context.Context, c *streamConn, stream jetstream.Stream, st *Status, prefix, run string) ([]UnfusedStep, AnchorsStatus, natsjs.Record, error) {
 	var highest natsjs.Record
+	var as AnchorsStatus
 	plans := schemas.Subject(prefix, run, schemas.KindPlan)
 	if st.Subjects[plans] == 0 {
-		return nil, highest, nil
+		return nil, as, highest, nil
 	}
-	since, _ := windowStart(ctx, stream, st, plans, UnfusedWindow, UnfusedMax)
+	since, capped := windowStart(ctx, stream, st, plans, UnfusedWindow, UnfusedMax)
+	as.Since, as.Capped = since, capped
 	read := func(subject string, fn func(natsjs.Record)) error {
 		if err := natsjs.ScanSince(ctx, c.js, c.stream, subject, since, true, func(r natsjs.Record) error { fn(r); return nil }); err != nil {
 			return fmt.Errorf("pipeline: status: %w", err)
@@ -382,15 +414,39 @@ func readUnfused(ctx context.Context, c *streamConn, stream jetstream.Stream, st
 	}
 	fused := map[int64]bool{}
 	top := int64(-1)
+	var bare []uint64 // updates without the anchor-group headers
 	if err := read(schemas.Subject(prefix, run, schemas.KindUpdate), func(r natsjs.Record) {
-		if step, ok := msgIDStep(r.MsgID); ok {
-			fused[step] = true
-			if step > top {
-				top, highest = step, r
+		step, ok := msgIDStep(r.MsgID)
+		if !ok {
+			return
+		}
+		if !fused[step] {
+			if used, late, failed, ok := anchorCounts(r.Header); ok {
+				as.add(used, late, failed)
+			} else {
+				bare = append(bare, r.Seq)
 			}
 		}
+		fused[step] = true
+		if step > top {
+			top, highest = step, r
+		}
 	}); err != nil {
-		return nil, highest, err
+		return nil, as, highest, err
+	}
+	for _, seq := range bare {
+		m, err := stream.GetMsg(ctx, seq)
+		if err != nil {
+			return nil, as, highest, fmt.Errorf("pipeline: status: update at stream seq %d: %w", seq, err)
+		}
+		var u struct { // the items, most of an update, are passed over
+			Anchors       int      `json:"anchors"`
+			LateAnchors   []string `json:"late_anchors"`
+			FailedAnchors []string `json:"failed_anchors"`
+		}
+		if json.Unmarshal(m.Data, &u) == nil {
+			as.add(u.Anchors, len(u.LateAnchors), len(u.FailedAnchors))
+		}
 	}
 	var out []UnfusedStep
 	if err := read(plans, func(r natsjs.Record) {
@@ -398,8 +454,17 @@ func readUnfused(ctx context.Context, c *streamConn, stream jetstream.Stream, st
 			out = append(out, UnfusedStep{Step: step, Planned: r.Time})
 		}
 	}); err != nil {
-		return nil, highest, err
+		return nil, as, highest, err
 	}
 	slices.SortFunc(out, func(a, b UnfusedStep) int { return cmp.Compare(a.Step, b.Step) })
-	return slices.CompactFunc(out, func(a, b UnfusedStep) bool { return a.Step == b.Step }), highest, nil
+	return slices.CompactFunc(out, func(a, b UnfusedStep) bool { return a.Step == b.Step }), as, highest, nil
+}
+
+// anchorCounts reads an update's anchor-group headers.
+func anchorCounts(h nats.Header) (used, late, failed int, ok bool) {
+	var errs [3]error
+	used, errs[0] = strconv.Atoi(h.Get(schemas.HeaderAnchors))
+	late, errs[1] = strconv.Atoi(h.Get(schemas.HeaderLateAnchors))
+	failed, errs[2] = strconv.Atoi(h.Get(schemas.HeaderFailedAnchors))
+	return used, late, failed, errors.Join(errs[:]...) == nil
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/crc32"
+	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -12,6 +13,26 @@ import (
 // MsgIDKey is the metadata key whose value JetStream uses to drop a second
 // publish of the same message (the Nats-Msg-Id header).
 const MsgIDKey = "Nats-Msg-Id"
+
+// Headers of an update message that count its step's anchor groups: those
+// used (executed and calibrated in time, with two scores or more), those
+// late (past --anchor-deadline) and those failed (executed with fewer
+// than two scores), in decimal. A reader of many updates (wmrl status)
+// reads these instead of the updates, which hold every trajectory of
+// their steps. Updates stored before these were added, or by a stage in
+// fuse's place that does not set them, lack them.
+const (
+	HeaderAnchors       = "Wmrl-Anchors"
+	HeaderLateAnchors   = "Wmrl-Late-Anchors"
+	HeaderFailedAnchors = "Wmrl-Failed-Anchors"
+)
+
+// SetAnchorCounts sets m's anchor-group headers from u.
+func SetAnchorCounts(m *message.Message, u Update) {
+	m.Metadata.Set(HeaderAnchors, strconv.Itoa(u.Anchors))
+	m.Metadata.Set(HeaderLateAnchors, strconv.Itoa(len(u.LateAnchors)))
+	m.Metadata.Set(HeaderFailedAnchors, strconv.Itoa(len(u.FailedAnchors)))
+}
 
 // NewMessage encodes v as a watermill message whose de-duplication ID is id:
 // derive id from the input that produced v, so a redelivered input never

@@ -130,6 +130,7 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 		fmt.Fprintf(w, "newest of them:  %s by %s, %s: %s\n", kind, stage, ago(st.LastDeadLetterAt), cut(oneLine(dl.Reason), 240))
 	}
 	writeExecutions(w, st.Executions, ago)
+	writeAnchors(w, st.Anchors, ago)
 	writeRunners(w, st.Runners, now)
 	if len(st.Consumers) == 0 {
 		fmt.Fprintln(w, "consumers:       none of the run's subjects has one")
@@ -184,11 +185,16 @@ func writeUnfused(w io.Writer, st *pipeline.Status, now time.Time) {
 	}
 }
 
+// durationText is d as 1h or 24h (not 1h0m0s).
+func durationText(d time.Duration) string {
+	return strings.TrimSuffix(strings.TrimSuffix(d.String(), "0s"), "0m")
+}
+
 // writeExecutions says how the last hour's anchor executions ended (all
 // processes'), and the newest that did not score: a run of them failing
 // alike is more often the sandbox's setup than the policy.
 func writeExecutions(w io.Writer, es pipeline.ExecutionsStatus, ago func(time.Time) string) {
-	window := strings.TrimSuffix(strings.TrimSuffix(pipeline.ExecutionsWindow.String(), "0s"), "0m") // 1h, not 1h0m0s
+	window := durationText(pipeline.ExecutionsWindow)
 	if es.Groups == 0 {
 		fmt.Fprintf(w, "executions:      none in the last %s\n", window)
 		return
@@ -234,6 +240,31 @@ func writeExecutions(w io.Writer, es pipeline.ExecutionsStatus, ago func(time.Ti
 		}
 		fmt.Fprintf(w, "%s%d %s\n", label, es.ByCause[c], cut(oneLine(c), 160))
 	}
+}
+
+// writeAnchors says how many of the anchor groups of the window's steps
+// missed --anchor-deadline, or were executed with fewer than two scores:
+// the step used the world model's rewards for them.
+func writeAnchors(w io.Writer, as pipeline.AnchorsStatus, ago func(time.Time) string) {
+	if as.Groups == 0 {
+		return
+	}
+	line := fmt.Sprintf("%d of %d (%.1f%%) missed --anchor-deadline", as.Late, as.Groups, 100*float64(as.Late)/float64(as.Groups))
+	if as.Late == 0 {
+		line = fmt.Sprintf("none of %d missed --anchor-deadline", as.Groups)
+	}
+	if as.Failed > 0 {
+		line += fmt.Sprintf(", %d were executed with fewer than two scores,", as.Failed)
+	}
+	if as.Capped {
+		line += fmt.Sprintf(" in the %d steps fused since %s", as.Steps, ago(as.Since))
+	} else {
+		line += fmt.Sprintf(" in the %d steps fused in the last %s", as.Steps, durationText(pipeline.UnfusedWindow))
+	}
+	if as.Late+as.Failed > 0 {
+		line += ": the steps used the world model's rewards for them"
+	}
+	fmt.Fprintf(w, "anchor groups:   %s\n", line)
 }
 
 // cut shortens s to at most n runes, marking the cut.

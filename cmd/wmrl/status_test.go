@@ -3,18 +3,22 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/execute"
 )
 
 // TestStatusShowsWhereTheRunIs: wmrl status shows the last step received
@@ -149,7 +153,7 @@ func statusJSON(t *testing.T, ctx context.Context, args ...string) statusDoc {
 		t.Fatalf("status --json: %v:\n%s", err, out)
 	}
 	// The keys a script reads, as the README names them.
-	for _, key := range []string{`"next_step": `, `"fused": `, `"dead_letters": {`, `"consumers": [`, `"unread": `, `"limit_bytes": `} {
+	for _, key := range []string{`"next_step": `, `"fused": `, `"dead_letters": {`, `"anchor_groups": {`, `"consumers": [`, `"unread": `, `"limit_bytes": `} {
 		if !strings.Contains(out, key) {
 			t.Errorf("status --json has no %s:\n%s", key, out)
 		}
@@ -297,4 +301,87 @@ func TestStatusSaysWhoRunsEachOnePerRunStage(t *testing.T) {
 		doc.Runners[3].Holder == nil || doc.Runners[3].Holder.Host != "h2" || doc.Runners[3].Holder.AgeSeconds != 4 {
 		t.Errorf("runners in the JSON: %s", js.String())
 	}
+}
+
+// TestStatusCountsTheAnchorGroupsThatMissedTheDeadline: wmrl status says
+// how many of the recent steps' anchor groups missed --anchor-deadline, as
+// the updates say: from the headers fuse sets, and from the update itself
+// for one stored without them (by a stage in fuse's place, or before they
+// were added).
+func TestStatusCountsTheAnchorGroupsThatMissedTheDeadline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var mu sync.Mutex
+	var groups, late int
+	cfg := finishedRun(ctx, t, 12, func(cfg *pipeline.Config) {
+		cfg.ExecutorImpl, cfg.AnchorDeadline = slowGroups{}, 300*time.Millisecond
+		cfg.ExecSlots = 256 // no execution waits for a slot behind the slow ones
+		cfg.OnUpdate = func(u schemas.Update, _ time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			groups += u.Anchors + len(u.LateAnchors) + len(u.FailedAnchors)
+			late += len(u.LateAnchors)
+		}
+	})
+	if late == 0 || late == groups {
+		t.Fatalf("%d of %d anchor groups late: the test wants some of both", late, groups)
+	}
+	t.Logf("%d of %d anchor groups late", late, groups)
+	line := func(late, groups, steps int) string {
+		return fmt.Sprintf("anchor groups:   %d of %d (%.1f%%) missed --anchor-deadline in the %d steps fused in the last 24h: the steps used the world model's rewards for them\n",
+			late, groups, 100*float64(late)/float64(groups), steps)
+	}
+	out, err := wmrl(ctx, "status", "--data", cfg.DataDir)
+	if err != nil || !strings.Contains(out, line(late, groups, 12)) {
+		t.Errorf("status (%v) lacks %q:\n%s", err, line(late, groups, 12), out)
+	}
+	doc := statusJSON(t, ctx, "--data", cfg.DataDir)
+	if a := doc.AnchorGroups; a.Steps != 12 || a.Groups != groups || a.Late != late || a.Failed != 0 || a.Capped || a.WindowSeconds != 24*3600 {
+		t.Errorf("status --json anchor_groups %+v; want %d of %d late over 12 steps", a, late, groups)
+	}
+
+	// Step 12's update, from a stage in fuse's place that sets no headers.
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(cfg.DataDir, "nats")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, _ := srv.Connect("outside-fuse")
+	js, _ := jetstream.New(nc)
+	// fuse's updates carry the counts in their headers, which status reads.
+	stream, err := js.Stream(ctx, "WMRL_WMRL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := stream.GetLastMsgForSubject(ctx, "wmrl.default.update")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored schemas.Update
+	json.Unmarshal(last.Data, &stored)
+	if h := last.Header; h.Get(schemas.HeaderAnchors) != fmt.Sprint(stored.Anchors) || h.Get(schemas.HeaderLateAnchors) != fmt.Sprint(len(stored.LateAnchors)) ||
+		h.Get(schemas.HeaderFailedAnchors) != "0" {
+		t.Errorf("step %d's update: headers %v; want its %d anchor groups used, %d late and none failed", stored.Step, h, stored.Anchors, len(stored.LateAnchors))
+	}
+	u := schemas.Update{Schema: schemas.Version, Run: "default", Step: 12, Groups: 16, Anchors: 1, LateAnchors: []string{"g3", "g9"}, Items: []schemas.UpdateItem{}}
+	b, _ := json.Marshal(u)
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "wmrl.default.update", Data: b, Header: nats.Header{jetstream.MsgIDHeader: {"default/update/12"}}}); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	srv.Shutdown()
+	if out, err := wmrl(ctx, "status", "--data", cfg.DataDir); err != nil || !strings.Contains(out, line(late+2, groups+3, 13)) {
+		t.Errorf("status (%v) with an update without headers lacks %q:\n%s", err, line(late+2, groups+3, 13), out)
+	}
+}
+
+// slowGroups executes as the simulated executor, but takes 600 ms for
+// every trajectory of a group whose ID ends in an odd digit.
+type slowGroups struct{}
+
+func (slowGroups) Execute(ctx context.Context, t schemas.Trajectory) (execute.Result, error) {
+	e := sim.Executor{Latency: time.Millisecond}
+	if last := t.GroupID[len(t.GroupID)-1]; last%2 == 1 {
+		e.Latency = 600 * time.Millisecond
+	}
+	return e.Execute(ctx, t)
 }

@@ -29,7 +29,10 @@ type statusDoc struct {
 	Calibration      *calibDoc      `json:"calibration"`
 	DeadLetters      deadLettersDoc `json:"dead_letters"`
 	Executions       executionsDoc  `json:"executions"`
-	Consumers        []consumerDoc  `json:"consumers"`
+	// AnchorGroups: what became of the anchor groups of the steps fused
+	// in unfused's window: late (past --anchor-deadline) or failed.
+	AnchorGroups anchorGroupsDoc `json:"anchor_groups"`
+	Consumers    []consumerDoc   `json:"consumers"`
 	// Runners: which process runs each one-per-run stage (holder null:
 	// none), as its lease says.
 	Runners []runnerDoc `json:"runners"`
@@ -111,6 +114,16 @@ type executionsDoc struct {
 	// GroupSlowest: each anchor group's slowest execution (null: none).
 	Seconds      *quantilesDoc `json:"seconds"`
 	GroupSlowest *quantilesDoc `json:"group_slowest_seconds"`
+}
+
+type anchorGroupsDoc struct {
+	WindowSeconds float64   `json:"window_seconds"`
+	Since         time.Time `json:"since,omitzero"`
+	Capped        bool      `json:"capped"` // more steps than read: Since is later than the window
+	Steps         int       `json:"steps"`
+	Groups        int       `json:"groups"`
+	Late          int       `json:"late"`
+	Failed        int       `json:"failed"`
 }
 
 type quantilesDoc struct {
@@ -198,6 +211,12 @@ func writeStatusJSON(w io.Writer, st *pipeline.Status, run string, now time.Time
 	}
 	if f := es.NewestFailure; f.Status != "" {
 		d.Executions.NewestFailure = &failureDoc{Status: f.Status, Detail: f.Detail, At: es.NewestFailureAt.UTC()}
+	}
+	as := st.Anchors
+	d.AnchorGroups = anchorGroupsDoc{WindowSeconds: pipeline.UnfusedWindow.Seconds(), Capped: as.Capped, Steps: as.Steps,
+		Groups: as.Groups, Late: as.Late, Failed: as.Failed}
+	if !as.Since.IsZero() {
+		d.AnchorGroups.Since = as.Since.UTC()
 	}
 	for _, c := range st.Consumers {
 		cd := consumerDoc{Name: c.Name, Subject: c.Subject, Backlog: c.Backlog, InFlight: c.InFlight, Redelivered: c.Redelivered,

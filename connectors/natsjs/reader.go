@@ -18,7 +18,8 @@ type Record struct {
 	Seq     uint64 // stream sequence
 	Pending uint64 // messages after this one on the subject, when it was read
 	MsgID   string
-	Time    time.Time // when the stream stored it
+	Header  nats.Header // all of the message's headers, the message ID's too
+	Time    time.Time   // when the stream stored it
 }
 
 // Reader reads one subject of a stream in order from its first retained
@@ -188,7 +189,7 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 			m, err = it.Next(jetstream.NextContext(ctx))
 			stop()
 			if err == nil {
-				rec := Record{Subject: m.Subject(), Data: m.Data(), MsgID: m.Headers().Get(HeaderMsgID)}
+				rec := Record{Subject: m.Subject(), Data: m.Data(), MsgID: m.Headers().Get(HeaderMsgID), Header: m.Headers()}
 				if md, err := m.Metadata(); err == nil {
 					rec.Seq, rec.Pending, rec.Time = md.Sequence.Stream, md.NumPending, md.Timestamp
 					r.next = rec.Seq + 1

@@ -241,6 +241,7 @@ func (s *Stage) Flush(ctx context.Context) (err error) {
 		if err != nil {
 			return err
 		}
+		schemas.SetAnchorCounts(m, u)
 		if size := s.sizeOf(m); s.MaxPayload > 0 && size > s.MaxPayload {
 			return fmt.Errorf("%w: step %d's update is %s (%d trajectories), and the NATS server takes at most %s: "+
 				"raise its max_payload (deploy/nats sets 8MB; --nats-max-payload-mb for the embedded server, up to 64), or use fewer trajectories a step",
