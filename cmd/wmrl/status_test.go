@@ -217,6 +217,20 @@ func TestStatusTellsAnOutageFromBadInput(t *testing.T) {
 		t.Errorf("the newest groups of a busy hour show as:\n%s", b.String())
 	}
 
+	st.Anchors = pipeline.AnchorsStatus{Since: now.Add(-40 * time.Minute), Capped: true, Steps: 200, Groups: 400, Failed: 3}
+	b.Reset()
+	writeStatus(&b, st, "here", "wmrl", "default", now)
+	if !strings.Contains(b.String(), "anchor groups:   none of 400 missed --anchor-deadline, 3 were executed with fewer than two scores, "+
+		"in the 200 steps fused since 2026-12-03T11:20:00Z, 40m0s ago: the steps used the world model's rewards for them\n") {
+		t.Errorf("the anchor groups of the newest steps, none late and 3 failed, show as:\n%s", b.String())
+	}
+	st.Anchors = pipeline.AnchorsStatus{Steps: 50, Groups: 100}
+	b.Reset()
+	writeStatus(&b, st, "here", "wmrl", "default", now)
+	if !strings.Contains(b.String(), "anchor groups:   none of 100 missed --anchor-deadline in the 50 steps fused in the last 24h\n") {
+		t.Errorf("the anchor groups of the last day's steps, all in time, show as:\n%s", b.String())
+	}
+
 	st.LastDeadLetter = &schemas.DeadLetter{Reason: "route: invalid message: malformed JSON"}
 	b.Reset()
 	writeStatus(&b, st, "here", "wmrl", "default", now)
