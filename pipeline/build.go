@@ -331,6 +331,7 @@ func (p *Pipeline) buildArchive(ctx context.Context) error {
 		return w.Close() // the open file's rows are durable; its inputs are redelivered and skipped
 	})
 	st := archive.NewStage(p.cfg.Run, w)
+	st.Stored = natsjs.Stored
 	p.archiveWriter = w
 	if p.cfg.Steps > 0 {
 		p.archived = newProgress(p.cfg.Steps, w.Archived())

@@ -102,7 +102,11 @@ func TestAuditSetsTheExecutionTimesAgainstTheDeadline(t *testing.T) {
 			Timed      int     `json:"groups_timed"`
 			Deadline   float64 `json:"anchor_deadline_seconds"`
 			Within     float64 `json:"groups_within_deadline"`
-			Slowest    struct {
+			LateTimed  int     `json:"late_groups_timed"`
+			LateAfter  *struct {
+				Median, P90, Max float64
+			} `json:"late_after_fused_seconds"`
+			Slowest struct {
 				Median float64 `json:"median"`
 			} `json:"group_slowest_seconds"`
 		} `json:"execution_times"`
@@ -126,6 +130,14 @@ func TestAuditSetsTheExecutionTimesAgainstTheDeadline(t *testing.T) {
 	want := "execution times: " + strconv.Itoa(e.Executions) + " anchor executions, median "
 	if !strings.Contains(out, want) || !strings.Contains(out, "; "+strconv.Itoa(e.Late)+" of "+strconv.Itoa(e.Anchor)+" anchor groups ("+strconv.FormatFloat(100*float64(e.Late)/float64(e.Anchor), 'f', 1, 64)+"%) late for the deadline of 40ms, and 100.0% of the groups' slowest executions ran past it (exec-times.png)") {
 		t.Errorf("wmrl audit's output lacks the execution times:\n%s", out)
+	}
+	// Each late group was calibrated after its step's update, once its
+	// executions (60 ms, past the 40 ms deadline) had ended.
+	if a := e.LateAfter; a == nil || e.LateTimed != e.Late || a.Max <= 0 || a.Median > a.P90 || a.P90 > a.Max {
+		t.Errorf("late groups calibrated after their steps' updates: %+v over %d groups; want all %d late groups, after", a, e.LateTimed, e.Late)
+	} else if want := "; the late groups were calibrated median " + seconds(a.Median) + ", p90 " + seconds(a.P90) + ", max " + seconds(a.Max) +
+		" after their step was fused: a deadline longer by " + seconds(a.P90) + " would have let 90% of them in"; !strings.Contains(out, want) {
+		t.Errorf("wmrl audit's output lacks %q:\n%s", want, out)
 	}
 	if _, err := os.Stat(filepath.Join(report, "exec-times.png")); err != nil {
 		t.Error(err)

@@ -505,5 +505,9 @@ func printExecTimes(w io.Writer, e *offline.ExecTimes) {
 			fmt.Fprint(w, ": more groups were late than executions ran past it, so the time a group waits outside its executions (for a slot, its prediction, its calibration) matters too")
 		}
 	}
+	if q := e.LateAfterFused; q != nil {
+		fmt.Fprintf(w, "; the late groups were calibrated median %s, p90 %s, max %s after their step was fused: a deadline longer by %s would have let 90%% of them in, each step held that much longer",
+			seconds(q.Median), seconds(q.P90), seconds(q.Max), seconds(q.P90))
+	}
 	fmt.Fprintln(w)
 }

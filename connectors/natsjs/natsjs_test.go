@@ -113,3 +113,41 @@ func TestScansLeaveNoConsumerBehind(t *testing.T) {
 		t.Fatalf("%d consumers left on the stream after 20 scans; want 0", info.State.Consumers)
 	}
 }
+
+// A received message says where and when it was stored: its subject,
+// stream sequence, deliveries, and the time the stream stored it
+// (Stored), which a stage stamps what it derives with rather than the
+// time it came to the message (later, behind a backlog).
+func TestAReceivedMessageSaysWhenItWasStored(t *testing.T) {
+	srv := startServer(t)
+	pub, sub := newPubSub(t, srv, "meta")
+	defer sub.Close()
+	defer pub.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	msgs, err := sub.Subscribe(ctx, "meta_test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	if err := pub.Publish("meta_test", message.NewMessage(watermill.NewUUID(), []byte("x"))); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	time.Sleep(50 * time.Millisecond) // received later than stored
+	select {
+	case m := <-msgs:
+		m.Ack()
+		if at := Stored(m); at.Before(before.Add(-time.Millisecond)) || at.After(after.Add(time.Millisecond)) {
+			t.Errorf("stored at %v; published between %v and %v", at, before, after)
+		}
+		if StreamSeq(m) != 1 || m.Metadata.Get(MetaSubject) != "meta_test" || m.Metadata.Get(MetaDeliveries) != "1" {
+			t.Errorf("metadata %v", m.Metadata)
+		}
+	case <-ctx.Done():
+		t.Fatal("nothing received")
+	}
+	if at := Stored(message.NewMessage("u", nil)); !at.IsZero() {
+		t.Errorf("a message never stored says %v", at)
+	}
+}

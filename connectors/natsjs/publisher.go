@@ -20,12 +20,14 @@ const (
 	// de-duplication ID: a second publish with the same ID inside the
 	// stream's duplicate window is dropped by the server.
 	HeaderMsgID = jetstream.MsgIDHeader
-	// MetaDeliveries, MetaStreamSeq and MetaSubject are set on received
-	// messages: how often JetStream delivered it, its stream sequence, and
-	// the subject it was published on.
+	// MetaDeliveries, MetaStreamSeq, MetaSubject and MetaStored are set on
+	// received messages: how often JetStream delivered it, its stream
+	// sequence, the subject it was published on, and when the stream
+	// stored it (Unix nanoseconds).
 	MetaDeliveries = "Wmrl-Deliveries"
 	MetaStreamSeq  = "Wmrl-Stream-Seq"
 	MetaSubject    = "Wmrl-Subject"
+	MetaStored     = "Wmrl-Stored"
 )
 
 // ErrClosed is returned by a closed publisher or subscriber.

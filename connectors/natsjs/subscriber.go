@@ -336,8 +336,19 @@ func fromNats(jm jetstream.Msg) *message.Message {
 	if md, err := jm.Metadata(); err == nil {
 		wm.Metadata.Set(MetaDeliveries, strconv.FormatUint(md.NumDelivered, 10))
 		wm.Metadata.Set(MetaStreamSeq, strconv.FormatUint(md.Sequence.Stream, 10))
+		wm.Metadata.Set(MetaStored, strconv.FormatInt(md.Timestamp.UnixNano(), 10))
 	}
 	return wm
+}
+
+// Stored is when the stream stored a received message (MetaStored), zero
+// when not known.
+func Stored(m *message.Message) time.Time {
+	ns, err := strconv.ParseInt(m.Metadata.Get(MetaStored), 10, 64)
+	if err != nil {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
 }
 
 // StreamSeq is a received message's stream sequence (MetaStreamSeq), 0

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	"gonum.org/v1/gonum/stat"
 
@@ -43,6 +44,14 @@ type ExecTimes struct {
 	// within it.
 	Deadline       float64 `json:"anchor_deadline_seconds,omitempty"`
 	WithinDeadline Num     `json:"groups_within_deadline"`
+	// LateAfterFused: how long after its step's update each late group
+	// was calibrated (its late rows' ts against the update's), over the
+	// LateTimed late groups with late rows; nil when none. A step held
+	// only by its late groups is fused at the deadline, so a deadline
+	// longer by its p90 would have let 90% of them in (and held each
+	// step that much longer).
+	LateAfterFused *Quantiles `json:"late_after_fused_seconds,omitempty"`
+	LateTimed      int        `json:"late_groups_timed,omitempty"`
 
 	each, slowest []float64 // sorted, for the plot
 }
@@ -88,6 +97,12 @@ func execTimes(rows []archive.Row, deadline float64) *ExecTimes {
 	}
 	groups := map[string]map[string]*traj{} // "step/group" of anchor groups: trajectory ID to its time
 	late := map[string]bool{}
+	type stamp struct {
+		step int64
+		at   time.Time
+	}
+	fusedAt := map[int64]time.Time{}   // each step's update
+	calibratedAt := map[string]stamp{} // each late group's calibration, by "step/group"
 	byStatus := map[string][]float64{}
 	e := &ExecTimes{Deadline: deadline}
 	member := func(key, id string) *traj {
@@ -104,6 +119,11 @@ func execTimes(rows []archive.Row, deadline float64) *ExecTimes {
 		return t
 	}
 	for _, r := range rows {
+		if r.Source == archive.SourceLateAnchor {
+			calibratedAt[fmt.Sprintf("%d/%s", r.Step, r.GroupID)] = stamp{r.Step, r.TS}
+		} else if _, ok := fusedAt[r.Step]; !ok {
+			fusedAt[r.Step] = r.TS
+		}
 		if !r.IsAnchor {
 			continue
 		}
@@ -146,6 +166,19 @@ func execTimes(rows []archive.Row, deadline float64) *ExecTimes {
 		if slowest <= deadline {
 			within++
 		}
+	}
+	var after []float64
+	for key := range late {
+		cal, ok1 := calibratedAt[key]
+		fused, ok2 := fusedAt[cal.step]
+		if ok1 && ok2 {
+			after = append(after, max(0, cal.at.Sub(fused).Seconds()))
+		}
+	}
+	if len(after) > 0 {
+		slices.Sort(after)
+		q := quantiles(after)
+		e.LateAfterFused, e.LateTimed = &q, len(after)
 	}
 	slices.Sort(e.each)
 	slices.Sort(e.slowest)

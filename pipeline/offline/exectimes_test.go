@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"gonum.org/v1/plot"
 
@@ -53,9 +54,22 @@ func TestExecTimesSetsTheGroupsSlowestAgainstTheDeadline(t *testing.T) {
 		lateRow(2, "b", "b0", schemas.ExecScored, 40), lateRow(2, "b", "b1", schemas.ExecCrashed, 50),
 		lateRow(3, "c", "c0", schemas.ExecScored, 35), lateRow(3, "c", "c1", schemas.ExecScored, 31),
 	}
+	// Each step's rows are stamped with its update; a late group's late
+	// rows with its calibration: b's 50 s after step 2's update, c's 10 s
+	// after step 3's.
+	t0 := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	for i, r := range rows {
+		rows[i].TS = t0.Add(time.Duration(r.Step) * time.Minute)
+		if r.Source == archive.SourceLateAnchor {
+			rows[i].TS = rows[i].TS.Add(map[string]time.Duration{"b": 50 * time.Second, "c": 10 * time.Second}[r.GroupID])
+		}
+	}
 	e := execTimes(rows, 30)
 	if e == nil {
 		t.Fatal("no execution times")
+	}
+	if q := e.LateAfterFused; q == nil || e.LateTimed != 2 || q.Max != 50 || q.P90 != 50 || q.Median != 10 {
+		t.Errorf("late groups calibrated after their steps' updates: %+v over %d; want 10 s and 50 s over 2", q, e.LateTimed)
 	}
 	if e.Executions != 9 || e.Copies != 1 || e.Own() != 6 || e.AnchorGroups != 4 || e.LateGroups != 2 || e.Groups != 3 {
 		t.Errorf("executions %d (copies %d, own %d), anchor groups %d (late %d, timed %d); want 9 (1, and 6 without the copy and d's sandbox errors), 4 (2, 3: b lacks b2's)",

@@ -62,7 +62,9 @@ type Row struct {
 	WMStatus       string   `parquet:"wm_status,dict"`
 	ExecStatus     *string  `parquet:"exec_status,optional,dict"`
 	ExecSeconds    *float64 `parquet:"exec_seconds,optional"`
-	// TS is when the update (or the late pair's calibration) was made.
+	// TS is when the update was made (its published_at), or, on a
+	// late_anchor row, when the group's calibration was stored (in
+	// archives written before that was known, when the archive wrote it).
 	TS time.Time `parquet:"ts,timestamp(microsecond:utc)"`
 
 	// For replays: the calibration seq the step was fused at, and for an

@@ -48,6 +48,12 @@ type Stage struct {
 	// hears it.
 	Outcome        func(ctx context.Context, step int64, group, traj string) (schemas.ExecItem, bool, error)
 	OnOutcomeError func(error)
+	// Stored, if set, says when a received message was stored (zero: not
+	// known). A late group's rows are stamped (ts) with when its
+	// calibration was stored, not with when this stage came to it, which
+	// behind a backlog or a restart is later: the audit sets that time
+	// against its step's update. Unset, or not known, they take Now.
+	Stored func(*message.Message) time.Time
 
 	mu      sync.Mutex
 	waiting map[int64]chan struct{} // steps whose update calibrations wait for
@@ -114,7 +120,7 @@ func (s *Stage) HandleCalibration(msg *message.Message) error {
 		// unwritten and its calibration acknowledged.
 		g, update, late := s.W.Late(c.Step, c.GroupID)
 		if late {
-			rows := FromLate(c, g, s.outcomesOf(ctx, c, g), s.Now())
+			rows := FromLate(c, g, s.outcomesOf(ctx, c, g), s.madeAt(msg))
 			commit, err := s.W.Add(LateKey(c.Step, c.GroupID), rows, nil)
 			if err != nil {
 				return outage(err)
@@ -136,6 +142,16 @@ func (s *Stage) HandleCalibration(msg *message.Message) error {
 			return fmt.Errorf("archive: gave up waiting for the update of step %d: %w", c.Step, ctx.Err())
 		}
 	}
+}
+
+// madeAt is when msg was stored, or else now.
+func (s *Stage) madeAt(msg *message.Message) time.Time {
+	if s.Stored != nil {
+		if at := s.Stored(msg); !at.IsZero() {
+			return at
+		}
+	}
+	return s.Now()
 }
 
 // outcomeWait bounds the reads of a late group's outcomes: a store that

@@ -254,6 +254,55 @@ func TestALateCalibrationRacingItsUpdateIsArchived(t *testing.T) {
 	}
 }
 
+// A late group's rows are stamped with when its calibration was stored
+// (Stored), not when the stage came to it, and with now when that is not
+// known.
+func TestLateRowsAreStampedWhenTheirCalibrationWasStored(t *testing.T) {
+	w, err := OpenWriter(WriterConfig{Dir: t.TempDir(), Run: "r", MaxAge: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewStage("r", w)
+	stored, now := time.Date(2026, 12, 2, 10, 0, 30, 0, time.UTC), time.Date(2026, 12, 2, 11, 0, 0, 0, time.UTC)
+	s.Now = func() time.Time { return now }
+	s.Stored = func(m *message.Message) time.Time {
+		if m.Metadata.Get("known") == "" {
+			return time.Time{}
+		}
+		return stored
+	}
+	ctx := context.Background()
+	for step := range int64(2) {
+		if err := s.HandleUpdate(stagetest.Message(t, ctx, testUpdate(step, "b"))); err != nil {
+			t.Fatal(err)
+		}
+		c := stagetest.Message(t, ctx, schemas.Calibration{Schema: 1, Run: "r", Seq: step + 1, Version: 1, Step: step, GroupID: "b",
+			Pairs: []schemas.CalibratedPair{{TrajID: "b0", Predicted: 0.1, True: 0.4, Before: 0.2}}})
+		if step == 0 {
+			c.Metadata.Set("known", "yes")
+		}
+		if err := s.HandleCalibration(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := ReadAll(w.cfg.Dir, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := map[int64]time.Time{}
+	for _, r := range rows {
+		if r.Source == SourceLateAnchor {
+			late[r.Step] = r.TS
+		}
+	}
+	if len(late) != 2 || !late[0].Equal(stored) || !late[1].Equal(now) {
+		t.Errorf("late rows stamped %v; want step 0's when its calibration was stored, %v, and step 1's now, %v", late, stored, now)
+	}
+}
+
 // TestLateRowsTakeTheirExecutionsFromTheOutcomes: a late group's rows
 // take their execution's status, seconds, detail and copy from the
 // outcomes (a calibration has only the scores), so a timeout scored 0
