@@ -152,15 +152,7 @@ func TestLateRowsHoldTheExecutionsOfUngradedTrajectories(t *testing.T) {
 	wm.UngradedEvery = 3
 	cfg.WorldModelImpl = wm
 	ups, rows := runAndReadArchive(t, cfg)
-	late := map[string]bool{}
-	for _, u := range ups {
-		for _, g := range u.LateAnchors {
-			late[fmt.Sprintf("%d/%s", u.Step, g)] = true
-		}
-	}
-	if len(late) != 4*2 {
-		t.Fatalf("%d late anchor groups, want all 8 late", len(late))
-	}
+	late := lateGroupsOf(t, ups)
 	wmRows := map[string]archive.Row{}
 	wmUngraded := 0
 	for _, r := range rows {
@@ -201,6 +193,22 @@ func TestLateRowsHoldTheExecutionsOfUngradedTrajectories(t *testing.T) {
 	t.Logf("%d late rows, %d of them for trajectories the world model did not grade", lateRows, ungraded)
 }
 
+// lateGroupsOf names the late anchor groups of a lateConfig run's updates
+// ("step/group"): all 8 of them.
+func lateGroupsOf(t *testing.T, ups map[int64]schemas.Update) map[string]bool {
+	t.Helper()
+	late := map[string]bool{}
+	for _, u := range ups {
+		for _, g := range u.LateAnchors {
+			late[fmt.Sprintf("%d/%s", u.Step, g)] = true
+		}
+	}
+	if len(late) != 4*2 {
+		t.Fatalf("%d late anchor groups, want all 8 late", len(late))
+	}
+	return late
+}
+
 // sandboxErrors wraps the simulated executor: it runs every trajectory for
 // its latency, and ends those that lost reports true for with a sandbox
 // error (no score).
@@ -227,15 +235,7 @@ func TestLateRowsHoldTheSandboxErrors(t *testing.T) {
 	lost := func(traj string) bool { return crc32.ChecksumIEEE([]byte(traj))%4 == 0 }
 	cfg.ExecutorImpl = &sandboxErrors{Executor: sim.Executor{Latency: cfg.ExecLatency, Noise: 0.02}, lost: lost}
 	ups, rows := runAndReadArchive(t, cfg)
-	late := map[string]bool{}
-	for _, u := range ups {
-		for _, g := range u.LateAnchors {
-			late[fmt.Sprintf("%d/%s", u.Step, g)] = true
-		}
-	}
-	if len(late) != 4*2 {
-		t.Fatalf("%d late anchor groups, want all 8 late", len(late))
-	}
+	late := lateGroupsOf(t, ups)
 	want := 0
 	for _, r := range rows {
 		if r.Source == archive.SourceWorldModel && late[fmt.Sprintf("%d/%s", r.Step, r.GroupID)] && lost(r.TrajID) {
