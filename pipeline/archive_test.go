@@ -428,12 +428,17 @@ func TestArchiveKeepsTheAnchorsCode(t *testing.T) {
 			cfg.Out = &out
 			runAndReadArchive(t, cfg)
 			published := map[string]schemas.Trajectory{}
-			for _, b := range readStored(t, cfg.DataDir, "wmrl.default.traj") {
-				var tr schemas.Trajectory
-				if err := json.Unmarshal(b, &tr); err != nil {
+			for _, b := range readStored(t, cfg.DataDir, "wmrl.default.trajs") { // a group a message
+				var group []schemas.Trajectory
+				if err := json.Unmarshal(b, &group); err != nil {
 					t.Fatal(err)
 				}
-				published[tr.TrajID] = tr
+				for _, tr := range group {
+					published[tr.TrajID] = tr
+				}
+			}
+			if len(published) == 0 {
+				t.Fatal("no trajectories stored on wmrl.default.trajs")
 			}
 			files, err := archive.Files(cfg.ArchiveRoot(), cfg.Run)
 			if err != nil {

@@ -186,7 +186,7 @@ func TestAProcessWaitingForInputSaysWhereItListens(t *testing.T) {
 	var out syncBuffer
 	cfg.Out, cfg.Quiet = &out, false
 	run := started(t, ctx, cfg)
-	want := fmt.Sprintf("ready: run default on the embedded NATS server at %s, stages %s; trajectories go to wmrl.default.traj, step watermarks to wmrl.default.step; the trainer gateway is at %s\n",
+	want := fmt.Sprintf("ready: run default on the embedded NATS server at %s, stages %s; trajectories go to wmrl.default.traj (several at once, as a JSON array, to wmrl.default.trajs), step watermarks to wmrl.default.step; the trainer gateway is at %s\n",
 		run.URL(), strings.Join(AllStages, ", "), run.HTTPURL())
 	if out.String() != want {
 		t.Errorf("the run printed %q, want %q", out.String(), want)

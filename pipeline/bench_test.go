@@ -36,7 +36,10 @@ func rawBaseline(b *testing.B) float64 {
 // steps after the first, from the first update to the last, so start-up is
 // not counted) and each step's latency from its last input to its update.
 func runSteps(b *testing.B, inFlight int, stages ...string) (trajPerSec float64, lat []time.Duration) {
-	cfg := DefaultConfig()
+	return runStepsOf(b, DefaultConfig(), inFlight, stages...)
+}
+
+func runStepsOf(b *testing.B, cfg Config, inFlight int, stages ...string) (trajPerSec float64, lat []time.Duration) {
 	if stages != nil {
 		cfg.Stages = stages
 	}
@@ -65,11 +68,25 @@ func runSteps(b *testing.B, inFlight int, stages ...string) (trajPerSec float64,
 }
 
 // BenchmarkEndToEnd: trajectories per second through every stage with
-// simulated connectors and the embedded file store, beside raw nats.go
+// simulated connectors and the embedded file store, a group of
+// trajectories a message (trajs), beside raw nats.go
 // publish+consume (msgs/s) measured in the same run. Target: 20,000/s.
 func BenchmarkEndToEnd(b *testing.B) {
 	raw := rawBaseline(b)
 	rate, _ := runSteps(b, 4)
+	b.ReportMetric(rate, "traj/s")
+	b.ReportMetric(raw, "raw_msgs/s")
+	b.ReportMetric(rate/raw, "x_raw")
+}
+
+// BenchmarkEndToEndOneByOne: the same with every trajectory in a message
+// of its own (the traj subject) rather than a group a message (trajs), as
+// BenchmarkEndToEnd's simulated trainer sends them.
+func BenchmarkEndToEndOneByOne(b *testing.B) {
+	raw := rawBaseline(b)
+	cfg := DefaultConfig()
+	cfg.trajsAlone = true
+	rate, _ := runStepsOf(b, cfg, 4)
 	b.ReportMetric(rate, "traj/s")
 	b.ReportMetric(raw, "raw_msgs/s")
 	b.ReportMetric(rate/raw, "x_raw")

@@ -142,6 +142,9 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 		OnNoWatermark: p.noWatermark,
 		OnDropped:     p.dropped,
 		WatermarkWait: cfg.StuckAfter,
+		Reject: func(m *message.Message, item int, payload []byte, reason error) error {
+			return p.dl.rejectItem(StageRoute, m, item, payload, reason)
+		},
 	}, p.stagePublisher(StageRoute))
 	if err != nil {
 		return err
@@ -159,6 +162,9 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 		h.Resume(sent) // keeps those of steps planned already out
 	}
 	if err := p.subscribe(StageRoute, schemas.KindTraj, h.HandleTraj); err != nil {
+		return err
+	}
+	if err := p.subscribe(StageRoute, schemas.KindTrajs, h.HandleTrajs); err != nil {
 		return err
 	}
 	if err := p.subscribe(StageRoute, schemas.KindStep, h.HandleStep); err != nil {

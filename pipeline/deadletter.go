@@ -110,7 +110,7 @@ func (d *deadLetters) panicked(stage string, msg *message.Message, pe *panicErro
 // use on the dlq subject, saying so as the middleware does; the reader
 // goes on without it.
 func (d *deadLetters) reject(stage, subject string, seq uint64, reason error, payload []byte) {
-	dl, err := d.send(stage, subject, seq, reason.Error(), payload)
+	dl, err := d.send(stage, subject, seq, "", reason.Error(), payload)
 	if err != nil {
 		d.say(stage, "unstored", "%s: could not store the dead letter (%v) of the message at %d on %s, which is skipped: %v", stage, err, seq, subject, reason)
 		return
@@ -156,7 +156,20 @@ func (d *deadLetters) lastAttempt(msg *message.Message) bool {
 
 // sendMsg dead-letters a message a handler was given.
 func (d *deadLetters) sendMsg(stage string, msg *message.Message, reason string) (schemas.DeadLetter, error) {
-	return d.send(stage, msg.Metadata.Get(natsjs.MetaSubject), natsjs.StreamSeq(msg), reason, msg.Payload)
+	return d.send(stage, msg.Metadata.Get(natsjs.MetaSubject), natsjs.StreamSeq(msg), "", reason, msg.Payload)
+}
+
+// rejectItem stores one item of a message of several (a trajectory of a
+// trajs message) on the dlq subject with reason, its payload the item
+// alone; the handler goes on with the others.
+func (d *deadLetters) rejectItem(stage string, msg *message.Message, item int, payload []byte, reason error) error {
+	dl, err := d.send(stage, msg.Metadata.Get(natsjs.MetaSubject), natsjs.StreamSeq(msg), "/"+strconv.Itoa(item), reason.Error(), payload)
+	if err != nil {
+		d.say(stage, "unstored", "%s: could not store the dead letter (%v), so the message is handed back and tried again: %v", stage, err, reason)
+		return fmt.Errorf("%v (and the dead letter could not be stored: %w)", reason, err)
+	}
+	d.say(stage, "dead", "%s: dead-lettered to %s%s: %v", stage, d.subject, cutNote(dl), reason)
+	return nil
 }
 
 // send stores a message of subject, at seq on the stream, on the dlq
@@ -164,8 +177,9 @@ func (d *deadLetters) sendMsg(stage string, msg *message.Message, reason string)
 // message near the limit: its payload, escaped in a JSON string, can
 // double) would never be stored, and its message would be handed back for
 // ever: its payload is cut to fit, PayloadBytes saying so, and Seq names
-// the whole on the stream.
-func (d *deadLetters) send(stage, subject string, seq uint64, reason string, payload []byte) (schemas.DeadLetter, error) {
+// the whole on the stream. item names the part of the message dead-lettered
+// ("/3"), "" for the whole.
+func (d *deadLetters) send(stage, subject string, seq uint64, item, reason string, payload []byte) (schemas.DeadLetter, error) {
 	dl := schemas.DeadLetter{Schema: schemas.Version, Subject: subject, Stage: stage, Reason: reason,
 		Payload: string(payload), Time: time.Now().UTC(), Seq: seq}
 	// The message's place names the letter: one dead-lettered again (a
@@ -174,7 +188,7 @@ func (d *deadLetters) send(stage, subject string, seq uint64, reason string, pay
 	// stream's de-duplication window.
 	id := ""
 	if seq > 0 {
-		id = fmt.Sprintf("dlq/%s/%d", stage, seq)
+		id = fmt.Sprintf("dlq/%s/%d%s", stage, seq, item)
 	}
 	m, err := schemas.NewMessage(id, dl)
 	if err == nil && d.maxPayload > 0 && natsjs.WireSize(m) > d.maxPayload {

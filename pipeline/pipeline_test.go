@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -295,6 +296,98 @@ func TestMalformedInputIsDeadLettered(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(p.Metrics().DeadLetters.WithLabelValues(StageRoute)); n != float64(len(bad)) {
 		t.Errorf("dead-letter counter %v, want %d", n, len(bad))
+	}
+}
+
+// A trainer sends a group's trajectories in one trajs message: a bad
+// trajectory in it is dead-lettered alone, with its own JSON and its place
+// in the message, and the message's others are fused; a message that is
+// no array of trajectories is dead-lettered whole.
+func TestATrajsMessageDeadLettersABadTrajectoryAlone(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source = SourceExternal
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, nc, js := startClient(t, ctx, cfg)
+	pol := sim.Policy{Run: "default", Tasks: 4, Groups: 3, GroupSize: 4}
+	trajs, wm := pol.Step(0)
+	publish := func(subject string, v any) []byte {
+		t.Helper()
+		b, ok := v.([]byte)
+		if !ok {
+			b, _ = json.Marshal(v)
+		}
+		if _, err := js.Publish(ctx, subject, b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	noID := trajs[4]
+	noID.TrajID = ""
+	otherRun := trajs[4]
+	otherRun.Run, otherRun.TrajID = "elsewhere", "stray"
+	badItems := map[int]schemas.Trajectory{2: noID, 3: otherRun}
+	var wantItems = map[string]string{} // reason -> payload
+	for _, g := range [][]any{
+		{trajs[0], trajs[1], trajs[2], trajs[3]},
+		{trajs[4], trajs[5], noID, otherRun, trajs[6], trajs[7]},
+		{trajs[8], trajs[9], trajs[10], trajs[11]},
+	} {
+		publish("wmrl.default.trajs", g)
+	}
+	for i, tr := range badItems {
+		b, _ := json.Marshal(tr)
+		wantItems[fmt.Sprintf("trajectory %d of the 6 in the message", i)] = string(b)
+	}
+	wholeBad := map[string]string{
+		"want an array of trajectories": `{"schema": 1}`,
+		"no trajectories":               `[]`,
+	}
+	for _, payload := range wholeBad {
+		publish("wmrl.default.trajs", []byte(payload))
+	}
+	publish("wmrl.default.step", wm)
+	waitFor(t, 60*time.Second, func() bool { return len(scanAll(t, nc, "wmrl.default.update")) == 1 })
+	u := decodeUpdates(t, scanAll(t, nc, "wmrl.default.update"))[0]
+	if len(u.Items) != len(trajs) || u.Groups != pol.Groups {
+		t.Fatalf("step 0 fused %d trajectories in %d groups, want every one of the %d in %d groups", len(u.Items), u.Groups, len(trajs), pol.Groups)
+	}
+	var dls []schemas.DeadLetter
+	waitFor(t, 10*time.Second, func() bool {
+		dls = dls[:0]
+		for _, r := range scanAll(t, nc, "wmrl.default.dlq") {
+			var d schemas.DeadLetter
+			json.Unmarshal(r, &d)
+			dls = append(dls, d)
+		}
+		return len(dls) >= len(wantItems)+len(wholeBad)
+	})
+	if len(dls) != len(wantItems)+len(wholeBad) {
+		t.Fatalf("%d dead letters, want %d: %+v", len(dls), len(wantItems)+len(wholeBad), dls)
+	}
+	for _, want := range []map[string]string{wantItems, wholeBad} {
+		for reason, payload := range want {
+			if !slices.ContainsFunc(dls, func(d schemas.DeadLetter) bool {
+				return strings.Contains(d.Reason, reason) && d.Payload == payload && d.Subject == "wmrl.default.trajs" && d.Stage == StageRoute && d.Seq > 0
+			}) {
+				t.Errorf("no dead letter saying %q with payload %s; got %+v", reason, payload, dls)
+			}
+		}
+	}
+	if n := testutil.ToFloat64(p.Metrics().DeadLetters.WithLabelValues(StageRoute)); n != float64(len(dls)) {
+		t.Errorf("dead-letter counter %v, want %d", n, len(dls))
+	}
+
+	// wmrl status reads the newest step sent in a trajs message.
+	next, _ := pol.Step(1)
+	later, _ := pol.Step(2)
+	publish("wmrl.default.trajs", []schemas.Trajectory{later[0], next[0]})
+	st, err := ReadStatus(ctx, StreamSource{NATSURL: p.URL(), Prefix: "wmrl"}, "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.LastTrajStep == nil || *st.LastTrajStep != 2 {
+		t.Errorf("status's newest trajectory step %v, want 2, the newest in the last trajs message", st.LastTrajStep)
 	}
 }
 

@@ -208,7 +208,8 @@ func (p *Pipeline) ready() string {
 	}
 	line := fmt.Sprintf("ready: run %s on %s, %s", p.cfg.Run, where, stages)
 	if p.cfg.runs(StageRoute) {
-		line += fmt.Sprintf("; trajectories go to %s, step watermarks to %s", p.topo.In(StageRoute, schemas.KindTraj), p.topo.In(StageRoute, schemas.KindStep))
+		line += fmt.Sprintf("; trajectories go to %s (several at once, as a JSON array, to %s), step watermarks to %s",
+			p.topo.In(StageRoute, schemas.KindTraj), p.topo.In(StageRoute, schemas.KindTrajs), p.topo.In(StageRoute, schemas.KindStep))
 	}
 	if u := p.HTTPURL(); u != "" {
 		line += "; the trainer gateway is at " + u

@@ -66,7 +66,7 @@ func (s *skips) has(seq uint64) bool {
 func (s *skips) panicked(in calibrate.Input, v any, stack []byte) error {
 	pe := &panicError{value: v, where: panicSite(), stack: stack} // called while the panic is recovered
 	stored := "dead-lettered to " + s.p.dl.subject
-	if _, err := s.p.dl.send(s.stage, s.subject, in.Seq, panicReason(s.stage, pe), in.Data); err != nil {
+	if _, err := s.p.dl.send(s.stage, s.subject, in.Seq, "", panicReason(s.stage, pe), in.Data); err != nil {
 		stored = "it could not be dead-lettered: " + err.Error()
 	}
 	s.mu.Lock()

@@ -95,15 +95,30 @@ func (s *simSource) run(ctx context.Context) error {
 
 func (s *simSource) publish(step int64) error {
 	trajs, wm := s.policy.Step(step)
-	msgs := make([]*message.Message, len(trajs))
-	for i, t := range trajs {
-		m, err := schemas.NewTrajMessage(t)
+	// A group's trajectories in one message, as a trainer that samples a
+	// group at once sends them: G times fewer messages to store and
+	// deliver, 1.5x the pipeline's rate here (BenchmarkEndToEnd).
+	var msgs []*message.Message
+	kind := schemas.KindTrajs
+	for _, group := range schemas.ByGroup(trajs) {
+		if s.p.cfg.trajsAlone {
+			kind = schemas.KindTraj
+			for _, t := range group {
+				m, err := schemas.NewTrajMessage(t)
+				if err != nil {
+					return err
+				}
+				msgs = append(msgs, m)
+			}
+			continue
+		}
+		m, err := schemas.NewTrajsMessage(group)
 		if err != nil {
 			return err
 		}
-		msgs[i] = m
+		msgs = append(msgs, m)
 	}
-	if err := s.p.pub.Publish(s.p.topo.Subject(schemas.KindTraj), msgs...); err != nil {
+	if err := s.p.pub.Publish(s.p.topo.Subject(kind), msgs...); err != nil {
 		return fmt.Errorf("source: step %d: %w", step, err)
 	}
 	m, err := schemas.NewMessage(fmt.Sprintf("%s/step/%d", wm.Run, step), wm)

@@ -235,16 +235,18 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 		st.LastStep = &step
 	}
 	// The newest trajectory is anyone's input, malformed maybe (it is
-	// then dead-lettered): it says nothing of the step then.
-	if m, err := stream.GetLastMsgForSubject(ctx, schemas.Subject(src.Prefix, run, schemas.KindTraj)); err == nil {
-		var traj struct {
-			Step *int64 `json:"step"`
+	// then dead-lettered): it says nothing of the step then. It came alone
+	// or in a trajs message, whose newest step it gives.
+	for _, kind := range []schemas.Kind{schemas.KindTraj, schemas.KindTrajs} {
+		m, err := stream.GetLastMsgForSubject(ctx, schemas.Subject(src.Prefix, run, kind))
+		if errors.Is(err, jetstream.ErrMsgNotFound) || err == nil && st.LastTrajStep != nil && m.Time.Before(st.LastTrajAt) {
+			continue
+		} else if err != nil {
+			return nil, fmt.Errorf("pipeline: status: last %s: %w", kind, err)
 		}
-		if json.Unmarshal(m.Data, &traj) == nil && traj.Step != nil {
-			st.LastTrajStep, st.LastTrajAt = traj.Step, m.Time
+		if step, ok := newestStepIn(kind, m.Data); ok {
+			st.LastTrajStep, st.LastTrajAt = &step, m.Time
 		}
-	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, fmt.Errorf("pipeline: status: last %s: %w", schemas.KindTraj, err)
 	}
 	if st.LastUpdateAt, ok, err = last(schemas.KindUpdate, &up); err != nil {
 		return nil, err
@@ -467,4 +469,34 @@ func anchorCounts(h nats.Header) (used, late, failed int, ok bool) {
 	late, errs[1] = strconv.Atoi(h.Get(schemas.HeaderLateAnchors))
 	failed, errs[2] = strconv.Atoi(h.Get(schemas.HeaderFailedAnchors))
 	return used, late, failed, errors.Join(errs[:]...) == nil
+}
+
+// newestStepIn is the step of a trajectory message of kind, or the newest
+// step among those of a trajs message; false if it has none.
+func newestStepIn(kind schemas.Kind, data []byte) (int64, bool) {
+	type stepOf struct {
+		Step *int64 `json:"step"`
+	}
+	var items []stepOf
+	if kind == schemas.KindTrajs {
+		if json.Unmarshal(data, &items) != nil {
+			return 0, false
+		}
+	} else {
+		var one stepOf
+		if json.Unmarshal(data, &one) != nil {
+			return 0, false
+		}
+		items = []stepOf{one}
+	}
+	var newest *int64
+	for _, it := range items {
+		if it.Step != nil && (newest == nil || *it.Step > *newest) {
+			newest = it.Step
+		}
+	}
+	if newest == nil {
+		return 0, false
+	}
+	return *newest, true
 }

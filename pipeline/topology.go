@@ -28,7 +28,7 @@ var AllStages = []string{StageRoute, StagePredict, StageExecute, StagePair, Stag
 // Ports: which kinds each stage reads and writes.
 var (
 	stageIn = map[string][]schemas.Kind{
-		StageRoute:     {schemas.KindTraj, schemas.KindStep},
+		StageRoute:     {schemas.KindTraj, schemas.KindTrajs, schemas.KindStep},
 		StagePredict:   {schemas.KindGroup},
 		StageExecute:   {schemas.KindExec},
 		StagePair:      {schemas.KindPred, schemas.KindExecution},

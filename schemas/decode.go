@@ -82,6 +82,21 @@ func CheckRun(got, want string) error {
 	return nil
 }
 
+// SplitTrajectories parses a message of the trajs kind into its items, each
+// a trajectory's JSON for DecodeTrajectory: the message must be a JSON
+// array of at least one object. The items are not checked here, so that a
+// bad one can be refused alone.
+func SplitTrajectories(data []byte) ([]json.RawMessage, error) {
+	var items []json.RawMessage
+	if err := unmarshal(data, &items); err != nil {
+		return nil, invalid("malformed JSON: want an array of trajectories: %v", err)
+	}
+	if len(items) == 0 {
+		return nil, invalid("no trajectories: want a non-empty JSON array")
+	}
+	return items, nil
+}
+
 // DecodeTrajectory parses and validates a Trajectory, naming every missing
 // or invalid field.
 func DecodeTrajectory(data []byte) (Trajectory, error) {

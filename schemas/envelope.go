@@ -92,3 +92,41 @@ func TrajMsgID(t Trajectory, payload []byte) string {
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// NewTrajsMessage encodes ts, at least one, as one message of the trajs
+// kind (a JSON array), whose de-duplication ID is TrajsMsgID.
+func NewTrajsMessage(ts []Trajectory) (*message.Message, error) {
+	if len(ts) == 0 {
+		return nil, fmt.Errorf("schemas: encode trajectories: none")
+	}
+	m, err := NewMessage("", ts)
+	if err != nil {
+		return nil, err
+	}
+	m.Metadata.Set(MsgIDKey, TrajsMsgID(ts, m.Payload))
+	return m, nil
+}
+
+// ByGroup splits ts into its runs of trajectories of one group, in order:
+// for a trainer's rollouts, listed group by group, a trajs message each.
+func ByGroup(ts []Trajectory) [][]Trajectory {
+	var out [][]Trajectory
+	for len(ts) > 0 {
+		n := 1
+		for n < len(ts) && ts[n].GroupID == ts[0].GroupID {
+			n++
+		}
+		out, ts = append(out, ts[:n]), ts[n:]
+	}
+	return out
+}
+
+// TrajsMsgID is the de-duplication ID of trajectories ts encoded as
+// payload: the run, step, group and id of the first, how many there are,
+// and a digest of the payload, so that a message sent again (a retried
+// publish) is stored once. As for TrajMsgID, the digest tells content apart
+// only among messages that begin with the same trajectory.
+func TrajsMsgID(ts []Trajectory, payload []byte) string {
+	t := ts[0]
+	return fmt.Sprintf("%s/trajs/%d/%s/%s/%d/%08x", t.Run, t.Step, t.GroupID, t.TrajID, len(ts), crc32.Checksum(payload, castagnoli))
+}

@@ -20,6 +20,7 @@ type Documented struct {
 // Messages lists every message on the wire, in Kinds order.
 var Messages = []Documented{
 	{KindTraj, Trajectory{}, "Trajectory", "One candidate solution, published by the trainer on <prefix>.<run>.traj."},
+	{KindTrajs, []Trajectory{}, "Trajectories", "Several candidate solutions in one message (a group, or a whole step), published by the trainer on <prefix>.<run>.trajs: a JSON array of Trajectory objects (traj.schema.json), each taken as if sent alone on <prefix>.<run>.traj. A trainer that has a group's rollouts at once sends fewer messages this way, which is what bounds the pipeline's rate."},
 	{KindStep, StepClose{}, "StepClose", "A step's watermark on <prefix>.<run>.step: the step has `groups` groups and no more trajectories will come for it."},
 	{KindUpdate, Update{}, "Update", "A step's fused advantages on <prefix>.<run>.update, one per step, retained in JetStream."},
 	{KindDLQ, DeadLetter{}, "DeadLetter", "A message no stage could use, with the reason, on <prefix>.<run>.dlq."},
@@ -35,6 +36,9 @@ var Messages = []Documented{
 // JSONSchema returns the draft 2020-12 JSON Schema of d's type, indented.
 func JSONSchema(d Documented) ([]byte, error) {
 	s := schemaOf(reflect.TypeOf(d.Type))
+	if s["type"] == "array" {
+		s["minItems"] = 1 // a message of several holds one at least
+	}
 	s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
 	s["$id"] = "wmrl/" + string(d.Kind) + ".schema.json"
 	s["title"] = d.Title

@@ -5,8 +5,10 @@ import (
 	stdjson "encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -115,5 +117,53 @@ func TestNewTrajMessageNamesTheContent(t *testing.T) {
 	ida, idb, idc := a.Metadata.Get(MsgIDKey), b.Metadata.Get(MsgIDKey), c.Metadata.Get(MsgIDKey)
 	if ida != idb || ida == idc || !strings.HasPrefix(ida, "r/traj/3/g0/g0-t1/") || len(ida) != len("r/traj/3/g0/g0-t1/")+8 {
 		t.Errorf("IDs %q, %q (the same content), %q (another solution)", ida, idb, idc)
+	}
+}
+
+// A trajs message is named by its first trajectory, how many it holds and
+// its content: sent again alike it is stored once; a group with another
+// solution, or with one more, is another message. Split gives its items
+// back, each a trajectory's JSON; ByGroup cuts rollouts into groups.
+func TestATrajsMessageNamesItsContentAndSplits(t *testing.T) {
+	var ts []Trajectory
+	for g := range 2 {
+		for i := range 3 {
+			ts = append(ts, Trajectory{Schema: Version, Run: "r", Step: 3, GroupID: fmt.Sprintf("g%d", g), TrajID: fmt.Sprintf("g%d-t%d", g, i),
+				GroupSize: 3, TaskID: "x", Prompt: "p", Response: fmt.Sprintf("print(%d)", i)})
+		}
+	}
+	groups := ByGroup(ts)
+	if len(groups) != 2 || len(groups[0]) != 3 || groups[1][0].TrajID != "g1-t0" || len(ByGroup(nil)) != 0 {
+		t.Fatalf("ByGroup: %v", groups)
+	}
+	a, err := NewTrajsMessage(groups[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := NewTrajsMessage(slices.Clone(groups[0]))
+	other := slices.Clone(groups[0])
+	other[2].Response = "print(9)"
+	c, _ := NewTrajsMessage(other)
+	d, _ := NewTrajsMessage(groups[0][:2])
+	ida, idb, idc, idd := a.Metadata.Get(MsgIDKey), b.Metadata.Get(MsgIDKey), c.Metadata.Get(MsgIDKey), d.Metadata.Get(MsgIDKey)
+	if ida != idb || ida == idc || ida == idd || !strings.HasPrefix(ida, "r/trajs/3/g0/g0-t0/3/") || !strings.HasPrefix(idd, "r/trajs/3/g0/g0-t0/2/") {
+		t.Errorf("IDs %q, %q (the same content), %q (another solution), %q (one fewer)", ida, idb, idc, idd)
+	}
+	if _, err := NewTrajsMessage(nil); err == nil {
+		t.Error("a trajs message of no trajectories encoded")
+	}
+	items, err := SplitTrajectories(a.Payload)
+	if err != nil || len(items) != 3 {
+		t.Fatalf("split: %d items, %v", len(items), err)
+	}
+	for i, item := range items {
+		if got, err := DecodeTrajectory(item); err != nil || !reflect.DeepEqual(got, groups[0][i]) {
+			t.Errorf("item %d: %+v, %v; want %+v", i, got, err, groups[0][i])
+		}
+	}
+	for payload, want := range map[string]string{`[]`: "no trajectories", `{"step": 1}`: "want an array", `[{}`: "malformed JSON"} {
+		if _, err := SplitTrajectories([]byte(payload)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("split %s: %v, want it invalid saying %q", payload, err, want)
+		}
 	}
 }

@@ -18,6 +18,7 @@ type Kind string
 // Public kinds: trainers and external stages depend on these names.
 const (
 	KindTraj   Kind = "traj"   // in: one Trajectory
+	KindTrajs  Kind = "trajs"  // in: a JSON array of Trajectories (a group, or more)
 	KindStep   Kind = "step"   // in: a StepClose watermark
 	KindUpdate Kind = "update" // out: one Update per step, retained
 	KindDLQ    Kind = "dlq"    // dead letters
@@ -35,7 +36,7 @@ const (
 )
 
 // Kinds lists every kind, public first.
-var Kinds = []Kind{KindTraj, KindStep, KindUpdate, KindDLQ, KindGroup, KindExec, KindPlan, KindPred, KindExecution, KindPairs, KindCalibration}
+var Kinds = []Kind{KindTraj, KindTrajs, KindStep, KindUpdate, KindDLQ, KindGroup, KindExec, KindPlan, KindPred, KindExecution, KindPairs, KindCalibration}
 
 var tokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 

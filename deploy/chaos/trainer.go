@@ -179,14 +179,31 @@ func trainerMain(args []string) error {
 				return err
 			}
 		}
+		// Every other group's trajectories in one trajs message, the
+		// others one by one: route takes a step from both at once.
 		trajs, wm := policy.Step(step)
-		msgs := make([]*message.Message, len(trajs))
-		for i, t := range trajs {
-			if msgs[i], err = schemas.NewTrajMessage(t); err != nil {
-				return err
+		var alone, batched []*message.Message
+		for i, group := range schemas.ByGroup(trajs) {
+			if i%2 == 1 {
+				m, err := schemas.NewTrajsMessage(group)
+				if err != nil {
+					return err
+				}
+				batched = append(batched, m)
+				continue
+			}
+			for _, t := range group {
+				m, err := schemas.NewTrajMessage(t)
+				if err != nil {
+					return err
+				}
+				alone = append(alone, m)
 			}
 		}
-		if err := pub.Publish(r.subject(schemas.KindTraj), msgs...); err != nil {
+		if err := pub.Publish(r.subject(schemas.KindTraj), alone...); err != nil {
+			return err
+		}
+		if err := pub.Publish(r.subject(schemas.KindTrajs), batched...); err != nil {
 			return err
 		}
 		m, err := schemas.NewMessage(fmt.Sprintf("%s/step/%d", wm.Run, step), wm)

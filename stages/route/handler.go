@@ -2,6 +2,7 @@ package route
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -38,6 +39,7 @@ type Handler struct {
 	size        func(*message.Message) int
 	onShort     func(Short)
 	onDropped   func(Dropped)
+	reject      func(msg *message.Message, item int, payload []byte, reason error) error
 
 	onNoWatermark func(NoWatermark)
 	watermarkWait time.Duration
@@ -105,6 +107,12 @@ type Config struct {
 	// than their group_size), once it is stored: such a step waited out
 	// StepTimeout.
 	OnShort func(Short)
+	// Reject, if set, stores one trajectory of a trajs message on the
+	// dead-letter subject (item is its index in the message, payload its
+	// JSON), so that the message's other trajectories go on; an error
+	// hands the whole message back. Nil: a message with one bad trajectory
+	// fails whole, as a single bad trajectory does.
+	Reject func(msg *message.Message, item int, payload []byte, reason error) error
 }
 
 // Dropped is a group of a step not sent on to be scored, and why.
@@ -164,7 +172,7 @@ func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
 	}
 	return &Handler{
 		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, seq: cfg.Seq, inFlight: cfg.InFlight, maxPayload: cfg.MaxPayload, size: cfg.Size, onShort: cfg.OnShort,
-		onDropped:     cfg.OnDropped,
+		onDropped: cfg.OnDropped, reject: cfg.Reject,
 		onNoWatermark: cfg.OnNoWatermark, watermarkWait: cfg.WatermarkWait,
 		asm: NewAssembly(cfg.StepTimeout), done: map[int64]chan struct{}{}, sent: map[int64][]string{},
 		firstAt: map[int64]time.Time{}, noWatermarkSaid: map[int64]bool{},
@@ -214,10 +222,61 @@ func (h *Handler) HandleTraj(msg *message.Message) error {
 		return fmt.Errorf("route: %w", err)
 	}
 	done, err := h.addTraj(msg, t)
-	if err != nil || done == nil {
-		return err
+	if err != nil {
+		return fmt.Errorf("route: %w", err)
+	}
+	if done == nil {
+		return nil
 	}
 	return h.hold(msg.Context(), done)
+}
+
+// HandleTrajs takes a message of several trajectories, a JSON array (a
+// trainer that has a group's rollouts at once sends them so: one message
+// where there were G). Each is taken as if it had come alone: one that is
+// invalid, of another run, or refused by its step is dead-lettered alone,
+// through Config.Reject, and the others go on. The message is held until
+// every step it fed is planned.
+func (h *Handler) HandleTrajs(msg *message.Message) error {
+	items, err := schemas.SplitTrajectories(msg.Payload)
+	if err != nil {
+		return fmt.Errorf("route: %w", err)
+	}
+	var dones []<-chan struct{}
+	for i, item := range items {
+		done, err := h.takeItem(msg, item)
+		if err != nil {
+			err = fmt.Errorf("route: trajectory %d of the %d in the message: %w", i, len(items), err)
+			if h.reject == nil || !(errors.Is(err, schemas.ErrInvalid) || errors.Is(err, schemas.ErrUnusable)) {
+				return err
+			}
+			if err := h.reject(msg, i, item, err); err != nil {
+				return err
+			}
+			continue
+		}
+		if done != nil && !slices.Contains(dones, done) {
+			dones = append(dones, done)
+		}
+	}
+	for _, done := range dones {
+		if err := h.hold(msg.Context(), done); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// takeItem decodes and records one trajectory of a trajs message.
+func (h *Handler) takeItem(msg *message.Message, item []byte) (<-chan struct{}, error) {
+	t, err := schemas.DecodeTrajectory(item)
+	if err != nil {
+		return nil, err
+	}
+	if err := schemas.CheckRun(t.Run, h.run); err != nil {
+		return nil, err
+	}
+	return h.addTraj(msg, t)
 }
 
 // addTraj records t and returns what its step's plan closes, or nil for a
@@ -237,7 +296,7 @@ func (h *Handler) addTraj(msg *message.Message, t schemas.Trajectory) (<-chan st
 		}
 	}
 	if err := h.asm.AddTraj(t); err != nil {
-		return nil, fmt.Errorf("route: %w", err)
+		return nil, err
 	}
 	if h.seq != nil {
 		h.taken[t.Step] = append(h.taken[t.Step], h.seq(msg))

@@ -469,3 +469,137 @@ func TestAGroupIsMeasuredWithItsHeaders(t *testing.T) {
 		}
 	}
 }
+
+// A trajs message is taken trajectory by trajectory: a bad one is
+// dead-lettered alone and the others go on, across the steps it feeds, and
+// the message is held until each of those steps is planned.
+func TestATrajsMessageIsTakenTrajectoryByTrajectory(t *testing.T) {
+	pub := &recorder{}
+	type rejected struct {
+		seq, item int
+		payload   string
+		reason    error
+	}
+	var mu sync.Mutex
+	var rejects []rejected
+	seqOf := func(m *message.Message) uint64 { n, _ := strconv.ParseUint(m.Metadata.Get("seq"), 10, 64); return n }
+	h, err := NewHandler(Config{
+		Run: "r", Out: Topics{Group: "group", Exec: "exec", Plan: "plan"},
+		Scheduler: SchedulerConfig{Fraction: 0.5},
+		Seq:       seqOf,
+		Reject: func(m *message.Message, item int, payload []byte, reason error) error {
+			mu.Lock()
+			defer mu.Unlock()
+			rejects = append(rejects, rejected{int(seqOf(m)), item, string(payload), reason})
+			return nil
+		},
+	}, pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := func(step int64, g string) []any {
+		var out []any
+		for i := range 2 {
+			tr := traj(step, g, i, 2)
+			out = append(out, tr)
+		}
+		return out
+	}
+	noID := traj(0, "a", 9, 2)
+	noID.TrajID = ""
+	otherRun := traj(1, "b", 9, 2)
+	otherRun.Run = "elsewhere"
+	batch := func(seq int, items ...any) *message.Message {
+		m := msgOf(t, items, false)
+		m.Metadata.Set("seq", strconv.Itoa(seq))
+		return m
+	}
+	first := batch(1, append(append(group(0, "a"), noID, otherRun), group(1, "b")...)...)
+	second := batch(2, append(group(0, "b"), group(1, "a")...)...)
+	watermark := func(step int64) *message.Message {
+		return msgOf(t, schemas.StepClose{Schema: 1, Run: "r", Step: step, Groups: 2}, false)
+	}
+
+	returned := func(m *message.Message) <-chan error {
+		c := make(chan error, 1)
+		go func() { c <- h.HandleTrajs(m) }()
+		return c
+	}
+	firstDone, secondDone := returned(first), returned(second)
+	if err := h.HandleStep(watermark(0)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case err := <-firstDone:
+		t.Fatalf("the first message returned (%v) with step 1, which it fed, not planned", err)
+	case err := <-secondDone:
+		t.Fatalf("the second message returned (%v) with step 1, which it fed, not planned", err)
+	default:
+	}
+	if err := h.HandleStep(watermark(1)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []<-chan error{firstDone, secondDone} {
+		select {
+		case err := <-c:
+			if err != nil {
+				t.Fatalf("a message with two bad trajectories failed whole: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a message still held after both its steps were planned")
+		}
+	}
+	if len(pub.plans) != 2 {
+		t.Fatalf("%d plans, want steps 0 and 1", len(pub.plans))
+	}
+	for _, p := range pub.plans {
+		var n int
+		for _, g := range p.Groups {
+			n += len(g.TrajIDs)
+		}
+		if len(p.Groups) != 2 || n != 4 {
+			t.Errorf("step %d planned with %d groups, %d trajectories; want 2 complete groups of 2", p.Step, len(p.Groups), n)
+		}
+	}
+	if len(rejects) != 2 {
+		t.Fatalf("%d trajectories dead-lettered, want the one without an id and the one of another run: %+v", len(rejects), rejects)
+	}
+	for i, want := range []struct {
+		item   int
+		reason string
+		traj   schemas.Trajectory
+	}{{2, "missing field(s): traj_id", noID}, {3, `unknown run "elsewhere"`, otherRun}} {
+		r := rejects[i]
+		var got schemas.Trajectory
+		if err := json.Unmarshal([]byte(r.payload), &got); err != nil {
+			t.Fatal(err)
+		}
+		if r.seq != 1 || r.item != want.item || !errors.Is(r.reason, schemas.ErrInvalid) ||
+			!strings.Contains(r.reason.Error(), fmt.Sprintf("trajectory %d of the 6 in the message", want.item)) ||
+			!strings.Contains(r.reason.Error(), want.reason) || got.TrajID != want.traj.TrajID || got.Run != want.traj.Run {
+			t.Errorf("dead letter %d: message %d item %d (%v) of %s; want item %d of message 1, saying %q, with that trajectory alone",
+				i, r.seq, r.item, r.reason, r.payload, want.item, want.reason)
+		}
+	}
+
+	// Delivered again after its steps were planned: copies, acknowledged.
+	if err := h.HandleTrajs(first); err != nil {
+		t.Fatalf("the first message delivered again: %v, want its planned trajectories known as copies", err)
+	}
+	if len(pub.plans) != 2 {
+		t.Errorf("%d plans after a redelivery, want 2", len(pub.plans))
+	}
+	for _, bad := range []string{`{"schema": 1}`, `[]`, `[1, 2`} {
+		if err := h.HandleTrajs(message.NewMessage("id", []byte(bad))); !errors.Is(err, schemas.ErrInvalid) {
+			t.Errorf("trajs message %s: %v, want it invalid", bad, err)
+		}
+	}
+
+	// A dead letter that cannot be stored hands the whole message back.
+	down := errors.New("no dead-letter subject")
+	h.reject = func(*message.Message, int, []byte, error) error { return down }
+	if err := h.HandleTrajs(batch(7, traj(5, "a", 0, 2), noID)); !errors.Is(err, down) {
+		t.Errorf("with the dead letter unstored: %v, want the message handed back", err)
+	}
+}
