@@ -576,7 +576,7 @@ func (p *Pipeline) buildGateway() error {
 		Answered:   func(a gateway.Answer, n int) { p.metrics.RewardAnswers.WithLabelValues(string(a)).Add(float64(n)) },
 		Predicted:  p.worldModelReplies().predicted,
 		Subjects: gateway.Subjects{
-			Traj: p.topo.Subject(schemas.KindTraj), Step: p.topo.Subject(schemas.KindStep),
+			Traj: p.topo.Subject(schemas.KindTraj), Trajs: p.topo.Subject(schemas.KindTrajs), Step: p.topo.Subject(schemas.KindStep),
 			Update: p.topo.Out(StageFuse, schemas.KindUpdate), Calibration: p.topo.Out(StageCalibrate, schemas.KindCalibration),
 			Exec: p.topo.Out(StageRoute, schemas.KindExec), Execution: p.topo.Out(StageExecute, schemas.KindExecution),
 			Plan: p.topo.Out(StageRoute, schemas.KindPlan),

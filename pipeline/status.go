@@ -244,7 +244,7 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 		} else if err != nil {
 			return nil, fmt.Errorf("pipeline: status: last %s: %w", kind, err)
 		}
-		if step, ok := newestStepIn(kind, m.Data); ok {
+		if step, ok := schemas.NewestStep(kind, m.Data); ok {
 			st.LastTrajStep, st.LastTrajAt = &step, m.Time
 		}
 	}
@@ -469,34 +469,4 @@ func anchorCounts(h nats.Header) (used, late, failed int, ok bool) {
 	late, errs[1] = strconv.Atoi(h.Get(schemas.HeaderLateAnchors))
 	failed, errs[2] = strconv.Atoi(h.Get(schemas.HeaderFailedAnchors))
 	return used, late, failed, errors.Join(errs[:]...) == nil
-}
-
-// newestStepIn is the step of a trajectory message of kind, or the newest
-// step among those of a trajs message; false if it has none.
-func newestStepIn(kind schemas.Kind, data []byte) (int64, bool) {
-	type stepOf struct {
-		Step *int64 `json:"step"`
-	}
-	var items []stepOf
-	if kind == schemas.KindTrajs {
-		if json.Unmarshal(data, &items) != nil {
-			return 0, false
-		}
-	} else {
-		var one stepOf
-		if json.Unmarshal(data, &one) != nil {
-			return 0, false
-		}
-		items = []stepOf{one}
-	}
-	var newest *int64
-	for _, it := range items {
-		if it.Step != nil && (newest == nil || *it.Step > *newest) {
-			newest = it.Step
-		}
-	}
-	if newest == nil {
-		return 0, false
-	}
-	return *newest, true
 }

@@ -504,6 +504,43 @@ func publishAsAnotherGateway(t *testing.T, ctx context.Context, js jetstream.Jet
 	}
 }
 
+// The gateway's next step is past the newest trajectory sent, whether it
+// came alone or in a trajs message (the newest step among its
+// trajectories): a trainer that sends its groups straight to NATS and asks
+// the gateway where to resume is not told to resume into a step it sent.
+func TestTheNextStepCountsTrajsMessages(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr = SourceExternal, "127.0.0.1:0"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, _, js := startClient(t, ctx, cfg)
+	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 2, GroupSize: 2}
+	stepOf := func(n int64) []schemas.Trajectory { trajs, _ := pol.Step(n); return trajs[:2] }
+	next := func() int64 {
+		var steps gateway.StepsView
+		if err := json.Unmarshal(h.want(http.StatusOK, "GET", "/steps", nil, "", ""), &steps); err != nil {
+			t.Fatal(err)
+		}
+		return steps.Next
+	}
+	send := func(subject string, v any) {
+		b, _ := json.Marshal(v)
+		if _, err := js.Publish(ctx, subject, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send("wmrl.default.trajs", append(stepOf(5), stepOf(3)...))
+	if n := next(); n != 6 {
+		t.Errorf("next %d after a trajs message of steps 5 and 3, want 6", n)
+	}
+	send("wmrl.default.traj", stepOf(7)[0])
+	send("wmrl.default.trajs", stepOf(2))
+	if n := next(); n != 8 {
+		t.Errorf("next %d after a trajectory of step 7 alone and a trajs message of step 2, want 8", n)
+	}
+}
+
 // A trainer that numbers the trajectories of each group alike ("t0",
 // "t1", ...), one request per group, breaks the contract that ids are a
 // step's: the update tells its items apart by them. The server's

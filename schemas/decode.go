@@ -97,6 +97,38 @@ func SplitTrajectories(data []byte) ([]json.RawMessage, error) {
 	return items, nil
 }
 
+// NewestStep is the step of a message of the traj kind, or the newest step
+// among the trajectories of a trajs message; false if it names none (a
+// malformed message, which route dead-letters, says nothing of the step).
+// It reads the step alone, of anyone's input.
+func NewestStep(kind Kind, data []byte) (int64, bool) {
+	type stepOf struct {
+		Step *int64 `json:"step"`
+	}
+	var items []stepOf
+	if kind == KindTrajs {
+		if unmarshal(data, &items) != nil {
+			return 0, false
+		}
+	} else {
+		var one stepOf
+		if unmarshal(data, &one) != nil {
+			return 0, false
+		}
+		items = []stepOf{one}
+	}
+	newest := int64(-1)
+	for _, it := range items {
+		if it.Step != nil {
+			newest = max(newest, *it.Step)
+		}
+	}
+	if newest < 0 {
+		return 0, false
+	}
+	return newest, true
+}
+
 // DecodeTrajectory parses and validates a Trajectory, naming every missing
 // or invalid field.
 func DecodeTrajectory(data []byte) (Trajectory, error) {

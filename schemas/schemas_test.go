@@ -167,3 +167,26 @@ func TestATrajsMessageNamesItsContentAndSplits(t *testing.T) {
 		}
 	}
 }
+
+// NewestStep reads the step of anyone's trajectory input: a trajs
+// message's newest, and none from what names no step.
+func TestNewestStepReadsEitherKind(t *testing.T) {
+	for _, tc := range []struct {
+		kind Kind
+		data string
+		step int64
+		ok   bool
+	}{
+		{KindTraj, `{"step": 3, "run": "r"}`, 3, true},
+		{KindTrajs, `[{"step": 2}, {"step": 9}, {"run": "r"}, {"step": 4}]`, 9, true},
+		{KindTrajs, `[{"run": "r"}]`, 0, false},
+		{KindTrajs, `{"step": 3}`, 0, false},
+		{KindTraj, `[{"step": 3}]`, 0, false},
+		{KindTraj, `{"step": 3`, 0, false},
+		{KindTraj, `{"step": -1}`, 0, false},
+	} {
+		if step, ok := NewestStep(tc.kind, []byte(tc.data)); step != tc.step || ok != tc.ok {
+			t.Errorf("%s %s: step %d, %v; want %d, %v", tc.kind, tc.data, step, ok, tc.step, tc.ok)
+		}
+	}
+}

@@ -31,7 +31,9 @@ import (
 
 // Subjects the gateway reads and writes.
 type Subjects struct {
-	Traj, Step, Update, Calibration, Exec, Execution, Plan string
+	// Trajs is where a trainer sends several trajectories in one message
+	// (the gateway reads only its newest, for the next step; "": none).
+	Traj, Trajs, Step, Update, Calibration, Exec, Execution, Plan string
 }
 
 // Config configures a Gateway.
@@ -539,10 +541,11 @@ func (g *Gateway) getSteps(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, v)
 }
 
-// newestSent is one past the step of the newest trajectory stored (0:
-// none, or it names no step). A trainer that crashed during a step, after
-// sending some of its trajectories, resumes past it: that step is not
-// planned yet, and the same ids in it with other rollouts are refused.
+// newestSent is one past the step of the newest trajectory stored, alone
+// or in a trajs message (0: none, or it names no step). A trainer that
+// crashed during a step, after sending some of its trajectories, resumes
+// past it: that step is not planned yet, and the same ids in it with other
+// rollouts are refused.
 func (g *Gateway) newestSent(ctx context.Context) (int64, error) {
 	if g.js == nil {
 		return 0, nil
@@ -551,20 +554,23 @@ func (g *Gateway) newestSent(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	m, err := stream.GetLastMsgForSubject(ctx, g.cfg.Subjects.Traj)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, nil
+	var next int64
+	for kind, subject := range map[schemas.Kind]string{schemas.KindTraj: g.cfg.Subjects.Traj, schemas.KindTrajs: g.cfg.Subjects.Trajs} {
+		if subject == "" {
+			continue
+		}
+		m, err := stream.GetLastMsgForSubject(ctx, subject)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if step, ok := schemas.NewestStep(kind, m.Data); ok {
+			next = max(next, step+1)
+		}
 	}
-	if err != nil {
-		return 0, err
-	}
-	var t struct {
-		Step *int64 `json:"step"`
-	}
-	if json.Unmarshal(m.Data, &t) != nil || t.Step == nil || *t.Step < 0 {
-		return 0, nil // malformed (dead-lettered): it says nothing of the step
-	}
-	return *t.Step + 1, nil
+	return next, nil
 }
 
 // next is the first step number no trajectory has used: past the newest
