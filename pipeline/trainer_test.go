@@ -441,7 +441,7 @@ func TestATrainerResumedFromACheckpointIsToldTheNextStep(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	before := len(scanAll(t, nc, "wmrl.default.traj"))
+	before := storedTrajectories(t, nc)
 	trajs, _ := pol.Step(1)
 	for i := range trajs {
 		trajs[i].TrajID += "-resumed"
@@ -450,7 +450,7 @@ func TestATrainerResumedFromACheckpointIsToldTheNextStep(t *testing.T) {
 	body, _ := json.Marshal(trajs)
 	h.want(http.StatusConflict, "POST", "/trajectories", body, token, "step 1 was planned already")
 	h.want(http.StatusConflict, "POST", "/trajectories", body, token, "numbers its steps on from the run's next, 3")
-	if after := len(scanAll(t, nc, "wmrl.default.traj")); after != before {
+	if after := storedTrajectories(t, nc); after != before {
 		t.Fatalf("%d trajectories stored by refused requests", after-before)
 	}
 	train(steps.Next, "-resumed")
@@ -491,6 +491,65 @@ func TestATrainerMayReuseItsIdsEveryStep(t *testing.T) {
 // publishAsAnotherGateway stores trajs as a gateway that has not seen
 // the ones before would: with their de-duplication IDs, refused by route
 // alone.
+// The gateway stores each run of a request's trajectories of one group as
+// one trajs message, a trajectory without its group's others alone, and
+// a request sent again as the same messages, stored once.
+func TestTheGatewayStoresAGroupAsOneMessage(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr = SourceExternal, "127.0.0.1:0"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, nc, _ := startClient(t, ctx, cfg)
+	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 3, GroupSize: 4}
+	trajs, wm := pol.Step(0)
+	// Group 0, group 1 but its last, and group 2's first; then the rest.
+	first, _ := json.Marshal(append(slices.Clone(trajs[:7]), trajs[8]))
+	second, _ := json.Marshal(append([]schemas.Trajectory{trajs[7]}, trajs[9:]...))
+	h.want(http.StatusAccepted, "POST", "/trajectories", first, "", `"accepted":8`)
+	h.want(http.StatusAccepted, "POST", "/trajectories", first, "", `"accepted":8`) // a retry
+	h.want(http.StatusAccepted, "POST", "/trajectories", second, "", `"accepted":4`)
+	sizes := func(subject string) []int {
+		var n []int
+		for _, b := range scanAll(t, nc, subject) {
+			var group []json.RawMessage
+			if err := json.Unmarshal(b, &group); err != nil {
+				n = append(n, 1) // a trajectory alone
+				continue
+			}
+			n = append(n, len(group))
+		}
+		return n
+	}
+	if got, alone := sizes("wmrl.default.trajs"), sizes("wmrl.default.traj"); !slices.Equal(got, []int{4, 3, 3}) || len(alone) != 2 {
+		t.Errorf("stored trajs messages of %v trajectories and %d alone; want 4, 3 and 3 (groups 0, 1 and 2's last) and 2 (group 2's first, group 1's last)",
+			got, len(alone))
+	}
+	h.want(http.StatusAccepted, "POST", "/steps/0/close", []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), "", "")
+	var u schemas.Update
+	if err := json.Unmarshal(h.want(http.StatusOK, "GET", "/steps/0/update?wait=30", nil, "", ""), &u); err != nil {
+		t.Fatal(err)
+	}
+	if len(u.Items) != len(trajs) || u.Groups != wm.Groups {
+		t.Errorf("step 0 fused %d trajectories in %d groups, want %d in %d", len(u.Items), u.Groups, len(trajs), wm.Groups)
+	}
+}
+
+// storedTrajectories counts the trajectories stored for run default,
+// alone and in trajs messages.
+func storedTrajectories(t *testing.T, nc *nats.Conn) int {
+	t.Helper()
+	n := len(scanAll(t, nc, "wmrl.default.traj"))
+	for _, b := range scanAll(t, nc, "wmrl.default.trajs") {
+		var group []json.RawMessage
+		if err := json.Unmarshal(b, &group); err != nil {
+			t.Fatal(err)
+		}
+		n += len(group)
+	}
+	return n
+}
+
 func publishAsAnotherGateway(t *testing.T, ctx context.Context, js jetstream.JetStream, trajs []schemas.Trajectory) {
 	t.Helper()
 	for _, tr := range trajs {
@@ -678,7 +737,7 @@ func TestATrainerResentIntoAStepWithOtherRolloutsIsRefused(t *testing.T) {
 	moved.TrajID = before[0].TrajID
 	body, _ = json.Marshal([]schemas.Trajectory{moved})
 	h.want(http.StatusBadRequest, "POST", "/trajectories", body, "", fmt.Sprintf("of group %s is taken by group %s of step 0", moved.GroupID, before[0].GroupID))
-	if n := len(scanAll(t, nc, "wmrl.default.traj")); n != 3 {
+	if n := storedTrajectories(t, nc); n != 3 {
 		t.Fatalf("%d trajectories stored; want the 3 before the crash alone", n)
 	}
 	publishAsAnotherGateway(t, ctx, js, after)

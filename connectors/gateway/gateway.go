@@ -384,12 +384,58 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 		}
 		msgs[i], trajs[i] = m, t
 	}
-	if err := g.pub.Publish(g.cfg.Subjects.Traj, msgs...); err != nil {
-		unavailable(w, "store trajectories: %v", err)
+	alone, batched, err := g.byGroup(trajs, msgs)
+	if err != nil {
+		fail(w, http.StatusInternalServerError, "%v", err)
 		return
+	}
+	for _, out := range []struct {
+		subject string
+		msgs    []*message.Message
+	}{{g.cfg.Subjects.Traj, alone}, {g.cfg.Subjects.Trajs, batched}} {
+		if len(out.msgs) == 0 {
+			continue
+		}
+		if err := g.pub.Publish(out.subject, out.msgs...); err != nil {
+			unavailable(w, "store trajectories: %v", err)
+			return
+		}
 	}
 	g.sent.add(trajs, msgs, g.planned)
 	writeJSON(w, http.StatusAccepted, map[string]int{"accepted": len(msgs)})
+}
+
+// byGroup is what a request's trajectories (trajs, each encoded alone in
+// msgs) are stored as: each run of two or more of one group in one trajs
+// message, as a trainer that sends a group at once would (route then
+// handles one message where it handled G, which bounds the pipeline's
+// rate), and the rest alone. A group whose message would be over the
+// server's max_payload goes alone, as does everything without a trajs
+// subject. A request sent again alike is stored as the same messages,
+// under the same IDs, so the server stores it once.
+func (g *Gateway) byGroup(trajs []schemas.Trajectory, msgs []*message.Message) (alone, batched []*message.Message, err error) {
+	if g.cfg.Subjects.Trajs == "" {
+		return msgs, nil, nil
+	}
+	i := 0
+	for _, group := range schemas.ByGroup(trajs) {
+		its := msgs[i : i+len(group)]
+		i += len(group)
+		if len(group) == 1 {
+			alone = append(alone, its...)
+			continue
+		}
+		m, err := schemas.NewTrajsMessage(group)
+		if err != nil {
+			return nil, nil, err
+		}
+		if g.cfg.MaxPayload > 0 && natsjs.WireSize(m) > g.cfg.MaxPayload {
+			alone = append(alone, its...)
+			continue
+		}
+		batched = append(batched, m)
+	}
+	return alone, batched, nil
 }
 
 // sent is what this gateway stored of the steps route has not planned:
