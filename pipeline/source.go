@@ -97,7 +97,8 @@ func (s *simSource) publish(step int64) error {
 	trajs, wm := s.policy.Step(step)
 	// A group's trajectories in one message, as a trainer that samples a
 	// group at once sends them: G times fewer messages to store and
-	// deliver, 1.5x the pipeline's rate here (BenchmarkEndToEnd).
+	// deliver, 1.75x the pipeline's rate here (BenchmarkEndToEnd against
+	// BenchmarkEndToEndOneByOne).
 	var msgs []*message.Message
 	kind := schemas.KindTrajs
 	for _, group := range schemas.ByGroup(trajs) {

@@ -408,8 +408,8 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 // byGroup is what a request's trajectories (trajs, each encoded alone in
 // msgs) are stored as: each run of two or more of one group in one trajs
 // message, as a trainer that sends a group at once would (route then
-// handles one message where it handled G, which bounds the pipeline's
-// rate), and the rest alone. A group whose message would be over the
+// handles one message where it handled G, and the count of messages is
+// what bounds the pipeline's rate), and the rest alone. A group whose message would be over the
 // server's max_payload goes alone, as does everything without a trajs
 // subject. A request sent again alike is stored as the same messages,
 // under the same IDs, so the server stores it once.

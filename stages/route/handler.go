@@ -214,14 +214,7 @@ func (h *Handler) doneFor(step int64) chan struct{} {
 
 // HandleTraj takes one trajectory message.
 func (h *Handler) HandleTraj(msg *message.Message) error {
-	t, err := schemas.DecodeTrajectory(msg.Payload)
-	if err != nil {
-		return fmt.Errorf("route: %w", err)
-	}
-	if err := schemas.CheckRun(t.Run, h.run); err != nil {
-		return fmt.Errorf("route: %w", err)
-	}
-	done, err := h.addTraj(msg, t)
+	done, err := h.take(msg, msg.Payload)
 	if err != nil {
 		return fmt.Errorf("route: %w", err)
 	}
@@ -244,7 +237,7 @@ func (h *Handler) HandleTrajs(msg *message.Message) error {
 	}
 	var dones []<-chan struct{}
 	for i, item := range items {
-		done, err := h.takeItem(msg, item)
+		done, err := h.take(msg, item)
 		if err != nil {
 			err = fmt.Errorf("route: trajectory %d of the %d in the message: %w", i, len(items), err)
 			if h.reject == nil || !(errors.Is(err, schemas.ErrInvalid) || errors.Is(err, schemas.ErrUnusable)) {
@@ -267,9 +260,11 @@ func (h *Handler) HandleTrajs(msg *message.Message) error {
 	return nil
 }
 
-// takeItem decodes and records one trajectory of a trajs message.
-func (h *Handler) takeItem(msg *message.Message, item []byte) (<-chan struct{}, error) {
-	t, err := schemas.DecodeTrajectory(item)
+// take decodes and records one trajectory of msg, its JSON data (msg's
+// payload, or an item of it), and returns what its step's plan closes, or
+// nil for a copy of a trajectory planned before.
+func (h *Handler) take(msg *message.Message, data []byte) (<-chan struct{}, error) {
+	t, err := schemas.DecodeTrajectory(data)
 	if err != nil {
 		return nil, err
 	}
