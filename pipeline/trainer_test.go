@@ -488,19 +488,11 @@ func TestATrainerMayReuseItsIdsEveryStep(t *testing.T) {
 	}
 }
 
-// publishAsAnotherGateway stores trajs as a gateway that has not seen
-// the ones before would: with their de-duplication IDs, refused by route
-// alone.
 // The gateway stores each run of a request's trajectories of one group as
 // one trajs message, a trajectory without its group's others alone, and
 // a request sent again as the same messages, stored once.
 func TestTheGatewayStoresAGroupAsOneMessage(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.Source, cfg.HTTPAddr = SourceExternal, "127.0.0.1:0"
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	p, nc, _ := startClient(t, ctx, cfg)
-	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	_, nc, _, h := startTrainerRun(t)
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 3, GroupSize: 4}
 	trajs, wm := pol.Step(0)
 	// Group 0, group 1 but its last, and group 2's first; then the rest.
@@ -535,6 +527,19 @@ func TestTheGatewayStoresAGroupAsOneMessage(t *testing.T) {
 	}
 }
 
+// startTrainerRun starts a pipeline that waits for a trainer, with the
+// gateway, for a minute at most; a client of its server and an HTTP
+// trainer of run default.
+func startTrainerRun(t *testing.T) (context.Context, *nats.Conn, jetstream.JetStream, httpTrainer) {
+	t.Helper()
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr = SourceExternal, "127.0.0.1:0"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	p, nc, js := startClient(t, ctx, cfg)
+	return ctx, nc, js, httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+}
+
 // storedTrajectories counts the trajectories stored for run default,
 // alone and in trajs messages.
 func storedTrajectories(t *testing.T, nc *nats.Conn) int {
@@ -550,6 +555,9 @@ func storedTrajectories(t *testing.T, nc *nats.Conn) int {
 	return n
 }
 
+// publishAsAnotherGateway stores trajs as a gateway that has not seen
+// the ones before would: with their de-duplication IDs, refused by route
+// alone.
 func publishAsAnotherGateway(t *testing.T, ctx context.Context, js jetstream.JetStream, trajs []schemas.Trajectory) {
 	t.Helper()
 	for _, tr := range trajs {
@@ -568,12 +576,7 @@ func publishAsAnotherGateway(t *testing.T, ctx context.Context, js jetstream.Jet
 // trajectories): a trainer that sends its groups straight to NATS and asks
 // the gateway where to resume is not told to resume into a step it sent.
 func TestTheNextStepCountsTrajsMessages(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.Source, cfg.HTTPAddr = SourceExternal, "127.0.0.1:0"
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	p, _, js := startClient(t, ctx, cfg)
-	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	ctx, _, js, h := startTrainerRun(t)
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 2, GroupSize: 2}
 	stepOf := func(n int64) []schemas.Trajectory { trajs, _ := pol.Step(n); return trajs[:2] }
 	next := func() int64 {
@@ -703,12 +706,7 @@ func TestARewardMemoryOfNothingAsksEachTime(t *testing.T) {
 // for those ids were the old rollouts', without a word anywhere; then the
 // gateway answered 202 and only route's dead letters said so.
 func TestATrainerResentIntoAStepWithOtherRolloutsIsRefused(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.Source, cfg.HTTPAddr = SourceExternal, "127.0.0.1:0"
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	p, nc, js := startClient(t, ctx, cfg)
-	h := httpTrainer{t: t, base: p.HTTPURL() + "/v1/runs/default"}
+	ctx, nc, js, h := startTrainerRun(t)
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 2, GroupSize: 4}
 	before, wm := pol.Step(0)
 	body, _ := json.Marshal(before[:3]) // then it crashed
