@@ -100,6 +100,10 @@ type Metrics struct {
 	// its clients expires (Unix seconds; 0 without TLS), by server: nats
 	// (the embedded one) and gateway.
 	CertNotAfter *prometheus.GaugeVec
+	// TrajectoriesFused counts the trajectories of the updates this
+	// process published: what the step losses of trajectories are a share
+	// of (route's messages are not, since a trajs message holds many).
+	TrajectoriesFused prometheus.Counter
 	// Standby is 1 for each one-per-run stage this process waits to run
 	// while another process holds its lease, 0 once it runs it.
 	Standby *prometheus.GaugeVec
@@ -161,6 +165,9 @@ func NewMetrics() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 16),
 		}),
 	}
+	m.TrajectoriesFused = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "trajectories_fused_total",
+		Help: "Trajectories in the updates this process published: what wm_ungraded and sandbox_error of step_losses_total are shares of."})
+	r.MustRegister(m.TrajectoriesFused)
 	m.Lost = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "step_losses_total",
 		Help: "What of the fused steps did not reach the gradient as planned, by kind: wm_ungraded and sandbox_error (trajectories), skipped_group, late_anchor, failed_anchor (groups)."},
 		[]string{"kind"})
@@ -308,6 +315,7 @@ func (m *Metrics) ObserveUpdate(u schemas.Update) {
 	m.Version.Set(float64(u.CalibrationVersion))
 	m.Steps.Set(float64(u.Step))
 	m.StepLatency.Observe(u.PublishedAt.Sub(u.ClosedAt).Seconds())
+	m.TrajectoriesFused.Add(float64(len(u.Items)))
 	for _, l := range stepLosses(u) {
 		m.Lost.WithLabelValues(l.kind).Add(float64(l.n))
 	}

@@ -47,6 +47,9 @@ func TestStepLossesAreCountedByKind(t *testing.T) {
 			t.Errorf("%s: %v after two steps that lost one each", kind, got)
 		}
 	}
+	if got := testutil.ToFloat64(m.TrajectoriesFused); got != float64(2*len(u.Items)) {
+		t.Errorf("trajectories fused %v after two steps of %d", got, len(u.Items))
+	}
 	want := "  late anchors 1  failed anchors 1  wm ungraded 1  sandbox errors 1  skipped groups 1"
 	if got := healthOf(u); got != want {
 		t.Errorf("step line ends %q, want %q", got, want)

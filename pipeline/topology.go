@@ -113,6 +113,20 @@ func LoadTopology(path, prefix, run string) (*Topology, error) {
 			}
 		}
 	}
+	// A trainer sends trajectories alone (traj) or several a message
+	// (trajs; the gateway does, a group a message): a stage put before
+	// route on one of the two would be passed by the other, without a word.
+	one, several := t.ports["route/in/"+string(schemas.KindTraj)], t.ports["route/in/"+string(schemas.KindTrajs)]
+	if (one == "") != (several == "") {
+		set, unset, to := schemas.KindTraj, schemas.KindTrajs, one
+		if one == "" {
+			set, unset, to = schemas.KindTrajs, schemas.KindTraj, several
+		}
+		return nil, fmt.Errorf("topology %s: route's %s input is re-pointed (to %q) and its %s input is not: trajectories sent on %s would reach route "+
+			"without passing the stage that writes %q (a trainer may send both; the gateway sends a group's trajectories as one %s message); "+
+			"re-point route's %s input too, to a subject that stage writes what it reads on %s to",
+			path, set, to, unset, schemas.Subject(prefix, run, unset), to, schemas.KindTrajs, unset, schemas.Subject(prefix, run, unset))
+	}
 	return t, nil
 }
 

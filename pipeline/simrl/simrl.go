@@ -150,21 +150,22 @@ func (r *rewarder) Reward(step int, groups [][]rl.Traj) (rl.StepRewards, error) 
 	}
 	for g, trajs := range groups {
 		gid := rl.GroupID(step, g)
+		group := make([]schemas.Trajectory, len(trajs))
 		for i, tr := range trajs {
 			meta, err := schemas.NewMeta(map[string]any{metaStep: step, metaGroup: g, metaIndex: i, metaTask: tr.Task, metaStyle: tr.Style})
 			if err != nil {
 				return rl.StepRewards{}, err
 			}
-			t := schemas.Trajectory{
+			group[i] = schemas.Trajectory{
 				Schema: schemas.Version, Run: rl.RunName, Step: int64(step), GroupID: gid,
 				TrajID: trajID(gid, i), GroupSize: len(trajs), TaskID: fmt.Sprintf("task-%d", tr.Task),
 				Prompt: fmt.Sprintf("Solve task %d.", tr.Task), Response: fmt.Sprintf("style %d", tr.Style),
 				PolicyVersion: int64(step),
 				Meta:          meta,
 			}
-			if err := publish(r.topo.Subject(schemas.KindTraj), t); err != nil {
-				return rl.StepRewards{}, err
-			}
+		}
+		if err := publish(r.topo.Subject(schemas.KindTrajs), group); err != nil { // a group a message, as a trainer sends it
+			return rl.StepRewards{}, err
 		}
 	}
 	if err := publish(r.topo.Subject(schemas.KindStep), schemas.StepClose{Schema: schemas.Version, Run: rl.RunName, Step: int64(step), Groups: len(groups)}); err != nil {
