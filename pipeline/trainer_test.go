@@ -488,16 +488,18 @@ func TestATrainerMayReuseItsIdsEveryStep(t *testing.T) {
 	}
 }
 
-// The gateway stores each run of a request's trajectories of one group as
-// one trajs message, a trajectory without its group's others alone, and
-// a request sent again as the same messages, stored once.
+// The gateway stores a request's trajectories of one group as one trajs
+// message, wherever they are in the request, a trajectory without others
+// of its group alone, and a request sent again as the same messages,
+// stored once.
 func TestTheGatewayStoresAGroupAsOneMessage(t *testing.T) {
 	_, nc, _, h := startTrainerRun(t)
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 3, GroupSize: 4}
 	trajs, wm := pol.Step(0)
-	// Group 0, group 1 but its last, and group 2's first; then the rest.
+	// Group 0, group 1 but its last, and group 2's first; then the rest,
+	// group 2's apart.
 	first, _ := json.Marshal(append(slices.Clone(trajs[:7]), trajs[8]))
-	second, _ := json.Marshal(append([]schemas.Trajectory{trajs[7]}, trajs[9:]...))
+	second, _ := json.Marshal([]schemas.Trajectory{trajs[9], trajs[7], trajs[10], trajs[11]})
 	h.want(http.StatusAccepted, "POST", "/trajectories", first, "", `"accepted":8`)
 	h.want(http.StatusAccepted, "POST", "/trajectories", first, "", `"accepted":8`) // a retry
 	h.want(http.StatusAccepted, "POST", "/trajectories", second, "", `"accepted":4`)

@@ -406,31 +406,50 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 }
 
 // byGroup is what a request's trajectories (trajs, each encoded alone in
-// msgs) are stored as: each run of two or more of one group in one trajs
-// message, as a trainer that sends a group at once would (route then
-// handles one message where it handled G, and the count of messages is
-// what bounds the pipeline's rate), and the rest alone. A group whose message would be over the
-// server's max_payload goes alone, as does everything without a trajs
-// subject. A request sent again alike is stored as the same messages,
-// under the same IDs, so the server stores it once.
+// msgs) are stored as: those of one group in one trajs message, in the
+// order the group first comes in the request, as a trainer that sends a
+// group at once would (route then handles one message where it handled G,
+// and the count of messages is what bounds the pipeline's rate); a
+// trajectory without others of its group in the request, alone. A group
+// whose message would be over the server's max_payload goes one by one,
+// as does everything without a trajs subject. A request sent again alike
+// is stored as the same messages, under the same IDs: the server stores
+// it once.
 func (g *Gateway) byGroup(trajs []schemas.Trajectory, msgs []*message.Message) (alone, batched []*message.Message, err error) {
 	if g.cfg.Subjects.Trajs == "" {
 		return msgs, nil, nil
 	}
-	i := 0
-	for _, group := range schemas.ByGroup(trajs) {
-		its := msgs[i : i+len(group)]
-		i += len(group)
-		if len(group) == 1 {
-			alone = append(alone, its...)
+	type key struct {
+		step  int64
+		group string
+	}
+	var order []key
+	of := map[key][]int{}
+	for i, t := range trajs {
+		k := key{t.Step, t.GroupID}
+		if of[k] == nil {
+			order = append(order, k)
+		}
+		of[k] = append(of[k], i)
+	}
+	for _, k := range order {
+		idx := of[k]
+		if len(idx) == 1 {
+			alone = append(alone, msgs[idx[0]])
 			continue
+		}
+		group := make([]schemas.Trajectory, len(idx))
+		for j, i := range idx {
+			group[j] = trajs[i]
 		}
 		m, err := schemas.NewTrajsMessage(group)
 		if err != nil {
 			return nil, nil, err
 		}
 		if g.cfg.MaxPayload > 0 && natsjs.WireSize(m) > g.cfg.MaxPayload {
-			alone = append(alone, its...)
+			for _, i := range idx {
+				alone = append(alone, msgs[i])
+			}
 			continue
 		}
 		batched = append(batched, m)
