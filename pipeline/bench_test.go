@@ -1,13 +1,19 @@
 package pipeline
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 )
 
@@ -110,4 +116,72 @@ func BenchmarkStepLatency(b *testing.B) {
 	q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))]) / 1e6 }
 	b.ReportMetric(q(0.5), "p50_ms")
 	b.ReportMetric(q(0.99), "p99_ms")
+}
+
+// BenchmarkGateway: trajectories per second from an HTTP trainer through
+// the gateway and every stage, 1,024 a step (128 groups of 8) in one
+// request, at most 4 steps in flight (the trainer closes a step, then
+// waits for the update of the step 4 before it). The gateway stores a
+// group a message.
+func BenchmarkGateway(b *testing.B) { benchGateway(b, false) }
+
+// BenchmarkGatewayOneByOne: the same, the gateway storing each trajectory
+// alone, as it did before trajs messages.
+func BenchmarkGatewayOneByOne(b *testing.B) { benchGateway(b, true) }
+
+func benchGateway(b *testing.B, alone bool) {
+	cfg := DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.Quiet = b.TempDir(), "127.0.0.1:0", true
+	cfg.Source, cfg.HTTPAddr, cfg.ExecLatency, cfg.trajsAlone = SourceExternal, "127.0.0.1:0", time.Millisecond, alone
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Stop()
+	base := p.HTTPURL() + "/v1/runs/default"
+	post := func(path string, body []byte) []byte {
+		resp, err := http.Post(base+path, "application/json", bytes.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusAccepted {
+			b.Fatalf("POST %s: %s %s", path, resp.Status, out)
+		}
+		return out
+	}
+	waitUpdate := func(step int64) {
+		resp, err := http.Get(fmt.Sprintf("%s/steps/%d/update?wait=60", base, step))
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("update of step %d: %s", step, resp.Status)
+		}
+	}
+	pol := sim.Policy{Run: cfg.Run, Seed: 1, Tasks: cfg.Tasks, Groups: 128, GroupSize: 8}
+	steps := int64(max(b.N, 20))
+	const inFlight = 4
+	var first time.Time
+	b.ResetTimer()
+	for step := range steps {
+		if step >= inFlight {
+			waitUpdate(step - inFlight)
+			if step == inFlight {
+				first = time.Now() // the first update: start-up not counted
+			}
+		}
+		trajs, wm := pol.Step(step)
+		body, _ := json.Marshal(trajs)
+		post("/trajectories", body)
+		post(fmt.Sprintf("/steps/%d/close", step), []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)))
+	}
+	for step := steps - inFlight; step < steps; step++ {
+		waitUpdate(step)
+	}
+	b.ReportMetric(float64((steps-1)*1024)/time.Since(first).Seconds(), "traj/s")
 }

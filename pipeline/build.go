@@ -568,6 +568,10 @@ func (p *Pipeline) buildGateway() error {
 	if err != nil {
 		return err
 	}
+	trajs := p.topo.Subject(schemas.KindTrajs)
+	if p.cfg.trajsAlone {
+		trajs = "" // every trajectory a message of its own (BenchmarkGatewayOneByOne)
+	}
 	g, err := gateway.New(gateway.Config{
 		Run: p.cfg.Run, Stream: p.tr.stream, Token: p.cfg.HTTPToken, WorldModel: wm, Breaker: p.worldModelBreaker(),
 		Remember:   cmp.Or(p.cfg.RewardMemory, -1), // the gateway's 0 is its default
@@ -576,7 +580,7 @@ func (p *Pipeline) buildGateway() error {
 		Answered:   func(a gateway.Answer, n int) { p.metrics.RewardAnswers.WithLabelValues(string(a)).Add(float64(n)) },
 		Predicted:  p.worldModelReplies().predicted,
 		Subjects: gateway.Subjects{
-			Traj: p.topo.Subject(schemas.KindTraj), Trajs: p.topo.Subject(schemas.KindTrajs), Step: p.topo.Subject(schemas.KindStep),
+			Traj: p.topo.Subject(schemas.KindTraj), Trajs: trajs, Step: p.topo.Subject(schemas.KindStep),
 			Update: p.topo.Out(StageFuse, schemas.KindUpdate), Calibration: p.topo.Out(StageCalibrate, schemas.KindCalibration),
 			Exec: p.topo.Out(StageRoute, schemas.KindExec), Execution: p.topo.Out(StageExecute, schemas.KindExecution),
 			Plan: p.topo.Out(StageRoute, schemas.KindPlan),

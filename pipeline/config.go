@@ -262,9 +262,9 @@ type Config struct {
 	// ackWait, when set, replaces the consumers' AckWait (30 s): tests
 	// set an hour, so that what waits for it shows as never coming.
 	ackWait time.Duration
-	// trajsAlone has the simulated trainer send each trajectory in a
-	// message of its own, not a group a message (BenchmarkEndToEnd's
-	// baseline).
+	// trajsAlone has the simulated trainer and the gateway store each
+	// trajectory in a message of its own, not a group a message (the
+	// benchmarks' baseline).
 	trajsAlone bool
 	// leaseTTL, when set, replaces LeaseTTL: tests of a lapsed lease.
 	leaseTTL time.Duration
