@@ -1,6 +1,7 @@
 package schemas
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"hash/crc32"
@@ -105,6 +106,17 @@ func NewTrajsMessage(ts []Trajectory) (*message.Message, error) {
 	}
 	m.Metadata.Set(MsgIDKey, TrajsMsgID(ts, m.Payload))
 	return m, nil
+}
+
+// JoinTrajs is the trajs message of ts, at least one, each already
+// encoded alone in payloads (NewTrajMessage's): their JSON joined into an
+// array, the bytes NewTrajsMessage would encode, without encoding them
+// again.
+func JoinTrajs(ts []Trajectory, payloads [][]byte) *message.Message {
+	b := append([]byte{'['}, bytes.Join(payloads, []byte{','})...)
+	m := message.NewMessage(watermill.NewUUID(), append(b, ']'))
+	m.Metadata.Set(MsgIDKey, TrajsMsgID(ts, m.Payload))
+	return m
 }
 
 // ByGroup splits ts into its runs of trajectories of one group, in order:

@@ -149,6 +149,14 @@ func TestATrajsMessageNamesItsContentAndSplits(t *testing.T) {
 	if ida != idb || ida == idc || ida == idd || !strings.HasPrefix(ida, "r/trajs/3/g0/g0-t0/3/") || !strings.HasPrefix(idd, "r/trajs/3/g0/g0-t0/2/") {
 		t.Errorf("IDs %q, %q (the same content), %q (another solution), %q (one fewer)", ida, idb, idc, idd)
 	}
+	var payloads [][]byte
+	for _, tr := range groups[0] {
+		m, _ := NewTrajMessage(tr)
+		payloads = append(payloads, m.Payload)
+	}
+	if j := JoinTrajs(groups[0], payloads); !bytes.Equal(j.Payload, a.Payload) || j.Metadata.Get(MsgIDKey) != ida {
+		t.Errorf("joined trajs message %s (%s), want %s (%s) as encoded whole", j.Payload, j.Metadata.Get(MsgIDKey), a.Payload, ida)
+	}
 	if _, err := NewTrajsMessage(nil); err == nil {
 		t.Error("a trajs message of no trajectories encoded")
 	}

@@ -384,11 +384,7 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 		}
 		msgs[i], trajs[i] = m, t
 	}
-	alone, batched, err := g.byGroup(trajs, msgs)
-	if err != nil {
-		fail(w, http.StatusInternalServerError, "%v", err)
-		return
-	}
+	alone, batched := g.byGroup(trajs, msgs)
 	for _, out := range []struct {
 		subject string
 		msgs    []*message.Message
@@ -415,9 +411,9 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 // as does everything without a trajs subject. A request sent again alike
 // is stored as the same messages, under the same IDs: the server stores
 // it once.
-func (g *Gateway) byGroup(trajs []schemas.Trajectory, msgs []*message.Message) (alone, batched []*message.Message, err error) {
+func (g *Gateway) byGroup(trajs []schemas.Trajectory, msgs []*message.Message) (alone, batched []*message.Message) {
 	if g.cfg.Subjects.Trajs == "" {
-		return msgs, nil, nil
+		return msgs, nil
 	}
 	type key struct {
 		step  int64
@@ -438,14 +434,11 @@ func (g *Gateway) byGroup(trajs []schemas.Trajectory, msgs []*message.Message) (
 			alone = append(alone, msgs[idx[0]])
 			continue
 		}
-		group := make([]schemas.Trajectory, len(idx))
+		group, payloads := make([]schemas.Trajectory, len(idx)), make([][]byte, len(idx))
 		for j, i := range idx {
-			group[j] = trajs[i]
+			group[j], payloads[j] = trajs[i], msgs[i].Payload
 		}
-		m, err := schemas.NewTrajsMessage(group)
-		if err != nil {
-			return nil, nil, err
-		}
+		m := schemas.JoinTrajs(group, payloads)
 		if g.cfg.MaxPayload > 0 && natsjs.WireSize(m) > g.cfg.MaxPayload {
 			for _, i := range idx {
 				alone = append(alone, msgs[i])
@@ -454,7 +447,7 @@ func (g *Gateway) byGroup(trajs []schemas.Trajectory, msgs []*message.Message) (
 		}
 		batched = append(batched, m)
 	}
-	return alone, batched, nil
+	return alone, batched
 }
 
 // sent is what this gateway stored of the steps route has not planned:
