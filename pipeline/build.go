@@ -141,6 +141,9 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 		OnShort:       p.closedShort,
 		OnNoWatermark: p.noWatermark,
 		OnDropped:     p.dropped,
+		OnTaken: func(kind schemas.Kind, n int) {
+			p.metrics.TrajectoriesIn.WithLabelValues(string(kind)).Add(float64(n))
+		},
 		WatermarkWait: cfg.StuckAfter,
 		Reject: func(m *message.Message, item int, payload []byte, reason error) error {
 			return p.dl.rejectItem(StageRoute, m, item, payload, reason)

@@ -104,6 +104,11 @@ type Metrics struct {
 	// process published: what the step losses of trajectories are a share
 	// of (route's messages are not, since a trajs message holds many).
 	TrajectoriesFused prometheus.Counter
+	// TrajectoriesIn counts, by the subject they came on (traj, trajs),
+	// the trajectories route took, each once: copies, trajectories
+	// delivered again and rejected ones are not counted. Messages In
+	// counts route's messages, of which a trajs message holds many.
+	TrajectoriesIn *prometheus.CounterVec
 	// Standby is 1 for each one-per-run stage this process waits to run
 	// while another process holds its lease, 0 once it runs it.
 	Standby *prometheus.GaugeVec
@@ -168,6 +173,13 @@ func NewMetrics() *Metrics {
 	m.TrajectoriesFused = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "trajectories_fused_total",
 		Help: "Trajectories in the updates this process published: what wm_ungraded and sandbox_error of step_losses_total are shares of."})
 	r.MustRegister(m.TrajectoriesFused)
+	m.TrajectoriesIn = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "trajectories_received_total",
+		Help: "Trajectories route took into their steps, each once, by the subject they came on: traj (one a message) or trajs (a group or more a message, which the pipeline handles at a higher rate)."},
+		[]string{"subject"})
+	for _, k := range []schemas.Kind{schemas.KindTraj, schemas.KindTrajs} {
+		m.TrajectoriesIn.WithLabelValues(string(k)) // present at 0 from the start, so a rate is defined
+	}
+	r.MustRegister(m.TrajectoriesIn)
 	m.Lost = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "step_losses_total",
 		Help: "What of the fused steps did not reach the gradient as planned, by kind: wm_ungraded and sandbox_error (trajectories), skipped_group, late_anchor, failed_anchor (groups)."},
 		[]string{"kind"})

@@ -490,6 +490,19 @@ func TestMetricsEndpoint(t *testing.T) {
 	if n := testutil.ToFloat64(p.Metrics().In.WithLabelValues(StageRoute)); n < 5*float64(cfg.Groups+1) {
 		t.Errorf("route handled %v messages after 5 steps, want %d at least", n, 5*(cfg.Groups+1))
 	}
+	// It counts the trajectories in them, each once: at least those fused.
+	m := p.Metrics()
+	fused := testutil.ToFloat64(m.TrajectoriesFused)
+	grouped, alone := testutil.ToFloat64(m.TrajectoriesIn.WithLabelValues("trajs")), testutil.ToFloat64(m.TrajectoriesIn.WithLabelValues("traj"))
+	if fused < float64(5*cfg.Groups*cfg.GroupSize) || grouped < fused || alone != 0 {
+		t.Errorf("route took %v trajectories in trajs messages and %v alone, fuse fused %v; want %d fused at least, as many taken, none alone",
+			grouped, alone, fused, 5*cfg.Groups*cfg.GroupSize)
+	}
+	for _, want := range []string{`wmrl_trajectories_received_total{subject="traj"} 0`, `wmrl_trajectories_received_total{subject="trajs"} `} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
 }
 
 // Retention and the de-duplication window reach the stream, also when a

@@ -58,6 +58,16 @@ func (a *Assembly) step(n int64) *stepState {
 	return s
 }
 
+// Has reports whether an open step holds a trajectory of this id.
+func (a *Assembly) Has(step int64, trajID string) bool {
+	s := a.steps[step]
+	if s == nil {
+		return false
+	}
+	_, ok := s.groupOf[trajID]
+	return ok
+}
+
 // AddTraj adds a trajectory. A redelivered one (same traj_id, group and
 // content) is ignored. It fails, with schemas.ErrInvalid, for a step
 // already closed, a trajectory id another group of the step has (the

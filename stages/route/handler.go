@@ -40,6 +40,7 @@ type Handler struct {
 	onShort     func(Short)
 	onDropped   func(Dropped)
 	reject      func(msg *message.Message, item int, payload []byte, reason error) error
+	onTaken     func(kind schemas.Kind, n int)
 
 	onNoWatermark func(NoWatermark)
 	watermarkWait time.Duration
@@ -113,6 +114,12 @@ type Config struct {
 	// hands the whole message back. Nil: a message with one bad trajectory
 	// fails whole, as a single bad trajectory does.
 	Reject func(msg *message.Message, item int, payload []byte, reason error) error
+	// OnTaken, if set, hears after each message on kind (schemas.KindTraj
+	// or KindTrajs) how many trajectories it brought that route did not
+	// have: copies, and trajectories delivered again, are not counted, nor
+	// are those rejected. Messages count messages; this counts what a
+	// trainer sent.
+	OnTaken func(kind schemas.Kind, n int)
 }
 
 // Dropped is a group of a step not sent on to be scored, and why.
@@ -172,7 +179,7 @@ func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
 	}
 	return &Handler{
 		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, seq: cfg.Seq, inFlight: cfg.InFlight, maxPayload: cfg.MaxPayload, size: cfg.Size, onShort: cfg.OnShort,
-		onDropped: cfg.OnDropped, reject: cfg.Reject,
+		onDropped: cfg.OnDropped, reject: cfg.Reject, onTaken: cfg.OnTaken,
 		onNoWatermark: cfg.OnNoWatermark, watermarkWait: cfg.WatermarkWait,
 		asm: NewAssembly(cfg.StepTimeout), done: map[int64]chan struct{}{}, sent: map[int64][]string{},
 		firstAt: map[int64]time.Time{}, noWatermarkSaid: map[int64]bool{},
@@ -214,9 +221,12 @@ func (h *Handler) doneFor(step int64) chan struct{} {
 
 // HandleTraj takes one trajectory message.
 func (h *Handler) HandleTraj(msg *message.Message) error {
-	done, err := h.take(msg, msg.Payload)
+	done, fresh, err := h.take(msg, msg.Payload)
 	if err != nil {
 		return fmt.Errorf("route: %w", err)
+	}
+	if fresh {
+		h.tellTaken(schemas.KindTraj, 1)
 	}
 	if done == nil {
 		return nil
@@ -236,8 +246,13 @@ func (h *Handler) HandleTrajs(msg *message.Message) error {
 		return fmt.Errorf("route: %w", err)
 	}
 	var dones []<-chan struct{}
+	taken := 0
+	defer func() { h.tellTaken(schemas.KindTrajs, taken) }()
 	for i, item := range items {
-		done, err := h.take(msg, item)
+		done, fresh, err := h.take(msg, item)
+		if fresh {
+			taken++
+		}
 		if err != nil {
 			err = fmt.Errorf("route: trajectory %d of the %d in the message: %w", i, len(items), err)
 			if h.reject == nil || !(errors.Is(err, schemas.ErrInvalid) || errors.Is(err, schemas.ErrUnusable)) {
@@ -260,38 +275,48 @@ func (h *Handler) HandleTrajs(msg *message.Message) error {
 	return nil
 }
 
+// tellTaken tells OnTaken of n trajectories new to route from a message on
+// kind.
+func (h *Handler) tellTaken(kind schemas.Kind, n int) {
+	if h.onTaken != nil && n > 0 {
+		h.onTaken(kind, n)
+	}
+}
+
 // take decodes and records one trajectory of msg, its JSON data (msg's
 // payload, or an item of it), and returns what its step's plan closes, or
-// nil for a copy of a trajectory planned before.
-func (h *Handler) take(msg *message.Message, data []byte) (<-chan struct{}, error) {
+// nil for a copy of a trajectory planned before, and whether route did
+// not have the trajectory before.
+func (h *Handler) take(msg *message.Message, data []byte) (<-chan struct{}, bool, error) {
 	t, err := schemas.DecodeTrajectory(data)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := schemas.CheckRun(t.Run, h.run); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	return h.addTraj(msg, t)
 }
 
 // addTraj records t and returns what its step's plan closes, or nil for a
-// copy of a trajectory planned before.
-func (h *Handler) addTraj(msg *message.Message, t schemas.Trajectory) (<-chan struct{}, error) {
+// copy of a trajectory planned before, and whether t is new to route.
+func (h *Handler) addTraj(msg *message.Message, t schemas.Trajectory) (<-chan struct{}, bool, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.asm.IsClosed(t.Step) {
 		if seqs, ok := h.planned[t.Step]; ok {
 			if _, taken := slices.BinarySearch(seqs, h.seq(msg)); taken {
-				return nil, nil // delivered again: its step's plan took it
+				return nil, false, nil // delivered again: its step's plan took it
 			}
 		} else if h.redelivered(msg) {
 			// Delivered before, to a route that planned its step and died
 			// before acknowledging: a duplicate, not a late trajectory.
-			return nil, nil
+			return nil, false, nil
 		}
 	}
+	fresh := !h.asm.Has(t.Step, t.TrajID)
 	if err := h.asm.AddTraj(t); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if h.seq != nil {
 		h.taken[t.Step] = append(h.taken[t.Step], h.seq(msg))
@@ -299,7 +324,7 @@ func (h *Handler) addTraj(msg *message.Message, t schemas.Trajectory) (<-chan st
 	if _, ok := h.firstAt[t.Step]; !ok {
 		h.firstAt[t.Step] = h.now()
 	}
-	return h.doneFor(t.Step), nil
+	return h.doneFor(t.Step), fresh, nil
 }
 
 // HandleStep takes one watermark message.

@@ -603,3 +603,83 @@ func TestATrajsMessageIsTakenTrajectoryByTrajectory(t *testing.T) {
 		t.Errorf("with the dead letter unstored: %v, want the message handed back", err)
 	}
 }
+
+func TestRouteCountsEachTrajectoryItTakesOnce(t *testing.T) {
+	var mu sync.Mutex
+	taken := map[schemas.Kind]int{}
+	calls := 0
+	seqOf := func(m *message.Message) uint64 { n, _ := strconv.ParseUint(m.Metadata.Get("seq"), 10, 64); return n }
+	h, err := NewHandler(Config{
+		Run: "r", Out: Topics{Group: "group", Exec: "exec", Plan: "plan"},
+		Scheduler: SchedulerConfig{Fraction: 0.5},
+		Seq:       seqOf,
+		Reject:    func(*message.Message, int, []byte, error) error { return nil },
+		OnTaken: func(kind schemas.Kind, n int) {
+			mu.Lock()
+			defer mu.Unlock()
+			taken[kind] += n
+			calls++
+		},
+	}, &recorder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withSeq := func(seq int, v any) *message.Message {
+		m := msgOf(t, v, false)
+		m.Metadata.Set("seq", strconv.Itoa(seq))
+		return m
+	}
+	noID := traj(0, "b", 9, 2)
+	noID.TrajID = ""
+	alone := withSeq(1, traj(0, "a", 0, 2))
+	// The trajectory sent alone comes again in the group's message, beside
+	// one without an id.
+	group := withSeq(2, []any{traj(0, "a", 0, 2), traj(0, "a", 1, 2), noID, traj(0, "b", 0, 2), traj(0, "b", 1, 2)})
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	holds := func(id string) bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.asm.Has(0, id)
+	}
+	for _, c := range []struct {
+		handle func() error
+		holds  string // what route holds once it has taken the message
+	}{
+		{func() error { return h.HandleTraj(alone) }, "a-0"},
+		{func() error { return h.HandleTraj(alone) }, "a-0"}, // delivered again while its step is open
+		{func() error { return h.HandleTrajs(group) }, "b-1"},
+	} {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- c.handle() }()
+		for !holds(c.holds) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if err := h.HandleStep(msgOf(t, schemas.StepClose{Schema: 1, Run: "r", Step: 0, Groups: 2}, false)); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both delivered again after the plan: copies.
+	if err := h.HandleTraj(alone); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.HandleTrajs(group); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if taken[schemas.KindTraj] != 1 || taken[schemas.KindTrajs] != 3 {
+		t.Errorf("counted %d trajectories alone and %d in trajs messages; want 1 and 3: the step's 4, each once, "+
+			"without copies, the one rejected or the one the group's message brought again", taken[schemas.KindTraj], taken[schemas.KindTrajs])
+	}
+	if calls != 2 {
+		t.Errorf("OnTaken heard %d times; want twice, once a message that brought a trajectory", calls)
+	}
+}
