@@ -41,10 +41,10 @@ import (
 // subscriptions, and the state it rebuilds from the retained messages.
 
 func (p *Pipeline) build(ctx context.Context) error {
-	var err error
-	if p.pub, err = natsjs.NewPublisher(natsjs.PublisherConfig{Conn: p.tr.nc}); err != nil {
+	if err := p.newPublisher(); err != nil {
 		return err
 	}
+	var err error
 	if p.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{}); err != nil {
 		return err
 	}
@@ -103,11 +103,6 @@ func (p *Pipeline) build(ctx context.Context) error {
 		}
 		if err != nil {
 			return fmt.Errorf("pipeline: stage %s: %w", stage, err)
-		}
-	}
-	if cfg.HTTPAddr != "" {
-		if err := p.buildGateway(); err != nil {
-			return err
 		}
 	}
 	if cfg.Source == SourceSim {
@@ -564,6 +559,17 @@ func NewWorldModel(cfg Config, onAttempt func(error), onRequest func(openai.Requ
 		return nil, err
 	}
 	return wm, nil
+}
+
+// newPublisher makes the process's publisher, once: the gateway's, made
+// before the stages', and theirs.
+func (p *Pipeline) newPublisher() error {
+	if p.pub != nil {
+		return nil
+	}
+	var err error
+	p.pub, err = natsjs.NewPublisher(natsjs.PublisherConfig{Conn: p.tr.nc})
+	return err
 }
 
 func (p *Pipeline) buildGateway() error {

@@ -92,9 +92,13 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 			for _, st := range mine {
 				p.metrics.Standby.WithLabelValues(st).Set(1)
 			}
+			serves := ""
+			if u := p.HTTPURL(); u != "" {
+				serves = "; its trainer gateway at " + u + " serves meanwhile"
+			}
 			p.notef("%s: another process runs this stage for run %s (%s); this one waits, and takes over once that one stops, "+
-				"or %v after it was last heard from (a run has one %s: two would split its messages between them and stall the run)",
-				stage, p.cfg.Run, holder, ls.TTL(), stage)
+				"or %v after it was last heard from (a run has one %s: two would split its messages between them and stall the run)%s",
+				stage, p.cfg.Run, holder, ls.TTL(), stage, serves)
 		}
 		if err := ls.Wait(ctx, leaseKey(p.cfg.Run, stage)); err != nil {
 			if ctx.Err() != nil {

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -333,4 +334,70 @@ func runnersOf(t *testing.T, ctx context.Context, url string) map[string]string 
 		}
 	}
 	return m
+}
+
+// A process waiting to run the one-per-run stages serves its trainer
+// gateway meanwhile (it reads and writes the stream, and needs none of
+// them): behind a load balancer, a trainer's request may reach either
+// process. Stopped while waiting, it closes the gateway.
+func TestAStandbyServesTheGateway(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Source = SourceExternal
+	first, _, _ := startClient(t, ctx, cfg)
+
+	var out syncBuffer
+	c := testConfig(t)
+	c.NATSURL, c.Source, c.HTTPAddr = first.URL(), SourceExternal, fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	c.Quiet, c.Out = false, &out
+	standby, stop := context.WithCancel(ctx)
+	defer stop()
+	started := make(chan error, 1)
+	go func() {
+		p, err := Start(standby, c)
+		if err == nil {
+			p.Stop()
+		}
+		started <- err
+	}()
+	waitFor(t, time.Minute, func() bool { return strings.Contains(out.String(), "another process runs this stage") })
+	if s := out.String(); !strings.Contains(s, "its trainer gateway at http://"+c.HTTPAddr+" serves meanwhile") {
+		t.Errorf("the waiting process said:\n%s\nwant where its gateway serves", s)
+	}
+
+	h := httpTrainer{t: t, base: "http://" + c.HTTPAddr + "/v1/runs/default"}
+	pol := sim.Policy{Run: "default", Tasks: 4, Groups: 4, GroupSize: 4}
+	for step := range int64(2) {
+		trajs, wm := pol.Step(step)
+		body, _ := json.Marshal(trajs)
+		h.want(http.StatusAccepted, "POST", "/trajectories", body, "", fmt.Sprintf(`"accepted":%d`, len(trajs)))
+		h.want(http.StatusAccepted, "POST", fmt.Sprintf("/steps/%d/close", step), []byte(fmt.Sprintf(`{"groups": %d}`, wm.Groups)), "", "")
+		var u schemas.Update
+		b := h.want(http.StatusOK, "GET", fmt.Sprintf("/steps/%d/update?wait=60", step), nil, "", "")
+		if err := json.Unmarshal(b, &u); err != nil || u.Step != step || len(u.Items) != len(trajs) {
+			t.Fatalf("step %d through the standby's gateway: update %s (%v); want its %d trajectories, fused by the other process", step, b, err, len(trajs))
+		}
+	}
+	var steps struct{ Next int64 }
+	if err := json.Unmarshal(h.want(http.StatusOK, "GET", "/steps", nil, "", ""), &steps); err != nil || steps.Next != 2 {
+		t.Errorf("GET /steps on the standby: next %d (%v), want 2", steps.Next, err)
+	}
+	if strings.Contains(out.String(), "ready:") {
+		t.Errorf("the standby started its stages while the other process ran them:\n%s", out.String())
+	}
+
+	stop()
+	select {
+	case err := <-started:
+		if !errors.Is(err, errStoppedWaiting) {
+			t.Fatalf("the standby, stopped: %v; want it stopped while waiting", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the standby did not stop")
+	}
+	if resp, err := http.Get("http://" + c.HTTPAddr + "/healthz"); err == nil {
+		resp.Body.Close()
+		t.Errorf("the standby's gateway still answers (%s) after it stopped", resp.Status)
+	}
 }

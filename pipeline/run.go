@@ -133,7 +133,16 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		}
 	}
 	p.serveMetrics(ctx) // from the start: a process waiting for a lease answers /healthz too
-	err = p.takeLeases(ctx)
+	if cfg.HTTPAddr != "" {
+		// Before the leases: the gateway reads and writes the stream and
+		// needs none of the one-per-run stages, so a process waiting to
+		// run them serves trainers meanwhile, as a replica behind a load
+		// balancer must.
+		err = p.serveGateway(ctx)
+	}
+	if err == nil {
+		err = p.takeLeases(ctx)
+	}
 	if err == nil {
 		p.standby.Store(nil)
 		err = p.build(ctx)
@@ -333,6 +342,32 @@ func (p *Pipeline) reader(ctx context.Context, stage, subject string) (*natsjs.R
 	return r, nil
 }
 
+// serveGateway builds the trainer gateway and serves it until ctx is done.
+func (p *Pipeline) serveGateway(ctx context.Context) error {
+	if err := p.newPublisher(); err != nil {
+		return err
+	}
+	if err := p.buildGateway(); err != nil {
+		return err
+	}
+	srv := &http.Server{Addr: p.cfg.HTTPAddr, Handler: p.gateway.Handler(), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: log.New(&httpErrorLog{out: p.cfg.Out}, "", 0)}
+	p.go_(func() error { return p.gateway.Run(ctx) })
+	p.go_(func() error {
+		go func() { <-ctx.Done(); _ = srv.Close() }()
+		serve := func() error { return srv.Serve(p.httpListener) }
+		if p.httpTLS != nil {
+			srv.TLSConfig = p.httpTLS
+			serve = func() error { return srv.ServeTLS(p.httpListener, "", "") }
+		}
+		if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("pipeline: gateway on %s: %w", p.cfg.HTTPAddr, err)
+		}
+		return nil
+	})
+	return nil
+}
+
 // consumerName is the durable JetStream consumer through which stage reads
 // kind.
 func consumerName(stage, run string, kind schemas.Kind) string {
@@ -342,23 +377,6 @@ func consumerName(stage, run string, kind schemas.Kind) string {
 func (p *Pipeline) start(ctx context.Context) {
 	if p.tr.srv != nil || p.cfg.runs(StageRoute) {
 		p.go_(func() error { p.watchStore(ctx); return nil })
-	}
-	if p.gateway != nil {
-		srv := &http.Server{Addr: p.cfg.HTTPAddr, Handler: p.gateway.Handler(), ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog: log.New(&httpErrorLog{out: p.cfg.Out}, "", 0)}
-		p.go_(func() error { return p.gateway.Run(ctx) })
-		p.go_(func() error {
-			go func() { <-ctx.Done(); _ = srv.Close() }()
-			serve := func() error { return srv.Serve(p.httpListener) }
-			if p.httpTLS != nil {
-				srv.TLSConfig = p.httpTLS
-				serve = func() error { return srv.ServeTLS(p.httpListener, "", "") }
-			}
-			if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("pipeline: gateway on %s: %w", p.cfg.HTTPAddr, err)
-			}
-			return nil
-		})
 	}
 	p.go_(func() error { return p.router.Run(ctx) })
 	if p.source != nil {
