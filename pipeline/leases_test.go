@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -399,5 +400,27 @@ func TestAStandbyServesTheGateway(t *testing.T) {
 	if resp, err := http.Get("http://" + c.HTTPAddr + "/healthz"); err == nil {
 		resp.Body.Close()
 		t.Errorf("the standby's gateway still answers (%s) after it stopped", resp.Status)
+	}
+}
+
+// A gateway address another program holds fails the start, saying so,
+// before the process waits for or takes any stage.
+func TestAGatewayOnABusyAddressFailsTheStart(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr = SourceExternal, l.Addr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := Start(ctx, cfg)
+	if err == nil {
+		p.Stop()
+		t.Fatal("started with its gateway's address taken")
+	}
+	if !strings.Contains(err.Error(), "gateway") || !strings.Contains(err.Error(), "address already in use") {
+		t.Errorf("Start: %v; want the gateway's address named taken", err)
 	}
 }

@@ -51,8 +51,9 @@ type Pipeline struct {
 	wm           predict.WorldModel
 	wmBreaker    *breaker.Breaker // the world model's, shared by predict and the gateway
 	wmReplies    *replies         // what its answers came to, told by predict and the gateway
-	// httpListener is bound in build, so Start fails on a busy address and
-	// HTTPURL is known as soon as Start returns.
+	// httpListener is bound before the leases are taken, so Start fails
+	// on a busy address and HTTPURL is known as soon as Start returns
+	// (a standby's too, whose Start returns once it takes over).
 	httpListener net.Listener
 	httpTLS      *tls.Config // nil: plain HTTP
 	dl           *deadLetters
@@ -151,10 +152,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		p.built.Store(true)
 	}
 	if err != nil {
-		if p.httpListener != nil {
-			p.httpListener.Close()
-		}
-		cancel()
+		cancel()    // closes the gateway, if it serves
 		p.wg.Wait() // what the stages built so far started (the archive's writer releases its run)
 		p.releaseLeases()
 		tr.close()
@@ -360,7 +358,9 @@ func (p *Pipeline) serveGateway(ctx context.Context) error {
 			srv.TLSConfig = p.httpTLS
 			serve = func() error { return srv.ServeTLS(p.httpListener, "", "") }
 		}
-		if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		// Closed as the process stops: net.ErrClosed when ctx ended
+		// before Serve began, ErrServerClosed after.
+		if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) && ctx.Err() == nil {
 			return fmt.Errorf("pipeline: gateway on %s: %w", p.cfg.HTTPAddr, err)
 		}
 		return nil
