@@ -1,7 +1,8 @@
 // Command chaos rehearses the failures of a split deployment before a
 // training run meets them. It runs a run's stages as processes of their
-// own, two of each (`wmrl stage NAME`), and a simulated trainer as another,
-// against a NATS server; for a while it kills one of them at random every
+// own, two of each (`wmrl stage NAME`; each route process serves a trainer
+// gateway, the standby's too), and a simulated trainer as another, which
+// publishes to NATS and posts through the gateways, against a NATS server; for a while it kills one of them at random every
 // few seconds (SIGKILL mostly, SIGTERM otherwise) and starts it again.
 // Then it lets the trainer finish, stops everything, and checks what the
 // run stored: every step's update once, with every trajectory; every
@@ -152,8 +153,19 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	}
 	say("run %s, stream %s on %s; logs in %s", o.run, streamName(o.prefix), o.nats, filepath.Join(o.dir, "logs"))
 	run := []string{"--nats", o.nats, "--prefix", o.prefix, "--run", o.run}
+	// Each route process serves a trainer gateway, the standby's too, and
+	// the trainer posts odd steps through both in turn.
+	gatewayPorts, err := freePorts(2)
+	if err != nil {
+		return false, err
+	}
+	var gateways []string
+	for _, port := range gatewayPorts {
+		gateways = append(gateways, fmt.Sprintf("http://127.0.0.1:%d", port))
+	}
 	trainer := func(steps int64) []string {
-		return append([]string{self, "trainer", "--steps", fmt.Sprint(steps), "--groups", fmt.Sprint(o.groups), "--group-size", fmt.Sprint(o.size)}, run...)
+		return append([]string{self, "trainer", "--steps", fmt.Sprint(steps), "--groups", fmt.Sprint(o.groups), "--group-size", fmt.Sprint(o.size),
+			"--http", strings.Join(gateways, ",")}, run...)
 	}
 	common := run
 	if o.cluster > 1 {
@@ -171,6 +183,9 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 					root += fmt.Sprint(i)
 				}
 				args = append(args, "--archive", root)
+			}
+			if s == pipeline.StageRoute {
+				args = append(args, "--http", fmt.Sprintf("127.0.0.1:%d", gatewayPorts[i-1]))
 			}
 			c.add(fmt.Sprintf("%s-%d", s, i), args)
 		}

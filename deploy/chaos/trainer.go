@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -116,6 +119,7 @@ func trainerMain(args []string) error {
 	steps := fs.Int64("steps", 0, "steps in all")
 	groups := fs.Int("groups", 16, "groups per step")
 	size := fs.Int("group-size", 8, "trajectories per group")
+	gatewayURLs := fs.String("http", "", "trainer gateways (comma-separated base URLs) that odd steps are posted through, in turn")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -144,6 +148,10 @@ func trainerMain(args []string) error {
 		return err
 	} else if ok {
 		next = s + 1
+	}
+	var gw *gateways
+	if *gatewayURLs != "" {
+		gw = newGateways(strings.Split(*gatewayURLs, ","), *run)
 	}
 	fmt.Printf("publishing steps %d to %d\n", next, *steps-1)
 	policy := &sim.Policy{Run: *run, Tasks: 32, Groups: *groups, GroupSize: *size}
@@ -179,9 +187,15 @@ func trainerMain(args []string) error {
 				return err
 			}
 		}
+		trajs, wm := policy.Step(step)
+		if gw != nil && step%2 == 1 {
+			if err := gw.postStep(ctx, step, trajs, wm.Groups); err != nil {
+				return err
+			}
+			continue
+		}
 		// Every other group's trajectories in one trajs message, the
 		// others one by one: route takes a step from both at once.
-		trajs, wm := policy.Step(step)
 		var alone, batched []*message.Message
 		for i, group := range schemas.ByGroup(trajs) {
 			if i%2 == 1 {
@@ -256,4 +270,66 @@ func (r *runConn) archiveDrained(ctx context.Context) bool {
 		found++
 	}
 	return names.Err() == nil && found > 0
+}
+
+// gateways posts steps through trainer gateways, a request to each in
+// turn, trying the next on a refused connection, a timeout or a 5xx (its
+// process was killed, or has lost its server), as a trainer behind a load
+// balancer does. Any other refusal ends the trainer: it is the pipeline's
+// answer to a request it should take.
+type gateways struct {
+	bases  []string
+	next   int
+	client *http.Client
+}
+
+func newGateways(urls []string, run string) *gateways {
+	g := &gateways{client: &http.Client{Timeout: 30 * time.Second}}
+	for _, u := range urls {
+		g.bases = append(g.bases, strings.TrimSuffix(u, "/")+"/v1/runs/"+run)
+	}
+	return g
+}
+
+// postStep posts a step's trajectories in one request, then its close.
+func (g *gateways) postStep(ctx context.Context, step int64, trajs []schemas.Trajectory, groups int) error {
+	body, err := json.Marshal(trajs)
+	if err != nil {
+		return err
+	}
+	if err := g.post(ctx, "/trajectories", body); err != nil {
+		return err
+	}
+	return g.post(ctx, fmt.Sprintf("/steps/%d/close", step), fmt.Appendf(nil, `{"groups": %d}`, groups))
+}
+
+func (g *gateways) post(ctx context.Context, path string, body []byte) error {
+	for {
+		url := g.bases[g.next%len(g.bases)] + path
+		g.next++
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := g.client.Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			switch {
+			case resp.StatusCode == http.StatusAccepted:
+				return nil
+			case resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests:
+				return fmt.Errorf("POST %s: %s: %s", url, resp.Status, bytes.TrimSpace(b))
+			}
+			err = fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(b))
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		fmt.Printf("POST %s: %v; trying the next gateway\n", url, err)
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
 }

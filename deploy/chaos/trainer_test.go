@@ -2,6 +2,11 @@ package main
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -9,6 +14,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/schemas"
 )
 
 // The rehearsal stops the run only once the archive's consumers have run
@@ -72,5 +78,46 @@ func TestTheArchiveIsDryOnceItsConsumersHaveNothingLeft(t *testing.T) {
 	}
 	if !tr.archiveDrained(ctx) {
 		t.Fatal("not dry once the update is acknowledged (fuse's own backlog is not the archive's)")
+	}
+}
+
+// The trainer posts through the gateways in turn, and tries the next on a
+// refused connection or a 5xx; a request a gateway refuses (a 4xx) ends
+// it, as a pipeline that refuses a good request must not pass.
+func TestTheTrainerTriesTheNextGateway(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	unavailable := true
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, r.URL.Path+" "+string(b))
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/bad"):
+			http.Error(w, "trajectory 0: missing field(s): traj_id", http.StatusBadRequest)
+		case unavailable:
+			unavailable = false
+			http.Error(w, "the NATS connection is reconnecting", http.StatusServiceUnavailable)
+		default:
+			w.WriteHeader(http.StatusAccepted)
+		}
+	}))
+	defer up.Close()
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close() // its port refuses connections now
+	g := newGateways([]string{down.URL, up.URL}, "r")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := g.postStep(ctx, 3, []schemas.Trajectory{{TrajID: "a"}}, 1); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if len(got) != 3 || got[0] != got[1] || !strings.HasPrefix(got[0], "/v1/runs/r/trajectories [") || got[2] != `/v1/runs/r/steps/3/close {"groups": 1}` {
+		t.Errorf("the live gateway was asked %q; want the trajectories twice (a 503, then taken), then the close", got)
+	}
+	mu.Unlock()
+	if err := g.post(ctx, "/bad", []byte("{}")); err == nil || !strings.Contains(err.Error(), "400 Bad Request: trajectory 0: missing field(s): traj_id") {
+		t.Errorf("a request refused: %v; want the gateway's reason", err)
 	}
 }
