@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -266,6 +267,9 @@ type Config struct {
 	// trajectory in a message of its own, not a group a message (the
 	// benchmarks' baseline).
 	trajsAlone bool
+	// gatewayConnState, if set, hears the gateway's connections change
+	// state (tests: a request the server is handling as it stops).
+	gatewayConnState func(net.Conn, http.ConnState)
 	// leaseTTL, when set, replaces LeaseTTL: tests of a lapsed lease.
 	leaseTTL time.Duration
 }

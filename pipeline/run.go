@@ -349,24 +349,43 @@ func (p *Pipeline) serveGateway(ctx context.Context) error {
 		return err
 	}
 	srv := &http.Server{Addr: p.cfg.HTTPAddr, Handler: p.gateway.Handler(), ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: log.New(&httpErrorLog{out: p.cfg.Out}, "", 0)}
+		ErrorLog: log.New(&httpErrorLog{out: p.cfg.Out}, "", 0), ConnState: p.cfg.gatewayConnState}
 	p.go_(func() error { return p.gateway.Run(ctx) })
 	p.go_(func() error {
-		go func() { <-ctx.Done(); _ = srv.Close() }()
 		serve := func() error { return srv.Serve(p.httpListener) }
 		if p.httpTLS != nil {
 			srv.TLSConfig = p.httpTLS
 			serve = func() error { return srv.ServeTLS(p.httpListener, "", "") }
 		}
-		// Closed as the process stops: net.ErrClosed when ctx ended
-		// before Serve began, ErrServerClosed after.
-		if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) && ctx.Err() == nil {
-			return fmt.Errorf("pipeline: gateway on %s: %w", p.cfg.HTTPAddr, err)
+		served := make(chan error, 1)
+		go func() { served <- serve() }()
+		select {
+		case err := <-served:
+			if err != nil && !errors.Is(err, http.ErrServerClosed) && ctx.Err() == nil {
+				return fmt.Errorf("pipeline: gateway on %s: %w", p.cfg.HTTPAddr, err)
+			}
+			return nil
+		case <-ctx.Done():
 		}
+		// The process stops: no new connection is taken (a trainer's
+		// next request goes to another gateway of the run), and the
+		// requests in flight end first, up to gatewayDrain (long polls
+		// answer 503 at once). The connection to NATS outlives this.
+		drain, cancel := context.WithTimeout(context.WithoutCancel(ctx), gatewayDrain)
+		defer cancel()
+		if err := srv.Shutdown(drain); err != nil {
+			p.notef("gateway: requests still running %v after the stop began were cut off", gatewayDrain)
+			_ = srv.Close()
+		}
+		<-served
 		return nil
 	})
 	return nil
 }
+
+// gatewayDrain is how long a stopping process's gateway lets the requests
+// in flight run before it cuts them off.
+const gatewayDrain = 10 * time.Second
 
 // consumerName is the durable JetStream consumer through which stage reads
 // kind.

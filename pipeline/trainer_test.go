@@ -7,12 +7,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -851,5 +854,93 @@ func TestAStepWithoutItsWatermarkIsSaid(t *testing.T) {
 	h.want(http.StatusOK, "GET", "/steps/0/update?wait=30", nil, token, "")
 	if n := strings.Count(out.String(), "no watermark"); n != 1 {
 		t.Errorf("said %d times, want once:\n%s", n, out.String())
+	}
+}
+
+// A stopping process's gateway takes no new connection and lets the
+// requests in flight end: a trainer's POST whose body is still coming is
+// stored and answered 202, and a long poll answers 503 at once, saying
+// why. Before, both were cut off, and the trainer had to send again.
+func TestAStoppingGatewayLetsItsRequestsEnd(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr = SourceExternal, "127.0.0.1:0"
+	var active atomic.Int32 // connections whose request the server has read
+	cfg.gatewayConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateActive {
+			active.Add(1)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	base := p.HTTPURL() + "/v1/runs/default"
+
+	type answer struct {
+		code int
+		body string
+		err  error
+	}
+	ask := func(req *http.Request) <-chan answer {
+		out := make(chan answer, 1)
+		sent := make(chan struct{})
+		req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { close(sent) }}))
+		go func() {
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				out <- answer{err: err}
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			out <- answer{code: resp.StatusCode, body: string(b)}
+		}()
+		<-sent
+		return out
+	}
+	pol := &sim.Policy{Run: "default", Tasks: 4, Groups: 2, GroupSize: 4}
+	trajs, _ := pol.Step(0)
+	body, _ := json.Marshal(trajs)
+	rest, more := io.Pipe()
+	req, _ := http.NewRequest(http.MethodPost, base+"/trajectories", io.MultiReader(bytes.NewReader(body[:len(body)/2]), rest))
+	posted := ask(req)
+	req, _ = http.NewRequest(http.MethodGet, base+"/steps/5/update?wait=60", nil)
+	polled := ask(req)
+
+	// A request read after the stop began is dropped, as it must be
+	// (its client sends it again elsewhere): these two are in before.
+	waitFor(t, 30*time.Second, func() bool { return active.Load() == 2 })
+	stopped := make(chan error, 1)
+	go func() { stopped <- p.Stop() }()
+	addr := strings.TrimPrefix(p.HTTPURL(), "http://")
+	waitFor(t, 30*time.Second, func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil // no new connection
+	})
+	if _, err := more.Write(body[len(body)/2:]); err != nil {
+		t.Fatal(err)
+	}
+	more.Close()
+	if a := <-posted; a.err != nil || a.code != http.StatusAccepted || !strings.Contains(a.body, fmt.Sprintf(`"accepted":%d`, len(trajs))) {
+		t.Errorf("a POST in flight as the process stopped: %d %s (%v); want it taken, 202", a.code, a.body, a.err)
+	}
+	if a := <-polled; a.err != nil || a.code != http.StatusServiceUnavailable || !strings.Contains(a.body, "the gateway is stopping: ask again for step 5's update") {
+		t.Errorf("a long poll as the process stopped: %d %s (%v); want 503 saying why", a.code, a.body, a.err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, b := range readStored(t, cfg.DataDir, "wmrl.default.trajs") {
+		var group []json.RawMessage
+		if err := json.Unmarshal(b, &group); err != nil {
+			t.Fatal(err)
+		}
+		n += len(group)
+	}
+	if n != len(trajs) {
+		t.Errorf("%d trajectories stored, want the POST's %d", n, len(trajs))
 	}
 }

@@ -543,6 +543,11 @@ func (g *Gateway) getUpdate(w http.ResponseWriter, r *http.Request) {
 		case <-t.C:
 		case <-r.Context().Done():
 			return
+		case <-g.life.Done():
+			// The process stops: its server lets requests in flight end
+			// before it closes, and a long poll would hold it up.
+			unavailable(w, "the gateway is stopping: ask again for step %d's update (another gateway of the run, or this one once it is back)", step)
+			return
 		}
 	}
 	if data == nil && seq > 0 {
