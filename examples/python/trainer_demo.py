@@ -62,7 +62,7 @@ def pad(code, n):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--url", required=True)
+    ap.add_argument("--url", required=True, help="the gateway, or several of the run, comma-separated")
     ap.add_argument("--run", default="default")
     ap.add_argument("--token", default=os.environ.get("WMRL_HTTP_TOKEN"))
     ap.add_argument("--ca", default=os.environ.get("WMRL_CA"), help="CA of an HTTPS gateway's certificate")

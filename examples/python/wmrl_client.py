@@ -21,6 +21,13 @@ asked again every second or so and said once on the "wmrl" logger; after
 certificate error is raised at once: asking again would not change it.
 Asking again is safe: a trajectory or watermark sent twice within the
 stream's dedup window (10 minutes) is stored once.
+
+Several gateways of one run (the `wmrl run --http` processes of a run
+with a standby, each serves one; `wmrl serve`) can be given, as a list or
+separated by commas: `WMRLClient("http://a:8080,http://b:8080")`. A
+request goes to the one that answered last; one that cannot be reached,
+or answers 503 or 429, is left at once for the next, and only once every
+gateway was tried does the client wait as above.
 """
 
 import concurrent.futures
@@ -53,7 +60,11 @@ class WMRLError(Exception):
 
 class WMRLClient:
     def __init__(self, base_url, run="default", token=None, timeout=30.0, retry_for=120.0, ca_file=None, reward_timeout=600.0):
-        self.base = base_url.rstrip("/") + f"/v1/runs/{run}"
+        urls = base_url.split(",") if isinstance(base_url, str) else list(base_url)
+        self.bases = [u.strip().rstrip("/") + f"/v1/runs/{run}" for u in urls if u.strip()]
+        if not self.bases:
+            raise ValueError(f"no gateway URL in {base_url!r}")
+        self._at = 0  # the gateway that answered last
         self.run = run
         self.token = token
         self.timeout = timeout
@@ -68,39 +79,63 @@ class WMRLClient:
         # the system's).
         self.ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
 
+    @property
+    def base(self):
+        """The gateway in use (its run's URL)."""
+        return self.bases[self._at % len(self.bases)]
+
     def _call(self, method, path, body=None, timeout=None):
         start = time.monotonic()
         deadline = start + self.retry_for
         said = False
+        tried = 0  # gateways that failed since the last wait
         while True:
+            base = self.base
             try:
-                result = self._once(method, path, body, timeout)
+                result = self._once(base, method, path, body, timeout)
                 if said:
-                    log.warning("wmrl gateway %s answers again, after %.0f s", self.base, time.monotonic() - start)
+                    log.warning("wmrl gateway %s answers again, after %.0f s", base, time.monotonic() - start)
                 return result
             except WMRLError as e:
-                wait = e.retry_after if e.retry_after is not None else 1.0
-                if e.status not in RETRIED or time.monotonic() + wait > deadline:
+                if e.status not in RETRIED:
                     raise
-                time.sleep(wait)
+                wait = e.retry_after if e.retry_after is not None else 1.0
+                answer, cause, unanswered = e, f"{e.status}: {e.message}", None
             except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
                 # Not answered: refused or not resolved (URLError), or cut
                 # off while the answer was read.
                 cause = unreachable(e)
                 if cause is None:
                     raise  # a TLS certificate error: asking again would not change it
-                now = time.monotonic()
-                if now >= deadline:
-                    raise WMRLError(None, f"could not reach {self.base} for {now - start:.0f} s: {cause}") from None
+                wait, unanswered = UNREACHABLE_WAIT, cause
+            tried += 1
+            if tried < len(self.bases):  # another gateway may answer at once
+                self._at += 1
                 if not said:
-                    log.warning("wmrl gateway %s: %s; asking again for up to %.0f s", self.base, cause, self.retry_for)
+                    log.warning("wmrl gateway %s: %s; asking %s", base, cause, self.base)
                     said = True
-                time.sleep(min(UNREACHABLE_WAIT, deadline - now))  # the last attempt at the deadline
+                continue
+            tried = 0
+            if len(self.bases) > 1:
+                self._at += 1
+            now = time.monotonic()
+            if unanswered is None:
+                if now + wait > deadline:
+                    raise answer
+            else:
+                if now >= deadline:
+                    where = base if len(self.bases) == 1 else "any of " + ", ".join(self.bases)
+                    raise WMRLError(None, f"could not reach {where} for {now - start:.0f} s: {unanswered}") from None
+                if not said:
+                    log.warning("wmrl gateway %s: %s; asking again for up to %.0f s", base, unanswered, self.retry_for)
+                    said = True
+                wait = min(wait, deadline - now)  # the last attempt at the deadline
+            time.sleep(wait)
 
-    def _once(self, method, path, body, timeout):
+    def _once(self, base, method, path, body, timeout):
         # body: JSON-able, or bytes already encoded
         data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req = urllib.request.Request(base + path, data=data, method=method)
         req.add_header("Content-Type", "application/json")
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")

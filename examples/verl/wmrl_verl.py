@@ -21,7 +21,8 @@ live gateway with stand-ins for the few things it takes from them
    compute_score`, which verl calls one solution at a time: a batch then
    waits for the world model once per solution, one after another.
 
-   and export WMRL_URL=http://host:8080 (WMRL_RUN, WMRL_HTTP_TOKEN optional;
+   and export WMRL_URL=http://host:8080 (or several gateways of the run,
+   comma-separated; WMRL_RUN, WMRL_HTTP_TOKEN optional;
    WMRL_RETRY_FOR, default 120: how many seconds a reward waits out the
    gateway's 503s while the world model is down, before it raises; WMRL_CA,
    the CA of an HTTPS gateway's certificate, when not the system's).
