@@ -944,3 +944,85 @@ func TestAStoppingGatewayLetsItsRequestsEnd(t *testing.T) {
 		t.Errorf("%d trajectories stored, want the POST's %d", n, len(trajs))
 	}
 }
+
+// A Python trainer given the gateways of a run's two processes, the one
+// that runs the stages and its standby, trains on when the first stops
+// (a rolling update, a node drained): its requests go to the standby's
+// gateway, which takes over the stages, and every step's fused
+// advantages still match, with nothing started again.
+func TestAPythonTrainerOutlivesItsActiveProcess(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	process := func(out io.Writer) Config {
+		c := testConfig(t)
+		c.NATSURL, c.Source, c.HTTPToken = srv.URL(), SourceExternal, token
+		c.HTTPAddr = fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+		c.Quiet, c.Out = false, out
+		return c
+	}
+	var out1, out2 syncBuffer
+	cfg1, cfg2 := process(&out1), process(&out2)
+	first, err := Start(ctx, cfg1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	standby := make(chan *Pipeline, 1)
+	go func() {
+		p, err := Start(ctx, cfg2)
+		if err != nil {
+			t.Errorf("the standby: %v", err)
+		}
+		standby <- p
+	}()
+	waitFor(t, time.Minute, func() bool { return strings.Contains(out2.String(), "another process runs this stage") })
+
+	const steps = 30
+	urls := "http://" + cfg1.HTTPAddr + ",http://" + cfg2.HTTPAddr
+	cmd := exec.CommandContext(ctx, py, "../examples/python/trainer_demo.py", "--url", urls, "--token", token, "--steps", strconv.Itoa(steps))
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	read := bufio.NewScanner(stdout)
+	for read.Scan() {
+		lines = append(lines, read.Text())
+		if strings.HasPrefix(read.Text(), "step 4: ") {
+			break
+		}
+	}
+	if err := first.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for read.Scan() {
+		lines = append(lines, read.Text())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the trainer failed as its process stopped: %v\n%s\n%s", err, strings.Join(lines, "\n"), stderr.String())
+	}
+	if p := <-standby; p != nil {
+		defer p.Stop()
+	}
+	for step := range steps {
+		if want := fmt.Sprintf("step %d: 32 fused advantages match", step); !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, want) }) {
+			t.Errorf("no %q:\n%s", want, strings.Join(lines, "\n"))
+		}
+	}
+	if !strings.Contains(stderr.String(), "; asking http://"+cfg2.HTTPAddr+"/v1/runs/default") {
+		t.Errorf("the trainer did not say it went to the standby's gateway:\n%s", stderr.String())
+	}
+}
