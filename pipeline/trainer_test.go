@@ -306,7 +306,10 @@ func TestPythonClient(t *testing.T) {
 		if err != nil || !strings.Contains(string(out), "starting at step 3, the run's next") || !strings.Contains(string(out), "step 3: 32 fused advantages match") {
 			t.Fatalf("https %v: a python trainer resumed: %v", https, err)
 		}
-		out, err = exec.CommandContext(ctx, py, append([]string{"../examples/python/check_integrations.py", p.HTTPURL(), token}, ca...)...).CombinedOutput()
+		// Given a gateway that is down first, as a run's stopped process
+		// would be, they ask the next.
+		down := fmt.Sprintf("%s://127.0.0.1:%d", strings.Split(p.HTTPURL(), ":")[0], natstest.FreePort(t))
+		out, err = exec.CommandContext(ctx, py, append([]string{"../examples/python/check_integrations.py", down + "," + p.HTTPURL(), token}, ca...)...).CombinedOutput()
 		t.Logf("%s", out)
 		if err != nil || !strings.HasSuffix(strings.TrimSpace(string(out)), "ok") {
 			t.Fatalf("https %v: verl and TRL reward functions: %v", https, err)
