@@ -2,8 +2,9 @@
 // training run meets them. It runs a run's stages as processes of their
 // own, two of each (`wmrl stage NAME`; each route process serves a trainer
 // gateway, the standby's too), and a simulated trainer as another, which
-// publishes to NATS and posts through the gateways, against a NATS server; for a while it kills one of them at random every
-// few seconds (SIGKILL mostly, SIGTERM otherwise) and starts it again.
+// publishes to NATS and posts through the gateways, against a NATS server;
+// for a while it kills one of them at random every few seconds (SIGKILL
+// mostly, SIGTERM otherwise) and starts it again.
 // Then it lets the trainer finish, stops everything, and checks what the
 // run stored: every step's update once, with every trajectory; every
 // watermark once; every anchor group absorbed by the calibration once;

@@ -304,7 +304,7 @@ func (g *gateways) postStep(ctx context.Context, step int64, trajs []schemas.Tra
 }
 
 func (g *gateways) post(ctx context.Context, path string, body []byte) error {
-	for {
+	for failed := 1; ; failed++ {
 		url := g.bases[g.next%len(g.bases)] + path
 		g.next++
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
@@ -328,6 +328,9 @@ func (g *gateways) post(ctx context.Context, path string, body []byte) error {
 			return ctx.Err()
 		}
 		fmt.Printf("POST %s: %v; trying the next gateway\n", url, err)
+		if failed%len(g.bases) != 0 {
+			continue // another may answer at once
+		}
 		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
 			return err
 		}
