@@ -358,25 +358,8 @@ func TestAPythonTrainerOutlivesARestartOfTheRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const steps = 30
-	cmd := exec.CommandContext(ctx, py, "../examples/python/trainer_demo.py", "--url", "http://"+cfg.HTTPAddr, "--token", token, "--steps", strconv.Itoa(steps))
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var lines []string
-	read := bufio.NewScanner(stdout)
-	for read.Scan() {
-		lines = append(lines, read.Text())
-		if strings.HasPrefix(read.Text(), "step 4: ") {
-			break
-		}
-	}
+	d := startDemoTrainer(t, ctx, py, "http://"+cfg.HTTPAddr, 30)
+	d.until("step 4: ")
 	if err := p.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -386,19 +369,63 @@ func TestAPythonTrainerOutlivesARestartOfTheRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Stop()
-	for read.Scan() {
-		lines = append(lines, read.Text())
+	d.finish("across the restart")
+	if n := strings.Count(d.stderr.String(), "asking again for up to"); n != 1 {
+		t.Errorf("the trainer said its wait %d times, want once:\n%s", n, d.stderr.String())
 	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("the trainer failed across the restart: %v\n%s\n%s", err, strings.Join(lines, "\n"), stderr.String())
+}
+
+// demoTrainer is examples/python/trainer_demo.py training a run through
+// the gateways at urls, with the lines it printed so far.
+type demoTrainer struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	read   *bufio.Scanner
+	lines  []string
+	stderr syncBuffer
+	steps  int
+}
+
+func startDemoTrainer(t *testing.T, ctx context.Context, py, urls string, steps int) *demoTrainer {
+	t.Helper()
+	d := &demoTrainer{t: t, steps: steps}
+	d.cmd = exec.CommandContext(ctx, py, "../examples/python/trainer_demo.py", "--url", urls, "--token", token, "--steps", strconv.Itoa(steps))
+	d.cmd.Stderr = &d.stderr
+	stdout, err := d.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
 	}
-	for step := range steps {
-		if want := fmt.Sprintf("step %d: 32 fused advantages match", step); !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, want) }) {
-			t.Errorf("no %q:\n%s", want, strings.Join(lines, "\n"))
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d.read = bufio.NewScanner(stdout)
+	return d
+}
+
+// until reads the trainer's lines up to one that starts with prefix.
+func (d *demoTrainer) until(prefix string) {
+	for d.read.Scan() {
+		d.lines = append(d.lines, d.read.Text())
+		if strings.HasPrefix(d.read.Text(), prefix) {
+			return
 		}
 	}
-	if n := strings.Count(stderr.String(), "asking again for up to"); n != 1 {
-		t.Errorf("the trainer said its wait %d times, want once:\n%s", n, stderr.String())
+}
+
+// finish reads the trainer's lines to its end and checks that it trained
+// every step, each step's fused advantages matching its own.
+func (d *demoTrainer) finish(what string) {
+	d.t.Helper()
+	for d.read.Scan() {
+		d.lines = append(d.lines, d.read.Text())
+	}
+	if err := d.cmd.Wait(); err != nil {
+		d.t.Fatalf("the trainer failed %s: %v\n%s\n%s", what, err, strings.Join(d.lines, "\n"), d.stderr.String())
+	}
+	for step := range d.steps {
+		if want := fmt.Sprintf("step %d: 32 fused advantages match", step); !slices.ContainsFunc(d.lines, func(l string) bool { return strings.HasPrefix(l, want) }) {
+			d.t.Errorf("no %q:\n%s", want, strings.Join(d.lines, "\n"))
+		}
 	}
 }
 
@@ -988,44 +1015,16 @@ func TestAPythonTrainerOutlivesItsActiveProcess(t *testing.T) {
 	}()
 	waitFor(t, time.Minute, func() bool { return strings.Contains(out2.String(), "another process runs this stage") })
 
-	const steps = 30
-	urls := "http://" + cfg1.HTTPAddr + ",http://" + cfg2.HTTPAddr
-	cmd := exec.CommandContext(ctx, py, "../examples/python/trainer_demo.py", "--url", urls, "--token", token, "--steps", strconv.Itoa(steps))
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var lines []string
-	read := bufio.NewScanner(stdout)
-	for read.Scan() {
-		lines = append(lines, read.Text())
-		if strings.HasPrefix(read.Text(), "step 4: ") {
-			break
-		}
-	}
+	d := startDemoTrainer(t, ctx, py, "http://"+cfg1.HTTPAddr+",http://"+cfg2.HTTPAddr, 30)
+	d.until("step 4: ")
 	if err := first.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	for read.Scan() {
-		lines = append(lines, read.Text())
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("the trainer failed as its process stopped: %v\n%s\n%s", err, strings.Join(lines, "\n"), stderr.String())
-	}
+	d.finish("as its process stopped")
 	if p := <-standby; p != nil {
 		defer p.Stop()
 	}
-	for step := range steps {
-		if want := fmt.Sprintf("step %d: 32 fused advantages match", step); !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, want) }) {
-			t.Errorf("no %q:\n%s", want, strings.Join(lines, "\n"))
-		}
-	}
-	if !strings.Contains(stderr.String(), "; asking http://"+cfg2.HTTPAddr+"/v1/runs/default") {
-		t.Errorf("the trainer did not say it went to the standby's gateway:\n%s", stderr.String())
+	if !strings.Contains(d.stderr.String(), "; asking http://"+cfg2.HTTPAddr+"/v1/runs/default") {
+		t.Errorf("the trainer did not say it went to the standby's gateway:\n%s", d.stderr.String())
 	}
 }
