@@ -62,23 +62,32 @@ func (g *gateway) requests() []time.Time {
 }
 
 // ask runs the client's slime_reward against url with retry_for and
-// prints the reward, or the error's status and retry_after.
+// prints the reward, or the error's status, retry_after and message, and
+// what the client logged.
 func ask(t *testing.T, url string, retryFor float64) string {
+	t.Helper()
+	return askTimes(t, url, retryFor, 1)
+}
+
+// askTimes is ask, calls times with one client.
+func askTimes(t *testing.T, url string, retryFor float64, calls int) string {
 	t.Helper()
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 not installed")
 	}
 	script := `
-import sys
+import logging, sys
 from wmrl_client import WMRLClient, WMRLError
+logging.basicConfig(stream=sys.stdout, format="log %(message)s")
 c = WMRLClient(sys.argv[1], retry_for=float(sys.argv[2]))
-try:
-    print("reward", c.slime_reward("Task 1.", "print(1)"))
-except WMRLError as e:
-    print("error", e.status, e.retry_after, e.message)
+for _ in range(int(sys.argv[3])):
+    try:
+        print("reward", c.slime_reward("Task 1.", "print(1)"))
+    except WMRLError as e:
+        print("error", e.status, e.retry_after, e.message)
 `
-	out, err := exec.Command(py, "-c", script, url, strconv.FormatFloat(retryFor, 'f', -1, 64)).CombinedOutput()
+	out, err := exec.Command(py, "-c", script, url, strconv.FormatFloat(retryFor, 'f', -1, 64), strconv.Itoa(calls)).CombinedOutput()
 	if err != nil {
 		t.Fatalf("python: %v\n%s", err, out)
 	}
@@ -394,33 +403,6 @@ func gatewayOn(t *testing.T, judgeURL string) *wmrlgateway.Gateway {
 	return g
 }
 
-// askTwice runs two slime_reward calls of one client of urls (comma-
-// separated) with retry_for, printing each reward or error, and what the
-// client logged.
-func askTwice(t *testing.T, urls string, retryFor float64) string {
-	t.Helper()
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 not installed")
-	}
-	script := `
-import logging, sys
-from wmrl_client import WMRLClient, WMRLError
-logging.basicConfig(stream=sys.stdout, format="log %(message)s")
-c = WMRLClient(sys.argv[1], retry_for=float(sys.argv[2]))
-for _ in range(2):
-    try:
-        print("reward", c.slime_reward("Task 1.", "print(1)"))
-    except WMRLError as e:
-        print("error", e.status, e.message)
-`
-	out, err := exec.Command(py, "-c", script, urls, strconv.FormatFloat(retryFor, 'f', -1, 64)).CombinedOutput()
-	if err != nil {
-		t.Fatalf("python: %v\n%s", err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
 // Given several gateways of a run, the client leaves one it cannot reach,
 // or one that answers 503 (stopping, or without its NATS server), for the
 // next at once, and stays with the one that answered. Only when none
@@ -429,7 +411,7 @@ func TestClientTriesTheNextGateway(t *testing.T) {
 	down := "http://" + freeAddr(t)
 	stopping := newGateway(t, "30", 503) // a Retry-After past retry_for: waiting for it would fail the call
 	up := newGateway(t, "1", 200)
-	out := askTwice(t, strings.Join([]string{down, stopping.URL, up.URL}, ","), 5)
+	out := askTimes(t, strings.Join([]string{down, stopping.URL, up.URL}, ","), 5, 2)
 	if strings.Count(out, "reward 0.7") != 2 {
 		t.Fatalf("the client printed:\n%s\nwant two rewards, from the third gateway", out)
 	}
@@ -441,8 +423,8 @@ func TestClientTriesTheNextGateway(t *testing.T) {
 	}
 
 	other := "http://" + freeAddr(t)
-	out = askTwice(t, down+","+other, 1)
-	if !strings.Contains(out, "error None could not reach any of "+down+"/v1/runs/default, "+other+"/v1/runs/default for ") {
+	out = askTimes(t, down+","+other, 1, 2)
+	if !strings.Contains(out, "error None None could not reach any of "+down+"/v1/runs/default, "+other+"/v1/runs/default for ") {
 		t.Errorf("no gateway up: the client printed:\n%s\nwant WMRLError naming both", out)
 	}
 }
