@@ -720,3 +720,38 @@ func TestACalibrationFuseRefusesLeavesTheMapInForce(t *testing.T) {
 		t.Errorf("a calibration without a map: version %d, map %v; want 3, the identity", st.c.Version, st.m)
 	}
 }
+
+// A reward request whose world-model call the gateway's stop ends is
+// answered 503, saying so, which a client asks again elsewhere; a 502
+// would blame a world model that did not fail, and a client does not ask
+// again after one.
+func TestARewardTheStopCutsShortIsA503(t *testing.T) {
+	gate := make(chan struct{})
+	j := newGatedJudge(t, 1, gate)
+	t.Cleanup(func() { close(gate) }) // before the judge closes: it waits for its handlers
+	g, base := newGateway(t, j.URL, nil)
+	type answer struct {
+		code  int
+		body  string
+		retry string
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		resp, err := http.Post(base+"/rewards/slime", "application/json", strings.NewReader(`{"prompt":"Task 3.","response":"score=0.4","label":"t3"}`))
+		if err != nil {
+			answered <- answer{body: err.Error()}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		answered <- answer{resp.StatusCode, string(b), resp.Header.Get("Retry-After")}
+	}()
+	for calls, _ := j.seen(); calls == 0; calls, _ = j.seen() {
+		time.Sleep(time.Millisecond)
+	}
+	g.stop() // what the end of Run does
+	a := <-answered
+	if a.code != http.StatusServiceUnavailable || a.retry == "" || !strings.Contains(a.body, "the gateway is stopping: ask again") {
+		t.Fatalf("a reward request under way as the gateway stopped: %d %s (Retry-After %q); want 503 saying so", a.code, a.body, a.retry)
+	}
+}

@@ -262,7 +262,7 @@ func (g *Gateway) openrlhf(w http.ResponseWriter, r *http.Request) {
 	}
 	rewards, err := g.rewards(r.Context(), asks)
 	if err != nil {
-		worldModelFailed(w, err)
+		g.rewardFailed(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"rewards": rewards})
@@ -288,10 +288,22 @@ func (g *Gateway) slime(w http.ResponseWriter, r *http.Request) {
 	}
 	v, err := g.rewards(r.Context(), []ask{a})
 	if err != nil {
-		worldModelFailed(w, err)
+		g.rewardFailed(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, v[0])
+}
+
+// rewardFailed answers a reward request whose scores failed. While the
+// gateway stops, its world-model calls end with it: 503, so that the
+// client asks again (another gateway of the run, or this one once it is
+// back) rather than take a 502 for a world model that did not fail.
+func (g *Gateway) rewardFailed(w http.ResponseWriter, err error) {
+	if g.life.Err() != nil {
+		unavailable(w, "the gateway is stopping: ask again (another gateway of the run, or this one once it is back)")
+		return
+	}
+	worldModelFailed(w, err)
 }
 
 // worldModelFailed answers a reward request the world model could not
