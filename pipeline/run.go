@@ -352,6 +352,7 @@ func (p *Pipeline) serveGateway(ctx context.Context) error {
 		ErrorLog: log.New(&httpErrorLog{out: p.cfg.Out}, "", 0), ConnState: p.cfg.gatewayConnState}
 	p.go_(func() error { return p.gateway.Run(ctx) })
 	p.go_(func() error {
+		defer p.gateway.Close() // the reward endpoints' world-model calls: those the drain let end are answered
 		serve := func() error { return srv.Serve(p.httpListener) }
 		if p.httpTLS != nil {
 			srv.TLSConfig = p.httpTLS
@@ -370,7 +371,8 @@ func (p *Pipeline) serveGateway(ctx context.Context) error {
 		// The process stops: no new connection is taken (a trainer's
 		// next request goes to another gateway of the run), and the
 		// requests in flight end first, up to gatewayDrain (long polls
-		// answer 503 at once). The connection to NATS outlives this.
+		// answer 503 at once, reward requests under way get their
+		// world model's answer). The connection to NATS outlives this.
 		drain, cancel := context.WithTimeout(context.WithoutCancel(ctx), gatewayDrain)
 		defer cancel()
 		if err := srv.Shutdown(drain); err != nil {

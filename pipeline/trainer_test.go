@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httptrace"
 	"os/exec"
 	"regexp"
@@ -889,11 +890,21 @@ func TestAStepWithoutItsWatermarkIsSaid(t *testing.T) {
 
 // A stopping process's gateway takes no new connection and lets the
 // requests in flight end: a trainer's POST whose body is still coming is
-// stored and answered 202, and a long poll answers 503 at once, saying
-// why. Before, both were cut off, and the trainer had to send again.
+// stored and answered 202, a reward request gets its world model's score
+// once the model answers, and a long poll answers 503 at once, saying
+// why. Before, the three were cut off (the reward request, later, with a
+// 503), and the trainer had to send again.
 func TestAStoppingGatewayLetsItsRequestsEnd(t *testing.T) {
+	gate := make(chan struct{})
+	judge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-gate
+		content := `{"status":"scored","score":0.4,"rationale":"read"}`
+		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"content": content}}}})
+	}))
+	defer judge.Close()
 	cfg := testConfig(t)
 	cfg.Source, cfg.HTTPAddr = SourceExternal, "127.0.0.1:0"
+	cfg.WorldModel, cfg.WMURL, cfg.WMModel = "openai", judge.URL+"/v1", "judge"
 	var active atomic.Int32 // connections whose request the server has read
 	cfg.gatewayConnState = func(_ net.Conn, st http.ConnState) {
 		if st == http.StateActive {
@@ -935,10 +946,12 @@ func TestAStoppingGatewayLetsItsRequestsEnd(t *testing.T) {
 	posted := ask(req)
 	req, _ = http.NewRequest(http.MethodGet, base+"/steps/5/update?wait=60", nil)
 	polled := ask(req)
+	req, _ = http.NewRequest(http.MethodPost, base+"/rewards/slime", strings.NewReader(`{"prompt":"Task 3.","response":"print(1)"}`))
+	rewarded := ask(req)
 
 	// A request read after the stop began is dropped, as it must be
-	// (its client sends it again elsewhere): these two are in before.
-	waitFor(t, 30*time.Second, func() bool { return active.Load() == 2 })
+	// (its client sends it again elsewhere): these three are in before.
+	waitFor(t, 30*time.Second, func() bool { return active.Load() == 3 })
 	stopped := make(chan error, 1)
 	go func() { stopped <- p.Stop() }()
 	addr := strings.TrimPrefix(p.HTTPURL(), "http://")
@@ -958,6 +971,10 @@ func TestAStoppingGatewayLetsItsRequestsEnd(t *testing.T) {
 	}
 	if a := <-polled; a.err != nil || a.code != http.StatusServiceUnavailable || !strings.Contains(a.body, "the gateway is stopping: ask again for step 5's update") {
 		t.Errorf("a long poll as the process stopped: %d %s (%v); want 503 saying why", a.code, a.body, a.err)
+	}
+	close(gate) // the world model answers after the gateway knows of the stop (the poll's 503), while the server drains
+	if a := <-rewarded; a.err != nil || a.code != http.StatusOK || strings.TrimSpace(a.body) != "0.4" {
+		t.Errorf("a reward request in flight as the process stopped: %d %s (%v); want its world model's 0.4", a.code, a.body, a.err)
 	}
 	if err := <-stopped; err != nil {
 		t.Fatal(err)

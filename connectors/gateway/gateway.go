@@ -134,8 +134,13 @@ type Gateway struct {
 	cal     atomic.Pointer[calState]
 
 	predictions *predictions
-	// life ends when Run returns: the world-model calls of the reward
-	// endpoints outlive their requests, not the gateway.
+	// closing ends when Run returns (the process stops): long polls
+	// answer at once, and a reward request that needs the world model
+	// asked again is refused, while those under way go on.
+	closing context.Context
+	closed  context.CancelFunc
+	// life ends with Close: the world-model calls of the reward endpoints
+	// outlive their requests, not the gateway.
 	life context.Context
 	stop context.CancelFunc
 }
@@ -171,14 +176,23 @@ func New(cfg Config, js jetstream.JetStream, pub message.Publisher) (*Gateway, e
 		return nil, errors.New("gateway: a world model is required for the reward endpoints")
 	}
 	life, stop := context.WithCancel(context.Background())
+	closing, closed := context.WithCancel(life)
 	return &Gateway{cfg: cfg, js: js, pub: pub, updates: newUpdates(cfg.KeepUpdates), truths: newTruths(100_000), planned: &planned{}, sent: &sent{ids: map[int64]map[string]sentAs{}},
-		predictions: newPredictions(100_000, cfg.Remember), life: life, stop: stop}, nil
+		predictions: newPredictions(100_000, cfg.Remember), closing: closing, closed: closed, life: life, stop: stop}, nil
 }
 
+// Close ends the world-model calls of the reward endpoints still under
+// way. Call it once the HTTP server has stopped: between the end of Run
+// and Close, the requests in flight get their answers (a server's
+// Shutdown lets them end), and no new call is made.
+func (g *Gateway) Close() { g.stop() }
+
 // Run follows the update, plan, calibration and anchor subjects until ctx
-// is done.
+// is done. Then the gateway is closing: long polls answer 503 at once, and
+// reward requests are answered only where no new world-model call is
+// needed, until Close.
 func (g *Gateway) Run(ctx context.Context) error {
-	defer g.stop()
+	defer g.closed()
 	errc := make(chan error, 5)
 	s := g.cfg.Subjects
 	go func() { errc <- follow(ctx, g.js, g.cfg.Stream, s.Update, g.updates.add) }()
@@ -543,7 +557,7 @@ func (g *Gateway) getUpdate(w http.ResponseWriter, r *http.Request) {
 		case <-t.C:
 		case <-r.Context().Done():
 			return
-		case <-g.life.Done():
+		case <-g.closing.Done():
 			// The process stops: its server lets requests in flight end
 			// before it closes, and a long poll would hold it up.
 			unavailable(w, "the gateway is stopping: ask again for step %d's update (another gateway of the run, or this one once it is back)", step)

@@ -721,8 +721,8 @@ func TestACalibrationFuseRefusesLeavesTheMapInForce(t *testing.T) {
 	}
 }
 
-// A reward request whose world-model call the gateway's stop ends is
-// answered 503, saying so, which a client asks again elsewhere; a 502
+// A reward request whose world-model call the gateway's Close ends (the
+// drain ran out) is answered 503, saying so, which a client asks again elsewhere; a 502
 // would blame a world model that did not fail, and a client does not ask
 // again after one.
 func TestARewardTheStopCutsShortIsA503(t *testing.T) {
@@ -749,9 +749,58 @@ func TestARewardTheStopCutsShortIsA503(t *testing.T) {
 	for calls, _ := j.seen(); calls == 0; calls, _ = j.seen() {
 		time.Sleep(time.Millisecond)
 	}
-	g.stop() // what the end of Run does
+	g.Close() // what the end of the server's drain does
 	a := <-answered
 	if a.code != http.StatusServiceUnavailable || a.retry == "" || !strings.Contains(a.body, "the gateway is stopping: ask again") {
 		t.Fatalf("a reward request under way as the gateway stopped: %d %s (Retry-After %q); want 503 saying so", a.code, a.body, a.retry)
+	}
+}
+
+// Between the process's stop (the end of Run) and Close, a reward request
+// under way gets its world model's answer, and so does one for the same
+// solution, which waits for that call; one that needs a new call is
+// answered 503 at once, without asking the world model, so that its
+// client asks another gateway of the run rather than wait for a call the
+// server's close may cut off.
+func TestARewardUnderWayAtTheStopIsAnswered(t *testing.T) {
+	gate := make(chan struct{})
+	j := newGatedJudge(t, 1, gate)
+	g, base := newGateway(t, j.URL, nil)
+	type answer struct {
+		code int
+		body string
+	}
+	ask := func(body string) <-chan answer {
+		out := make(chan answer, 1)
+		go func() {
+			resp, err := http.Post(base+"/rewards/slime", "application/json", strings.NewReader(body))
+			if err != nil {
+				out <- answer{body: err.Error()}
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			out <- answer{resp.StatusCode, string(b)}
+		}()
+		return out
+	}
+	const under = `{"prompt":"Task 3.","response":"score=0.4","label":"t3"}`
+	first := ask(under)
+	for calls, _ := j.seen(); calls == 0; calls, _ = j.seen() {
+		time.Sleep(time.Millisecond)
+	}
+	g.closed() // what the end of Run does
+	again := ask(under)
+	if a := <-ask(`{"prompt":"Task 4.","response":"score=0.9","label":"t4"}`); a.code != http.StatusServiceUnavailable || !strings.Contains(a.body, "the gateway is stopping: ask again") {
+		t.Errorf("a reward request needing a new call after the stop began: %d %s; want 503 at once, saying so", a.code, a.body)
+	}
+	close(gate)
+	for name, ch := range map[string]<-chan answer{"under way at the stop": first, "for the same solution after it": again} {
+		if a := <-ch; a.code != http.StatusOK || !strings.Contains(a.body, "0.4") {
+			t.Errorf("the reward request %s: %d %s; want 200 with the world model's 0.4", name, a.code, a.body)
+		}
+	}
+	if calls, _ := j.seen(); calls != 1 {
+		t.Errorf("the world model was asked %d times; want once, for the solution under way", calls)
 	}
 }

@@ -61,6 +61,12 @@ func (g *Gateway) rewards(ctx context.Context, asks []ask) ([]*float64, error) {
 				TaskID: a.task, Prompt: a.prompt, Response: a.response})
 		}
 	}
+	if len(mine) > 0 && g.closing.Err() != nil {
+		// A call begun now might not end before the server closes: the
+		// client asks another gateway of the run at once instead.
+		g.predictions.settle(mine, nil, errClosing)
+		return nil, errClosing
+	}
 	g.answered(asks, waits, len(mine))
 	if len(mine) > 0 {
 		call, err := g.cfg.Breaker.Ask()
@@ -294,12 +300,17 @@ func (g *Gateway) slime(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, v[0])
 }
 
-// rewardFailed answers a reward request whose scores failed. While the
-// gateway stops, its world-model calls end with it: 503, so that the
-// client asks again (another gateway of the run, or this one once it is
-// back) rather than take a 502 for a world model that did not fail.
+// errClosing: a reward request the stopping gateway would need a new
+// world-model call for.
+var errClosing = errors.New("gateway: closing")
+
+// rewardFailed answers a reward request whose scores failed. A stopping
+// gateway makes no new world-model call, and the calls cut off at its
+// Close end with it: 503, so that the client asks again (another gateway
+// of the run, or this one once it is back) rather than take a 502 for a
+// world model that did not fail.
 func (g *Gateway) rewardFailed(w http.ResponseWriter, err error) {
-	if g.life.Err() != nil {
+	if errors.Is(err, errClosing) || g.life.Err() != nil {
 		unavailable(w, "the gateway is stopping: ask again (another gateway of the run, or this one once it is back)")
 		return
 	}
