@@ -252,6 +252,11 @@ type Config struct {
 	// world model's score of a solution (DefaultConfig: 15 minutes; 0:
 	// only while its call is under way).
 	RewardMemory time.Duration
+	// HTTPDrain is how long a stopping process lets its gateway's requests
+	// in flight run, the reward endpoints' world-model calls among them
+	// (DefaultConfig: 10 s). Then those calls end, their requests answer
+	// 503, and what still runs a second later is cut off.
+	HTTPDrain time.Duration
 
 	MetricsAddr string // serve Prometheus /metrics here when set
 	// PprofRemote serves MetricsAddr's Go profiles to other machines too;
@@ -283,6 +288,7 @@ func DefaultConfig() Config {
 	c.WMDownAfter, c.ExecDownAfter = 5, 5
 	c.WMRetries = 5
 	c.RewardMemory = 15 * time.Minute
+	c.HTTPDrain = 10 * time.Second
 	c.setDefaults()
 	return c
 }
@@ -513,6 +519,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --pair-wait %v: want a duration > 0", ErrConfig, c.PairWait)
 	case c.RewardMemory < 0:
 		return fmt.Errorf("%w: --reward-memory %v: want a duration >= 0", ErrConfig, c.RewardMemory)
+	case c.HTTPDrain < 0:
+		return fmt.Errorf("%w: --http-drain %v: want a duration >= 0", ErrConfig, c.HTTPDrain)
 	case c.StuckAfter < 0:
 		return fmt.Errorf("%w: --stuck-after %v: want a duration > 0", ErrConfig, c.StuckAfter)
 	case c.WMConcurrency < 0:

@@ -58,6 +58,8 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 			c.Executor, c.SandboxURL, c.TaskDir, c.ExecMemoryMB = "sandbox-fusion", "http://s", "t", 100
 		}, ""},
 		{"world-model retries", func(c *Config) { c.WMRetries = -1 }, "--wm-retries -1"},
+		{"gateway drain", func(c *Config) { c.HTTPDrain = -time.Second }, "--http-drain -1s: want a duration >= 0"},
+		{"no gateway drain", func(c *Config) { c.HTTPDrain = 0 }, ""},
 		{"a client certificate on the embedded server", func(c *Config) { c.NATSAuth.Cert, c.NATSAuth.Key = "c.pem", "k.pem" }, "are for an external server (--nats URL)"},
 		{"a token on the embedded server", func(c *Config) { c.NATSAuth.Token = "t" }, ""},
 		{"a certificate without its key", func(c *Config) { c.NATSURL, c.NATSAuth.Cert = "tls://a:4222", "c.pem" }, "a client certificate needs its key"},

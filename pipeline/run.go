@@ -370,24 +370,28 @@ func (p *Pipeline) serveGateway(ctx context.Context) error {
 		}
 		// The process stops: no new connection is taken (a trainer's
 		// next request goes to another gateway of the run), and the
-		// requests in flight end first, up to gatewayDrain (long polls
+		// requests in flight end first, up to HTTPDrain (long polls
 		// answer 503 at once, reward requests under way get their
 		// world model's answer). The connection to NATS outlives this.
-		drain, cancel := context.WithTimeout(context.WithoutCancel(ctx), gatewayDrain)
+		drain, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.HTTPDrain)
 		defer cancel()
 		if err := srv.Shutdown(drain); err != nil {
-			p.notef("gateway: requests still running %v after the stop began were cut off", gatewayDrain)
-			_ = srv.Close()
+			// The reward endpoints' world-model calls still under way
+			// end, so that their requests answer 503, asked again
+			// elsewhere, rather than find their connection cut.
+			p.gateway.Close()
+			last, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			if err := srv.Shutdown(last); err != nil {
+				p.notef("gateway: requests still running %v after the stop began were cut off (--http-drain)", p.cfg.HTTPDrain+time.Second)
+				_ = srv.Close()
+			}
 		}
 		<-served
 		return nil
 	})
 	return nil
 }
-
-// gatewayDrain is how long a stopping process's gateway lets the requests
-// in flight run before it cuts them off.
-const gatewayDrain = 10 * time.Second
 
 // consumerName is the durable JetStream consumer through which stage reads
 // kind.

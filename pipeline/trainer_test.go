@@ -992,6 +992,53 @@ func TestAStoppingGatewayLetsItsRequestsEnd(t *testing.T) {
 	}
 }
 
+// A reward request whose world model has not answered when the drain
+// (--http-drain) runs out is answered 503, saying why, which its client
+// asks again elsewhere, rather than have its connection cut.
+func TestARewardTheDrainOutlastsIsA503(t *testing.T) {
+	gate := make(chan struct{})
+	judge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-gate:
+		case <-r.Context().Done():
+		}
+	}))
+	defer judge.Close()
+	defer close(gate) // before the judge closes: it waits for its handlers
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr, cfg.HTTPDrain = SourceExternal, "127.0.0.1:0", 200*time.Millisecond
+	cfg.WorldModel, cfg.WMURL, cfg.WMModel = "openai", judge.URL+"/v1", "judge"
+	var out syncBuffer
+	cfg.Quiet, cfg.Out = false, &out
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	rewarded := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(p.HTTPURL()+"/v1/runs/default/rewards/slime", "application/json",
+			strings.NewReader(`{"prompt":"Task 3.","response":"print(1)"}`))
+		if err != nil {
+			rewarded <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		rewarded <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}()
+	waitFor(t, 30*time.Second, func() bool {
+		return testutil.ToFloat64(p.Metrics().RewardAnswers.WithLabelValues(string(gateway.AnsweredByWorldModel))) == 1
+	})
+	if err := p.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-rewarded; !strings.HasPrefix(got, "503 ") || !strings.Contains(got, "the gateway is stopping: ask again") {
+		t.Errorf("a reward request still waiting for its world model when the drain ran out: %s; want 503 saying the gateway is stopping", got)
+	}
+	if strings.Contains(out.String(), "cut off") {
+		t.Errorf("the stop cut a request off:\n%s", out.String())
+	}
+}
+
 // A Python trainer given the gateways of a run's two processes, the one
 // that runs the stages and its standby, trains on when the first stops
 // (a rolling update, a node drained): its requests go to the standby's

@@ -84,6 +84,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "serve the trainer HTTP gateway on this address")
 	fs.StringVar(&cfg.HTTPCert, "http-cert", "", "certificate (PEM) for the gateway to speak HTTPS with, read again when it changes; with --http-key")
 	fs.StringVar(&cfg.HTTPKey, "http-key", "", "key (PEM) of --http-cert")
+	fs.DurationVar(&cfg.HTTPDrain, "http-drain", cfg.HTTPDrain, "how long a stopping process lets its gateway's requests in flight run, reward requests waiting for the world model among them (give a Kubernetes pod's terminationGracePeriodSeconds room for it); then those answer 503, asked again elsewhere, and what still runs a second later is cut off")
 	fs.DurationVar(&cfg.RewardMemory, "reward-memory", cfg.RewardMemory, "how long the gateway's reward endpoints keep the world model's score of a solution, so that the same solution asked again (a trainer retrying a request) is not scored again (0: only while its call is under way, for a world model sampled anew each time)")
 	fs.StringVar(&cfg.WorldModel, "world-model", "sim", "world model: sim, or openai (an OpenAI-compatible /v1/chat/completions server; key from WMRL_WM_API_KEY)")
 	worldModelFlags(fs, cfg)
