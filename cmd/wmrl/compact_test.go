@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"image/png"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
@@ -67,4 +70,36 @@ func finishedRun(ctx context.Context, t *testing.T, steps int64, set func(*pipel
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// TestReplayUnderOtherSettingsDrawsWhatChanged: wmrl replay with a setting
+// changed writes the replayed rows and, beside them, a PNG of what the
+// setting changed; the per-step table is printed only with --steps.
+func TestReplayUnderOtherSettingsDrawsWhatChanged(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := finishedRun(ctx, t, 20, func(cfg *pipeline.Config) {
+		cfg.Debiaser.MinPairs, cfg.Debiaser.RefitEvery = 32, 16
+	})
+	dir := t.TempDir()
+	out, err := wmrl(ctx, "replay", "--archive", cfg.ArchiveRoot(), "--rho", "reference", "--out", filepath.Join(dir, "ref.parquet"))
+	if err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	pic := filepath.Join(dir, "ref.png")
+	if !strings.Contains(out, "what changed, step by step: "+pic) || strings.Contains(out, "max|dfused|") {
+		t.Errorf("wmrl replay --rho reference said:\n%s\nwant the plot named, %s, and no table of steps", out, pic)
+	}
+	f, err := os.Open(pic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Errorf("%s: %v", pic, err)
+	}
+	out, err = wmrl(ctx, "replay", "--archive", cfg.ArchiveRoot(), "--rho", "reference", "--out", filepath.Join(dir, "ref.parquet"), "--steps")
+	if err != nil || strings.Count(out, "\n      19  ") != 1 {
+		t.Errorf("wmrl replay --steps (%v) said:\n%s\nwant a line for step 19", err, out)
+	}
 }

@@ -87,10 +87,10 @@ func onOff(flag, v string) (bool, error) {
 
 func replayCommand() *cobra.Command {
 	var (
-		root, run, out, debias, denoise, rho, beforeFit string
-		bins, buffer, minPairs, refitEvery              int
-		fraction                                        float64
-		steps                                           bool
+		root, run, out, pic, debias, denoise, rho, beforeFit string
+		bins, buffer, minPairs, refitEvery                   int
+		fraction                                             float64
+		steps                                                bool
 	)
 	cmd := &cobra.Command{
 		Use:   "replay --archive DIR",
@@ -154,6 +154,13 @@ func replayCommand() *cobra.Command {
 			if len(changed) > 0 && out == "" {
 				out = fmt.Sprintf("replay-%s.parquet", run)
 			}
+			if len(changed) > 0 && pic == "" {
+				pic = strings.TrimSuffix(out, ".parquet") + ".png"
+			}
+			var curves *offline.ReplayCurves
+			if len(changed) > 0 {
+				curves = &offline.ReplayCurves{}
+			}
 			var w *archive.RowWriter
 			if out != "" {
 				if w, err = archive.CreateFile(out); err != nil {
@@ -164,23 +171,26 @@ func replayCommand() *cobra.Command {
 			show := bar.set("replay")
 			nsteps := countSteps(rows)
 			done := 0
-			if steps || len(changed) > 0 {
+			if steps {
 				fmt.Fprintf(stdout, "%8s  %8s  %8s  %7s  %12s  %6s\n", "step", "rho", "recorded", "anchors", "max|dfused|", "sign=")
 			}
 			var werr error
 			start := time.Now()
 			sum, err := offline.Replay(rows, opt, func(r offline.StepReport) {
 				done++
-				if steps || len(changed) > 0 {
+				if steps {
 					fmt.Fprintf(stdout, "%8d  %8.4f  %8.4f  %7d  %12.3g  %5.1f%%\n", r.Step, r.Rho, r.RecordedRho, r.Anchors, r.MaxFusedDiff, 100*r.SignAgreement)
 				} else {
 					show(done, nsteps)
+				}
+				if curves != nil {
+					curves.Add(r)
 				}
 				if w != nil && werr == nil {
 					werr = w.Write(r.Rows())
 				}
 			})
-			if len(changed) == 0 && !steps {
+			if !steps {
 				bar.done()
 			}
 			if err != nil {
@@ -215,6 +225,13 @@ func replayCommand() *cobra.Command {
 				abs, _ := filepath.Abs(out)
 				fmt.Fprintf(stdout, "replayed rows written to %s\n", abs)
 			}
+			if curves != nil {
+				if err := offline.WriteReplayPlot(curves, strings.Join(changed, ", "), pic); err != nil {
+					return err
+				}
+				abs, _ := filepath.Abs(pic)
+				fmt.Fprintf(stdout, "what changed, step by step: %s (rho, fused signs kept, fused advantages replayed against recorded)\n", abs)
+			}
 			return nil
 		},
 	}
@@ -231,7 +248,8 @@ func replayCommand() *cobra.Command {
 	fs.IntVar(&bins, "bins", 0, "equal-width bins before the isotonic fit (0: raw pairs)")
 	fs.IntVar(&buffer, "buffer", 0, "anchor pairs kept for the fit")
 	fs.Float64Var(&fraction, "anchor-fraction", 0, "keep this share of groups as anchors (below the recorded one: a fixed subsample)")
-	fs.BoolVar(&steps, "steps", false, "print every step even when reproducing")
+	fs.BoolVar(&steps, "steps", false, "print every step: its rho, replayed and recorded, its anchor groups, how far its fused advantages moved and how many kept their sign")
+	fs.StringVar(&pic, "plot", "", "with changed settings, draw what they changed step by step to this PNG (default: --out's name, .png)")
 	_ = cmd.MarkFlagRequired("archive")
 	return cmd
 }

@@ -135,8 +135,8 @@ type Gateway struct {
 
 	predictions *predictions
 	// closing ends when Run returns (the process stops): long polls
-	// answer at once, and a reward request that needs the world model
-	// asked again is refused, while those under way go on.
+	// answer at once, and a reward request that would need a new
+	// world-model call is refused, while the calls under way go on.
 	closing context.Context
 	closed  context.CancelFunc
 	// life ends with Close: the world-model calls of the reward endpoints

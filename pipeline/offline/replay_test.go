@@ -4,7 +4,11 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"image/png"
 	"math"
+	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -210,4 +214,95 @@ func TestReplayReproducesFailedAnchors(t *testing.T) {
 		t.Fatalf("replay differs: %+v", sum)
 	}
 	t.Logf("%d of 40 anchor groups failed", len(failed))
+}
+
+// ReplayCurves keeps what a replay under other settings changed, step by
+// step, and every row's fused advantage, replayed and recorded, while the
+// archive is small; WriteReplayPlot draws it.
+func TestReplayCurvesFollowTheReplay(t *testing.T) {
+	rows, settings := archiveRun(t, 30, nil)
+	off := settings
+	off.Debias = false
+	var curves ReplayCurves
+	var reports []StepReport
+	var pairs []FusedPair
+	if _, err := Replay(rows, ReplayOptions{Settings: off}, func(r StepReport) {
+		curves.Add(r)
+		reports = append(reports, StepReport{Step: r.Step, Rho: r.Rho, RecordedRho: r.RecordedRho, SignAgreement: r.SignAgreement})
+		for _, it := range r.Items {
+			if it.Row.Source == archive.SourceLateAnchor {
+				continue // no fused advantage
+			}
+			pairs = append(pairs, FusedPair{Recorded: it.Row.FusedAdvantage, Replayed: it.FusedAdvantage, Anchor: it.Anchor})
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(curves.Steps) != len(reports) {
+		t.Fatalf("%d steps kept of %d replayed", len(curves.Steps), len(reports))
+	}
+	moved := false
+	for i, s := range curves.Steps {
+		r := reports[i]
+		if s != (ReplayStep{Step: r.Step, Rho: r.Rho, RecordedRho: r.RecordedRho, SignAgreement: r.SignAgreement}) {
+			t.Errorf("step %d kept as %+v; the replay said rho %v (recorded %v), signs kept %v", r.Step, s, r.Rho, r.RecordedRho, r.SignAgreement)
+		}
+		moved = moved || s.Rho != s.RecordedRho
+	}
+	if !moved {
+		t.Fatal("debias off moved no step's rho: the curves show nothing")
+	}
+	if len(pairs) > SampleRows {
+		t.Fatalf("the run has %d rows; this part of the test wants them all kept (at most %d)", len(pairs), SampleRows)
+	}
+	if !reflect.DeepEqual(curves.Rows, pairs) {
+		t.Errorf("%d rows kept; want every one of the %d replayed, in order", len(curves.Rows), len(pairs))
+	}
+	path := filepath.Join(t.TempDir(), "replay.png")
+	if err := WriteReplayPlot(&curves, "debias off", path); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("%s is no PNG: %v", path, err)
+	}
+	if b := img.Bounds(); b.Dx() < 600 || b.Dy() < 3*b.Dx()/2 {
+		t.Errorf("the plot is %dx%d; want three panels stacked, 600 wide or more", b.Dx(), b.Dy())
+	}
+}
+
+// Past SampleRows rows, ReplayCurves keeps a uniform sample: as many rows
+// of a late step as of an early one, not the first rows it saw.
+func TestReplayCurvesSampleEveryStepAlike(t *testing.T) {
+	var c ReplayCurves
+	const steps, each = 10, 1000
+	for step := range steps {
+		items := make([]Replayed, each)
+		for i := range items {
+			items[i] = Replayed{Row: archive.Row{Source: archive.SourceWorldModel, FusedAdvantage: float64(step)}, FusedAdvantage: float64(step)}
+		}
+		items = append(items, Replayed{Row: archive.Row{Source: archive.SourceLateAnchor, FusedAdvantage: -1}, FusedAdvantage: -1})
+		c.Add(StepReport{Step: int64(step), Items: items})
+	}
+	if len(c.Rows) != SampleRows {
+		t.Fatalf("%d rows kept of %d; want %d", len(c.Rows), steps*each, SampleRows)
+	}
+	per := make([]int, steps)
+	for _, r := range c.Rows {
+		if r.Recorded < 0 {
+			t.Fatal("a late anchor row, which has no fused advantage, was kept")
+		}
+		per[int(r.Recorded)]++
+	}
+	want := SampleRows / steps
+	for step, n := range per {
+		if n < want*3/4 || n > want*5/4 {
+			t.Errorf("step %d has %d of the %d rows kept; want about %d each: %v", step, n, SampleRows, want, per)
+		}
+	}
 }
