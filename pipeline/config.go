@@ -263,7 +263,15 @@ type Config struct {
 	// without it they go to requests from this one only.
 	PprofRemote bool
 	Out         io.Writer // progress lines (default os.Stdout)
-	Quiet       bool      // no progress lines
+	Quiet       bool      // no progress lines, and no notes either
+	// NoStepLines prints no line for the steps this process fuses; the
+	// notes (a world model down, a lease taken over, ...) and the closing
+	// line still print.
+	NoStepLines bool
+	// StepSummary, when set, prints one line every StepSummary summing up
+	// the steps fused in it, instead of a line a step: at full speed, or
+	// over days, a line a step is more than anyone reads.
+	StepSummary time.Duration
 
 	// ackWait, when set, replaces the consumers' AckWait (30 s): tests
 	// set an hour, so that what waits for it shows as never coming.
@@ -519,6 +527,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --pair-wait %v: want a duration > 0", ErrConfig, c.PairWait)
 	case c.RewardMemory < 0:
 		return fmt.Errorf("%w: --reward-memory %v: want a duration >= 0", ErrConfig, c.RewardMemory)
+	case c.StepSummary < 0:
+		return fmt.Errorf("%w: --step-summary %v: want a duration >= 0", ErrConfig, c.StepSummary)
 	case c.HTTPDrain < 0:
 		return fmt.Errorf("%w: --http-drain %v: want a duration >= 0", ErrConfig, c.HTTPDrain)
 	case c.StuckAfter < 0:

@@ -75,10 +75,7 @@ func (p *Pipeline) onUpdate(u schemas.Update) {
 	if p.cfg.OnUpdate != nil {
 		p.cfg.OnUpdate(u, latency)
 	}
-	if !p.cfg.Quiet {
-		fmt.Fprintf(p.cfg.Out, "step %5d  groups %3d  anchors %2d  pairs %7d  calibration v%-4d  rho %.3f  D %.3f  latency %s%s\n",
-			u.Step, u.Groups, u.Anchors, u.PairsTotal, u.CalibrationVersion, u.Rho, u.D, latency.Round(time.Millisecond), healthOf(u))
-	}
+	p.stepLine(u, latency)
 	if p.progress != nil && p.progress.add(u.Step) {
 		p.finishIfComplete()
 	}
@@ -158,6 +155,7 @@ func (p *Pipeline) sayDone() {
 	if p.cfg.Quiet || p.progress == nil {
 		return
 	}
+	p.flushSummary()
 	archived := ""
 	if p.archived != nil {
 		archived = " and archived"
@@ -186,6 +184,7 @@ func (p *Pipeline) sayStopped() {
 	if p.cfg.Quiet || failed {
 		return
 	}
+	p.flushSummary()
 	line := "stopped after " + time.Since(p.started).Round(100*time.Millisecond).String()
 	if p.fuse != nil {
 		fused, seen := p.seen()

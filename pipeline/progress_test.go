@@ -116,3 +116,70 @@ func TestAStoppedRunSaysWhatTheArchiveWaitedFor(t *testing.T) {
 		t.Errorf("with everything archived, it says %q", got)
 	}
 }
+
+// With --step-summary, a run prints a line an interval instead of a line a
+// step, and its lines add up to every step fused, before the closing line.
+func TestAStepSummaryAddsUpEveryStep(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Quiet, cfg.Steps, cfg.StepSummary = false, 40, 50*time.Millisecond
+	out := &syncBuffer{}
+	cfg.Out = out
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if regexp.MustCompile(`(?m)^step `).MatchString(out.String()) {
+		t.Errorf("a line a step with --step-summary:\n%s", out.String())
+	}
+	line := regexp.MustCompile(`(?m)^steps (\d+)-(\d+)  fused (\d+) in [0-9.]+m?s \([0-9.]+ a second\)  groups 16  anchors 2  pairs \d+  calibration v\d+  rho [0-9.]+  D [0-9.]+  latency median \d+m?s, max \d+m?s$`)
+	lines := line.FindAllStringSubmatch(out.String(), -1)
+	if len(lines) == 0 {
+		t.Fatalf("no summary line:\n%s", out.String())
+	}
+	fused, hi := 0, int64(-1)
+	for _, m := range lines {
+		lo, _ := strconv.ParseInt(m[1], 10, 64)
+		top, _ := strconv.ParseInt(m[2], 10, 64)
+		n, _ := strconv.Atoi(m[3])
+		if lo > top || int64(n) > top-lo+1 || n < 1 {
+			t.Errorf("%q: %d steps fused cannot be steps %d-%d", m[0], n, lo, top)
+		}
+		fused, hi = fused+n, max(hi, top)
+	}
+	if fused != 40 || hi != 39 {
+		t.Errorf("the summary lines count %d steps fused, up to step %d; want 40, up to 39:\n%s", fused, hi, out.String())
+	}
+	done := strings.Index(out.String(), "done: steps 0-39")
+	if last := strings.LastIndex(out.String(), lines[len(lines)-1][0]); done < last {
+		t.Errorf("the closing line does not come after every summary line:\n%s", out.String())
+	}
+}
+
+// A summary line names the steps fused since the last, however they came,
+// the newest's state, the median and longest latency, and the losses of
+// all of them.
+func TestAStepSummaryLine(t *testing.T) {
+	start := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	s := newStepSummary(start)
+	var b strings.Builder
+	s.flush(&b, start.Add(time.Second))
+	if b.Len() != 0 {
+		t.Fatalf("a summary of no steps: %q", b.String())
+	}
+	ungraded := schemas.UpdateItem{Source: "world_model", WMStatus: schemas.PredUngraded}
+	s.add(schemas.Update{Step: 7, Groups: 16, Anchors: 2, PairsTotal: 900, CalibrationVersion: 12, Rho: 2.5, D: 1.5, LateAnchors: []string{"g1"}}, 30*time.Millisecond)
+	s.add(schemas.Update{Step: 3, Groups: 16, Anchors: 2, PairsTotal: 800, CalibrationVersion: 11, Rho: 2, D: 1, Items: []schemas.UpdateItem{ungraded, ungraded}}, 90*time.Millisecond)
+	s.add(schemas.Update{Step: 5, Groups: 16, Anchors: 2, PairsTotal: 850, CalibrationVersion: 11, Rho: 2.2, D: 1.2, LateAnchors: []string{"g0", "g4"}}, 10*time.Millisecond)
+	s.flush(&b, start.Add(3*time.Second))
+	want := "steps 3-7  fused 3 in 2s (1.5 a second)  groups 16  anchors 2  pairs 900  calibration v12  rho 2.500  D 1.500  latency median 30ms, max 90ms  late anchors 3  wm ungraded 2\n"
+	if b.String() != want {
+		t.Errorf("summary line\n%q\nwant\n%q", b.String(), want)
+	}
+	b.Reset()
+	s.add(schemas.Update{Step: 8, Groups: 16, Anchors: 2, PairsTotal: 950, CalibrationVersion: 12, Rho: 2.4, D: 1.4}, 20*time.Millisecond)
+	s.flush(&b, start.Add(4*time.Second))
+	if want := "steps 8-8  fused 1 in 1s (1.0 a second)  groups 16  anchors 2  pairs 950  calibration v12  rho 2.400  D 1.400  latency median 20ms, max 20ms\n"; b.String() != want {
+		t.Errorf("the next line, which owes nothing to the one before:\n%q\nwant\n%q", b.String(), want)
+	}
+}

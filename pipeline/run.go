@@ -68,9 +68,10 @@ type Pipeline struct {
 	leaseLost sync.Map
 
 	started       time.Time
-	doneOnce      sync.Once // the closing line of a run of --steps
-	beforeFitOnce sync.Once // the line about the calibration before its first fit
-	warmUpOnce    sync.Once // the line about rho before the denoiser's warm-up ends
+	summary       *stepSummary // of the steps fused since the last line (Config.StepSummary)
+	doneOnce      sync.Once    // the closing line of a run of --steps
+	beforeFitOnce sync.Once    // the line about the calibration before its first fit
+	warmUpOnce    sync.Once    // the line about rho before the denoiser's warm-up ends
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -113,7 +114,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	p := &Pipeline{cfg: cfg, topo: topo, tr: tr, metrics: metrics, started: time.Now(), cancel: cancel, done: make(chan struct{})}
+	p := &Pipeline{cfg: cfg, topo: topo, tr: tr, metrics: metrics, started: time.Now(), summary: newStepSummary(time.Now()), cancel: cancel, done: make(chan struct{})}
 	if tr.watch != nil {
 		tr.watch.attach(p.metrics, p.fail)
 	} else {
@@ -404,6 +405,9 @@ func (p *Pipeline) start(ctx context.Context) {
 		p.go_(func() error { p.watchStore(ctx); return nil })
 	}
 	p.go_(func() error { return p.router.Run(ctx) })
+	if p.cfg.StepSummary > 0 && p.fuse != nil {
+		p.go_(func() error { p.summarize(ctx); return nil })
+	}
 	if p.source != nil {
 		p.go_(func() error { return p.source.run(ctx) })
 	}

@@ -60,6 +60,13 @@ func natsAuthFlags(fs *pflag.FlagSet, a *natsjs.Auth) {
 	fs.StringVar(&a.Key, "nats-key", "", "key (PEM) of --nats-cert")
 }
 
+// stepLineFlags binds, for run and stage (those that may fuse steps), how
+// the steps fused are printed.
+func stepLineFlags(fs *pflag.FlagSet, cfg *pipeline.Config) {
+	fs.BoolVar(&cfg.NoStepLines, "quiet", false, "no line for each step fused (notes, warnings and the closing line still print)")
+	fs.DurationVar(&cfg.StepSummary, "step-summary", 0, "instead of a line for each step fused, one line this often summing up the steps fused in it (how many, how fast, the newest's rho, D and calibration, latencies, what was lost): for a run of days, or at full speed")
+}
+
 // pipelineFlags binds the flags shared by run and stage to a Config.
 // Secrets come from the environment, never from flags (they would show in ps).
 func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
@@ -163,7 +170,7 @@ func runCommand() *cobra.Command {
 	fs.IntVar(&cfg.Groups, "groups", cfg.Groups, "groups per step (simulated source)")
 	fs.IntVar(&cfg.GroupSize, "group-size", cfg.GroupSize, "trajectories per group (simulated source)")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the simulated source")
-	fs.BoolVar(&cfg.Quiet, "quiet", false, "no per-step lines")
+	stepLineFlags(fs, &cfg)
 	return cmd
 }
 
@@ -187,6 +194,7 @@ func stageCommand() *cobra.Command {
 		},
 	}
 	pipelineFlags(cmd.Flags(), &cfg, &estimator)
+	stepLineFlags(cmd.Flags(), &cfg)
 	return cmd
 }
 

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,5 +86,20 @@ func TestNATSAuthComesFromTheEnvironmentAndTheFlags(t *testing.T) {
 	}
 	if src.Auth != want {
 		t.Errorf("status: %+v, want %+v", src.Auth, want)
+	}
+}
+
+// wmrl run --quiet prints no line a step and still says what a run must
+// (here its closing line); before, it printed nothing at all, warnings
+// included.
+func TestQuietLeavesOutTheStepsAlone(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := wmrl(ctx, "run", "--steps", "4", "--quiet", "--data", t.TempDir(), "--listen", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if regexp.MustCompile(`(?m)^steps? `).MatchString(out) || !strings.Contains(out, "done: steps 0-3 fused and archived") {
+		t.Errorf("wmrl run --quiet said:\n%s\nwant no step lines and its closing line", out)
 	}
 }
