@@ -98,6 +98,9 @@ func TestReplayUnderOtherSettingsDrawsWhatChanged(t *testing.T) {
 	if _, err := png.Decode(f); err != nil {
 		t.Errorf("%s: %v", pic, err)
 	}
+	if out, err := wmrl(ctx, "replay", "--archive", cfg.ArchiveRoot(), "--plot", filepath.Join(dir, "same.png")); err == nil || !strings.Contains(err.Error(), "--plot draws what other settings changed") {
+		t.Errorf("wmrl replay --plot with the recorded settings (%v):\n%s\nwant it refused, saying why", err, out)
+	}
 	out, err = wmrl(ctx, "replay", "--archive", cfg.ArchiveRoot(), "--rho", "reference", "--out", filepath.Join(dir, "ref.parquet"), "--steps")
 	if err != nil || strings.Count(out, "\n      19  ") != 1 {
 		t.Errorf("wmrl replay --steps (%v) said:\n%s\nwant a line for step 19", err, out)

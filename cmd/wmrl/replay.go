@@ -154,6 +154,9 @@ func replayCommand() *cobra.Command {
 			if len(changed) > 0 && out == "" {
 				out = fmt.Sprintf("replay-%s.parquet", run)
 			}
+			if pic != "" && len(changed) == 0 {
+				return fmt.Errorf("--plot draws what other settings changed: give one (--rho reference, --debias off, ...); with the recorded settings the replay is the archive")
+			}
 			if len(changed) > 0 && pic == "" {
 				pic = strings.TrimSuffix(out, ".parquet") + ".png"
 			}
