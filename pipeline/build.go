@@ -119,6 +119,9 @@ func (p *Pipeline) build(ctx context.Context) error {
 
 func (p *Pipeline) buildRoute(ctx context.Context) error {
 	cfg := &p.cfg
+	p.disruption() // the process that ran route before may have ended holding inputs
+	kinds := []schemas.Kind{schemas.KindTraj, schemas.KindTrajs, schemas.KindStep}
+	var subs []*natsjs.Subscriber // route's, once subscribed
 	h, err := route.NewHandler(route.Config{
 		Run: cfg.Run, Scheduler: cfg.Anchors, StepTimeout: cfg.StepTimeout,
 		Redelivered: func(m *message.Message) bool {
@@ -143,6 +146,9 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 		Reject: func(m *message.Message, item int, payload []byte, reason error) error {
 			return p.dl.rejectItem(StageRoute, m, item, payload, reason)
 		},
+		Astray:     func(ctx context.Context) (int, error) { return p.inputsAstray(subs, kinds)(ctx) },
+		AstrayWait: astrayWait,
+		OnAstray:   p.waitsForAstray,
 	}, p.stagePublisher(StageRoute))
 	if err != nil {
 		return err
@@ -159,14 +165,11 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 		}
 		h.Resume(sent) // keeps those of steps planned already out
 	}
-	if err := p.subscribe(StageRoute, schemas.KindTraj, h.HandleTraj); err != nil {
-		return err
-	}
-	if err := p.subscribe(StageRoute, schemas.KindTrajs, h.HandleTrajs); err != nil {
-		return err
-	}
-	if err := p.subscribe(StageRoute, schemas.KindStep, h.HandleStep); err != nil {
-		return err
+	for i, handle := range []message.NoPublishHandlerFunc{h.HandleTraj, h.HandleTrajs, h.HandleStep} { // kinds' order
+		if err := p.subscribe(StageRoute, kinds[i], handle); err != nil {
+			return err
+		}
+		subs = append(subs, p.subs[len(p.subs)-1])
 	}
 	p.go_(func() error { return h.Run(ctx) })
 	return nil

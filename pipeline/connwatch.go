@@ -31,6 +31,7 @@ type connWatch struct {
 	connected  prometheus.Gauge   // nil until the pipeline's metrics exist
 	reconnects prometheus.Counter // nil likewise
 	closed     func(error)        // the pipeline's fail, nil likewise
+	disrupted  func()             // the pipeline's disruption, nil likewise
 }
 
 // sameErrorEvery is how often the same asynchronous error is printed.
@@ -48,11 +49,12 @@ func (w *connWatch) options() []nats.Option {
 	}
 }
 
-// attach hands the watch the pipeline's metrics and its fail.
-func (w *connWatch) attach(m *Metrics, fail func(error)) {
+// attach hands the watch the pipeline's metrics, its fail, and what to
+// call when the connection is lost or back.
+func (w *connWatch) attach(m *Metrics, fail func(error), disrupted func()) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.connected, w.reconnects, w.closed = m.NATSConnected, m.NATSReconnects, fail
+	w.connected, w.reconnects, w.closed, w.disrupted = m.NATSConnected, m.NATSReconnects, fail, disrupted
 	if w.lostAt.IsZero() {
 		w.connected.Set(1)
 	}
@@ -70,6 +72,9 @@ func (w *connWatch) lost(err error, now time.Time) {
 	if w.stopping || !w.lostAt.IsZero() {
 		return
 	}
+	if w.disrupted != nil {
+		w.disrupted()
+	}
 	w.lostAt = now
 	if w.connected != nil {
 		w.connected.Set(0)
@@ -84,6 +89,9 @@ func (w *connWatch) lost(err error, now time.Time) {
 func (w *connWatch) back(url string, now time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.disrupted != nil {
+		w.disrupted()
+	}
 	if w.connected != nil {
 		w.connected.Set(1)
 		w.reconnects.Inc()

@@ -68,6 +68,7 @@ type Pipeline struct {
 	leaseLost sync.Map
 
 	started       time.Time
+	disrupted     atomic.Int64 // unix ns: when route's inputs may last have gone astray (astray.go)
 	summary       *stepSummary // of the steps fused since the last line (Config.StepSummary)
 	doneOnce      sync.Once    // the closing line of a run of --steps
 	beforeFitOnce sync.Once    // the line about the calibration before its first fit
@@ -116,7 +117,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	p := &Pipeline{cfg: cfg, topo: topo, tr: tr, metrics: metrics, started: time.Now(), summary: newStepSummary(time.Now()), cancel: cancel, done: make(chan struct{})}
 	if tr.watch != nil {
-		tr.watch.attach(p.metrics, p.fail)
+		tr.watch.attach(p.metrics, p.fail, p.disruption)
 	} else {
 		p.metrics.NATSConnected.Set(1) // in process
 	}
@@ -326,6 +327,7 @@ func (l inputLogger) Error(msg string, err error, fields watermill.LogFields) {
 func (l inputLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
 
 func (p *Pipeline) inputError(stage, what string, err error) {
+	p.disruption()
 	p.metrics.InputErrors.WithLabelValues(stage).Inc()
 	p.notef("%s: %s: %v (reading on)", stage, what, err)
 }

@@ -105,6 +105,7 @@ type Subscriber struct {
 	once    sync.Once
 	loops   sync.WaitGroup // consume loops
 	msgs    sync.WaitGroup // messages handed out and not yet settled
+	held    atomic.Int64   // ... counted
 
 	mu    sync.Mutex
 	acked []*atomic.Pointer[string] // per consumer: the reply subject of its last acknowledged message
@@ -135,6 +136,14 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 	_, err := s.prov.ensure(ctx, topic)
 	return err
 }
+
+// Held counts the messages handed out and not yet settled (acknowledged,
+// handed back or terminated): set against its consumers' count of
+// messages delivered and not acknowledged, it tells those that are
+// elsewhere (lost on their way, held by a process that ended), which the
+// server delivers again after AckWait. Messages the client has prefetched
+// and not handed out yet are not counted.
+func (s *Subscriber) Held() int64 { return s.held.Load() }
 
 // Durable is the consumer name used for topic.
 func (s *Subscriber) Durable(topic string) string {
@@ -238,6 +247,7 @@ func (s *Subscriber) consume(ctx context.Context, topic string, it jetstream.Mes
 		select {
 		case out <- wm:
 			s.msgs.Add(1)
+			s.held.Add(1)
 			go s.settle(jm, wm, cancel, acked)
 		case <-ctx.Done():
 			cancel()
@@ -263,6 +273,7 @@ func (s *Subscriber) isClosing() bool {
 // subject goes to acked.
 func (s *Subscriber) settle(jm jetstream.Msg, wm *message.Message, cancel context.CancelFunc, acked *atomic.Pointer[string]) {
 	defer s.msgs.Done()
+	defer s.held.Add(-1)
 	defer cancel()
 	keepAlive := time.NewTicker(s.cfg.AckWait / 2)
 	defer keepAlive.Stop()

@@ -131,19 +131,30 @@ func (a *Assembly) Ready(now time.Time) []int64 {
 		if s.watermark == nil {
 			continue
 		}
-		complete := 0
-		for _, g := range s.groups {
-			if len(g.trajs) == g.want {
-				complete++
-			}
-		}
-		all := complete == len(s.groups) && len(s.groups) >= s.watermark.Groups
-		if all || now.Sub(s.watermarkAt) >= a.StepTimeout {
+		if !s.short() || now.Sub(s.watermarkAt) >= a.StepTimeout {
 			out = append(out, n)
 		}
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Short reports whether step n, whose watermark came, lacks groups it
+// declared or trajectories of a group's size: it is ready only on its
+// timeout.
+func (a *Assembly) Short(n int64) bool {
+	s := a.steps[n]
+	return s != nil && s.watermark != nil && s.short()
+}
+
+func (s *stepState) short() bool {
+	complete := 0
+	for _, g := range s.groups {
+		if len(g.trajs) == g.want {
+			complete++
+		}
+	}
+	return complete < len(s.groups) || len(s.groups) < s.watermark.Groups
 }
 
 // Plan builds step n's groups and plan with sched's anchor choice, or with

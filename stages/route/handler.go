@@ -45,6 +45,17 @@ type Handler struct {
 	onNoWatermark func(NoWatermark)
 	watermarkWait time.Duration
 
+	astray     func(context.Context) (int, error)
+	astrayWait time.Duration
+	onAstray   func(Astray)
+	// astrayAt, astrayN, astrayErr: the last count of inputs astray,
+	// asked at most once a second; astraySaid: the steps OnAstray heard
+	// of.
+	astrayAt   time.Time
+	astrayN    int
+	astrayErr  error
+	astraySaid map[int64]bool
+
 	mu   sync.Mutex
 	asm  *Assembly
 	done map[int64]chan struct{} // closed when the step's outputs are stored
@@ -114,6 +125,16 @@ type Config struct {
 	// hands the whole message back. Nil: a message with one bad trajectory
 	// fails whole, as a single bad trajectory does.
 	Reject func(msg *message.Message, item int, payload []byte, reason error) error
+	// Astray, if set, counts route's inputs delivered and neither settled
+	// nor held by this process: lost on their way at a server's failover,
+	// or held by a route process that ended. The server delivers them
+	// again after its AckWait. A step whose StepTimeout comes while it
+	// lacks groups and inputs are astray waits for them, up to AstrayWait
+	// more (default 1m), rather than be planned without what is on its
+	// way again; OnAstray hears of it once. A failed count waits as well.
+	Astray     func(context.Context) (int, error)
+	AstrayWait time.Duration
+	OnAstray   func(Astray)
 	// OnTaken, if set, hears after each message on kind (schemas.KindTraj
 	// or KindTrajs) how many trajectories it brought that route did not
 	// have: copies, and trajectories delivered again, are not counted, nor
@@ -139,6 +160,17 @@ type NoWatermark struct {
 	// Step (else -1): the trainer went on without it, as one that crashed
 	// during the step and resumed past it does.
 	NewerPlanned int64
+}
+
+// Astray is a step whose timeout came while it lacked groups and route's
+// inputs were astray (Config.Astray): it waits for them.
+type Astray struct {
+	Step int64
+	// Inputs counts those astray (0: the count failed, with Err).
+	Inputs int
+	Err    error
+	// Upto is how much longer the step waits for them at most.
+	Upto time.Duration
 }
 
 // Short is a step planned with less than its watermark declared, on its
@@ -177,10 +209,14 @@ func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
 	if cfg.WatermarkWait == 0 {
 		cfg.WatermarkWait = 5 * time.Minute
 	}
+	if cfg.AstrayWait == 0 {
+		cfg.AstrayWait = time.Minute
+	}
 	return &Handler{
 		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, seq: cfg.Seq, inFlight: cfg.InFlight, maxPayload: cfg.MaxPayload, size: cfg.Size, onShort: cfg.OnShort,
 		onDropped: cfg.OnDropped, reject: cfg.Reject, onTaken: cfg.OnTaken,
 		onNoWatermark: cfg.OnNoWatermark, watermarkWait: cfg.WatermarkWait,
+		astray: cfg.Astray, astrayWait: cfg.AstrayWait, onAstray: cfg.OnAstray, astraySaid: map[int64]bool{},
 		asm: NewAssembly(cfg.StepTimeout), done: map[int64]chan struct{}{}, sent: map[int64][]string{},
 		firstAt: map[int64]time.Time{}, noWatermarkSaid: map[int64]bool{},
 		taken: map[int64][]uint64{}, planned: map[int64][]uint64{},
@@ -378,6 +414,9 @@ func (h *Handler) Flush() error {
 	defer h.mu.Unlock()
 	now := h.now()
 	for _, step := range h.asm.Ready(now) {
+		if h.waitsForAstray(step, now) {
+			continue
+		}
 		sent, resumed := h.sent[step]
 		inFlight := 0
 		if !resumed && h.inFlight != nil && h.sched.cfg.MaxInFlight > 0 {
@@ -409,6 +448,7 @@ func (h *Handler) Flush() error {
 		delete(h.sent, step)
 		delete(h.firstAt, step)
 		delete(h.noWatermarkSaid, step)
+		delete(h.astraySaid, step)
 	}
 	if h.onNoWatermark != nil {
 		for step, first := range h.firstAt {
@@ -425,6 +465,35 @@ func (h *Handler) Flush() error {
 		}
 	}
 	return nil
+}
+
+// waitsForAstray reports whether step, ready on its timeout while it
+// lacks groups or trajectories, waits for route's inputs astray: those
+// the server delivers again after its AckWait could be its own. The lock
+// is held.
+func (h *Handler) waitsForAstray(step int64, now time.Time) bool {
+	if h.astray == nil || !h.asm.Short(step) {
+		return false
+	}
+	_, at := h.asm.Declared(step)
+	left := h.asm.StepTimeout + h.astrayWait - now.Sub(at)
+	if left <= 0 {
+		return false
+	}
+	if now.Sub(h.astrayAt) >= time.Second {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		h.astrayN, h.astrayErr = h.astray(ctx)
+		cancel()
+		h.astrayAt = now
+	}
+	if h.astrayErr == nil && h.astrayN <= 0 {
+		return false
+	}
+	if h.onAstray != nil && !h.astraySaid[step] {
+		h.astraySaid[step] = true
+		h.onAstray(Astray{Step: step, Inputs: h.astrayN, Err: h.astrayErr, Upto: left})
+	}
+	return true
 }
 
 // keepPlanned keeps the sequences of the trajectories step took, now

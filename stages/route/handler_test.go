@@ -347,6 +347,107 @@ func TestAStepClosedShortIsReported(t *testing.T) {
 	}
 }
 
+// A step whose timeout comes while it lacks a group and route's inputs are
+// astray (delivered and not acknowledged outside this process: lost at a
+// server's failover) waits for them, said once; the group, delivered
+// again, completes it. One that still lacks it when none are astray, or
+// after AstrayWait, is planned short; a failed count waits too, and a
+// count is asked at most once a second.
+func TestAStepWaitsForItsInputsAstray(t *testing.T) {
+	now := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+	var shorts []Short
+	var heard []Astray
+	astray, asked := 2, 0
+	var countErr error
+	pub := &recorder{}
+	h, err := NewHandler(Config{
+		Run: "r", Out: Topics{Group: "group", Exec: "exec", Plan: "plan"},
+		Scheduler: SchedulerConfig{Fraction: 0.5}, StepTimeout: 30 * time.Second, AstrayWait: time.Minute,
+		Now:      func() time.Time { return now },
+		OnShort:  func(s Short) { shorts = append(shorts, s) },
+		Astray:   func(context.Context) (int, error) { asked++; return astray, countErr },
+		OnAstray: func(a Astray) { heard = append(heard, a) },
+	}, pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := func(step int64, trs ...schemas.Trajectory) {
+		t.Helper()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, tr := range trs {
+			if err := h.asm.AddTraj(tr); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	watermark := func(step int64, groups int) {
+		t.Helper()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if err := h.asm.AddWatermark(schemas.StepClose{Schema: 1, Run: "r", Step: step, Groups: groups}, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flush := func() {
+		t.Helper()
+		if err := h.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Step 1 lacks group b, which is on its way again.
+	add(1, traj(1, "a", 0, 2), traj(1, "a", 1, 2))
+	watermark(1, 2)
+	now = now.Add(31 * time.Second)
+	flush()
+	now = now.Add(500 * time.Millisecond)
+	flush()
+	if len(pub.plans) != 0 || len(shorts) != 0 || asked != 1 {
+		t.Fatalf("past the timeout with inputs astray: %d plans, %+v short, count asked %d times; want it waiting, asked once", len(pub.plans), shorts, asked)
+	}
+	if want := []Astray{{Step: 1, Inputs: 2, Upto: 59 * time.Second}}; fmt.Sprint(heard) != fmt.Sprint(want) {
+		t.Errorf("heard %+v; want %+v", heard, want)
+	}
+	now = now.Add(20 * time.Second)
+	add(1, traj(1, "b", 0, 2), traj(1, "b", 1, 2)) // delivered again
+	flush()
+	if len(pub.plans) != 1 || len(shorts) != 0 {
+		t.Fatalf("the group astray came: %d plans, %+v short; want step 1 planned whole", len(pub.plans), shorts)
+	}
+
+	// Step 2 lacks group b and none is astray: planned on its timeout.
+	astray = 0
+	add(2, traj(2, "a", 0, 2), traj(2, "a", 1, 2))
+	watermark(2, 2)
+	now = now.Add(31 * time.Second)
+	flush()
+	if len(pub.plans) != 2 || len(shorts) != 1 || shorts[0].Step != 2 || shorts[0].Waited != 31*time.Second {
+		t.Fatalf("nothing astray: %d plans, %+v short; want step 2 planned short after 31s", len(pub.plans), shorts)
+	}
+
+	// Step 3: the count fails, and then what is astray never comes: it
+	// waits AstrayWait past its timeout, no longer.
+	astray, countErr = 0, errors.New("no consumer leader")
+	add(3, traj(3, "a", 0, 2), traj(3, "a", 1, 2))
+	watermark(3, 2)
+	now = now.Add(31 * time.Second)
+	flush()
+	if len(pub.plans) != 2 || len(heard) != 2 || heard[1].Err == nil {
+		t.Fatalf("a failed count: %d plans, heard %+v; want step 3 waiting, said with the error", len(pub.plans), heard)
+	}
+	astray, countErr = 1, nil
+	now = now.Add(58 * time.Second)
+	flush()
+	if len(pub.plans) != 2 {
+		t.Fatalf("89s after its watermark, inputs astray: step 3 planned")
+	}
+	now = now.Add(2 * time.Second)
+	flush()
+	if len(pub.plans) != 3 || len(shorts) != 2 || shorts[1].Waited != 91*time.Second || len(heard) != 2 {
+		t.Fatalf("past the timeout and AstrayWait: %d plans, %+v short, heard %+v; want step 3 planned short after 91s, said once", len(pub.plans), shorts, heard)
+	}
+}
+
 // A step with trajectories and no watermark for WatermarkWait is reported
 // once, with what it holds; one whose watermark came is not.
 func TestAStepWithoutItsWatermarkIsReported(t *testing.T) {
