@@ -48,13 +48,6 @@ type Handler struct {
 	astray     func(context.Context) (int, error)
 	astrayWait time.Duration
 	onAstray   func(Astray)
-	// astrayAt, astrayN, astrayErr: the last count of inputs astray,
-	// asked at most once a second; astraySaid: the steps OnAstray heard
-	// of.
-	astrayAt   time.Time
-	astrayN    int
-	astrayErr  error
-	astraySaid map[int64]bool
 
 	mu   sync.Mutex
 	asm  *Assembly
@@ -64,6 +57,13 @@ type Handler struct {
 	// noWatermarkSaid: the steps OnNoWatermark heard of.
 	firstAt         map[int64]time.Time
 	noWatermarkSaid map[int64]bool
+	// astrayAt, astrayN, astrayErr: the last count of inputs astray,
+	// asked at most once a second; astraySaid: the steps OnAstray heard
+	// of.
+	astrayAt   time.Time
+	astrayN    int
+	astrayErr  error
+	astraySaid map[int64]bool
 	// taken: the stream sequences of the trajectories an open step took;
 	// planned: those of the newest keepPlanned steps planned, sorted, in
 	// the order plannedOrder; with Seq, what tells a trajectory delivered
