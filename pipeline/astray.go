@@ -35,32 +35,30 @@ func (p *Pipeline) disruption() { p.disrupted.Store(time.Now().UnixNano()) }
 // was astray then came again since, and the count, which messages on
 // their way to this process or whose acknowledgement is on its way to the
 // server swell, would hold short steps for nothing.
-func (p *Pipeline) inputsAstray(subs []*natsjs.Subscriber, kinds []schemas.Kind) func(context.Context) (int, error) {
-	return func(ctx context.Context) (int, error) {
-		if time.Since(time.Unix(0, p.disrupted.Load())) > p.ackWait()+astrayWait {
-			return 0, nil
-		}
-		pending := 0
-		for _, kind := range kinds {
-			name := consumerName(StageRoute, p.cfg.Run, kind)
-			cons, err := p.tr.js.Consumer(ctx, p.tr.stream, name)
-			if errors.Is(err, jetstream.ErrConsumerNotFound) {
-				continue
-			}
-			if err != nil {
-				return 0, fmt.Errorf("consumer %s: %w", name, err)
-			}
-			info, err := cons.Info(ctx)
-			if err != nil {
-				return 0, fmt.Errorf("consumer %s: %w", name, err)
-			}
-			pending += info.NumAckPending
-		}
-		for _, s := range subs {
-			pending -= int(s.Held())
-		}
-		return max(pending, 0), nil
+func (p *Pipeline) inputsAstray(ctx context.Context, subs []*natsjs.Subscriber, kinds []schemas.Kind) (int, error) {
+	if time.Since(time.Unix(0, p.disrupted.Load())) > p.ackWait()+astrayWait {
+		return 0, nil
 	}
+	pending := 0
+	for _, kind := range kinds {
+		name := consumerName(StageRoute, p.cfg.Run, kind)
+		cons, err := p.tr.js.Consumer(ctx, p.tr.stream, name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("consumer %s: %w", name, err)
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("consumer %s: %w", name, err)
+		}
+		pending += info.NumAckPending
+	}
+	for _, s := range subs {
+		pending -= int(s.Held())
+	}
+	return max(pending, 0), nil
 }
 
 // astrayWait is how long past its timeout a step waits for route's inputs

@@ -146,7 +146,7 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 		Reject: func(m *message.Message, item int, payload []byte, reason error) error {
 			return p.dl.rejectItem(StageRoute, m, item, payload, reason)
 		},
-		Astray:     func(ctx context.Context) (int, error) { return p.inputsAstray(subs, kinds)(ctx) },
+		Astray:     func(ctx context.Context) (int, error) { return p.inputsAstray(ctx, subs, kinds) },
 		AstrayWait: astrayWait,
 		OnAstray:   p.waitsForAstray,
 	}, p.stagePublisher(StageRoute))
