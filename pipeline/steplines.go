@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -53,8 +52,8 @@ type stepSummary struct {
 	n         int
 	lo, hi    int64
 	newest    schemas.Update
-	latencies []time.Duration
-	lost      []int // by stepLosses' order
+	latencies []float64 // seconds
+	lost      []int     // by stepLosses' order
 }
 
 func newStepSummary(now time.Time) *stepSummary { return &stepSummary{since: now} }
@@ -70,7 +69,7 @@ func (s *stepSummary) add(u schemas.Update, latency time.Duration) {
 		s.newest.Items = nil
 	}
 	s.n++
-	s.latencies = append(s.latencies, latency)
+	s.latencies = append(s.latencies, latency.Seconds())
 	losses := stepLosses(u)
 	if s.lost == nil {
 		s.lost = make([]int, len(losses))
@@ -91,13 +90,13 @@ func (s *stepSummary) flush(w io.Writer, now time.Time) {
 		return
 	}
 	d := now.Sub(s.since)
-	slices.Sort(s.latencies)
-	median := s.latencies[(len(s.latencies)-1)/2]
+	q := timeQuantiles(s.latencies)
+	seconds := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)).Round(time.Millisecond) }
 	u := s.newest
 	var b strings.Builder
 	fmt.Fprintf(&b, "steps %d-%d  fused %d in %s (%.1f a second)  groups %d  anchors %d  pairs %d  calibration v%d  rho %.3f  D %.3f  latency median %s, max %s",
 		s.lo, s.hi, s.n, d.Round(100*time.Millisecond), float64(s.n)/max(d.Seconds(), 1e-3), u.Groups, u.Anchors, u.PairsTotal, u.CalibrationVersion, u.Rho, u.D,
-		median.Round(time.Millisecond), s.latencies[len(s.latencies)-1].Round(time.Millisecond))
+		seconds(q.Median), seconds(q.Max))
 	for i, l := range stepLosses(schemas.Update{}) {
 		if s.lost[i] > 0 {
 			fmt.Fprintf(&b, "  %s %d", l.label, s.lost[i])

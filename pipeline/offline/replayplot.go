@@ -157,16 +157,11 @@ func fusedScatter(rows []FusedPair, of int) (*plot.Plot, error) {
 		xy   plotter.XYs
 		c    color.Color
 	}{{"world-model rows", wm, faint}, {"anchor rows", anchors, orange}} {
-		if len(s.xy) == 0 {
-			continue
+		if len(s.xy) > 0 {
+			if err := dots(p, s.name, s.xy, s.c, vg.Points(1.5)); err != nil {
+				return nil, err
+			}
 		}
-		sc, err := plotter.NewScatter(s.xy)
-		if err != nil {
-			return nil, err
-		}
-		sc.GlyphStyle.Color, sc.GlyphStyle.Shape, sc.GlyphStyle.Radius = s.c, draw.CircleGlyph{}, vg.Points(1.5)
-		p.Add(sc)
-		p.Legend.Add(s.name, sc)
 	}
 	return p, nil
 }

@@ -170,12 +170,22 @@ func line(p *plot.Plot, name string, xy plotter.XYs, c color.Color, dashed, poin
 		p.Legend.Add(name, l)
 	}
 	if points {
-		s, err := plotter.NewScatter(xy)
-		if err != nil {
-			return err
-		}
-		s.GlyphStyle.Color, s.GlyphStyle.Shape, s.GlyphStyle.Radius = c, draw.CircleGlyph{}, vg.Points(2.5)
-		p.Add(s)
+		return dots(p, "", xy, c, vg.Points(2.5))
+	}
+	return nil
+}
+
+// dots draws xy as circles of radius r, named in the legend unless name
+// is empty.
+func dots(p *plot.Plot, name string, xy plotter.XYs, c color.Color, r vg.Length) error {
+	s, err := plotter.NewScatter(xy)
+	if err != nil {
+		return err
+	}
+	s.GlyphStyle.Color, s.GlyphStyle.Shape, s.GlyphStyle.Radius = c, draw.CircleGlyph{}, r
+	p.Add(s)
+	if name != "" {
+		p.Legend.Add(name, s)
 	}
 	return nil
 }
@@ -208,13 +218,9 @@ func plotReliability(a *Audit) (*plot.Plot, error) {
 		pts = append(pts, plotter.XY{X: a.pairs[i].pred, Y: a.pairs[i].truth})
 	}
 	if len(pts) > 0 {
-		s, err := plotter.NewScatter(pts)
-		if err != nil {
+		if err := dots(p, fmt.Sprintf("anchor pairs (%d shown)", len(pts)), pts, faint, vg.Points(1.5)); err != nil {
 			return nil, err
 		}
-		s.GlyphStyle.Color, s.GlyphStyle.Shape, s.GlyphStyle.Radius = faint, draw.CircleGlyph{}, vg.Points(1.5)
-		p.Add(s)
-		p.Legend.Add(fmt.Sprintf("anchor pairs (%d shown)", len(pts)), s)
 	}
 	lo, hi := a.Overall.Levels[0].Lo, a.Overall.Levels[len(a.Overall.Levels)-1].Hi
 	if err := line(p, "ideal (y = x)", plotter.XYs{{X: lo, Y: lo}, {X: hi, Y: hi}}, grey, true, false); err != nil {
