@@ -75,6 +75,7 @@ func (p *Pipeline) ackWait() time.Duration {
 
 // waitsForAstray says that a step waits for route's inputs astray.
 func (p *Pipeline) waitsForAstray(a route.Astray) {
+	p.metrics.AstraySteps.Inc()
 	what := fmt.Sprintf("%d of route's inputs were delivered and not acknowledged outside this process (lost on their way at a server's failover, or held by a process that ended)", a.Inputs)
 	if a.Err != nil {
 		what = fmt.Sprintf("route could not count its inputs delivered elsewhere (%v)", a.Err)

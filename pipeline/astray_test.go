@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/sim"
@@ -86,7 +87,7 @@ func TestAStepWaitsForAGroupDeliveredAgain(t *testing.T) {
 	cfg.Quiet, cfg.Out = false, &out
 	updates := make(chan schemas.Update, 1)
 	cfg.OnUpdate = func(u schemas.Update, _ time.Duration) { updates <- u }
-	started(t, ctx, cfg)
+	p := started(t, ctx, cfg)
 	select {
 	case u := <-updates:
 		if u.Groups != wm.Groups || len(u.Items) != len(trajs) {
@@ -98,5 +99,8 @@ func TestAStepWaitsForAGroupDeliveredAgain(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "route: step 0's --step-timeout came while it lacks groups, and 1 of route's inputs were delivered and not acknowledged outside this process") {
 		t.Errorf("the wait was not said:\n%s", out.String())
+	}
+	if n := testutil.ToFloat64(p.Metrics().AstraySteps); n != 1 {
+		t.Errorf("wmrl_steps_waited_for_astray_total %v, want 1", n)
 	}
 }

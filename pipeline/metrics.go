@@ -92,6 +92,9 @@ type Metrics struct {
 	// ShortSteps counts steps route planned on their timeout with less
 	// than their watermark declared.
 	ShortSteps prometheus.Counter
+	// AstraySteps counts steps that waited past their timeout for route's
+	// inputs astray (pipeline/astray.go).
+	AstraySteps prometheus.Counter
 	// StreamBytes is what the run's stream holds; StoreBytes and
 	// StoreLimit the JetStream account's store and its limit (0: none
 	// known); StoreDiskFree the room left on the embedded server's disk.
@@ -199,6 +202,8 @@ func NewMetrics() *Metrics {
 		Help: "Reconnections of this process's connection to its NATS server, after it was lost."})
 	m.ShortSteps = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "steps_closed_short_total",
 		Help: "Steps planned on their --step-timeout with fewer groups than their watermark declared, or groups with fewer trajectories than their group_size: each waited out the timeout."})
+	m.AstraySteps = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "steps_waited_for_astray_total",
+		Help: "Steps whose --step-timeout came while they lacked groups and route's inputs were delivered and not acknowledged outside this process (lost at a server's failover, or held by a process that ended): each waited up to a minute more for them to be delivered again."})
 	m.Archived = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "steps_archived_total",
 		Help: "Step updates whose rows are in closed, synced archive files."})
 	m.ArchiveMerged = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "archive_files_merged_total",
@@ -256,7 +261,7 @@ func NewMetrics() *Metrics {
 	m.ExecutionSlotsBusy = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "wmrl", Name: "execution_slots_busy",
 		Help: "Of those, the ones taken: an execution under way, or waiting for a user or a set of GPUs."})
 	r.MustRegister(m.ExecutionsWaiting, m.ExecutionSlots, m.ExecutionSlotsBusy)
-	r.MustRegister(m.Latency, m.StepLatency, m.NATSReconnects, m.ShortSteps, m.CertNotAfter, m.Standby, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
+	r.MustRegister(m.Latency, m.StepLatency, m.NATSReconnects, m.ShortSteps, m.AstraySteps, m.CertNotAfter, m.Standby, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
 		m.RewardAnswers, m.WMRequests, m.WMRequestSeconds, m.WMTokens, m.Executions, m.ExecutionSeconds, m.ExecutionsShared)
 	return m
 }
