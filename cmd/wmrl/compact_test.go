@@ -106,3 +106,32 @@ func TestReplayUnderOtherSettingsDrawsWhatChanged(t *testing.T) {
 		t.Errorf("wmrl replay --steps (%v) said:\n%s\nwant a line for step 19", err, out)
 	}
 }
+
+// TestTheOfflineCommandsReadRunsArchiveByDefault: in the directory where
+// wmrl run ran on its defaults, replay, audit and compact read its archive
+// without --archive, and audit writes its report to audit-<run>; where
+// there is none, they say what to give.
+func TestTheOfflineCommandsReadRunsArchiveByDefault(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	t.Chdir(t.TempDir())
+	for _, args := range [][]string{{"replay"}, {"audit"}, {"compact"}} {
+		if out, err := wmrl(ctx, args...); err == nil || !strings.Contains(err.Error(), "no archive at wmrl-data/archive, where wmrl run keeps it by default: give --archive") {
+			t.Errorf("wmrl %s where no run ran (%v):\n%s\nwant it to say what to give", args[0], err, out)
+		}
+	}
+	finishedRun(ctx, t, 10, func(cfg *pipeline.Config) { cfg.DataDir = pipeline.DefaultConfig().DataDir })
+	if out, err := wmrl(ctx, "replay"); err != nil || !strings.Contains(out, "REPRODUCED: identical") {
+		t.Errorf("wmrl replay (%v):\n%s", err, out)
+	}
+	if out, err := wmrl(ctx, "compact"); err != nil || !strings.Contains(out, "run default: ") {
+		t.Errorf("wmrl compact (%v):\n%s", err, out)
+	}
+	out, err := wmrl(ctx, "audit", "--expect-seeds", "0")
+	if err != nil {
+		t.Fatalf("wmrl audit (%v):\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join("audit-default", "index.html")); err != nil || !strings.Contains(out, "audit-default") {
+		t.Errorf("wmrl audit without --out: %v; it said:\n%s", err, out)
+	}
+}

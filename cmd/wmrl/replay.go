@@ -4,13 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/wmrl/wmrl/connectors/sim/rl"
+	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/pipeline/offline"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
@@ -22,6 +25,9 @@ import (
 // holding the directory so that no merge removes a file before it is
 // read, until release.
 func openRun(root, run string) (string, []string, func(), error) {
+	if err := archiveThere(root); err != nil {
+		return "", nil, nil, err
+	}
 	if run == "" {
 		runs, err := archive.Runs(root)
 		if err != nil {
@@ -46,6 +52,29 @@ func openRun(root, run string) (string, []string, func(), error) {
 		return "", nil, nil, err
 	}
 	return run, files, release, nil
+}
+
+// defaultArchive is where wmrl run keeps its archive given neither --data
+// nor --archive: the offline commands read it unless told another.
+var defaultArchive = filepath.Join(pipeline.DefaultConfig().DataDir, "archive")
+
+// archiveFlag adds --archive, the archive root an offline command reads.
+func archiveFlag(fs *pflag.FlagSet, root *string) {
+	fs.StringVar(root, "archive", defaultArchive, "archive root: the directory holding run=<name>/ (wmrl run's is DATA/archive, or its --archive)")
+}
+
+// archiveThere says, when root is no directory, what to give instead.
+func archiveThere(root string) error {
+	fi, err := os.Stat(root)
+	switch {
+	case errors.Is(err, os.ErrNotExist) && root == defaultArchive:
+		return fmt.Errorf("no archive at %s, where wmrl run keeps it by default: give --archive, the directory holding run=<name>/ (wmrl run's DATA/archive, or its --archive)", root)
+	case err != nil:
+		return fmt.Errorf("archive root: %w", err)
+	case !fi.IsDir():
+		return fmt.Errorf("archive root %s is a file, not the directory holding run=<name>/", root)
+	}
+	return nil
 }
 
 // loadRun reads one run's rows from an archive root, with a progress bar,
@@ -93,7 +122,7 @@ func replayCommand() *cobra.Command {
 		steps                                                bool
 	)
 	cmd := &cobra.Command{
-		Use:   "replay --archive DIR",
+		Use:   "replay [--archive DIR]",
 		Short: "Re-run calibration and fusion over an archive: reproduce it, or see what other settings would have given",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -239,7 +268,7 @@ func replayCommand() *cobra.Command {
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&root, "archive", "", "archive root (the directory holding run=<name>/)")
+	archiveFlag(fs, &root)
 	fs.StringVar(&run, "run", "", "run to replay (default: the only one)")
 	fs.StringVar(&out, "out", "", "write the replayed rows to this Parquet file (default with changed settings: replay-<run>.parquet)")
 	fs.StringVar(&debias, "debias", "on", "on or off: apply the isotonic map")
@@ -253,7 +282,6 @@ func replayCommand() *cobra.Command {
 	fs.Float64Var(&fraction, "anchor-fraction", 0, "keep this share of groups as anchors (below the recorded one: a fixed subsample)")
 	fs.BoolVar(&steps, "steps", false, "print every step: its rho, replayed and recorded, its anchor groups, how far its fused advantages moved and how many kept their sign")
 	fs.StringVar(&pic, "plot", "", "with changed settings, draw what they changed step by step to this PNG (default: --out's name, .png)")
-	_ = cmd.MarkFlagRequired("archive")
 	return cmd
 }
 
@@ -273,7 +301,7 @@ func auditCommand() *cobra.Command {
 		deadline       time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "audit --archive DIR --out REPORT",
+		Use:   "audit [--archive DIR] [--out REPORT]",
 		Short: "Measure the world model's bias over an archive (HTML page with plots, summary.json), and what wmrl sim expects at this world model",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -303,6 +331,9 @@ func auditCommand() *cobra.Command {
 				if err != nil { // the audit stands without it
 					fmt.Fprintf(stderr, "audit: nothing to expect: %v\n", err)
 				}
+			}
+			if out == "" {
+				out = "audit-" + run
 			}
 			if err := offline.WriteReport(a, out); err != nil {
 				return err
@@ -359,9 +390,9 @@ func auditCommand() *cobra.Command {
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&root, "archive", "", "archive root (the directory holding run=<name>/)")
+	archiveFlag(fs, &root)
 	fs.StringVar(&run, "run", "", "run to audit (default: the only one)")
-	fs.StringVar(&out, "out", "", "report directory (index.html, PNG plots, summary.json)")
+	fs.StringVar(&out, "out", "", "report directory (index.html, PNG plots, summary.json; default: audit-<run>)")
 	fs.IntVar(&opt.Bins, "bins", 10, "score bins")
 	fs.Float64Var(&opt.Tolerance, "tolerance", 0.05, "a level's mean residual within this counts as unbiased")
 	fs.IntVar(&opt.MinBinPairs, "min-bin-pairs", 10, "levels with fewer anchor pairs are not judged")
@@ -372,8 +403,6 @@ func auditCommand() *cobra.Command {
 	fs.Var(choiceFlag[rl.Optimizer]{&expect.Optimizer, rl.Optimizers}, "expect-optimizer", fmt.Sprintf("the simulated learner's optimizer for what to expect: %v", rl.Optimizers))
 	fs.Float64Var(&expect.Costs.WorldModel, "cost-wm", expect.Costs.WorldModel, "what to expect: cost of a world-model call, in generations")
 	fs.Float64Var(&expect.Costs.Execute, "cost-exec", expect.Costs.Execute, "what to expect: cost of an execution, in generations")
-	_ = cmd.MarkFlagRequired("archive")
-	_ = cmd.MarkFlagRequired("out")
 	return cmd
 }
 
@@ -406,7 +435,7 @@ func compactCommand() *cobra.Command {
 		cfg       archive.CompactConfig
 	)
 	cmd := &cobra.Command{
-		Use:   "compact --archive DIR",
+		Use:   "compact [--archive DIR]",
 		Short: "Merge an archive's small closed files into larger ones (the archive stage does it in the background after --archive-compact-after)",
 		Long: `Merge each run's closed archive files, in order, into files of up to
 --max-rows rows. A running archive stage closes a file every
@@ -423,6 +452,9 @@ out of the whole archive.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
+			if err := archiveThere(root); err != nil {
+				return err
+			}
 			runs := []string{run}
 			if run == "" {
 				var err error
@@ -460,11 +492,10 @@ out of the whole archive.`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&root, "archive", "", "archive root (the directory holding run=<name>/)")
+	archiveFlag(fs, &root)
 	fs.StringVar(&run, "run", "", "run to compact (default: every run)")
 	fs.Int64Var(&cfg.MaxRows, "max-rows", 1_000_000, "rows in a merged file at most")
 	fs.DurationVar(&cfg.MinAge, "min-age", 0, "merge only files closed at least this long ago")
-	_ = cmd.MarkFlagRequired("archive")
 	return cmd
 }
 

@@ -74,7 +74,7 @@ within-group Spearman buys.`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&root, "archive", "", "archive root (the directory holding run=<name>/)")
+	archiveFlag(fs, &root)
 	fs.StringVar(&run, "run", "", "run to evaluate on (default: the only one)")
 	fs.StringVar(&out, "out", "", "CSV file of every trajectory: its true score, the recorded and the new prediction, the new verdict and rationale")
 	fs.IntVar(&opt.Groups, "groups", 0, "evaluate a sample of this many anchor groups (0: all)")
@@ -84,7 +84,6 @@ within-group Spearman buys.`,
 	fs.Lookup("claim-probe").NoOptDefVal = offline.DefaultClaim
 	fs.StringVar(&cfg.TaskDir, "task", "", "task directory whose task.json gives the execution limits the prompt states, or a directory of them, each trajectory's by its task_id (as wmrl run --task does)")
 	worldModelFlags(fs, &cfg)
-	_ = cmd.MarkFlagRequired("archive")
 	return cmd
 }
 
