@@ -17,8 +17,8 @@ import (
 // deadLetters decides, in one place, whether a failed message is retried
 // or dead-lettered: poison (schemas.ErrInvalid, ErrUnusable) and what a
 // stage gave up on without trying (schemas.ErrDown) at once, an outage
-// (schemas.ErrOutage) never, anything else once it has failed on its
-// MaxAttempts-th delivery. A dead letter is stored on the dlq subject
+// (schemas.ErrOutage, or a NATS store with no room) never, anything else
+// once it has failed on its MaxAttempts-th delivery. A dead letter is stored on the dlq subject
 // with the reason before the input is acknowledged.
 type deadLetters struct {
 	pub         message.Publisher
@@ -57,6 +57,10 @@ func (d *deadLetters) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, err // shutting down: hand it back
 		}
 		deliveries := msg.Metadata.Get(natsjs.MetaDeliveries)
+		if natsjs.StoreFull(err) {
+			d.say(stage, "outage", "%s: %s; retrying until there is, nothing is dead-lettered: %v", stage, natsjs.StoreFullHint, err)
+			return nil, err
+		}
 		if errors.Is(err, schemas.ErrOutage) {
 			d.say(stage, "outage", "%s; retrying until it passes, nothing is dead-lettered", ofStage(stage, err.Error()))
 			return nil, err

@@ -67,10 +67,17 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 		return fmt.Errorf("pipeline: %w", err)
 	}
 	me := natsjs.NewHolder()
+	full := roomWaiter{p: p, who: strings.Join(mine, ", "), waits: "this process waits for room before it runs them"}
 	if p.tr.srv != nil {
 		for _, st := range mine {
-			if err := ls.Free(ctx, leaseKey(p.cfg.Run, st)); err != nil {
-				return fmt.Errorf("pipeline: %w", err)
+			for {
+				err := ls.Free(ctx, leaseKey(p.cfg.Run, st))
+				if err == nil {
+					break
+				}
+				if err := full.wait(ctx, err); err != nil {
+					return fmt.Errorf("pipeline: %w", err)
+				}
 			}
 		}
 	}
@@ -80,7 +87,10 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 	for {
 		stage, holder, err := p.tryLeases(ctx, ls, me, mine)
 		if err != nil {
-			return err
+			if err := full.wait(ctx, err); err != nil {
+				return err
+			}
+			continue
 		}
 		if holder == nil {
 			break
@@ -156,8 +166,41 @@ func (p *Pipeline) tryLeases(ctx context.Context, ls *natsjs.Leases, me natsjs.H
 	return "", nil, nil
 }
 
+// roomWait is how often a process that cannot take its leases for a full
+// store asks again.
+var roomWait = 2 * time.Second
+
+// roomWaiter waits out a full NATS store (natsjs.StoreFull) before a
+// write that cannot be done without: a lease the one-per-run stages take
+// (a key-value write), the simulated trainer's trajectories. A process
+// started on a full store used to end at once, and a supervisor's
+// restarts of it loop; a run's simulated trainer ended the run.
+type roomWaiter struct {
+	p          *Pipeline
+	who, waits string // who waits, and what for ("this process waits for room before it runs them")
+	said       bool
+}
+
+// wait returns err unless it is a full store's; then it says so, once, and
+// returns after roomWait, or with ctx's error.
+func (r *roomWaiter) wait(ctx context.Context, err error) error {
+	if !natsjs.StoreFull(err) {
+		return err
+	}
+	if !r.said {
+		r.said = true
+		r.p.notef("%s: %s; %s, asking every %v: %v", r.who, natsjs.StoreFullHint, r.waits, roomWait, err)
+	}
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %s waited for room in the NATS store (%v)", errStoppedWaiting, r.who, err)
+	case <-time.After(roomWait):
+		return nil
+	}
+}
+
 // errStoppedWaiting: stopped (Ctrl-C, SIGTERM) while waiting for another
-// process's lease, before anything started.
+// process's lease, or for room in the store, before anything started.
 var errStoppedWaiting = errors.New("stopped before it started")
 
 // releaseLeases frees the process's leases once its stages have handed

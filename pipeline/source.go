@@ -83,11 +83,21 @@ func (s *simSource) run(ctx context.Context) error {
 				return nil
 			}
 		}
-		if err := s.publish(step); err != nil {
+		full := roomWaiter{p: s.p, who: "source", waits: fmt.Sprintf("the simulated trainer waits for room to send step %d", step)}
+		for {
+			err := s.publish(step)
+			if err == nil {
+				break
+			}
 			if ctx.Err() != nil {
 				return nil
 			}
-			return err
+			if err := full.wait(ctx, err); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
 		}
 	}
 	return nil

@@ -295,6 +295,18 @@ func unavailable(w http.ResponseWriter, format string, args ...any) {
 	fail(w, http.StatusServiceUnavailable, format, args...)
 }
 
+// notStored answers 503 for a message NATS did not store. One refused
+// for lack of room waits for someone to make it, which takes longer than
+// an election: the trainer is told so, and to ask again in 10 s.
+func notStored(w http.ResponseWriter, what string, err error) {
+	if natsjs.StoreFull(err) {
+		w.Header().Set("Retry-After", "10")
+		fail(w, http.StatusServiceUnavailable, "store %s: %s: %v", what, natsjs.StoreFullHint, err)
+		return
+	}
+	unavailable(w, "store %s: %v", what, err)
+}
+
 func fail(w http.ResponseWriter, code int, format string, args ...any) {
 	writeJSON(w, code, apiError{Error: fmt.Sprintf(format, args...)})
 }
@@ -407,7 +419,7 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		if err := g.pub.Publish(out.subject, out.msgs...); err != nil {
-			unavailable(w, "store trajectories: %v", err)
+			notStored(w, "trajectories", err)
 			return
 		}
 	}
@@ -527,7 +539,7 @@ func (g *Gateway) closeStep(w http.ResponseWriter, r *http.Request) {
 	sc := schemas.StepClose{Schema: schemas.Version, Run: g.cfg.Run, Step: step, Groups: *body.Groups}
 	m, _ := schemas.NewMessage(fmt.Sprintf("%s/step/%d", g.cfg.Run, step), sc)
 	if err := g.pub.Publish(g.cfg.Subjects.Step, m); err != nil {
-		unavailable(w, "store watermark: %v", err)
+		notStored(w, "watermark", err)
 		return
 	}
 	writeJSON(w, http.StatusAccepted, sc)

@@ -19,6 +19,28 @@ const errMsgIDInProcess jetstream.ErrorCode = 10158
 // cluster answers while it elects a meta leader.
 const errClusterNotAvailable jetstream.ErrorCode = 10008
 
+// The server's answers when it has no room to store: its JetStream store,
+// or the account's share of it, is full (10023, as a publish or a
+// key-value write is answered), or a new stream or consumer would not fit
+// (10047 on file, 10028 in memory).
+const (
+	errInsufficientResources jetstream.ErrorCode = 10023
+	errStorageExceeded       jetstream.ErrorCode = 10047
+	errMemoryExceeded        jetstream.ErrorCode = 10028
+)
+
+// StoreFull reports whether err is the server refusing to store for lack
+// of room. Nothing was stored, and the same request succeeds once room is
+// made (disk freed, the store's limit raised, messages aged out), so it is
+// an outage to wait out, not a fault of what was sent.
+func StoreFull(err error) bool {
+	apiErr, ok := errors.AsType[*jetstream.APIError](err)
+	return ok && (apiErr.ErrorCode == errInsufficientResources || apiErr.ErrorCode == errStorageExceeded || apiErr.ErrorCode == errMemoryExceeded)
+}
+
+// StoreFullHint says what a StoreFull error means and how to make room.
+const StoreFullHint = "the NATS server has no room to store (its JetStream store, or the account's share of it, is full: free its disk, raise its max_file_store or the account's limit, or shorten --retention; wmrl status shows the store's use)"
+
 // retryable errors are those of a request that may not have reached the
 // server that answers it (a stream or meta leader): sending it again can
 // succeed. For a message, sending again can store it.

@@ -32,6 +32,9 @@ type ServerConfig struct {
 	// MaxPayload is the largest message it takes (0: DefaultMaxPayload;
 	// NATS allows up to 64 MiB).
 	MaxPayload int
+	// MaxStore bounds the JetStream file store in bytes (0: the server's
+	// default, 75% of the store disk's free space at its start).
+	MaxStore int64
 	// Auth's user and password, or token, when set, are required of every
 	// client, the embedded one's own connections included. Its other
 	// fields are a client's and are not used here.
@@ -179,16 +182,17 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		l.Close()
 	}
 	opts := &server.Options{
-		ServerName: "wmrl-embedded",
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   cfg.StoreDir,
-		NoSigs:     true,
-		NoLog:      !cfg.Logs,
-		MaxPayload: int32(cmp.Or(cfg.MaxPayload, DefaultMaxPayload)),
-		Username:   cfg.Auth.User,
-		Password:   cfg.Auth.Password,
+		ServerName:        "wmrl-embedded",
+		Host:              host,
+		Port:              port,
+		JetStream:         true,
+		StoreDir:          cfg.StoreDir,
+		NoSigs:            true,
+		NoLog:             !cfg.Logs,
+		MaxPayload:        int32(cmp.Or(cfg.MaxPayload, DefaultMaxPayload)),
+		JetStreamMaxStore: cfg.MaxStore,
+		Username:          cfg.Auth.User,
+		Password:          cfg.Auth.Password,
 	}
 	if cfg.Auth.Token != "" {
 		opts.Authorization = cfg.Auth.Token

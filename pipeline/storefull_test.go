@@ -1,0 +1,248 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
+	"github.com/wmrl/wmrl/connectors/sim"
+	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/stagetest"
+)
+
+// fillStore publishes to a stream of its own until the server refuses to
+// store for lack of room, and returns that stream's name and the refusal.
+func fillStore(t *testing.T, ctx context.Context, js jetstream.JetStream) (string, error) {
+	t.Helper()
+	const name = "FILLER"
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{"filler.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	block := make([]byte, 256<<10)
+	for i := range 4096 {
+		if _, err := js.Publish(ctx, fmt.Sprintf("filler.%d", i), block); err != nil {
+			return name, err
+		}
+	}
+	t.Fatal("the store took 1 GiB and refused nothing")
+	return "", nil
+}
+
+// A process started while its NATS server has no room to store (a full
+// disk, the account's store limit reached) waits for room, saying what
+// it waits for, and runs once there is: the lease its one-per-run stages
+// take is a write the server refuses. Before, it ended at once ("lease
+// ...: insufficient resources"), and a rehearsal's supervisor restarted
+// every one of its stages in a loop until it gave up. The step sent
+// once it runs is fused whole.
+func TestAProcessStartedOnAFullStoreWaitsForRoom(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir(), MaxStore: 32 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	cfg := testConfig(t)
+	cfg.NATSURL, cfg.Source = srv.URL(), SourceExternal
+	first, err := Start(ctx, cfg) // the stream, consumers and lease bucket, made with room
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	filler, refused := fillStore(t, ctx, js)
+	if !natsjs.StoreFull(refused) {
+		t.Fatalf("the full store refused with %v, which StoreFull does not know", refused)
+	}
+
+	var out syncBuffer
+	cfg.Quiet, cfg.Out = false, &out
+	cfg.HTTPAddr = fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	updates := make(chan schemas.Update, 1)
+	cfg.OnUpdate = func(u schemas.Update, _ time.Duration) { updates <- u }
+	type result struct {
+		p   *Pipeline
+		err error
+	}
+	startedCh := make(chan result, 1)
+	go func() {
+		p, err := Start(ctx, cfg)
+		startedCh <- result{p, err}
+	}()
+	waited := time.After(time.Minute)
+	for said := false; !said; said = strings.Contains(out.String(), "the NATS server has no room to store") {
+		select {
+		case r := <-startedCh:
+			t.Fatalf("the process did not wait for room: Start returned %v\n%s", r.err, out.String())
+		case <-waited:
+			t.Fatalf("the process did not say what it waits for:\n%s", out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	// Its gateway serves meanwhile; what a trainer sends is refused,
+	// saying why, and when to ask again.
+	resp, err := http.Post("http://"+cfg.HTTPAddr+"/v1/runs/"+cfg.Run+"/steps/0/close", "application/json", strings.NewReader(`{"groups":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "10" || !strings.Contains(string(body), "no room to store") {
+		t.Errorf("a watermark sent to the gateway of a full store: %d, Retry-After %q, %s; want 503, 10, why", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	select {
+	case r := <-startedCh:
+		t.Fatalf("the process did not wait for room: Start returned %v\n%s", r.err, out.String())
+	case <-time.After(2 * roomWait):
+	}
+	if err := js.DeleteStream(ctx, filler); err != nil {
+		t.Fatal(err)
+	}
+	r := <-startedCh
+	if r.err != nil {
+		t.Fatalf("once there was room: %v\n%s", r.err, out.String())
+	}
+	t.Cleanup(func() { r.p.Stop() })
+
+	pol := &sim.Policy{Run: cfg.Run, Tasks: 4, Groups: 3, GroupSize: 4}
+	trajs, wm := pol.Step(0)
+	prefix := "wmrl." + cfg.Run + "."
+	for _, group := range schemas.ByGroup(trajs) {
+		b, _ := json.Marshal(group)
+		if _, err := js.Publish(ctx, prefix+"trajs", b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := json.Marshal(wm)
+	if _, err := js.Publish(ctx, prefix+"step", b); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case u := <-updates:
+		if u.Groups != wm.Groups || len(u.Items) != len(trajs) {
+			t.Errorf("step 0 fused with %d groups and %d trajectories; want %d and %d", u.Groups, len(u.Items), wm.Groups, len(trajs))
+		}
+	case <-ctx.Done():
+		t.Fatalf("no update of step 0:\n%s", out.String())
+	}
+}
+
+// A stage whose output the server refused for lack of room has its input
+// handed back however often it was delivered: the store fills for as
+// long as it takes someone to make room, and its messages must all go on
+// once there is. Another failure on the last delivery is dead-lettered.
+func TestAFullStoreIsAnOutageNotAFault(t *testing.T) {
+	full := fmt.Errorf("natsjs: publish to wmrl.default.pred: 1 message(s) not stored after 1 attempt(s) in 4ms: %w",
+		&jetstream.APIError{Code: 503, ErrorCode: 10023, Description: "insufficient resources"})
+	for _, c := range []struct {
+		err          error
+		deadLettered bool
+	}{{full, false}, {errors.New("nats: no responders available for request"), true}} {
+		rec := &stagetest.Recorder{}
+		var said []string
+		d := &deadLetters{pub: rec, subject: "wmrl.default.dlq", maxAttempts: 3, metrics: NewMetrics(),
+			notef: func(format string, args ...any) { said = append(said, fmt.Sprintf(format, args...)) }}
+		msg := message.NewMessage("1", []byte(`{"group_id":"g"}`))
+		msg.Metadata.Set(natsjs.MetaDeliveries, "10")
+		h := d.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, c.err })
+		_, err := h(msg)
+		if got := rec.Count() == 1; got != c.deadLettered || (err == nil) != c.deadLettered {
+			t.Errorf("%v on a 10th delivery: dead-lettered %v, handed back %v; want dead-lettered %v\nsaid: %q", c.err, got, err != nil, c.deadLettered, said)
+		}
+		if !c.deadLettered && (len(said) != 1 || !strings.Contains(said[0], "no room to store") || !strings.Contains(said[0], "nothing is dead-lettered")) {
+			t.Errorf("a full store was said as %q", said)
+		}
+	}
+}
+
+// A store that fills during a run stops it until room is made; then every
+// step goes on, whole, and nothing is dead-lettered, though the store
+// stays full past the deliveries after which a failing message is
+// dead-lettered (MaxAttempts, 3 here). Before, the simulated trainer
+// ended the run at its first refused message ("source: watermark 41:
+// ... insufficient resources").
+func TestAStoreThatFillsMidRunLosesNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir(), MaxStore: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Full, then room for a few steps: the run fills it, whatever its pace.
+	filler, _ := fillStore(t, ctx, js)
+	st, err := js.Stream(ctx, filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := range uint64(8) {
+		if err := st.DeleteMsg(ctx, seq+1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := testConfig(t)
+	cfg.NATSURL, cfg.Steps, cfg.MaxAttempts = srv.URL(), 40, 3
+	var out syncBuffer
+	cfg.Quiet, cfg.Out = false, &out
+	var fused atomic.Int64
+	cfg.OnUpdate = func(schemas.Update, time.Duration) { fused.Add(1) }
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
+	waitFor(t, time.Minute, func() bool {
+		_, err := js.Publish(ctx, "filler.probe", []byte{1})
+		return natsjs.StoreFull(err)
+	})
+	time.Sleep(8 * time.Second)
+	t.Logf("%d steps fused while the store was full", fused.Load())
+	if err := js.DeleteStream(ctx, filler); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the run: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "no room to store") || !strings.Contains(out.String(), "lost nothing") {
+		t.Errorf("the run did not say the store was full, or lost something:\n%s", out.String())
+	}
+	updates := decodeUpdates(t, scanAll(t, nc, "wmrl."+cfg.Run+".update"))
+	for step := range cfg.Steps {
+		if u := updates[step]; u.Groups != cfg.Groups || len(u.Items) != cfg.Groups*cfg.GroupSize {
+			t.Errorf("step %d fused with %d groups and %d trajectories; want %d and %d", step, u.Groups, len(u.Items), cfg.Groups, cfg.Groups*cfg.GroupSize)
+		}
+	}
+	if dl := scanAll(t, nc, "wmrl."+cfg.Run+".dlq"); len(dl) > 0 {
+		t.Errorf("%d dead letters, the first %s", len(dl), dl[0])
+	}
+}
