@@ -65,6 +65,11 @@ Reads a running pipeline's server with --nats URL, or a stopped one's
 	return cmd
 }
 
+// storeNearlyFull is the share of the store's limit in use from which
+// status says what a full store does: a message that would cross the
+// limit is refused, so a store in use holds a little less than it.
+const storeNearlyFull = 0.95
+
 func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, now time.Time) {
 	ago := func(t time.Time) string {
 		return fmt.Sprintf("%s, %s ago", t.UTC().Format(time.RFC3339), now.Sub(t).Round(time.Second))
@@ -80,8 +85,12 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 	fmt.Fprintln(w)
 	switch {
 	case st.StoreLimit > 0:
+		share := float64(st.StoreUsed) / float64(st.StoreLimit)
 		fmt.Fprintf(w, "store:           the stream %s; the JetStream account %s of its limit %s (%.0f%%)\n",
-			gb(float64(st.Bytes)), gb(float64(st.StoreUsed)), gb(float64(st.StoreLimit)), 100*float64(st.StoreUsed)/float64(st.StoreLimit))
+			gb(float64(st.Bytes)), gb(float64(st.StoreUsed)), gb(float64(st.StoreLimit)), 100*share)
+		if share >= storeNearlyFull {
+			fmt.Fprintf(w, "                 at its limit the server stores nothing, and every stage waits for room: free its disk, raise its limit (max_file_store, the account's), or shorten --retention\n")
+		}
 	default:
 		fmt.Fprintf(w, "store:           the stream %s; the JetStream account %s, its limit not known\n", gb(float64(st.Bytes)), gb(float64(st.StoreUsed)))
 	}

@@ -189,6 +189,16 @@ func TestStatusTellsAnOutageFromBadInput(t *testing.T) {
 		t.Errorf("a %d-rune reason makes a %d-rune line, not cut: %q", len(reason), n, line)
 	}
 
+	if strings.Contains(b.String(), "every stage waits for room") {
+		t.Errorf("a store of no known limit was said to be full:\n%s", b.String())
+	}
+	st.StoreUsed, st.StoreLimit = 99<<20, 100<<20
+	b.Reset()
+	writeStatus(&b, st, "here", "wmrl", "default", now)
+	if !strings.Contains(b.String(), "of its limit 104.9 MB (99%)\n                 at its limit the server stores nothing, and every stage waits for room") {
+		t.Errorf("a store at 99%% of its limit shows as:\n%s", b.String())
+	}
+
 	if !strings.Contains(b.String(), "executions:      none in the last 1h\n") {
 		t.Errorf("no executions show as:\n%s", b.String())
 	}
