@@ -166,8 +166,7 @@ func (p *Pipeline) tryLeases(ctx context.Context, ls *natsjs.Leases, me natsjs.H
 	return "", nil, nil
 }
 
-// roomWait is how often a process that cannot take its leases for a full
-// store asks again.
+// roomWait is how often a roomWaiter asks a full store again.
 var roomWait = 2 * time.Second
 
 // roomWaiter waits out a full NATS store (natsjs.StoreFull) before a
@@ -178,17 +177,17 @@ var roomWait = 2 * time.Second
 type roomWaiter struct {
 	p          *Pipeline
 	who, waits string // who waits, and what for ("this process waits for room before it runs them")
-	said       bool
+	saidAt     time.Time
 }
 
-// wait returns err unless it is a full store's; then it says so, once, and
-// returns after roomWait, or with ctx's error.
+// wait returns err unless it is a full store's; then it says so, at most
+// once a minute, and returns after roomWait, or with ctx's error.
 func (r *roomWaiter) wait(ctx context.Context, err error) error {
 	if !natsjs.StoreFull(err) {
 		return err
 	}
-	if !r.said {
-		r.said = true
+	if time.Since(r.saidAt) >= time.Minute {
+		r.saidAt = time.Now()
 		r.p.notef("%s: %s; %s, asking every %v: %v", r.who, natsjs.StoreFullHint, r.waits, roomWait, err)
 	}
 	select {

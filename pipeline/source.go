@@ -69,6 +69,7 @@ func (s *simSource) resume(ctx context.Context) error {
 
 func (s *simSource) run(ctx context.Context) error {
 	target := s.p.cfg.Steps
+	full := roomWaiter{p: s.p, who: "source", waits: "the simulated trainer waits for room to send its next step"}
 	for step := s.next; target == 0 || step < target; step++ {
 		for {
 			s.mu.Lock()
@@ -83,7 +84,6 @@ func (s *simSource) run(ctx context.Context) error {
 				return nil
 			}
 		}
-		full := roomWaiter{p: s.p, who: "source", waits: fmt.Sprintf("the simulated trainer waits for room to send step %d", step)}
 		for {
 			err := s.publish(step)
 			if err == nil {
