@@ -517,6 +517,21 @@ func TestStoreAlertFiresOnItsCondition(t *testing.T) {
 			summary: "The JetStream store of shared-disk, or its disk, fills within a day at the last 6 hours' rate"})
 }
 
+// WMRLStoreFull fires once the store has stood over 95% of its limit for
+// 5 minutes, not for one half full, nor for one whose limit is not known
+// (0).
+func TestStoreFullAlertFiresOnItsCondition(t *testing.T) {
+	input := inputSeries(`wmrl_jetstream_store_bytes{instance="full"}`, "90e9 97e9x20") +
+		inputSeries(`wmrl_jetstream_store_limit_bytes{instance="full"}`, "100e9x20") +
+		inputSeries(`wmrl_jetstream_store_bytes{instance="half"}`, "50e9x20") +
+		inputSeries(`wmrl_jetstream_store_limit_bytes{instance="half"}`, "100e9x20") +
+		inputSeries(`wmrl_jetstream_store_bytes{instance="unknown"}`, "97e9x20") +
+		inputSeries(`wmrl_jetstream_store_limit_bytes{instance="unknown"}`, "0x20")
+	promtoolRuleTest(t, "WMRLStoreFull", input,
+		alertCheck{quietAt: "5m", firesAt: "6m", severity: "page", instance: "full",
+			summary: "The JetStream store of full is 97% full"})
+}
+
 // WMRLWorldModelRankingFalling fires once the world model's mean
 // within-group Spearman over 6 hours has stood 0.2 below the same a day
 // before for 2 hours, and not for one that ranks as well as it did, nor in
