@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -28,11 +27,7 @@ import (
 func TestAStepWaitsForAGroupDeliveredAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	srv, _, js := startServer(t, ctx, natsjs.ServerConfig{})
 	cfg := testConfig(t)
 	cfg.NATSURL, cfg.Source, cfg.StepTimeout, cfg.ackWait = srv.URL(), SourceExternal, time.Second, 6*time.Second
 	first, err := Start(ctx, cfg) // makes route's consumers
@@ -43,15 +38,6 @@ func TestAStepWaitsForAGroupDeliveredAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	pol := &sim.Policy{Run: cfg.Run, Tasks: 4, Groups: 3, GroupSize: 4}
 	trajs, wm := pol.Step(0)
 	prefix := "wmrl." + cfg.Run + "."

@@ -61,12 +61,25 @@ func started(t *testing.T, ctx context.Context, cfg Config) *Pipeline {
 	return p
 }
 
-// startClient starts a pipeline and a client of its server; both stop when
-// the test ends.
-func startClient(t *testing.T, ctx context.Context, cfg Config) (*Pipeline, *nats.Conn, jetstream.JetStream) {
+// startServer starts a NATS server of the test's own on a store in a
+// temporary directory (cfg's other settings as given), and a client of it;
+// both stop when the test ends.
+func startServer(t *testing.T, ctx context.Context, cfg natsjs.ServerConfig) (*natsjs.Server, *nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	p := started(t, ctx, cfg)
-	nc, err := nats.Connect(p.URL())
+	cfg.StoreDir = t.TempDir()
+	srv, err := natsjs.StartServer(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, js := clientOf(t, srv.URL())
+	return srv, nc, js
+}
+
+// clientOf is a client of the server at url, closed when the test ends.
+func clientOf(t *testing.T, url string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,6 +88,15 @@ func startClient(t *testing.T, ctx context.Context, cfg Config) (*Pipeline, *nat
 	if err != nil {
 		t.Fatal(err)
 	}
+	return nc, js
+}
+
+// startClient starts a pipeline and a client of its server; both stop when
+// the test ends.
+func startClient(t *testing.T, ctx context.Context, cfg Config) (*Pipeline, *nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	p := started(t, ctx, cfg)
+	nc, js := clientOf(t, p.URL())
 	return p, nc, js
 }
 

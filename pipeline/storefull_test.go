@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
@@ -41,6 +39,14 @@ func fillStore(t *testing.T, ctx context.Context, js jetstream.JetStream) (strin
 	return "", nil
 }
 
+// askForRoomOften has a full store asked again every 100 ms, not 2 s,
+// until the test ends.
+func askForRoomOften(t *testing.T) {
+	every := roomWait
+	roomWait = 100 * time.Millisecond
+	t.Cleanup(func() { roomWait = every })
+}
+
 // A process started while its NATS server has no room to store (a full
 // disk, the account's store limit reached) waits for room, saying what
 // it waits for, and runs once there is: the lease its one-per-run stages
@@ -51,13 +57,8 @@ func fillStore(t *testing.T, ctx context.Context, js jetstream.JetStream) (strin
 func TestAProcessStartedOnAFullStoreWaitsForRoom(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	defer func(every time.Duration) { roomWait = every }(roomWait)
-	roomWait = 100 * time.Millisecond
-	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir(), MaxStore: 32 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	askForRoomOften(t)
+	srv, _, js := startServer(t, ctx, natsjs.ServerConfig{MaxStore: 32 << 20})
 	cfg := testConfig(t)
 	cfg.NATSURL, cfg.Source = srv.URL(), SourceExternal
 	first, err := Start(ctx, cfg) // the stream, consumers and lease bucket, made with room
@@ -65,15 +66,6 @@ func TestAProcessStartedOnAFullStoreWaitsForRoom(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := first.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
 		t.Fatal(err)
 	}
 	filler, refused := fillStore(t, ctx, js)
@@ -130,19 +122,9 @@ func TestAProcessStartedOnAFullStoreWaitsForRoom(t *testing.T) {
 	}
 	t.Cleanup(func() { r.p.Stop() })
 
-	pol := &sim.Policy{Run: cfg.Run, Tasks: 4, Groups: 3, GroupSize: 4}
+	pol := sim.Policy{Run: cfg.Run, Tasks: 4, Groups: 3, GroupSize: 4}
 	trajs, wm := pol.Step(0)
-	prefix := "wmrl." + cfg.Run + "."
-	for _, group := range schemas.ByGroup(trajs) {
-		b, _ := json.Marshal(group)
-		if _, err := js.Publish(ctx, prefix+"trajs", b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b, _ := json.Marshal(wm)
-	if _, err := js.Publish(ctx, prefix+"step", b); err != nil {
-		t.Fatal(err)
-	}
+	publishStep(t, ctx, js, pol, 0)
 	select {
 	case u := <-updates:
 		if u.Groups != wm.Groups || len(u.Items) != len(trajs) {
@@ -190,22 +172,8 @@ func TestAFullStoreIsAnOutageNotAFault(t *testing.T) {
 func TestAStoreThatFillsMidRunLosesNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	defer func(every time.Duration) { roomWait = every }(roomWait)
-	roomWait = 100 * time.Millisecond
-	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir(), MaxStore: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	askForRoomOften(t)
+	srv, nc, js := startServer(t, ctx, natsjs.ServerConfig{MaxStore: 64 << 20})
 	// Full, then room for a few steps: the run fills it, whatever its pace.
 	filler, _ := fillStore(t, ctx, js)
 	st, err := js.Stream(ctx, filler)
