@@ -558,3 +558,26 @@ func TestStreamTakesRetentionAndDedupWindow(t *testing.T) {
 		t.Fatalf("after a start without the settings: retention %v, window %v; want the stream's 36h and 1m30s", got.MaxAge, got.Duplicates)
 	}
 }
+
+// A run of N steps started again once all N are fused has nothing to do:
+// it says so and ends without an error. Its router was often still
+// subscribing its handlers as the run ended, and their subscriptions
+// refused ("cannot subscribe topic wmrl.default.traj: natsjs: closed")
+// made the run end with that error (exit code 1).
+func TestARunStartedAgainWhenDoneEndsWell(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Steps = 3
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuffer
+	cfg.Quiet, cfg.Out = false, &out
+	for range 5 {
+		out.Reset()
+		if err := Run(ctx, cfg); err != nil || !strings.Contains(out.String(), "done: steps 0-2 fused and archived, 0 of them by this process") {
+			t.Fatalf("the run started again: %v\n%s", err, out.String())
+		}
+	}
+}

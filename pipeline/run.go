@@ -406,14 +406,30 @@ func (p *Pipeline) start(ctx context.Context) {
 	if p.tr.srv != nil || p.cfg.runs(StageRoute) {
 		p.go_(func() error { p.watchStore(ctx); return nil })
 	}
-	p.go_(func() error { return p.router.Run(ctx) })
+	p.go_(func() error {
+		err := p.router.Run(ctx)
+		if errors.Is(err, natsjs.ErrClosed) && ctx.Err() != nil {
+			return nil // stopped while the router subscribed: no error
+		}
+		return err
+	})
 	if p.cfg.StepSummary > 0 && p.fuse != nil {
 		p.go_(func() error { p.summarize(ctx); return nil })
 	}
 	if p.source != nil {
 		p.go_(func() error { return p.source.run(ctx) })
 	}
-	p.finishIfComplete()
+	// A run whose steps were all fused before it started ends at once,
+	// once its router has subscribed: stopped while the router
+	// subscribes, it would wait out the router's close timeout (5 s) for
+	// the handlers not started yet.
+	go func() {
+		select {
+		case <-p.router.Running():
+			p.finishIfComplete()
+		case <-ctx.Done():
+		}
+	}()
 	go func() {
 		<-ctx.Done()
 		_ = p.router.Close()
