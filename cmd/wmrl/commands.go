@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,14 +24,42 @@ func rootCommand() *cobra.Command {
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			if path, _ := cmd.Flags().GetString(configFlag); path != "" {
-				return applyConfigFile(cmd.Flags(), cmd.CommandPath(), path)
+				if err := applyConfigFile(cmd.Flags(), cmd.CommandPath(), path); err != nil {
+					return err
+				}
 			}
-			return nil
+			return refuseNotPositive(cmd.Flags())
 		},
 	}
 	root.PersistentFlags().String(configFlag, "", "YAML file of this command's settings (name: value, a flag's name without its dashes; a list for a flag given once per value); a flag on the command line wins")
 	root.AddCommand(runCommand(), stageCommand(), serveCommand(), simCommand(), replayCommand(), auditCommand(), compactCommand(), dlqCommand(), statusCommand(), wmEvalCommand())
 	return root
+}
+
+// positiveOnly are the flags whose setting takes its default when 0
+// (pipeline.Config's defaults): given 0, or less, the run would go on
+// with the default and say nothing.
+var positiveOnly = []string{"groups", "group-size", "exec-slots", "step-timeout", "anchor-deadline", "pair-wait",
+	"stuck-after", "exec-latency", "wm-probe-every", "exec-probe-every"}
+
+// refuseNotPositive names a flag of positiveOnly given 0 or less, on the
+// command line or in --config.
+func refuseNotPositive(fs *pflag.FlagSet) error {
+	for _, name := range positiveOnly {
+		f := fs.Lookup(name)
+		if f == nil || !f.Changed {
+			continue
+		}
+		v := f.Value.String()
+		n, err := strconv.ParseInt(v, 10, 64)
+		if d, derr := time.ParseDuration(v); err != nil && derr == nil {
+			n, err = int64(d), nil
+		}
+		if err == nil && n <= 0 {
+			return fmt.Errorf("--%s %s: want more than 0 (its default is %s)", name, v, f.DefValue)
+		}
+	}
+	return nil
 }
 
 // worldModelFlags binds the flags of an OpenAI-compatible world model

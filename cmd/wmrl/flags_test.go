@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -101,5 +103,29 @@ func TestQuietLeavesOutTheStepsAlone(t *testing.T) {
 	}
 	if regexp.MustCompile(`(?m)^steps? `).MatchString(out) || !strings.Contains(out, "done: steps 0-3 fused and archived") {
 		t.Errorf("wmrl run --quiet said:\n%s\nwant no step lines and its closing line", out)
+	}
+}
+
+// A flag whose setting takes its default when 0 refuses 0 and less, on the
+// command line and in --config, naming the flag and its default: before,
+// `wmrl run --groups 0` ran 16 groups a step and said nothing.
+func TestAFlagThatCannotBeZeroSaysSo(t *testing.T) {
+	ctx := context.Background()
+	conf := filepath.Join(t.TempDir(), "run.yaml")
+	if err := os.WriteFile(conf, []byte("exec-slots: 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--groups", "0"}, "--groups 0: want more than 0 (its default is 16)"},
+		{[]string{"run", "--group-size", "-2"}, "--group-size -2: want more than 0 (its default is 8)"},
+		{[]string{"stage", "route", "--nats", "nats://127.0.0.1:1", "--step-timeout", "0s"}, "--step-timeout 0s: want more than 0 (its default is 30s)"},
+		{[]string{"run", "--config", conf}, "--exec-slots 0: want more than 0 (its default is 16)"},
+	} {
+		if out, err := wmrl(ctx, c.args...); err == nil || err.Error() != c.want {
+			t.Errorf("wmrl %s: %v\n%s\nwant %q", strings.Join(c.args, " "), err, out, c.want)
+		}
 	}
 }
