@@ -87,6 +87,9 @@ type job struct {
 // Run trains every method on every scenario and seed (both cores) and
 // summarises them.
 func Run(o Options) ([]ScenarioResult, error) {
+	if err := o.Config.Check(); err != nil {
+		return nil, err
+	}
 	curves := make([][][][]Point, len(o.Scenarios)) // scenario, method, seed
 	for i := range curves {
 		curves[i] = make([][][]Point, len(o.Methods))

@@ -417,3 +417,39 @@ func TestReferenceScaleIsALongerStep(t *testing.T) {
 		}
 	}
 }
+
+// A configuration that cannot make a training run is refused, naming what
+// is wrong, by Train and Run alike: `wmrl sim --steps 0` and `--tasks 0`
+// panicked (an index of -1, rand.IntN(0)).
+func TestAConfigThatCannotTrainIsRefused(t *testing.T) {
+	sc, err := ScenarioByName("monotone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		set  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Steps = 0 }, "steps 0: want at least 1"},
+		{func(c *Config) { c.Tasks = 0 }, "tasks 0: want at least 1"},
+		{func(c *Config) { c.Styles = 0 }, "styles 0: want at least 1"},
+		{func(c *Config) { c.Groups = -1 }, "groups -1: want at least 1"},
+		{func(c *Config) { c.GroupSize = 1 }, "group size 1: want at least 2"},
+		{func(c *Config) { c.AnchorFraction = math.NaN() }, "anchor fraction NaN: want [0, 1]"},
+		{func(c *Config) { c.Costs.Execute = math.Inf(1) }, "execution cost +Inf: want a finite number, 0 or more"},
+		{func(c *Config) { c.ExecNoise = -0.1 }, "execution noise -0.1: want a finite number, 0 or more"},
+	} {
+		cfg := DefaultConfig()
+		cfg.Steps = 5
+		c.set(&cfg)
+		if _, err := Train(cfg, sc, Methods[0]); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Train: %v, want %q", err, c.want)
+		}
+		if _, err := Run(Options{Config: cfg, Seeds: 2, Scenarios: []Scenario{sc}, Methods: Methods[:1]}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Run: %v, want %q", err, c.want)
+		}
+	}
+	if err := DefaultConfig().Check(); err != nil {
+		t.Errorf("the default configuration: %v", err)
+	}
+}

@@ -1,6 +1,7 @@
 package rl
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -117,6 +118,37 @@ func (s Scale) length(r StepRewards) float64 {
 func DefaultConfig() Config {
 	return Config{Tasks: 32, Styles: 8, Groups: 16, GroupSize: 8, Steps: 300, Policy: Tabular, Optimizer: SGD, AnchorFraction: 0.1,
 		Scale: ScaleExact, Costs: DefaultCosts, Debiaser: calibrate.DefaultDebiaserConfig()}
+}
+
+// Check names what in c cannot make a training run: a problem without
+// tasks or styles, a step without groups, a group of one (its
+// group-relative advantage is 0 whatever it scores), no steps, a share of
+// anchors outside [0, 1], a negative or non-finite noise or cost.
+func (c Config) Check() error {
+	var errs []error
+	for _, n := range []struct {
+		name     string
+		v, least int
+	}{{"tasks", c.Tasks, 1}, {"styles", c.Styles, 1}, {"groups", c.Groups, 1}, {"group size", c.GroupSize, 2}, {"steps", c.Steps, 1}} {
+		if n.v < n.least {
+			errs = append(errs, fmt.Errorf("%s %d: want at least %d", n.name, n.v, n.least))
+		}
+	}
+	if !(c.AnchorFraction >= 0 && c.AnchorFraction <= 1) {
+		errs = append(errs, fmt.Errorf("anchor fraction %v: want [0, 1]", c.AnchorFraction))
+	}
+	for _, x := range []struct {
+		name string
+		v    float64
+	}{{"execution noise", c.ExecNoise}, {"generation cost", c.Costs.Generate}, {"world-model call cost", c.Costs.WorldModel}, {"execution cost", c.Costs.Execute}} {
+		if !(x.v >= 0) || math.IsInf(x.v, 0) {
+			errs = append(errs, fmt.Errorf("%s %v: want a finite number, 0 or more", x.name, x.v))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("rl: %w", err)
+	}
+	return nil
 }
 
 // Point is the state after a step.
@@ -480,6 +512,9 @@ func Train(cfg Config, sc Scenario, m Method) ([]Point, error) {
 // cfg.Seed and the trajectory's place (step, group, index), so methods on
 // one seed are paired and the rewarders agree whatever order they score in.
 func TrainWith(cfg Config, sc Scenario, m Method, newRewarder NewRewarder) (curve []Point, err error) {
+	if err := cfg.Check(); err != nil {
+		return nil, err
+	}
 	if cfg.Policy != "" && !slices.Contains(Policies, cfg.Policy) {
 		return nil, fmt.Errorf("rl: unknown policy %q (have %v)", cfg.Policy, Policies)
 	}
