@@ -110,7 +110,7 @@ func TestReplayUnderOtherSettingsDrawsWhatChanged(t *testing.T) {
 // TestTheOfflineCommandsReadRunsArchiveByDefault: in the directory where
 // wmrl run ran on its defaults, replay, audit and compact read its archive
 // without --archive, and audit writes its report to audit-<run>; where
-// there is none, they say what to give.
+// there is none, or no such run, they say what to give.
 func TestTheOfflineCommandsReadRunsArchiveByDefault(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -126,6 +126,11 @@ func TestTheOfflineCommandsReadRunsArchiveByDefault(t *testing.T) {
 	}
 	if out, err := wmrl(ctx, "compact"); err != nil || !strings.Contains(out, "run default: ") {
 		t.Errorf("wmrl compact (%v):\n%s", err, out)
+	}
+	for _, cmd := range []string{"replay", "audit", "compact"} {
+		if out, err := wmrl(ctx, cmd, "--run", "nope"); err == nil || err.Error() != "wmrl-data/archive holds no run nope (it holds [default]): give --run one of them" {
+			t.Errorf("wmrl %s --run nope (%v):\n%s\nwant the runs it holds named", cmd, err, out)
+		}
 	}
 	out, err := wmrl(ctx, "audit", "--expect-seeds", "0")
 	if err != nil {

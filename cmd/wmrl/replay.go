@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,11 +29,14 @@ func openRun(root, run string) (string, []string, func(), error) {
 	if err := archiveThere(root); err != nil {
 		return "", nil, nil, err
 	}
+	runs, err := archive.Runs(root)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	if run != "" && !slices.Contains(runs, run) {
+		return "", nil, nil, noSuchRun(root, run, runs)
+	}
 	if run == "" {
-		runs, err := archive.Runs(root)
-		if err != nil {
-			return "", nil, nil, err
-		}
 		switch len(runs) {
 		case 0:
 			return "", nil, nil, fmt.Errorf("%s holds no run=<name> directory: not an archive root", root)
@@ -52,6 +56,11 @@ func openRun(root, run string) (string, []string, func(), error) {
 		return "", nil, nil, err
 	}
 	return run, files, release, nil
+}
+
+// noSuchRun is the error of a --run that root does not hold.
+func noSuchRun(root, run string, runs []string) error {
+	return fmt.Errorf("%s holds no run %s (it holds %v): give --run one of them", root, run, runs)
 }
 
 // defaultArchive is where wmrl run keeps its archive given neither --data
@@ -455,15 +464,16 @@ out of the whole archive.`,
 			if err := archiveThere(root); err != nil {
 				return err
 			}
-			runs := []string{run}
-			if run == "" {
-				var err error
-				if runs, err = archive.Runs(root); err != nil {
-					return err
-				}
-				if len(runs) == 0 {
-					return fmt.Errorf("%s holds no run=<name> directory: not an archive root", root)
-				}
+			runs, err := archive.Runs(root)
+			switch {
+			case err != nil:
+				return err
+			case len(runs) == 0:
+				return fmt.Errorf("%s holds no run=<name> directory: not an archive root", root)
+			case run != "" && !slices.Contains(runs, run):
+				return noSuchRun(root, run, runs)
+			case run != "":
+				runs = []string{run}
 			}
 			for _, r := range runs {
 				start := time.Now()
