@@ -37,6 +37,9 @@ type Status struct {
 	MaxAge     time.Duration
 	// Per subject of the run: messages kept.
 	Subjects map[string]uint64
+	// OtherRuns, when the run has no message in the stream (a --run
+	// mistyped), are the runs that have some.
+	OtherRuns []string
 	// The newest step watermark, update and calibration (nil: none yet),
 	// with when each was stored.
 	LastStep   *schemas.StepClose
@@ -203,6 +206,19 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 	st := &Status{Stream: c.stream, Messages: info.State.Msgs, Bytes: info.State.Bytes, First: info.State.FirstTime,
 		MaxAge: info.Config.MaxAge, Subjects: info.State.Subjects}
 	st.DeadLetters = st.Subjects[schemas.Subject(src.Prefix, run, schemas.KindDLQ)]
+	if len(st.Subjects) == 0 {
+		all, err := stream.Info(ctx, jetstream.WithSubjectFilter(src.Prefix+".*.>"))
+		if err != nil {
+			return nil, fmt.Errorf("pipeline: status at %s: %w", c.url, err)
+		}
+		for subject := range all.State.Subjects {
+			r, _, _ := strings.Cut(strings.TrimPrefix(subject, src.Prefix+"."), ".")
+			if !slices.Contains(st.OtherRuns, r) {
+				st.OtherRuns = append(st.OtherRuns, r)
+			}
+		}
+		slices.Sort(st.OtherRuns)
+	}
 	if ai, err := c.js.AccountInfo(ctx); err == nil {
 		st.StoreUsed, st.StoreLimit = ai.Store, max(ai.Limits.MaxStore, 0)
 	}

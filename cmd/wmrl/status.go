@@ -82,6 +82,9 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 	if st.MaxAge > 0 {
 		fmt.Fprintf(w, " (retention %s)", st.MaxAge)
 	}
+	if len(st.OtherRuns) > 0 {
+		fmt.Fprintf(w, "; the stream holds runs %s: give --run one of them", strings.Join(st.OtherRuns, ", "))
+	}
 	fmt.Fprintln(w)
 	switch {
 	case st.StoreLimit > 0:

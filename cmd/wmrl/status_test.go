@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -135,6 +136,19 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 	// The store's use against the embedded server's limit.
 	if !regexp.MustCompile(`(?m)^store:           the stream \d+ kB; the JetStream account \d+ kB of its limit [\d.]+ [kMG]B \(0%\)$`).MatchString(out) {
 		t.Errorf("the stopped run's status does not show the store's use against its limit:\n%s", out)
+	}
+	if strings.Contains(out, "the stream holds runs") || doc.OtherRuns != nil {
+		t.Errorf("the status of a run with messages names other runs: %v\n%s", doc.OtherRuns, out)
+	}
+	// A --run mistyped: the runs the stream holds are named.
+	out, err = wmrl(ctx, "status", "--data", cfg.DataDir, "--run", "defualt")
+	if err != nil || !strings.Contains(out, "run defualt in stream WMRL_WMRL at "+cfg.DataDir+": 0 messages kept (retention 168h0m0s); the stream holds runs default: give --run one of them\n") {
+		t.Errorf("the status of a run the stream does not hold (%v):\n%s", err, out)
+	}
+	out, err = wmrl(ctx, "status", "--json", "--data", cfg.DataDir, "--run", "defualt")
+	var other statusDoc
+	if err != nil || json.Unmarshal([]byte(out), &other) != nil || !slices.Equal(other.OtherRuns, []string{"default"}) {
+		t.Errorf("status --json of a run the stream does not hold (%v): other_runs %v\n%s", err, other.OtherRuns, out)
 	}
 }
 

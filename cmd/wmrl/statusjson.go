@@ -13,13 +13,16 @@ import (
 // are RFC 3339 in UTC, ages in seconds at "at"; an object is null when
 // the run has none yet.
 type statusDoc struct {
-	Run              string    `json:"run"`
-	Stream           string    `json:"stream"`
-	At               time.Time `json:"at"` // when the status was read
-	MessagesKept     uint64    `json:"messages_kept"`
-	RetentionSeconds float64   `json:"retention_seconds,omitzero"`
-	Store            storeDoc  `json:"store"`
-	Received         *stepDoc  `json:"received"`
+	Run          string    `json:"run"`
+	Stream       string    `json:"stream"`
+	At           time.Time `json:"at"` // when the status was read
+	MessagesKept uint64    `json:"messages_kept"`
+	// OtherRuns: with no message of the run kept, the runs the stream
+	// holds (a --run mistyped).
+	OtherRuns        []string `json:"other_runs,omitempty"`
+	RetentionSeconds float64  `json:"retention_seconds,omitzero"`
+	Store            storeDoc `json:"store"`
+	Received         *stepDoc `json:"received"`
 	// NewestTrajectory: the step of the newest trajectory; past Received's,
 	// it waits for its watermark.
 	NewestTrajectory *stepDoc       `json:"newest_trajectory"`
@@ -163,7 +166,7 @@ func writeStatusJSON(w io.Writer, st *pipeline.Status, run string, now time.Time
 	age := func(t time.Time) float64 { return now.Sub(t).Seconds() }
 	step := func(n int64, at time.Time) stepDoc { return stepDoc{Step: n, At: at.UTC(), AgeSeconds: age(at)} }
 	d := statusDoc{
-		Run: run, Stream: st.Stream, At: now, RetentionSeconds: st.MaxAge.Seconds(),
+		Run: run, Stream: st.Stream, At: now, RetentionSeconds: st.MaxAge.Seconds(), OtherRuns: st.OtherRuns,
 		Store:       storeDoc{StreamBytes: st.Bytes, AccountBytes: st.StoreUsed},
 		Unfused:     []unfusedDoc{},
 		DeadLetters: deadLettersDoc{Count: st.DeadLetters},
