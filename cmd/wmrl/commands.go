@@ -209,7 +209,12 @@ func stageCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "stage NAME",
 		Short: "Run one stage alone (" + strings.Join(pipeline.AllStages, ", ") + "); processes of predict or execute share the work, a second of another waits to take over from the first",
-		Args:  cobra.ExactArgs(1),
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return fmt.Errorf("stage NAME: name one stage (%s); got %d", strings.Join(pipeline.AllStages, ", "), len(args))
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cfg.NATSURL == "" {
 				return fmt.Errorf("stage %s: --nats URL is required (the server other stages use)", args[0])

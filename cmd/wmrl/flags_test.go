@@ -129,3 +129,12 @@ func TestAFlagThatCannotBeZeroSaysSo(t *testing.T) {
 		}
 	}
 }
+
+// `wmrl stage` without a stage's name lists the stages, where cobra said
+// "accepts 1 arg(s), received 0".
+func TestStageWithoutANameListsThem(t *testing.T) {
+	want := "stage NAME: name one stage (route, predict, execute, pair, calibrate, fuse, archive); got 0"
+	if out, err := wmrl(context.Background(), "stage", "--nats", "nats://127.0.0.1:1"); err == nil || err.Error() != want {
+		t.Errorf("wmrl stage: %v\n%s\nwant %q", err, out, want)
+	}
+}
