@@ -18,8 +18,9 @@ import (
 // or dead-lettered: poison (schemas.ErrInvalid, ErrUnusable) and what a
 // stage gave up on without trying (schemas.ErrDown) at once, an outage
 // (schemas.ErrOutage, or a NATS store with no room) never, anything else
-// once it has failed on its MaxAttempts-th delivery. A dead letter is stored on the dlq subject
-// with the reason before the input is acknowledged.
+// once it has failed on its MaxAttempts-th delivery. A dead letter is
+// stored on the dlq subject with the reason before the input is
+// acknowledged.
 type deadLetters struct {
 	pub         message.Publisher
 	subject     string
