@@ -28,7 +28,7 @@ func rootCommand() *cobra.Command {
 					return err
 				}
 			}
-			return refuseNotPositive(cmd.Flags())
+			return refuseNotPositive(cmd)
 		},
 	}
 	root.PersistentFlags().String(configFlag, "", "YAML file of this command's settings (name: value, a flag's name without its dashes; a list for a flag given once per value); a flag on the command line wins")
@@ -36,26 +36,31 @@ func rootCommand() *cobra.Command {
 	return root
 }
 
-// positiveOnly are the flags whose setting takes its default when 0
-// (pipeline.Config's defaults): given 0, or less, the run would go on
-// with the default and say nothing.
-var positiveOnly = []string{"groups", "group-size", "exec-slots", "step-timeout", "anchor-deadline", "pair-wait",
-	"stuck-after", "exec-latency", "wm-probe-every", "exec-probe-every"}
+// positiveOnly are, by command, the flags whose setting takes its default
+// when 0 (pipeline.Config's and the audit's defaults): given 0, or less,
+// the command would go on with the default and say nothing.
+var positiveOnly = map[string][]string{
+	"run": {"groups", "group-size", "exec-slots", "step-timeout", "anchor-deadline", "pair-wait",
+		"stuck-after", "exec-latency", "wm-probe-every", "exec-probe-every"},
+	"stage": {"exec-slots", "step-timeout", "anchor-deadline", "pair-wait", "stuck-after", "exec-latency",
+		"wm-probe-every", "exec-probe-every"},
+	"audit": {"bins", "tolerance", "min-bin-pairs", "min-task-pairs"},
+}
 
-// refuseNotPositive names a flag of positiveOnly given 0 or less, on the
-// command line or in --config.
-func refuseNotPositive(fs *pflag.FlagSet) error {
-	for _, name := range positiveOnly {
-		f := fs.Lookup(name)
+// refuseNotPositive names a flag of cmd's positiveOnly given 0 or less,
+// on the command line or in --config.
+func refuseNotPositive(cmd *cobra.Command) error {
+	for _, name := range positiveOnly[cmd.Name()] {
+		f := cmd.Flags().Lookup(name)
 		if f == nil || !f.Changed {
 			continue
 		}
 		v := f.Value.String()
-		n, err := strconv.ParseInt(v, 10, 64)
+		x, err := strconv.ParseFloat(v, 64)
 		if d, derr := time.ParseDuration(v); err != nil && derr == nil {
-			n, err = int64(d), nil
+			x, err = d.Seconds(), nil
 		}
-		if err == nil && n <= 0 {
+		if err == nil && !(x > 0) {
 			return fmt.Errorf("--%s %s: want more than 0 (its default is %s)", name, v, f.DefValue)
 		}
 	}

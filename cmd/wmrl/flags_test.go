@@ -123,9 +123,25 @@ func TestAFlagThatCannotBeZeroSaysSo(t *testing.T) {
 		{[]string{"run", "--group-size", "-2"}, "--group-size -2: want more than 0 (its default is 8)"},
 		{[]string{"stage", "route", "--nats", "nats://127.0.0.1:1", "--step-timeout", "0s"}, "--step-timeout 0s: want more than 0 (its default is 30s)"},
 		{[]string{"run", "--config", conf}, "--exec-slots 0: want more than 0 (its default is 16)"},
+		{[]string{"audit", "--tolerance", "0"}, "--tolerance 0: want more than 0 (its default is 0.05)"},
 	} {
 		if out, err := wmrl(ctx, c.args...); err == nil || err.Error() != c.want {
 			t.Errorf("wmrl %s: %v\n%s\nwant %q", strings.Join(c.args, " "), err, out, c.want)
+		}
+	}
+	// Where 0 means something of its own, it is taken: run's --bins 0 fits
+	// the raw pairs, wm-eval's --groups 0 evaluates every group.
+	root := rootCommand()
+	for _, args := range [][]string{{"run", "--bins", "0"}, {"wm-eval", "--groups", "0"}} {
+		cmd, rest, err := root.Find(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.ParseFlags(rest); err != nil {
+			t.Fatal(err)
+		}
+		if err := refuseNotPositive(cmd); err != nil {
+			t.Errorf("wmrl %s: %v", strings.Join(args, " "), err)
 		}
 	}
 }
