@@ -63,6 +63,9 @@ server of 'wmrl run' listens on 127.0.0.1:4222 by default), or of a
 stopped one from its --data directory.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if since < 0 {
+				return fmt.Errorf("--since %v: want how far back from now, such as 15m (0: all)", since)
+			}
 			if stage != "" && !slices.Contains(pipeline.AllStages, stage) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "note: %s is not one of this build's stages (%s); showing the dead letters an outside stage of that name sent\n", stage, strings.Join(pipeline.AllStages, ", "))
 			}

@@ -124,6 +124,7 @@ func TestAFlagThatCannotBeZeroSaysSo(t *testing.T) {
 		{[]string{"stage", "route", "--nats", "nats://127.0.0.1:1", "--step-timeout", "0s"}, "--step-timeout 0s: want more than 0 (its default is 30s)"},
 		{[]string{"run", "--config", conf}, "--exec-slots 0: want more than 0 (its default is 16)"},
 		{[]string{"audit", "--tolerance", "0"}, "--tolerance 0: want more than 0 (its default is 0.05)"},
+		{[]string{"dlq", "--since", "-5m"}, "--since -5m0s: want how far back from now, such as 15m (0: all)"},
 	} {
 		if out, err := wmrl(ctx, c.args...); err == nil || err.Error() != c.want {
 			t.Errorf("wmrl %s: %v\n%s\nwant %q", strings.Join(c.args, " "), err, out, c.want)
