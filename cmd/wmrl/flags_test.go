@@ -108,7 +108,8 @@ func TestQuietLeavesOutTheStepsAlone(t *testing.T) {
 
 // A flag whose setting takes its default when 0 refuses 0 and less, on the
 // command line and in --config, naming the flag and its default: before,
-// `wmrl run --groups 0` ran 16 groups a step and said nothing.
+// `wmrl run --groups 0` ran 16 groups a step and said nothing. dlq's
+// --since, whose 0 is "all", refuses less than 0, which listed all too.
 func TestAFlagThatCannotBeZeroSaysSo(t *testing.T) {
 	ctx := context.Background()
 	conf := filepath.Join(t.TempDir(), "run.yaml")
