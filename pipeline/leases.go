@@ -70,14 +70,8 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 	full := roomWaiter{p: p, who: strings.Join(mine, ", "), waits: "this process waits for room before it runs them"}
 	if p.tr.srv != nil {
 		for _, st := range mine {
-			for {
-				err := ls.Free(ctx, leaseKey(p.cfg.Run, st))
-				if err == nil {
-					break
-				}
-				if err := full.wait(ctx, err); err != nil {
-					return fmt.Errorf("pipeline: %w", err)
-				}
+			if err := full.retry(ctx, func() error { return ls.Free(ctx, leaseKey(p.cfg.Run, st)) }); err != nil {
+				return fmt.Errorf("pipeline: %w", err)
 			}
 		}
 	}
@@ -164,38 +158,6 @@ func (p *Pipeline) tryLeases(ctx context.Context, ls *natsjs.Leases, me natsjs.H
 	}
 	p.leases = got
 	return "", nil, nil
-}
-
-// roomWait is how often a roomWaiter asks a full store again.
-var roomWait = 2 * time.Second
-
-// roomWaiter waits out a full NATS store (natsjs.StoreFull) before a
-// write that cannot be done without: a lease the one-per-run stages take
-// (a key-value write), the simulated trainer's trajectories. A process
-// started on a full store used to end at once, and a supervisor's
-// restarts of it loop; a run's simulated trainer ended the run.
-type roomWaiter struct {
-	p          *Pipeline
-	who, waits string // who waits, and what for ("this process waits for room before it runs them")
-	saidAt     time.Time
-}
-
-// wait returns err unless it is a full store's; then it says so, at most
-// once a minute, and returns after roomWait, or with ctx's error.
-func (r *roomWaiter) wait(ctx context.Context, err error) error {
-	if !natsjs.StoreFull(err) {
-		return err
-	}
-	if time.Since(r.saidAt) >= time.Minute {
-		r.saidAt = time.Now()
-		r.p.notef("%s: %s; %s, asking every %v: %v", r.who, natsjs.StoreFullHint, r.waits, roomWait, err)
-	}
-	select {
-	case <-ctx.Done():
-		return fmt.Errorf("%w: %s waited for room in the NATS store (%v)", errStoppedWaiting, r.who, err)
-	case <-time.After(roomWait):
-		return nil
-	}
 }
 
 // errStoppedWaiting: stopped (Ctrl-C, SIGTERM) while waiting for another

@@ -84,20 +84,11 @@ func (s *simSource) run(ctx context.Context) error {
 				return nil
 			}
 		}
-		for {
-			err := s.publish(step)
-			if err == nil {
-				break
-			}
+		if err := full.retry(ctx, func() error { return s.publish(step) }); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			if err := full.wait(ctx, err); err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return err
-			}
+			return err
 		}
 	}
 	return nil

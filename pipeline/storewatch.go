@@ -2,8 +2,11 @@ package pipeline
 
 import (
 	"context"
+	"fmt"
 	"syscall"
 	"time"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
 )
 
 // storeEvery is how often the store's use is read for the metrics (a
@@ -51,4 +54,50 @@ func (p *Pipeline) readStore(ctx context.Context) {
 		}
 	}
 	m.StoreLimit.Set(float64(max(limit, 0)))
+}
+
+// roomWait is how often a roomWaiter asks a full store again.
+var roomWait = 2 * time.Second
+
+// roomWaiter waits out a full NATS store (natsjs.StoreFull) before a
+// write that cannot be done without: a lease the one-per-run stages take
+// (a key-value write), the simulated trainer's trajectories. A process
+// started on a full store used to end at once, and a supervisor's
+// restarts of it loop; a run's simulated trainer ended the run.
+type roomWaiter struct {
+	p          *Pipeline
+	who, waits string // who waits, and what for ("this process waits for room before it runs them")
+	saidAt     time.Time
+}
+
+// retry runs op until it returns nil, or an error other than a full
+// store's, waiting for room in between.
+func (r *roomWaiter) retry(ctx context.Context, op func() error) error {
+	for {
+		err := op()
+		if err == nil {
+			return nil
+		}
+		if err := r.wait(ctx, err); err != nil {
+			return err
+		}
+	}
+}
+
+// wait returns err unless it is a full store's; then it says so, at most
+// once a minute, and returns after roomWait, or with ctx's error.
+func (r *roomWaiter) wait(ctx context.Context, err error) error {
+	if !natsjs.StoreFull(err) {
+		return err
+	}
+	if time.Since(r.saidAt) >= time.Minute {
+		r.saidAt = time.Now()
+		r.p.notef("%s: %s; %s, asking every %v: %v", r.who, natsjs.StoreFullHint, r.waits, roomWait, err)
+	}
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %s waited for room in the NATS store (%v)", errStoppedWaiting, r.who, err)
+	case <-time.After(roomWait):
+		return nil
+	}
 }
