@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
@@ -168,40 +170,82 @@ func TestAFullStoreIsAnOutageNotAFault(t *testing.T) {
 // stays full past the deliveries after which a failing message is
 // dead-lettered (MaxAttempts, 3 here). Before, the simulated trainer
 // ended the run at its first refused message ("source: watermark 41:
-// ... insufficient resources").
+// ... insufficient resources"). A store fills two ways, answered with two
+// codes: the server's (its disk, its max_file_store: "insufficient
+// resources") and the account's share of it, as an operator of a shared
+// NATS sets for each of its users ("resource limits exceeded for
+// account"), which the run took for a fault.
 func TestAStoreThatFillsMidRunLosesNothing(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	askForRoomOften(t)
-	srv, nc, js := startServer(t, ctx, natsjs.ServerConfig{MaxStore: 64 << 20})
-	// Full, then room for a few steps: the run fills it, whatever its pace.
-	filler, _ := fillStore(t, ctx, js)
-	st, err := js.Stream(ctx, filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for seq := range uint64(8) {
-		if err := st.DeleteMsg(ctx, seq+1); err != nil {
+	t.Run("the server's store", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		srv, nc, js := startServer(t, ctx, natsjs.ServerConfig{MaxStore: 64 << 20})
+		// Full, then room for a few steps: the run fills it, whatever its pace.
+		filler, _ := fillStore(t, ctx, js)
+		st, err := js.Stream(ctx, filler)
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
+		for seq := range uint64(8) {
+			if err := st.DeleteMsg(ctx, seq+1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runThroughAFullStore(t, ctx, srv.URL(), nc, js, func(*atomic.Int64) (room func()) {
+			waitFor(t, time.Minute, func() bool {
+				_, err := js.Publish(ctx, "filler.probe", []byte{1})
+				return natsjs.StoreFull(err)
+			})
+			return func() {
+				if err := js.DeleteStream(ctx, filler); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	})
+	t.Run("the account's limit", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		nodes, url := natstest.Start(t, []*server.Options{{
+			Host: "127.0.0.1", Port: natstest.FreePort(t), JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
+		}})
+		nc, js := clientOf(t, url)
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PROBE", Subjects: []string{"probe"}}); err != nil {
+			t.Fatal(err)
+		}
+		runThroughAFullStore(t, ctx, url, nc, js, func(fused *atomic.Int64) (room func()) {
+			waitFor(t, time.Minute, func() bool { return fused.Load() >= 3 })
+			ai, err := js.AccountInfo(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			nodes[0].LimitAccountStore(t, int64(ai.Store))
+			_, err = js.Publish(ctx, "probe", []byte{1})
+			if apiErr, ok := errors.AsType[*jetstream.APIError](err); !ok || apiErr.ErrorCode != 10002 {
+				t.Fatalf("a write past the account's limit: %v; want its 10002", err)
+			}
+			return func() { nodes[0].LimitAccountStore(t, -1) }
+		})
+	})
+}
+
+// runThroughAFullStore runs 40 steps on the server at url; full, called
+// once the run has started, returns when the store refuses writes, with
+// how to make room, which is done after 3 s.
+func runThroughAFullStore(t *testing.T, ctx context.Context, url string, nc *nats.Conn, js jetstream.JetStream, full func(fused *atomic.Int64) (room func())) {
+	askForRoomOften(t)
 	cfg := testConfig(t)
-	cfg.NATSURL, cfg.Steps, cfg.MaxAttempts = srv.URL(), 40, 3
+	cfg.NATSURL, cfg.Steps, cfg.MaxAttempts = url, 40, 3
 	var out syncBuffer
 	cfg.Quiet, cfg.Out = false, &out
 	var fused atomic.Int64
 	cfg.OnUpdate = func(schemas.Update, time.Duration) { fused.Add(1) }
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, cfg) }()
-	waitFor(t, time.Minute, func() bool {
-		_, err := js.Publish(ctx, "filler.probe", []byte{1})
-		return natsjs.StoreFull(err)
-	})
+	room := full(&fused)
 	time.Sleep(3 * time.Second) // a failing message's 3rd delivery comes 0.75 s after its 1st, its 4th 1 s later
 	t.Logf("%d steps fused by the time room was made", fused.Load())
-	if err := js.DeleteStream(ctx, filler); err != nil {
-		t.Fatal(err)
-	}
+	room()
 	if err := <-done; err != nil {
 		t.Fatalf("the run: %v\n%s", err, out.String())
 	}

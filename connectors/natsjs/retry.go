@@ -19,23 +19,33 @@ const errMsgIDInProcess jetstream.ErrorCode = 10158
 // cluster answers while it elects a meta leader.
 const errClusterNotAvailable jetstream.ErrorCode = 10008
 
-// The server's answers when it has no room to store: its JetStream store,
-// or the account's share of it, is full (10023, as a publish or a
-// key-value write is answered), or a new stream or consumer would not fit
-// (10047 on file, 10028 in memory).
+// The server's answers when it has no room to store: its JetStream store
+// is full (10023, as a publish or a key-value write is answered), the
+// account's share of it is (10002: an operator's limit of the account,
+// `max_file` or `max_mem`, as a shared NATS sets for each of its users),
+// or a new stream or consumer would not fit (10047 on file, 10028 in
+// memory).
 const (
 	errInsufficientResources jetstream.ErrorCode = 10023
+	errAccountExceeded       jetstream.ErrorCode = 10002
 	errStorageExceeded       jetstream.ErrorCode = 10047
 	errMemoryExceeded        jetstream.ErrorCode = 10028
 )
 
 // StoreFull reports whether err is the server refusing to store for lack
 // of room. Nothing was stored, and the same request succeeds once room is
-// made (disk freed, the store's limit raised, messages aged out), so it is
-// an outage to wait out, not a fault of what was sent.
+// made (disk freed, the store's or the account's limit raised, messages
+// aged out), so it is an outage to wait out, not a fault of what was sent.
 func StoreFull(err error) bool {
 	apiErr, ok := errors.AsType[*jetstream.APIError](err)
-	return ok && (apiErr.ErrorCode == errInsufficientResources || apiErr.ErrorCode == errStorageExceeded || apiErr.ErrorCode == errMemoryExceeded)
+	if !ok {
+		return false
+	}
+	switch apiErr.ErrorCode {
+	case errInsufficientResources, errAccountExceeded, errStorageExceeded, errMemoryExceeded:
+		return true
+	}
+	return false
 }
 
 // StoreFullHint says what a StoreFull error means and how to make room.
