@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -206,25 +205,28 @@ func TestAStoreThatFillsMidRunLosesNothing(t *testing.T) {
 	t.Run("the account's limit", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		nodes, url := natstest.Start(t, []*server.Options{{
-			Host: "127.0.0.1", Port: natstest.FreePort(t), JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
-		}})
-		nc, js := clientOf(t, url)
+		srv, nc, js := startServer(t, ctx, natsjs.ServerConfig{})
 		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PROBE", Subjects: []string{"probe"}}); err != nil {
 			t.Fatal(err)
 		}
-		runThroughAFullStore(t, ctx, url, nc, js, func(fused *atomic.Int64) (room func()) {
+		runThroughAFullStore(t, ctx, srv.URL(), nc, js, func(fused *atomic.Int64) (room func()) {
 			waitFor(t, time.Minute, func() bool { return fused.Load() >= 3 })
 			ai, err := js.AccountInfo(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			nodes[0].LimitAccountStore(t, int64(ai.Store))
+			if err := srv.LimitAccountStore(int64(ai.Store)); err != nil {
+				t.Fatal(err)
+			}
 			_, err = js.Publish(ctx, "probe", []byte{1})
 			if apiErr, ok := errors.AsType[*jetstream.APIError](err); !ok || apiErr.ErrorCode != 10002 {
 				t.Fatalf("a write past the account's limit: %v; want its 10002", err)
 			}
-			return func() { nodes[0].LimitAccountStore(t, -1) }
+			return func() {
+				if err := srv.LimitAccountStore(-1); err != nil {
+					t.Fatal(err)
+				}
+			}
 		})
 	})
 }

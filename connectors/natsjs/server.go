@@ -281,6 +281,20 @@ func Loopback(listen string) bool {
 // (nats-server sets it to 75% of the store disk's free space at start).
 func (s *Server) StoreLimit() int64 { return s.ns.JetStreamConfig().MaxStore }
 
+// LimitAccountStore sets the JetStream file store limit of the account
+// the server's clients use to bytes, -1 for none, as an operator's
+// account limit (`max_file`) does on a shared server: writes past it are
+// refused ("resource limits exceeded for account") until it is raised.
+// It rehearses a full store (deploy/chaos) without filling a disk.
+func (s *Server) LimitAccountStore(bytes int64) error {
+	if err := s.ns.GlobalAccount().UpdateJetStreamLimits(map[string]server.JetStreamAccountLimits{
+		"": {MaxMemory: -1, MaxStore: bytes, MaxStreams: -1, MaxConsumers: -1},
+	}); err != nil {
+		return fmt.Errorf("natsjs: account store limit %d: %w", bytes, err)
+	}
+	return nil
+}
+
 // URL is the address clients in other processes connect to.
 func (s *Server) URL() string { return s.ns.ClientURL() }
 

@@ -4,7 +4,8 @@
 // gateway, the standby's too), and a simulated trainer as another, which
 // publishes to NATS and posts through the gateways, against a NATS server;
 // for a while it kills one of them at random every few seconds (SIGKILL
-// mostly, SIGTERM otherwise) and starts it again.
+// mostly, SIGTERM otherwise) and starts it again, and, on the embedded
+// server, fills the store now and then (--store-full).
 // Then it lets the trainer finish, stops everything, and checks what the
 // run stored: every step's update once, with every trajectory; every
 // watermark once; every anchor group absorbed by the calibration once;
@@ -58,6 +59,9 @@ type options struct {
 	// the nodes of one JetStream cluster, the stream replicated on each.
 	natsServer string
 	cluster    int
+	// storeFull: hold the embedded server's account at its store limit
+	// now and then, so that every write is refused for a while.
+	storeFull bool
 }
 
 func main() {
@@ -81,6 +85,7 @@ func main() {
 	flag.IntVar(&o.groups, "groups", 16, "groups per step")
 	flag.IntVar(&o.size, "group-size", 8, "trajectories per group")
 	flag.BoolVar(&o.keep, "keep", false, "keep --dir when it was made here")
+	flag.BoolVar(&o.storeFull, "store-full", true, "on the embedded server, every 30 to 90 s, hold the account at its store limit for 5 to 40 s, as a full disk or an operator's limit does: every write is refused (a server of its own, --nats or --nats-server, is left alone)")
 	flag.BoolVar(&o.archiveApart, "archive-apart", false, "give each archive process an --archive of its own, as on two machines' disks, instead of one they share")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -123,6 +128,7 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	}
 	c := &cast{dir: o.dir}
 	var servers []string // the processes that are NATS servers
+	var embedded *natsjs.Server
 	switch {
 	case o.natsServer != "" && o.nats != "":
 		return false, fmt.Errorf("--nats and --nats-server: give one")
@@ -141,12 +147,12 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 		}
 		o.nats = url
 	case o.nats == "":
-		srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(o.dir, "nats"), MaxPayload: 8 << 20})
-		if err != nil {
+		var err error
+		if embedded, err = natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(o.dir, "nats"), MaxPayload: 8 << 20}); err != nil {
 			return false, err
 		}
-		defer srv.Shutdown()
-		o.nats = srv.URL()
+		defer embedded.Shutdown()
+		o.nats = embedded.URL()
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -201,10 +207,18 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	}
 	defer stopProgress()
 
+	fills := make(chan int, 1)
+	switch {
+	case o.storeFull && embedded != nil:
+		go func() { fills <- fillStore(ctx, embedded, o.dur, rand.New(rand.NewPCG(o.seed, 1))) }()
+	default:
+		fills <- 0
+	}
 	kills, err := c.kill(ctx, o.dur, rand.New(rand.NewPCG(o.seed, 0)), servers)
 	if err != nil {
 		return false, err
 	}
+	full := <-fills
 	tr, err := dialRun(ctx, o.nats, o.prefix, o.run)
 	if err != nil {
 		return false, err
@@ -223,7 +237,7 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 		return false, fmt.Errorf("reading the newest watermark: %w", err)
 	}
 	target := last + 1 + 20
-	say("%d kills in %v; the trainer ends at step %d", kills, o.dur, target-1)
+	say("%d kills and %d full stores in %v; the trainer ends at step %d", kills, full, o.dur, target-1)
 	c.procs["trainer"].args = trainer(target)
 	if err := c.start("trainer"); err != nil {
 		return false, err
@@ -268,6 +282,40 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	}
 	r.print(os.Stdout)
 	return r.ok(), nil
+}
+
+// fillStore holds srv's account at a store limit of 1 byte (every write
+// refused: the stages' outputs, the leases' renewals, the trainer's
+// trajectories) for 5 to 40 s, every 30 to 90 s, for d, and returns how
+// often. The longest holds outlast the leases' 30 s TTL, and a failing
+// message's deliveries. The limit is lifted whenever it returns.
+func fillStore(ctx context.Context, srv *natsjs.Server, d time.Duration, rng *rand.Rand) int {
+	end := time.Now().Add(d)
+	n := 0
+	lift := func() {
+		if err := srv.LimitAccountStore(-1); err != nil {
+			say("store: %v", err)
+		}
+	}
+	defer lift()
+	for {
+		wait := 30*time.Second + time.Duration(rng.Int64N(int64(60*time.Second)))
+		hold := 5*time.Second + time.Duration(rng.Int64N(int64(35*time.Second)))
+		if time.Now().Add(wait+hold).After(end) || sleepCtx(ctx, wait) != nil {
+			return n
+		}
+		if err := srv.LimitAccountStore(1); err != nil {
+			say("store: %v", err)
+			return n
+		}
+		n++
+		say("store full %d: every write refused for %v", n, hold.Round(time.Second))
+		if sleepCtx(ctx, hold) != nil {
+			return n
+		}
+		lift()
+		say("store full %d: room again", n)
+	}
 }
 
 // lockDir takes dir for this rehearsal: another one there would restart

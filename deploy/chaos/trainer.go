@@ -214,17 +214,17 @@ func trainerMain(args []string) error {
 				alone = append(alone, m)
 			}
 		}
-		if err := pub.Publish(r.subject(schemas.KindTraj), alone...); err != nil {
+		if err := publish(ctx, pub, r.subject(schemas.KindTraj), alone...); err != nil {
 			return err
 		}
-		if err := pub.Publish(r.subject(schemas.KindTrajs), batched...); err != nil {
+		if err := publish(ctx, pub, r.subject(schemas.KindTrajs), batched...); err != nil {
 			return err
 		}
 		m, err := schemas.NewMessage(fmt.Sprintf("%s/step/%d", wm.Run, step), wm)
 		if err != nil {
 			return err
 		}
-		if err := pub.Publish(r.subject(schemas.KindStep), m); err != nil {
+		if err := publish(ctx, pub, r.subject(schemas.KindStep), m); err != nil {
 			return err
 		}
 	}
@@ -332,6 +332,24 @@ func (g *gateways) post(ctx context.Context, path string, body []byte) error {
 			continue // another may answer at once
 		}
 		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// publish publishes msgs, waiting out a full store as a trainer should
+// (its messages carry de-duplication IDs, so sending them again stores
+// each once).
+func publish(ctx context.Context, pub *natsjs.Publisher, subject string, msgs ...*message.Message) error {
+	for said := false; ; said = true {
+		err := pub.Publish(subject, msgs...)
+		if !natsjs.StoreFull(err) {
+			return err
+		}
+		if !said {
+			fmt.Printf("publish to %s: %v; waiting for room\n", subject, err)
+		}
+		if err := sleepCtx(ctx, time.Second); err != nil {
 			return err
 		}
 	}

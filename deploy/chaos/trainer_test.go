@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
@@ -119,5 +121,67 @@ func TestTheTrainerTriesTheNextGateway(t *testing.T) {
 	mu.Unlock()
 	if err := g.post(ctx, "/bad", []byte("{}")); err == nil || !strings.Contains(err.Error(), "400 Bad Request: trajectory 0: missing field(s): traj_id") {
 		t.Errorf("a request refused: %v; want the gateway's reason", err)
+	}
+}
+
+// The trainer waits out a full store, as the rehearsal's store-full fault
+// makes one, rather than end at the first refusal (the rehearsal restarts
+// a trainer that ends, and gives up on one that keeps ending at once); its
+// messages, sent again, are stored once.
+func TestTheTrainerWaitsOutAFullStore(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	tr, err := dialRun(ctx, srv.URL(), "rehearse", "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.close()
+	stream, err := tr.js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName("rehearse"), Subjects: []string{"rehearse.>"}, Duplicates: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := natsjs.NewPublisher(natsjs.PublisherConfig{Conn: tr.nc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []*message.Message
+	for i := range 3 {
+		m, err := schemas.NewMessage(fmt.Sprintf("r/%d", i), map[string]int{"i": i})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, m)
+	}
+	// One stored before the store fills: sent again, it stays one.
+	if err := pub.Publish("rehearse.r.traj", msgs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.LimitAccountStore(1); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- publish(ctx, pub, "rehearse.r.traj", msgs...) }()
+	select {
+	case err := <-done:
+		t.Fatalf("the trainer's publish to a full store returned %v; want it to wait", err)
+	case <-time.After(1500 * time.Millisecond):
+	}
+	if err := srv.LimitAccountStore(-1); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("once there was room: %v", err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 3 {
+		t.Errorf("the stream holds %d messages; want the 3 sent, each once", info.State.Msgs)
 	}
 }

@@ -211,17 +211,3 @@ func Named(t testing.TB, nodes []*Node, name string) *Node {
 	return nil
 }
 
-// LimitAccountStore sets the JetStream file store limit of the node's
-// global account (that of clients without credentials) to bytes, -1 for
-// none, as an operator's account limit (`accounts { A: { jetstream: {
-// max_file: ... } } }`) does. Writes past it are refused with "resource
-// limits exceeded for account" (10002); a full server store answers
-// "insufficient resources" (10023).
-func (n *Node) LimitAccountStore(t testing.TB, bytes int64) {
-	t.Helper()
-	if err := n.srv.GlobalAccount().UpdateJetStreamLimits(map[string]server.JetStreamAccountLimits{
-		"": {MaxMemory: -1, MaxStore: bytes, MaxStreams: -1, MaxConsumers: -1},
-	}); err != nil {
-		t.Fatalf("%s: account store limit %d: %v", n.Name(), bytes, err)
-	}
-}
