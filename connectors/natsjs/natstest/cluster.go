@@ -210,4 +210,3 @@ func Named(t testing.TB, nodes []*Node, name string) *Node {
 	t.Fatalf("no node is called %q", name)
 	return nil
 }
-
