@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -75,6 +76,11 @@ type Config struct {
 	ListenTLS natsjs.ServerTLS
 	// MaxPayloadMB is the embedded server's max_payload in MiB (0: 8).
 	MaxPayloadMB int
+	// MaxStoreGB bounds the embedded server's JetStream store, in GiB
+	// (0: nats-server's own bound, 75% of the disk's free room at its
+	// start). A store at its bound is full: every stage waits until room
+	// is made (--retention ages messages out).
+	MaxStoreGB float64
 	// Stages run in this process: nil means all, an empty slice none (a
 	// gateway alone).
 	Stages []string
@@ -517,6 +523,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: steps %d < 0", ErrConfig, c.Steps)
 	case c.MaxPayloadMB < 0 || c.MaxPayloadMB > 64:
 		return fmt.Errorf("%w: nats-max-payload-mb %d: want 1 to 64 (MiB; NATS takes no larger messages)", ErrConfig, c.MaxPayloadMB)
+	case !(c.MaxStoreGB >= 0) || math.IsInf(c.MaxStoreGB, 1):
+		return fmt.Errorf("%w: --nats-max-store-gb %v: want GiB > 0, or 0 for 75%% of the disk's free room", ErrConfig, c.MaxStoreGB)
+	case c.MaxStoreGB > 0 && c.NATSURL != "":
+		return fmt.Errorf("%w: --nats-max-store-gb bounds the embedded server's store; with --nats, the server's max_file_store (or its account's max_file) does", ErrConfig)
 	case c.Groups < 1 || c.GroupSize < 2 || c.Tasks < 1:
 		return fmt.Errorf("%w: policy needs groups >= 1, group size >= 2, tasks >= 1", ErrConfig)
 	case c.WorldModel != "sim" && c.WorldModel != "openai":

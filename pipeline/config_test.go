@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -66,6 +67,10 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		{"the embedded server's TLS with --nats", func(c *Config) { c.NATSURL, c.ListenTLS.Cert, c.ListenTLS.Key = "tls://a:4222", "s.pem", "k.pem" }, "--listen-cert, --listen-key and --listen-client-ca are the embedded server's"},
 		{"a client CA without the server's certificate", func(c *Config) { c.ListenTLS.ClientCA = "ca.pem" }, "a CA for client certificates needs the server's own certificate"},
 		{"the gateway's certificate without its key", func(c *Config) { c.HTTPAddr, c.HTTPCert = "127.0.0.1:8080", "c.pem" }, "--http-cert needs --http-key"},
+		{"a store bound", func(c *Config) { c.MaxStoreGB = 0.5 }, ""},
+		{"a negative store bound", func(c *Config) { c.MaxStoreGB = -1 }, "--nats-max-store-gb -1: want GiB > 0"},
+		{"a store bound of NaN", func(c *Config) { c.MaxStoreGB = math.NaN() }, "--nats-max-store-gb NaN"},
+		{"a store bound with --nats", func(c *Config) { c.MaxStoreGB, c.NATSURL = 10, "nats://a:4222" }, "--nats-max-store-gb bounds the embedded server's store"},
 		{"the gateway's certificate without a gateway", func(c *Config) { c.HTTPCert, c.HTTPKey = "c.pem", "k.pem" }, "--http-cert and --http-key are the gateway's: give --http ADDR"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -126,6 +126,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		if open := cfg.exposure(); open != "" {
 			p.notef("%s", open)
 		}
+		p.boundBeyondDisk(ctx)
 		if until := tr.srv.CertificateNotAfter(); !until.IsZero() {
 			p.presents(certNATS, "the embedded NATS server's certificate (--listen-cert)", until)
 		}

@@ -5,7 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -54,7 +58,7 @@ func (s StreamSource) open(ctx context.Context, follow bool) (*streamConn, error
 	var srv *natsjs.Server
 	var err error
 	if s.NATSURL == "" {
-		srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(s.DataDir, "nats")})
+		srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(s.DataDir, "nats"), MaxStore: readStoreBound(s.DataDir)})
 		if err != nil {
 			return nil, err
 		}
@@ -177,4 +181,39 @@ func ReadDeadLetters(ctx context.Context, src StreamSource, run string, follow b
 		}
 	}
 	return nil
+}
+
+// storeBoundFile keeps, beside a data directory's store, the bound its
+// last process gave the embedded server (--nats-max-store-gb), so that a
+// reader of the stopped store sets its own server the same: `wmrl status`
+// then measures the store against the run's bound, not the default.
+func storeBoundFile(dataDir string) string { return filepath.Join(dataDir, "nats-max-store") }
+
+// writeStoreBound records bound (bytes; 0: the default, and the file goes).
+func writeStoreBound(dataDir string, bound int64) error {
+	f := storeBoundFile(dataDir)
+	if bound <= 0 {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("pipeline: %w", err)
+		}
+		return nil
+	}
+	if err := os.WriteFile(f, fmt.Appendf(nil, "%d\n", bound), 0o644); err != nil {
+		return fmt.Errorf("pipeline: the store's bound: %w", err)
+	}
+	return nil
+}
+
+// readStoreBound is the bound recorded in dataDir, 0 for none (or one
+// that cannot be read: the default is then the reader's).
+func readStoreBound(dataDir string) int64 {
+	b, err := os.ReadFile(storeBoundFile(dataDir))
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
 }

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -55,6 +56,30 @@ func (p *Pipeline) readStore(ctx context.Context) {
 	}
 	m.StoreLimit.Set(float64(max(limit, 0)))
 }
+
+// boundBeyondDisk says, when --nats-max-store-gb is more than the disk
+// can give the store (what it holds and what is free), that the disk
+// fills first: the server then fails writes of its own files, rather
+// than refuse messages for want of room, and may turn JetStream off.
+func (p *Pipeline) boundBeyondDisk(ctx context.Context) {
+	bound := int64(p.cfg.MaxStoreGB * (1 << 30))
+	var fs syscall.Statfs_t
+	if bound <= 0 || syscall.Statfs(p.cfg.storeDir(), &fs) != nil {
+		return
+	}
+	free := int64(fs.Bavail) * fs.Bsize
+	ai, err := p.tr.js.AccountInfo(ctx)
+	if err != nil {
+		return
+	}
+	if room := int64(ai.Store) + free; bound > room {
+		p.notef("nats: --nats-max-store-gb %s is more than the disk gives the store (it holds %.1f GiB, and %.1f GiB is free on %s): the disk would fill first, "+
+			"and a server that cannot write its files may turn JetStream off; give at most %.1f, less what the trainer and the archive need there",
+			strconv.FormatFloat(p.cfg.MaxStoreGB, 'f', -1, 64), gib(int64(ai.Store)), gib(free), p.cfg.storeDir(), gib(room))
+	}
+}
+
+func gib(n int64) float64 { return float64(n) / (1 << 30) }
 
 // roomWait is how often a roomWaiter asks a full store again.
 var roomWait = 2 * time.Second

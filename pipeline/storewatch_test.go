@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -57,5 +58,53 @@ func TestStoreMetricsFollowTheStream(t *testing.T) {
 	free := float64(fs.Bavail) * float64(fs.Bsize)
 	if got := testutil.ToFloat64(m.StoreDiskFree); got <= 0 || got < free/2 || got > free*2 {
 		t.Errorf("wmrl_store_disk_free_bytes %v; statfs of the data directory says %v", got, free)
+	}
+}
+
+// --nats-max-store-gb bounds the embedded server's store: the run's
+// metrics measure against it, and so does a reading of the stopped store
+// (wmrl status --data), which starts a server of its own on it. A run
+// without the bound leaves its readers nats-server's own. A bound beyond
+// what the disk gives the store is pointed out.
+func TestTheEmbeddedStoreKeepsItsBound(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Steps, cfg.MaxStoreGB = 2, 0.25
+	p, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(p.Metrics().StoreLimit); got != 1<<28 {
+		t.Errorf("wmrl_jetstream_store_limit_bytes %v; want the bound, %d", got, 1<<28)
+	}
+	limit := func() uint64 {
+		st, err := ReadStatus(ctx, StreamSource{DataDir: cfg.DataDir, Prefix: cfg.Prefix}, cfg.Run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return uint64(st.StoreLimit)
+	}
+	if got := limit(); got != 1<<28 {
+		t.Errorf("the stopped store read with a limit of %d; want the run's bound, %d", got, 1<<28)
+	}
+	cfg.MaxStoreGB = 0
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := limit(); got == 1<<28 || got == 0 {
+		t.Errorf("after a run without a bound, the stopped store read with a limit of %d; want nats-server's own", got)
+	}
+
+	var out syncBuffer
+	cfg.MaxStoreGB, cfg.Quiet, cfg.Out = 1<<20, false, &out // a PiB
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "--nats-max-store-gb 1048576 is more than the disk gives the store") {
+		t.Errorf("a bound of a PiB was not pointed out:\n%s", out.String())
 	}
 }

@@ -38,8 +38,9 @@ func connect(ctx context.Context, cfg *Config, m *Metrics) (*transport, error) {
 	t := &transport{}
 	var err error
 	if cfg.NATSURL == "" {
+		bound := int64(cfg.MaxStoreGB * (1 << 30))
 		t.srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{
-			StoreDir: cfg.storeDir(), Listen: cfg.Listen, MaxPayload: cfg.MaxPayloadMB << 20,
+			StoreDir: cfg.storeDir(), Listen: cfg.Listen, MaxPayload: cfg.MaxPayloadMB << 20, MaxStore: bound,
 			Auth: cfg.NATSAuth, TLS: cfg.ListenTLS,
 			OnCertificate: certRenewed(cfg, m, certNATS, "nats: the embedded server"),
 			OnClientCA:    clientCARead(cfg),
@@ -48,7 +49,9 @@ func connect(ctx context.Context, cfg *Config, m *Metrics) (*transport, error) {
 			return nil, err
 		}
 		t.url = t.srv.URL()
-		t.nc, err = t.srv.Connect("wmrl")
+		if err = writeStoreBound(cfg.DataDir, bound); err == nil {
+			t.nc, err = t.srv.Connect("wmrl")
+		}
 	} else {
 		t.url = natsjs.Redact(cfg.NATSURL)
 		t.watch = &connWatch{url: t.url}

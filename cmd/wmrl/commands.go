@@ -115,6 +115,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.ListenTLS.Key, "listen-key", "", "key (PEM) of --listen-cert")
 	fs.StringVar(&cfg.ListenTLS.ClientCA, "listen-client-ca", "", "PEM file of the CA whose certificates the embedded server requires of every client over the network (with --listen-cert)")
 	fs.IntVar(&cfg.MaxPayloadMB, "nats-max-payload-mb", 8, "largest message the embedded server takes, in MiB (1-64): a step's update is one message, about 400 bytes a trajectory")
+	fs.Float64Var(&cfg.MaxStoreGB, "nats-max-store-gb", 0, "most the embedded server's store holds, in GiB (0: 75% of the disk's free room at its start); a full store stops every stage until room is made, so leave the disk what the trainer needs")
 	fs.StringVar(&cfg.TopologyFile, "topology", "", "YAML file re-pointing stage subjects")
 	fs.DurationVar(&cfg.MaxAge, "retention", 0, "how long the stream keeps every message (trajectories, stage messages, updates); 0: the stream's own, or 7 days for a new one")
 	fs.DurationVar(&cfg.Duplicates, "dedup-window", 0, "the stream's de-duplication window, whose message IDs the server holds in memory; 0: the stream's own, or 10 minutes for a new one")

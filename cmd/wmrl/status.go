@@ -92,7 +92,7 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 		fmt.Fprintf(w, "store:           the stream %s; the JetStream account %s of its limit %s (%.0f%%)\n",
 			gb(float64(st.Bytes)), gb(float64(st.StoreUsed)), gb(float64(st.StoreLimit)), 100*share)
 		if share >= storeNearlyFull {
-			fmt.Fprintln(w, "                 at its limit the server stores nothing, and every stage waits for room: free its disk, raise its limit (max_file_store, the account's), or shorten --retention")
+			fmt.Fprintln(w, "                 at its limit the server stores nothing, and every stage waits for room: free its disk, raise its limit (max_file_store, wmrl run's --nats-max-store-gb, the account's), or shorten --retention")
 		}
 	default:
 		fmt.Fprintf(w, "store:           the stream %s; the JetStream account %s, its limit not known\n", gb(float64(st.Bytes)), gb(float64(st.StoreUsed)))

@@ -49,7 +49,7 @@ func StoreFull(err error) bool {
 }
 
 // StoreFullHint says what a StoreFull error means and how to make room.
-const StoreFullHint = "the NATS server has no room to store (its JetStream store, or the account's share of it, is full: free its disk, raise its max_file_store or the account's limit, or shorten --retention; wmrl status shows the store's use)"
+const StoreFullHint = "the NATS server has no room to store (its JetStream store, or the account's share of it, is full: free its disk, raise its max_file_store (wmrl run's --nats-max-store-gb) or the account's limit, or shorten --retention; wmrl status shows the store's use)"
 
 // retryable errors are those of a request that may not have reached the
 // server that answers it (a stream or meta leader): sending it again can
