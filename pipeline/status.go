@@ -29,7 +29,7 @@ type Status struct {
 	Messages uint64
 	Bytes    uint64
 	// StoreUsed is the file storage the JetStream account uses (every
-	// stream of it); StoreLimit its limit, or the embedded server's, 0
+	// stream of it, or of its tier: accountStore); StoreLimit its limit, or the embedded server's, 0
 	// when none is known. At the limit every stage stops.
 	StoreUsed  uint64
 	StoreLimit int64
@@ -220,7 +220,7 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 		slices.Sort(st.OtherRuns)
 	}
 	if ai, err := c.js.AccountInfo(ctx); err == nil {
-		st.StoreUsed, st.StoreLimit = ai.Store, max(ai.Limits.MaxStore, 0)
+		st.StoreUsed, st.StoreLimit = accountStore(ai, info.Config.Replicas)
 	}
 	if st.StoreLimit == 0 && c.srv != nil {
 		st.StoreLimit = c.srv.StoreLimit()

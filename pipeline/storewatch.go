@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/wmrl/wmrl/connectors/natsjs"
 )
 
@@ -37,13 +39,15 @@ func (p *Pipeline) readStore(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	m := p.metrics
+	limit, replicas := int64(0), 1
 	if info, err := p.tr.info(ctx); err == nil {
 		m.StreamBytes.Set(float64(info.State.Bytes))
+		replicas = info.Config.Replicas
 	}
-	limit := int64(0)
 	if ai, err := p.tr.js.AccountInfo(ctx); err == nil {
-		m.StoreBytes.Set(float64(ai.Store))
-		limit = ai.Limits.MaxStore
+		var used uint64
+		used, limit = accountStore(ai, replicas)
+		m.StoreBytes.Set(float64(used))
 	}
 	if p.tr.srv != nil {
 		if limit <= 0 {
@@ -80,6 +84,22 @@ func (p *Pipeline) boundBeyondDisk(ctx context.Context) {
 }
 
 func gib(n int64) float64 { return float64(n) / (1 << 30) }
+
+// accountStore is what the account stores on file, and its limit (0:
+// none known), as they bear on a stream of replicas: the account's, or,
+// where its limits are tiered by replicas (an operator's R1 and R3), those
+// of the stream's tier, against which its writes are refused. A tiered
+// account reports no limit of its own.
+func accountStore(ai *jetstream.AccountInfo, replicas int) (used uint64, limit int64) {
+	if ai.Limits.MaxStore != 0 || len(ai.Tiers) == 0 {
+		return ai.Store, max(ai.Limits.MaxStore, 0)
+	}
+	tier, ok := ai.Tiers[fmt.Sprintf("R%d", max(replicas, 1))]
+	if !ok {
+		return ai.Store, 0
+	}
+	return tier.Store, max(tier.Limits.MaxStore, 0)
+}
 
 // roomWait is how often a roomWaiter asks a full store again.
 var roomWait = 2 * time.Second

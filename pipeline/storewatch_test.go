@@ -2,11 +2,13 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/wmrl/wmrl/connectors/sim"
@@ -106,5 +108,33 @@ func TestTheEmbeddedStoreKeepsItsBound(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "--nats-max-store-gb 1048576 is more than the disk gives the store") {
 		t.Errorf("a bound of a PiB was not pointed out:\n%s", out.String())
+	}
+}
+
+// A store's use and limit come from the account, or, where an operator
+// tiers its limits by replicas, from the tier of the stream's replicas:
+// such an account reports no limit of its own (its writes are refused at
+// the tier's). The replies are nats-server 2.15's, for an account with
+// limits "" and R1.
+func TestTheStoresLimitIsTheStreamsTiers(t *testing.T) {
+	for _, tc := range []struct {
+		name, reply string
+		replicas    int
+		used        uint64
+		limit       int64
+	}{
+		{"no limit", `{"storage": 900, "limits": {"max_storage": -1}}`, 1, 900, 0},
+		{"the account's", `{"storage": 900, "limits": {"max_storage": 1048576}, "tiers": {"": {"storage": 900}}}`, 1, 900, 1 << 20},
+		{"R1's", `{"storage": 983540, "limits": {}, "tiers": {"R1": {"storage": 983540, "limits": {"max_storage": 1048576}}}}`, 1, 983540, 1 << 20},
+		{"R3's", `{"storage": 5000, "limits": {}, "tiers": {"R1": {"storage": 2000, "limits": {"max_storage": 1048576}}, "R3": {"storage": 3000, "limits": {"max_storage": 4194304}}}}`, 3, 3000, 4 << 20},
+		{"a tier the stream is not in", `{"storage": 5000, "limits": {}, "tiers": {"R1": {"storage": 5000, "limits": {"max_storage": 1048576}}}}`, 3, 5000, 0},
+	} {
+		var ai jetstream.AccountInfo
+		if err := json.Unmarshal([]byte(tc.reply), &ai); err != nil {
+			t.Fatal(err)
+		}
+		if used, limit := accountStore(&ai, tc.replicas); used != tc.used || limit != tc.limit {
+			t.Errorf("%s: use %d of %d; want %d of %d", tc.name, used, limit, tc.used, tc.limit)
+		}
 	}
 }
