@@ -37,6 +37,8 @@ type Pipeline struct {
 	pub           *natsjs.Publisher
 	router        *message.Router
 	subs          []*natsjs.Subscriber // closed after the router, before the connection
+	consumers     []string             // the durable consumers the subscribers read
+	streamLost    chan struct{}        // an input's error said the stream or a consumer is not found
 	fuse          *fuse.Stage
 	source        *simSource
 	progress      *progress
@@ -115,7 +117,8 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	p := &Pipeline{cfg: cfg, topo: topo, tr: tr, metrics: metrics, started: time.Now(), summary: newStepSummary(time.Now()), cancel: cancel, done: make(chan struct{})}
+	p := &Pipeline{cfg: cfg, topo: topo, tr: tr, metrics: metrics, started: time.Now(), summary: newStepSummary(time.Now()), cancel: cancel, done: make(chan struct{}),
+		streamLost: make(chan struct{}, 1)}
 	if tr.watch != nil {
 		tr.watch.attach(p.metrics, p.fail, p.disruption)
 	} else {
@@ -309,6 +312,7 @@ func (p *Pipeline) subscribeTo(stage string, kind schemas.Kind, subject string, 
 	}
 	p.router.AddNoPublisherHandler(stage+"/"+string(kind), subject, sub, h)
 	p.subs = append(p.subs, sub)
+	p.consumers = append(p.consumers, sub.Durable(subject))
 	return nil
 }
 
@@ -331,6 +335,7 @@ func (p *Pipeline) inputError(stage, what string, err error) {
 	p.disruption()
 	p.metrics.InputErrors.WithLabelValues(stage).Inc()
 	p.notef("%s: %s: %v (reading on)", stage, what, err)
+	p.lostStream(err)
 }
 
 // reader opens an in-order reader of subject for stage, whose retries are
@@ -407,6 +412,7 @@ func (p *Pipeline) start(ctx context.Context) {
 	if p.tr.srv != nil || p.cfg.runs(StageRoute) {
 		p.go_(func() error { p.watchStore(ctx); return nil })
 	}
+	p.go_(func() error { return p.watchStream(ctx) })
 	p.go_(func() error {
 		err := p.router.Run(ctx)
 		if errors.Is(err, natsjs.ErrClosed) && ctx.Err() != nil {

@@ -1,0 +1,53 @@
+package pipeline
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// A process whose stream, or one of whose consumers, is deleted from the
+// server stops, saying what is gone and what to do. Before, its stages
+// waited for messages for ever, printing "stream not found (reading on)"
+// (or nothing, for a consumer), and a stop said it had lost nothing.
+func TestAStreamOrConsumerGoneStopsTheProcess(t *testing.T) {
+	defer func(every, again time.Duration) { streamEvery, goneAgain = every, again }(streamEvery, goneAgain)
+	streamEvery, goneAgain = 200*time.Millisecond, 200*time.Millisecond
+	for _, consumer := range []bool{false, true} {
+		name := map[bool]string{false: "the stream", true: "a consumer"}[consumer]
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cfg := testConfig(t)
+			cfg.Source = SourceExternal
+			p, _, js := startClient(t, ctx, cfg)
+			want := "the stream WMRL_WMRL is no longer on the NATS server"
+			if consumer {
+				s, err := js.Stream(ctx, StreamName(cfg.Prefix))
+				if err != nil {
+					t.Fatal(err)
+				}
+				gone := consumerName(StagePredict, cfg.Run, schemas.KindGroup)
+				if err := s.DeleteConsumer(ctx, gone); err != nil {
+					t.Fatal(err)
+				}
+				want = "the consumer " + gone + " of stream WMRL_WMRL is no longer on the NATS server"
+			} else if err := js.DeleteStream(ctx, StreamName(cfg.Prefix)); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- p.Wait() }()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Errorf("the process ended with %v; want %q", err, want)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("the process did not stop within 30 s of %s's deletion", name)
+			}
+		})
+	}
+}
