@@ -26,16 +26,7 @@ import (
 func TestTheArchiveIsDryOnceItsConsumersHaveNothingLeft(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	tr, err := dialRun(ctx, srv.URL(), "rehearse", "r")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.close()
+	_, tr := rehearsalServer(t, ctx)
 	if tr.archiveDrained(ctx) {
 		t.Fatal("dry before the stream exists")
 	}
@@ -124,13 +115,10 @@ func TestTheTrainerTriesTheNextGateway(t *testing.T) {
 	}
 }
 
-// The trainer waits out a full store, as the rehearsal's store-full fault
-// makes one, rather than end at the first refusal (the rehearsal restarts
-// a trainer that ends, and gives up on one that keeps ending at once); its
-// messages, sent again, are stored once.
-func TestTheTrainerWaitsOutAFullStore(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+// rehearsalServer is an embedded server and a connection to run r of
+// prefix rehearse on it, closed when the test ends.
+func rehearsalServer(t *testing.T, ctx context.Context) (*natsjs.Server, *runConn) {
+	t.Helper()
 	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +128,18 @@ func TestTheTrainerWaitsOutAFullStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tr.close()
+	t.Cleanup(tr.close)
+	return srv, tr
+}
+
+// The trainer waits out a full store, as the rehearsal's store-full fault
+// makes one, rather than end at the first refusal (the rehearsal restarts
+// a trainer that ends, and gives up on one that keeps ending at once); its
+// messages, sent again, are stored once.
+func TestTheTrainerWaitsOutAFullStore(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, tr := rehearsalServer(t, ctx)
 	stream, err := tr.js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName("rehearse"), Subjects: []string{"rehearse.>"}, Duplicates: time.Minute})
 	if err != nil {
 		t.Fatal(err)
