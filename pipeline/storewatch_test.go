@@ -65,7 +65,9 @@ func TestStoreMetricsFollowTheStream(t *testing.T) {
 
 // --nats-max-store-gb bounds the embedded server's store: the run's
 // metrics measure against it, and so does a reading of the stopped store
-// (wmrl status --data), which starts a server of its own on it. A run
+// (wmrl status --data), which starts a server of its own on it, and a
+// client of the running server (wmrl status --nats), which reads its
+// account's limit, not the server's. A run
 // without the bound leaves its readers nats-server's own. A bound beyond
 // what the disk gives the store is pointed out.
 func TestTheEmbeddedStoreKeepsItsBound(t *testing.T) {
@@ -82,6 +84,16 @@ func TestTheEmbeddedStoreKeepsItsBound(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(p.Metrics().StoreLimit); got != 1<<28 {
 		t.Errorf("wmrl_jetstream_store_limit_bytes %v; want the bound, %d", got, 1<<28)
+	}
+	// A client of the running server reads it too, as its account's.
+	live := cfg
+	live.Steps, live.Source = 0, SourceExternal
+	p = started(t, ctx, live)
+	if st, err := ReadStatus(ctx, StreamSource{NATSURL: p.URL(), Prefix: cfg.Prefix}, cfg.Run); err != nil || st.StoreLimit != 1<<28 {
+		t.Errorf("a client of the running server read the store's limit as %v (%v); want the bound, %d", st.StoreLimit, err, 1<<28)
+	}
+	if err := p.Stop(); err != nil {
+		t.Fatal(err)
 	}
 	limit := func() uint64 {
 		st, err := ReadStatus(ctx, StreamSource{DataDir: cfg.DataDir, Prefix: cfg.Prefix}, cfg.Run)

@@ -247,7 +247,14 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("natsjs: embedded server not ready after %v (is %s:%d in use? choose another with --listen)", wait, host, port)
 	}
-	return &Server{ns: ns, auth: Auth{User: cfg.Auth.User, Password: cfg.Auth.Password, Token: cfg.Auth.Token}, certs: certs}, nil
+	srv := &Server{ns: ns, auth: Auth{User: cfg.Auth.User, Password: cfg.Auth.Password, Token: cfg.Auth.Token}, certs: certs}
+	// A client reads the store's limit in its account's info, never the
+	// server's: the account takes the server's as its own, so that wmrl
+	// status --nats, an outside stage or the nats CLI knows it. Refused
+	// (streams of fixed size hold part of the store), the account stays
+	// unlimited: the limit is the server's all the same.
+	_ = srv.LimitAccountStore(srv.StoreLimit())
+	return srv, nil
 }
 
 // CertificateNotAfter is when the certificate the server presents to
@@ -285,11 +292,22 @@ func (s *Server) StoreLimit() int64 { return s.ns.JetStreamConfig().MaxStore }
 // the server's clients use to bytes, -1 for none, as an operator's
 // account limit (`max_file`) does on a shared server: writes past it are
 // refused ("resource limits exceeded for account") until it is raised.
-// It rehearses a full store (deploy/chaos) without filling a disk.
+// Clients read it in their account's info, where the server's own limit
+// does not show: StartServer sets it to the server's. It also rehearses a
+// full store (deploy/chaos) without filling a disk.
 func (s *Server) LimitAccountStore(bytes int64) error {
-	if err := s.ns.GlobalAccount().UpdateJetStreamLimits(map[string]server.JetStreamAccountLimits{
-		"": {MaxMemory: -1, MaxStore: bytes, MaxStreams: -1, MaxConsumers: -1},
-	}); err != nil {
+	set := func(bytes int64) error {
+		limits := server.JetStreamAccountLimits{MaxMemory: -1, MaxStore: bytes, MaxStreams: -1, MaxConsumers: -1,
+			MaxAckPending: -1, MemoryMaxStreamBytes: -1, StoreMaxStreamBytes: -1} // the server's dynamic limits, but the store's
+		return s.ns.GlobalAccount().UpdateJetStreamLimits(map[string]server.JetStreamAccountLimits{"": limits})
+	}
+	// From unlimited (-1) the server counts a change to the whole store as
+	// one byte more than there is, and refuses it; from 0 it does not.
+	err := set(0)
+	if err == nil && bytes != 0 {
+		err = set(bytes)
+	}
+	if err != nil {
 		return fmt.Errorf("natsjs: account store limit %d: %w", bytes, err)
 	}
 	return nil

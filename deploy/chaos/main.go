@@ -288,12 +288,13 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 // refused: the stages' outputs, the leases' renewals, the trainer's
 // trajectories) for 5 to 40 s, every 30 to 90 s, for d, and returns how
 // often. The longest holds outlast the leases' 30 s TTL, and a failing
-// message's deliveries. The limit is lifted whenever it returns.
+// message's deliveries. The limit is the server's again whenever it
+// returns.
 func fillStore(ctx context.Context, srv *natsjs.Server, d time.Duration, rng *rand.Rand) int {
 	end := time.Now().Add(d)
 	n := 0
 	lift := func() {
-		if err := srv.LimitAccountStore(-1); err != nil {
+		if err := srv.LimitAccountStore(srv.StoreLimit()); err != nil {
 			say("store: %v", err)
 		}
 	}
