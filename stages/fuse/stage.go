@@ -85,6 +85,7 @@ type Stage struct {
 	steps    *Steps
 	done     map[int64]chan struct{}
 	stuck    map[int64]time.Time // steps OnStuck heard of: when their plan came
+	halt     chan error          // a Flush in a handler failed so that Run must end (stops)
 	caughtUp bool
 	broken   bool   // a panic absorbing a calibration or fusing a step: no checkpoint of this state
 	read     uint64 // stream sequence of the last calibration read (the reader's, then Run's once it stopped)
@@ -101,7 +102,8 @@ func NewStage(cfg StepsConfig, out string, pub message.Publisher) (*Stage, error
 	if err != nil {
 		return nil, err
 	}
-	return &Stage{RunID: cfg.Run, Out: out, Pub: pub, Now: time.Now, steps: steps, done: map[int64]chan struct{}{}, stuck: map[int64]time.Time{}}, nil
+	return &Stage{RunID: cfg.Run, Out: out, Pub: pub, Now: time.Now, steps: steps, done: map[int64]chan struct{}{}, stuck: map[int64]time.Time{},
+		halt: make(chan error, 1)}, nil
 }
 
 // DefaultCheckpointEvery is how many calibrations pass between checkpoints
@@ -183,7 +185,17 @@ func (s *Stage) add(ctx context.Context, step int64, record func()) (late bool, 
 		return true, nil
 	}
 	if err := s.Flush(ctx); err != nil {
-		return false, err
+		if !stops(err) {
+			return false, err
+		}
+		// Fusing a step failed, not this input: Run ends with the error,
+		// and the input is handed back with the others as the stage
+		// stops. Returned here, the error was the input's: dead-lettered
+		// (a panic's at once), the restart's step waited for it.
+		select {
+		case s.halt <- err:
+		default:
+		}
 	}
 	select {
 	case <-done:
@@ -330,6 +342,8 @@ func (s *Stage) Run(ctx context.Context, cal Source, last uint64) error {
 		case <-ctx.Done():
 			return nil
 		case err := <-errc:
+			return err
+		case err := <-s.halt:
 			return err
 		case <-t.C:
 			if err := s.Flush(ctx); stops(err) {

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/stagetest"
@@ -240,5 +242,69 @@ func TestAPanicFusingAStepStopsRunWithoutItsUpdate(t *testing.T) {
 	}
 	if len(saved) != 0 {
 		t.Fatalf("checkpoints %+v after the panic; want none", saved)
+	}
+}
+
+// A panic fusing a step in a Flush that a handler runs (its input was the
+// step's last) ends Run with FusePanicked's error, as one in Run's own
+// Flush does, and the handler hands its input back once the stage stops.
+// Before, the handler returned the panic as its own: the pipeline
+// dead-lettered the input and acknowledged it, and the restart's step
+// waited for it (TestAPanicFusingAStepStopsTheRun failed now and then).
+func TestAPanicFusingAStepInAHandlerStopsRun(t *testing.T) {
+	st, err := NewStage(StepsConfig{Run: "r", Debias: true, Denoiser: DenoiserConfig{Warmup: 2}, AnchorDeadline: time.Minute}, "update", &stagetest.Recorder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.FusePanicked = func(step int64, v any, _ []byte) error { return fmt.Errorf("the bug: step %d: %v", step, v) }
+	st.OnUpdate = func(u schemas.Update) {
+		if u.Step == 0 {
+			st.steps.den = nil // a bug that the next step's fusion sets off
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- st.Run(ctx, &listSource{}, 0) }()
+	handle := func(step int64) chan error {
+		handled := make(chan error, 2)
+		for _, in := range []struct {
+			h func(*message.Message) error
+			v any
+		}{
+			{st.HandlePlan, schemas.Plan{Schema: schemas.Version, Run: "r", Step: step, Groups: []schemas.PlanGroup{{GroupID: "w", TrajIDs: []string{"w0", "w1"}}}}},
+			{st.HandlePrediction, schemas.Prediction{Schema: schemas.Version, Run: "r", Step: step, GroupID: "w",
+				Items: []schemas.PredItem{{TrajID: "w0", Score: score(0.2)}, {TrajID: "w1", Score: score(0.7)}}}},
+		} {
+			m, err := schemas.NewMessage("", in.v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.SetContext(ctx)
+			go func() { handled <- in.h(m) }()
+		}
+		return handled
+	}
+	for range 2 {
+		if err := <-handle(0); err != nil {
+			t.Fatalf("step 0's input: %v", err)
+		}
+	}
+	handled := handle(1)
+	select {
+	case err := <-ran:
+		if err == nil || !strings.HasPrefix(err.Error(), "the bug: step 1") {
+			t.Fatalf("Run: %v; want FusePanicked's error, of step 1", err)
+		}
+	case err := <-handled:
+		t.Fatalf("a handler of step 1 returned %v before Run ended", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not end within 10 s of the panic")
+	}
+	cancel() // the pipeline stops
+	for range 2 {
+		if err := <-handled; err == nil || strings.Contains(err.Error(), "the bug") || !errors.Is(err, context.Canceled) {
+			t.Errorf("a handler of step 1 returned %v; want its input handed back as the stage stops, not the panic", err)
+		}
 	}
 }
