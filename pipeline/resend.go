@@ -66,6 +66,9 @@ func ResendDeadLetters(ctx context.Context, src StreamSource, run string, opt Re
 		return err
 	}
 	defer c.close()
+	if err := runHeld(ctx, c, src.Prefix, run); err != nil {
+		return err
+	}
 	dlqSubject := schemas.Subject(src.Prefix, run, schemas.KindDLQ)
 	fused := map[int64]bool{}
 	if err := scanMsgIDs(ctx, c.js, c.stream, schemas.Subject(src.Prefix, run, schemas.KindUpdate), func(step int64, _ string) {

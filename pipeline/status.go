@@ -207,17 +207,9 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 		MaxAge: info.Config.MaxAge, Subjects: info.State.Subjects}
 	st.DeadLetters = st.Subjects[schemas.Subject(src.Prefix, run, schemas.KindDLQ)]
 	if len(st.Subjects) == 0 {
-		all, err := stream.Info(ctx, jetstream.WithSubjectFilter(src.Prefix+".*.>"))
-		if err != nil {
+		if st.OtherRuns, err = runsIn(ctx, stream, src.Prefix); err != nil {
 			return nil, fmt.Errorf("pipeline: status at %s: %w", c.url, err)
 		}
-		for subject := range all.State.Subjects {
-			r, _, _ := strings.Cut(strings.TrimPrefix(subject, src.Prefix+"."), ".")
-			if !slices.Contains(st.OtherRuns, r) {
-				st.OtherRuns = append(st.OtherRuns, r)
-			}
-		}
-		slices.Sort(st.OtherRuns)
 	}
 	if ai, err := c.js.AccountInfo(ctx); err == nil {
 		st.StoreUsed, st.StoreLimit = accountStore(ai, info.Config.Replicas)
@@ -485,4 +477,45 @@ func anchorCounts(h nats.Header) (used, late, failed int, ok bool) {
 	late, errs[1] = strconv.Atoi(h.Get(schemas.HeaderLateAnchors))
 	failed, errs[2] = strconv.Atoi(h.Get(schemas.HeaderFailedAnchors))
 	return used, late, failed, errors.Join(errs[:]...) == nil
+}
+
+// runsIn lists the runs of which stream holds a message under prefix.
+func runsIn(ctx context.Context, stream jetstream.Stream, prefix string) ([]string, error) {
+	all, err := stream.Info(ctx, jetstream.WithSubjectFilter(prefix+".*.>"))
+	if err != nil {
+		return nil, err
+	}
+	var runs []string
+	for subject := range all.State.Subjects {
+		r, _, _ := strings.Cut(strings.TrimPrefix(subject, prefix+"."), ".")
+		if !slices.Contains(runs, r) {
+			runs = append(runs, r)
+		}
+	}
+	slices.Sort(runs)
+	return runs, nil
+}
+
+// runHeld returns an error naming the runs the stream holds when it holds
+// no message of run: a --run mistyped read as a run without dead letters.
+func runHeld(ctx context.Context, c *streamConn, prefix, run string) error {
+	stream, err := c.js.Stream(ctx, c.stream)
+	if err != nil {
+		return fmt.Errorf("pipeline: %s at %s: %w", c.stream, c.url, err)
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(prefix+"."+run+".>"))
+	if err != nil {
+		return fmt.Errorf("pipeline: %s at %s: %w", c.stream, c.url, err)
+	}
+	if len(info.State.Subjects) > 0 {
+		return nil
+	}
+	runs, err := runsIn(ctx, stream, prefix)
+	if err != nil {
+		return fmt.Errorf("pipeline: %s at %s: %w", c.stream, c.url, err)
+	}
+	if len(runs) == 0 {
+		return fmt.Errorf("pipeline: the stream %s at %s holds no run yet (--run %s)", c.stream, c.url, run)
+	}
+	return fmt.Errorf("pipeline: the stream %s at %s holds nothing of run %s (it holds %s): give --run one of them", c.stream, c.url, run, strings.Join(runs, ", "))
 }

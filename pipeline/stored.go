@@ -157,7 +157,10 @@ func ReadDeadLetters(ctx context.Context, src StreamSource, run string, follow b
 		return fmt.Errorf("pipeline: read %s at %s: %w", subject, c.url, err)
 	}
 	defer r.Close()
-	for done := !follow && r.Last == 0; !done; {
+	if !follow && r.Last == 0 {
+		return runHeld(ctx, c, src.Prefix, run)
+	}
+	for done := false; !done; {
 		rec, err := r.Next(ctx)
 		if err != nil {
 			if follow && ctx.Err() != nil {

@@ -159,7 +159,11 @@ func resendDeadLetters(cmd *cobra.Command, src pipeline.StreamSource, run string
 		}
 		return writeDeadLetter(out, dl, asJSON)
 	})
-	// What was sent is said even when a later one failed.
+	// What was sent is said even when a later one failed; nothing, when
+	// none was read (a --run the stream does not hold).
+	if err != nil && len(counts) == 0 {
+		return err
+	}
 	verb := "sent again"
 	if dryRun {
 		verb = "would send again"

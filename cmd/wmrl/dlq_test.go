@@ -139,6 +139,7 @@ func TestDeadLettersAreShownWithTheirReasons(t *testing.T) {
 	if _, err := wmrl(ctx, "dlq", "--data", cfg.DataDir); err == nil || !strings.Contains(err.Error(), "in use") || !strings.Contains(err.Error(), "--nats") {
 		t.Fatalf("--data of a running pipeline: %v", err)
 	}
+	publish("wmrl.quiet.step", `{}`) // a run of its own, without dead letters
 	if err := p.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -154,6 +155,14 @@ func TestDeadLettersAreShownWithTheirReasons(t *testing.T) {
 	}
 	if out, err := wmrl(ctx, "dlq", "--data", cfg.DataDir, "--run", "quiet"); err != nil || strings.TrimSpace(out) != "no dead letters on wmrl.quiet.dlq" {
 		t.Errorf("a run without dead letters: %q, %v", out, err)
+	}
+	// A run the stream does not hold (mistyped) is not one without dead
+	// letters: before, both read "no dead letters".
+	for _, args := range [][]string{{}, {"--resend", "--dry-run"}} {
+		out, err := wmrl(ctx, append([]string{"dlq", "--data", cfg.DataDir, "--run", "defualt"}, args...)...)
+		if err == nil || !strings.Contains(err.Error(), "holds nothing of run defualt (it holds default, quiet): give --run one of them") || strings.TrimSpace(out) != "" {
+			t.Errorf("dlq %v of a run the stream does not hold: %q, %v", args, out, err)
+		}
 	}
 }
 
