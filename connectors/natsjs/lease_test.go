@@ -292,3 +292,60 @@ func TestAStaleReadOfAHeldLeaseIsAskedAgain(t *testing.T) {
 		t.Fatalf("reads that never catch up: %v", err)
 	}
 }
+
+// A renewal refused (a full store) is tried again soon, not a sixth of the
+// TTL later: once room is made, the holder writes its lease again before
+// a waiting process, which asks every second, is likely to take it (after
+// a store full for longer than the TTL, the waiters took 4 of 5 stages
+// in a rehearsal, and each holder stopped).
+func TestARefusedRenewalIsTriedAgainSoon(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := srv.Connect("lease-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := OpenLeases(ctx, js, "TEST_LEASES", 1, 12*time.Second) // renewed every 2 s
+	if err != nil {
+		t.Fatal(err)
+	}
+	le, err := l.Acquire(ctx, "run.fuse", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.LimitAccountStore(1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2500 * time.Millisecond) // a renewal or two refused
+	room := time.Now()
+	if err := srv.LimitAccountStore(srv.StoreLimit()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	h, renewed, err := l.Held(ctx, "run.fuse")
+	if err != nil || h == nil || h.ID != le.Holder().ID {
+		t.Fatalf("the lease is held by %+v (%v); want its holder", h, err)
+	}
+	if renewed.Before(room) {
+		t.Errorf("the lease was last renewed %v before room was made, and not since within 500 ms; want its refused renewal tried again within 250 ms",
+			room.Sub(renewed).Round(time.Millisecond))
+	}
+	select {
+	case <-le.Lost():
+		t.Fatalf("the lease was lost: %v", le.Err())
+	default:
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
