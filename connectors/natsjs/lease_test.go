@@ -23,6 +23,12 @@ func leases(t *testing.T, ctx context.Context, ttl time.Duration, n int) []*Leas
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
+	return leasesOn(t, ctx, srv, ttl, n)
+}
+
+// leasesOn opens the lease bucket on srv for each of n processes.
+func leasesOn(t *testing.T, ctx context.Context, srv *Server, ttl time.Duration, n int) []*Leases {
+	t.Helper()
 	var out []*Leases
 	for range n {
 		nc, err := srv.Connect("lease-test")
@@ -306,19 +312,7 @@ func TestARefusedRenewalIsTriedAgainSoon(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect("lease-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := OpenLeases(ctx, js, "TEST_LEASES", 1, 12*time.Second) // renewed every 2 s
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := leasesOn(t, ctx, srv, 12*time.Second, 1)[0] // renewed every 2 s
 	le, err := l.Acquire(ctx, "run.fuse", NewHolder(), nil)
 	if err != nil {
 		t.Fatal(err)
