@@ -211,6 +211,9 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	switch {
 	case o.storeFull && embedded != nil:
 		go func() { fills <- fillStore(ctx, embedded, o.dur, rand.New(rand.NewPCG(o.seed, 1))) }()
+	case o.storeFull:
+		say("no full stores: they are rehearsed on the embedded server only (a server of its own lets a reload raise its store's limit, not lower it)")
+		fills <- 0
 	default:
 		fills <- 0
 	}
