@@ -657,6 +657,9 @@ func (c *Config) runs(stage string) bool { return slices.Contains(c.Stages, stag
 
 func (c *Config) storeDir() string { return filepath.Join(c.DataDir, "nats") }
 
+// maxStore is MaxStoreGB in bytes (0: nats-server's own bound).
+func (c *Config) maxStore() int64 { return int64(c.MaxStoreGB * (1 << 30)) }
+
 // ArchiveRoot is the archive stage's root directory: ArchiveDir, else
 // DataDir/archive.
 func (c *Config) ArchiveRoot() string {

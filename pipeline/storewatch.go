@@ -66,7 +66,7 @@ func (p *Pipeline) readStore(ctx context.Context) {
 // fills first: the server then fails writes of its own files, rather
 // than refuse messages for want of room, and may turn JetStream off.
 func (p *Pipeline) boundBeyondDisk(ctx context.Context) {
-	bound := int64(p.cfg.MaxStoreGB * (1 << 30))
+	bound := p.cfg.maxStore()
 	var fs syscall.Statfs_t
 	if bound <= 0 || syscall.Statfs(p.cfg.storeDir(), &fs) != nil {
 		return

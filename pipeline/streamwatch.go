@@ -80,18 +80,13 @@ func (p *Pipeline) gone(ctx context.Context) error {
 // lostStream has the stream and consumers checked at once, on an error
 // that says one of them is not found.
 func (p *Pipeline) lostStream(err error) {
-	if !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrConsumerNotFound) && !notFound(err) {
+	// jetstream's sentinels match the server's codes (10059, 10014) as a
+	// pull or a read answers them.
+	if !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return
 	}
 	select {
 	case p.streamLost <- struct{}{}:
 	default:
 	}
-}
-
-// notFound: the server's "stream not found" (10059) or "consumer not
-// found" (10014), as a pull or a read answers.
-func notFound(err error) bool {
-	apiErr, ok := errors.AsType[*jetstream.APIError](err)
-	return ok && (apiErr.ErrorCode == jetstream.JSErrCodeStreamNotFound || apiErr.ErrorCode == jetstream.JSErrCodeConsumerNotFound)
 }

@@ -38,7 +38,7 @@ func connect(ctx context.Context, cfg *Config, m *Metrics) (*transport, error) {
 	t := &transport{}
 	var err error
 	if cfg.NATSURL == "" {
-		bound := int64(cfg.MaxStoreGB * (1 << 30))
+		bound := cfg.maxStore()
 		t.srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{
 			StoreDir: cfg.storeDir(), Listen: cfg.Listen, MaxPayload: cfg.MaxPayloadMB << 20, MaxStore: bound,
 			Auth: cfg.NATSAuth, TLS: cfg.ListenTLS,
