@@ -29,7 +29,11 @@ func checkpointKey(run, stage string) string { return run + "." + stage }
 // stateStore opens the prefix's checkpoint bucket, once per process.
 func (p *Pipeline) stateStore(ctx context.Context) (*natsjs.StateStore, error) {
 	if p.state == nil {
-		st, err := natsjs.OpenStateStore(ctx, p.tr.js, StateBucket(p.cfg.Prefix), p.cfg.Replicas) // the stream's, resolved at connect
+		st, err := natsjs.OpenStore(ctx, p.tr.js, natsjs.StoreConfig{
+			Bucket: StateBucket(p.cfg.Prefix), Description: "wmrl stage checkpoints",
+			Replicas: p.cfg.Replicas, // the stream's, resolved at connect
+			Remade:   p.bucketRemade("its stages' next checkpoints are written to it, and a restart before them rebuilds those stages from what the stream retains"),
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -72,6 +76,15 @@ func loadCheckpoint[T any](ctx context.Context, p *Pipeline, stage string) (stor
 func (p *Pipeline) notef(format string, args ...any) {
 	if !p.cfg.Quiet {
 		fmt.Fprintf(p.cfg.Out, format+"\n", args...)
+	}
+}
+
+// bucketRemade is what a key-value bucket of the process calls when it
+// was found gone from the server (deleted by hand, or by a tool that
+// cleans up) and made anew; then says what follows for the run.
+func (p *Pipeline) bucketRemade(then string) func(bucket string) {
+	return func(bucket string) {
+		p.notef("the key-value bucket %s was gone from the NATS server at %s (deleted?), and this process made it anew: %s", bucket, p.tr.url, then)
 	}
 }
 

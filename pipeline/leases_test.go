@@ -194,7 +194,7 @@ func TestASecondFuseWaitsAndTakesOver(t *testing.T) {
 		return e.Revision()
 	}
 	before := checkpoint()
-	ls, err := natsjs.OpenLeases(ctx, js, LeaseBucket("wmrl"), 1, ttl)
+	ls, err := natsjs.OpenLeases(ctx, js, LeaseBucket("wmrl"), 1, ttl, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +236,7 @@ func TestARestartOnTheEmbeddedServerTakesItsLeasesAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	js, _ := jetstream.New(nc)
-	ls, err := natsjs.OpenLeases(ctx, js, LeaseBucket("wmrl"), 1, LeaseTTL)
+	ls, err := natsjs.OpenLeases(ctx, js, LeaseBucket("wmrl"), 1, LeaseTTL, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func TestAProcessWaitingForOneLeaseHoldsNoOther(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	ls, err := natsjs.OpenLeases(ctx, js, LeaseBucket("wmrl"), 1, 2*time.Second)
+	ls, err := natsjs.OpenLeases(ctx, js, LeaseBucket("wmrl"), 1, 2*time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

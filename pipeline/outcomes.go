@@ -37,12 +37,12 @@ var _ execute.Outcomes = outcomeStore{}
 
 // openOutcomes opens the bucket with the stream's retention and replicas
 // (cfg's, as resolved at connect).
-func openOutcomes(ctx context.Context, js jetstream.JetStream, cfg Config) (outcomeStore, error) {
+func openOutcomes(ctx context.Context, js jetstream.JetStream, cfg Config, remade func(bucket string)) (outcomeStore, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.StartupWait)
 	defer cancel()
 	st, err := natsjs.OpenStore(ctx, js, natsjs.StoreConfig{
 		Bucket: OutcomeBucket(cfg.Prefix), Description: "wmrl execution outcomes, kept as long as the groups they answer",
-		Replicas: cfg.Replicas, TTL: cfg.MaxAge,
+		Replicas: cfg.Replicas, TTL: cfg.MaxAge, Remade: remade,
 	})
 	return outcomeStore{st: st, run: cfg.Run}, err
 }
@@ -51,7 +51,9 @@ func openOutcomes(ctx context.Context, js jetstream.JetStream, cfg Config) (outc
 // keeps outcomes in it and archive reads late anchors' back, and a bucket
 // that does not answer is waited for (up to StartupWait) once, not by each.
 func (p *Pipeline) outcomes(ctx context.Context) (outcomeStore, error) {
-	p.outcomesOnce.Do(func() { p.outcomeStore, p.outcomesErr = openOutcomes(ctx, p.tr.js, p.cfg) })
+	remade := p.bucketRemade("executions' outcomes are kept in it again. Those kept before are gone: an anchor group redelivered to another process " +
+		"is executed again, and a late anchor group's rows are archived without its execution's status and seconds")
+	p.outcomesOnce.Do(func() { p.outcomeStore, p.outcomesErr = openOutcomes(ctx, p.tr.js, p.cfg, remade) })
 	return p.outcomeStore, p.outcomesErr
 }
 

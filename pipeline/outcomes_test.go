@@ -46,7 +46,7 @@ func TestExecutionsOutliveTheExecuteProcess(t *testing.T) {
 	defer closeIt()
 	cfg := testConfig(t)
 	cfg.MaxAge = 3 * time.Hour
-	store, err := openOutcomes(ctx, js, cfg)
+	store, err := openOutcomes(ctx, js, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 // server) lapses TTL after its last renewal, and another process may take
 // it; one released on a clean stop is free at once.
 type Leases struct {
-	kv  jetstream.KeyValue
+	b   *kvBucket
 	ttl time.Duration
 	// poll is how often a process waiting for a lease asks again.
 	poll time.Duration
@@ -51,16 +51,21 @@ func (h Holder) String() string {
 var ErrLeaseLost = errors.New("natsjs: lease lost")
 
 // OpenLeases opens bucket (creating it) with leases that lapse ttl after
-// their last renewal, on replicas servers of a cluster.
-func OpenLeases(ctx context.Context, js jetstream.JetStream, bucket string, replicas int, ttl time.Duration) (*Leases, error) {
+// their last renewal, on replicas servers of a cluster. remade, if set,
+// hears that the bucket was deleted while the process ran and was made
+// anew: by a holder, which writes its leases again at once, or by a
+// process waiting for a lease, after ttl (no holder made it anew, so none
+// is left).
+func OpenLeases(ctx context.Context, js jetstream.JetStream, bucket string, replicas int, ttl time.Duration, remade func(bucket string)) (*Leases, error) {
 	if ttl < time.Second {
 		return nil, fmt.Errorf("natsjs: lease TTL %v: at least 1s (the server ages values out by the second)", ttl)
 	}
-	kv, err := openKV(ctx, js, StoreConfig{Bucket: bucket, Description: "wmrl leases: which process runs a stage that must run once", Replicas: replicas, TTL: ttl})
+	b, err := openBucket(ctx, js, StoreConfig{Bucket: bucket, Description: "wmrl leases: which process runs a stage that must run once",
+		Replicas: replicas, TTL: ttl, Remade: remade})
 	if err != nil {
 		return nil, err
 	}
-	return &Leases{kv: kv, ttl: ttl, poll: min(ttl/4, time.Second)}, nil
+	return &Leases{b: b, ttl: ttl, poll: min(ttl/4, time.Second)}, nil
 }
 
 // TTL is how long a lease outlives its last renewal.
@@ -105,7 +110,9 @@ func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease,
 }
 
 // Wait returns once nobody holds key (released, or lapsed), asking every
-// poll interval, or with ctx's error.
+// poll interval, or with ctx's error. A bucket deleted meanwhile is left
+// for a holder to make anew (and write its lease again), and made anew
+// here only once it has been gone for the TTL: then no holder is left.
 func (l *Leases) Wait(ctx context.Context, key string) error {
 	for {
 		select {
@@ -113,7 +120,7 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 			return ctx.Err()
 		case <-time.After(l.poll):
 		}
-		h, _, err := l.entry(ctx, key)
+		h, _, err := l.entry(ctx, key, l.ttl)
 		if err != nil || h == nil {
 			return err
 		}
@@ -139,17 +146,17 @@ func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) 
 			}
 		}
 		var rev uint64
-		err := UntilAnswered(ctx, func(ctx context.Context) (err error) {
-			rev, err = l.kv.Create(ctx, key, value)
+		err := l.b.do(ctx, bucketGoneAgain, func(ctx context.Context) (err error) {
+			rev, err = l.b.kv.Create(ctx, key, value)
 			return err
-		}, nil)
+		})
 		if err == nil {
 			return rev, nil, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !wrongLastSeq(err) {
 			return 0, nil, fmt.Errorf("natsjs: lease %s: %w", key, err)
 		}
-		h, e, err := l.entry(ctx, key)
+		h, e, err := l.entry(ctx, key, bucketGoneAgain)
 		switch {
 		case err != nil:
 			return 0, nil, err
@@ -180,25 +187,26 @@ func ReadLeases(ctx context.Context, js jetstream.JetStream, bucket string) (*Le
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: bucket %s: %w", bucket, err)
 	}
-	return &Leases{kv: kv}, nil // to read: no TTL or poll needed
+	return &Leases{b: &kvBucket{kv: kv}}, nil // to read: no TTL or poll needed, never made anew
 }
 
 // Held says who holds key (nil: nobody) and when they last renewed it.
 func (l *Leases) Held(ctx context.Context, key string) (*Holder, time.Time, error) {
-	h, e, err := l.entry(ctx, key)
+	h, e, err := l.entry(ctx, key, 0)
 	if h == nil {
 		return nil, time.Time{}, err
 	}
 	return h, e.Created(), nil
 }
 
-// entry reads who holds key (nil: nobody) and the value's entry.
-func (l *Leases) entry(ctx context.Context, key string) (*Holder, jetstream.KeyValueEntry, error) {
+// entry reads who holds key (nil: nobody) and the value's entry, making
+// the bucket anew once it has been gone for remakeAfter (0: never).
+func (l *Leases) entry(ctx context.Context, key string, remakeAfter time.Duration) (*Holder, jetstream.KeyValueEntry, error) {
 	var e jetstream.KeyValueEntry
-	err := UntilAnswered(ctx, func(ctx context.Context) (err error) {
-		e, err = l.kv.Get(ctx, key)
+	err := l.b.do(ctx, remakeAfter, func(ctx context.Context) (err error) {
+		e, err = l.b.kv.Get(ctx, key)
 		return err
-	}, nil)
+	})
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 		return nil, nil, nil
 	}
@@ -215,7 +223,7 @@ func (l *Leases) entry(ctx context.Context, key string) (*Holder, jetstream.KeyV
 // Free drops key's lease whoever holds it: for a holder known to be gone
 // (the embedded server's store, reopened, was that of the process before).
 func (l *Leases) Free(ctx context.Context, key string) error {
-	err := UntilAnswered(ctx, func(ctx context.Context) error { return l.kv.Delete(ctx, key) }, nil)
+	err := l.b.do(ctx, bucketGoneAgain, func(ctx context.Context) error { return l.b.kv.Delete(ctx, key) })
 	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("natsjs: free lease %s: %w", key, err)
 	}
@@ -275,9 +283,7 @@ func (le *Lease) renew(stop context.Context) {
 			return
 		case <-time.After(wait):
 		}
-		ctx, cancel := context.WithTimeout(stop, every)
-		err := le.renewOnce(ctx)
-		cancel()
+		err := le.renewOnce(stop, every)
 		if errors.Is(err, ErrLeaseLost) && stop.Err() == nil {
 			le.lose(err)
 			return
@@ -290,15 +296,20 @@ func (le *Lease) renew(stop context.Context) {
 }
 
 // renewOnce writes the lease again at its revision. Written since by
-// someone else, it is lost; lapsed or deleted meanwhile, it is taken again
-// if nobody else has; written by a renewal whose reply was lost, it is
-// still held.
-func (le *Lease) renewOnce(ctx context.Context) error {
+// someone else, it is lost; lapsed or deleted meanwhile, or its bucket
+// deleted and made anew, it is taken again if nobody else has; written by
+// a renewal whose reply was lost, it is still held. Each request has
+// within to answer, and stop ends them.
+func (le *Lease) renewOnce(stop context.Context, within time.Duration) error {
 	le.mu.Lock()
 	rev := le.rev
 	le.mu.Unlock()
-	next, err := le.l.kv.Update(ctx, le.key, le.value, rev)
-	if wrongLastSeq(err) || errors.Is(err, jetstream.ErrKeyNotFound) {
+	ctx, cancel := context.WithTimeout(stop, within)
+	next, err := le.l.b.kv.Update(ctx, le.key, le.value, rev)
+	cancel()
+	if wrongLastSeq(err) || errors.Is(err, jetstream.ErrKeyNotFound) || le.l.b.lost(stop, bucketGoneAgain, err) {
+		ctx, cancel := context.WithTimeout(stop, within)
+		defer cancel()
 		var other *Holder
 		next, other, err = le.l.take(ctx, le.key, le.me, le.value)
 		if err == nil && other != nil {
@@ -331,9 +342,9 @@ func (le *Lease) Release(ctx context.Context) error {
 	le.mu.Lock()
 	rev := le.rev
 	le.mu.Unlock()
-	err := UntilAnswered(ctx, func(ctx context.Context) error {
-		return le.l.kv.Delete(ctx, le.key, jetstream.LastRevision(rev))
-	}, nil)
+	err := le.l.b.do(ctx, 0, func(ctx context.Context) error {
+		return le.l.b.kv.Delete(ctx, le.key, jetstream.LastRevision(rev))
+	})
 	if err != nil && !wrongLastSeq(err) { // another holds it now: theirs to free
 		return fmt.Errorf("natsjs: release lease %s: %w", le.key, err)
 	}

@@ -40,7 +40,7 @@ func leasesOn(t *testing.T, ctx context.Context, srv *Server, ttl time.Duration,
 		if err != nil {
 			t.Fatal(err)
 		}
-		l, err := OpenLeases(ctx, js, "TEST_LEASES", 1, ttl)
+		l, err := OpenLeases(ctx, js, "TEST_LEASES", 1, ttl, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -183,7 +183,7 @@ func TestALapsedLeaseNobodyTookIsKept(t *testing.T) {
 	if err := ls[0].Free(ctx, "run.archive"); err != nil { // as if aged out
 		t.Fatal(err)
 	}
-	if err := le.renewOnce(ctx); err != nil {
+	if err := le.renewOnce(ctx, 5*time.Second); err != nil {
 		t.Fatalf("renewing a lapsed lease nobody took: %v", err)
 	}
 	if h, _, err := ls[0].Held(ctx, "run.archive"); err != nil || h == nil || h.ID != le.Holder().ID {
@@ -222,7 +222,7 @@ func TestALeaseOutlivesAnOutageOfTheServer(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	ls, err := OpenLeases(ctx, js, "TEST_LEASES", 1, time.Second)
+	ls, err := OpenLeases(ctx, js, "TEST_LEASES", 1, time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,13 +287,13 @@ func TestAStaleReadOfAHeldLeaseIsAskedAgain(t *testing.T) {
 	}
 	defer first.Release(ctx)
 	lagging := *ls[1]
-	lagging.kv = &staleKV{KeyValue: ls[1].kv, stale: 5}
+	lagging.b = &kvBucket{kv: &staleKV{KeyValue: ls[1].b.kv, stale: 5}}
 	le, other, err := lagging.TryAcquire(ctx, "run.fuse", NewHolder())
 	if err != nil || le != nil || other == nil || other.ID != a.ID {
 		t.Fatalf("a lagging reader's TryAcquire: lease %v, holder %+v, error %v; want the holder %+v", le, other, err, a)
 	}
 	// Reads that never catch up end in an error that says so.
-	lagging.kv = &staleKV{KeyValue: ls[1].kv, stale: 1 << 30}
+	lagging.b = &kvBucket{kv: &staleKV{KeyValue: ls[1].b.kv, stale: 1 << 30}}
 	if _, _, err := lagging.TryAcquire(ctx, "run.fuse", NewHolder()); err == nil || !strings.Contains(err.Error(), "read it back as free, 10 times in a row") {
 		t.Fatalf("reads that never catch up: %v", err)
 	}

@@ -16,14 +16,7 @@ import (
 // the messages it summarises), and the outcomes of executions (aged out
 // with the messages they answer).
 type StateStore struct {
-	kv jetstream.KeyValue
-}
-
-// OpenStateStore opens bucket on replicas servers of a cluster (1 on a
-// single server), creating it (file-backed, one value per key) if it does
-// not exist and setting an existing one's replica count.
-func OpenStateStore(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (*StateStore, error) {
-	return OpenStore(ctx, js, StoreConfig{Bucket: bucket, Description: "wmrl stage checkpoints", Replicas: replicas})
+	b *kvBucket
 }
 
 // StoreConfig is a key-value bucket's shape: file-backed, the newest value
@@ -33,17 +26,20 @@ type StoreConfig struct {
 	Replicas            int
 	// TTL ages a value out this long after it was stored (0: never).
 	TTL time.Duration
+	// Remade, if set, hears that the bucket was found gone from the
+	// server (deleted while the process ran) and was made anew.
+	Remade func(bucket string)
 }
 
 // OpenStore opens a bucket, creating it if it does not exist and setting
 // an existing one's replica count and TTL. A bucket that cannot answer for
 // the moment is waited for, up to ctx.
 func OpenStore(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (*StateStore, error) {
-	kv, err := openKV(ctx, js, cfg)
+	b, err := openBucket(ctx, js, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &StateStore{kv: kv}, nil
+	return &StateStore{b: b}, nil
 }
 
 func openKV(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (jetstream.KeyValue, error) {
@@ -71,10 +67,10 @@ func openKV(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (jetst
 // is waited for, up to ctx.
 func (s *StateStore) Load(ctx context.Context, key string, v any) (ok bool, err error) {
 	var e jetstream.KeyValueEntry
-	err = UntilAnswered(ctx, func(ctx context.Context) (err error) {
-		e, err = s.kv.Get(ctx, key)
+	err = s.b.do(ctx, bucketGoneAgain, func(ctx context.Context) (err error) {
+		e, err = s.b.kv.Get(ctx, key)
 		return err
-	}, nil)
+	})
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return false, nil
 	}
@@ -94,10 +90,10 @@ func (s *StateStore) Save(ctx context.Context, key string, v any) error {
 	if err != nil {
 		return fmt.Errorf("natsjs: save %s: %w", key, err)
 	}
-	if err := UntilAnswered(ctx, func(ctx context.Context) error {
-		_, err := s.kv.Put(ctx, key, b) // the same value again: harmless
+	if err := s.b.do(ctx, bucketGoneAgain, func(ctx context.Context) error {
+		_, err := s.b.kv.Put(ctx, key, b) // the same value again: harmless
 		return err
-	}, nil); err != nil {
+	}); err != nil {
 		return fmt.Errorf("natsjs: save %s (%d bytes): %w", key, len(b), err)
 	}
 	return nil

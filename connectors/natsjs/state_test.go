@@ -35,7 +35,7 @@ func TestStateStoreSurvivesARestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		st, err := OpenStateStore(ctx, js, "TEST_STATE", 1)
+		st, err := OpenStore(ctx, js, StoreConfig{Bucket: "TEST_STATE", Replicas: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,7 +83,7 @@ func TestStateStoreWaitsForItsBucketsServer(t *testing.T) {
 	}
 	defer setup.Close()
 	sjs, _ := jetstream.New(setup)
-	if _, err := OpenStateStore(ctx, sjs, "WAIT_STATE", 1); err != nil {
+	if _, err := OpenStore(ctx, sjs, StoreConfig{Bucket: "WAIT_STATE", Replicas: 1}); err != nil {
 		t.Fatal(err)
 	}
 	holder := natstest.Named(t, nodes, natstest.StreamLeader(t, sjs, "KV_WAIT_STATE"))
@@ -99,7 +99,7 @@ func TestStateStoreWaitsForItsBucketsServer(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	st, err := OpenStateStore(ctx, js, "WAIT_STATE", 1)
+	st, err := OpenStore(ctx, js, StoreConfig{Bucket: "WAIT_STATE", Replicas: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,179 @@
+package natsjs
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// deleteBucket deletes a key-value bucket from under its users, as
+// `nats kv rm` does, through a connection of its own.
+func deleteBucket(t *testing.T, ctx context.Context, srv *Server, name string) {
+	t.Helper()
+	nc, err := srv.Connect("bucket-remover")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteKeyValue(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// remadeCount counts what a bucket's Remade hears.
+func remadeCount(b *kvBucket) *atomic.Int32 {
+	var n atomic.Int32
+	b.cfg.Remade = func(string) { n.Add(1) }
+	return &n
+}
+
+// A lease bucket deleted under a running holder is made anew by the
+// holder, which writes its lease again: a process waiting for the lease
+// goes on waiting, and takes it once the holder releases it. Before, the
+// holder's renewals went unanswered for ever without a word, the waiter
+// hung, and the bucket stayed gone.
+func TestAHolderMakesItsDeletedLeaseBucketAnew(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ls := leasesOn(t, ctx, srv, 3*time.Second, 2)
+	remade, waiterRemade := remadeCount(ls[0].b), remadeCount(ls[1].b)
+	a := NewHolder()
+	first, err := ls[0].Acquire(ctx, "run.fuse", a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, busy := acquireAsync(ctx, ls[1], "run.fuse", NewHolder())
+	if h := <-busy; h.ID != a.ID {
+		t.Fatalf("the waiter was told %+v holds the lease, want %+v", h, a)
+	}
+	deleteBucket(t, ctx, srv, "TEST_LEASES")
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		h, _, err := ls[1].Held(ctx, "run.fuse")
+		if err == nil && h != nil && h.ID == a.ID {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("20 s after its bucket was deleted, the lease is held by %+v (%v); want its holder to have written it again", h, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Two TTLs: the holder keeps it, the waiter waits.
+	select {
+	case le := <-got:
+		t.Fatalf("the waiter took the lease its holder wrote again: %+v", le.Holder())
+	case <-first.Lost():
+		t.Fatalf("the holder lost its lease: %v", first.Err())
+	case <-time.After(2 * ls[0].TTL()):
+	}
+	if n := remade.Load(); n != 1 {
+		t.Errorf("the holder's process heard its bucket made anew %d times; want once", n)
+	}
+	if n := waiterRemade.Load(); n != 0 {
+		t.Errorf("the waiter made the bucket anew %d times while the holder had; want never", n)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if second := <-got; second == nil {
+		t.Fatal("the waiter never took the released lease")
+	}
+}
+
+// A lease bucket deleted while nobody holds a lease any more (the holder
+// died) is made anew by the process waiting for it, once it has been gone
+// for the TTL, and the waiter takes the lease: it did not hang, and did
+// not take it at once (a live holder would have written it by then).
+func TestAWaiterMakesAGoneLeaseBucketAnewAfterTheTTL(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ls := leasesOn(t, ctx, srv, 4*time.Second, 2)
+	remade := remadeCount(ls[1].b)
+	first, err := ls[0].Acquire(ctx, "run.route", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, busy := acquireAsync(ctx, ls[1], "run.route", NewHolder())
+	<-busy
+	first.Abandon() // dies
+	deleted := time.Now()
+	deleteBucket(t, ctx, srv, "TEST_LEASES")
+	var second *Lease
+	select {
+	case second = <-got:
+	case <-time.After(30 * time.Second):
+	}
+	if second == nil {
+		t.Fatal("30 s after the bucket was deleted and its holder died, the waiter still waits")
+	}
+	if took := time.Since(deleted); took < ls[1].TTL() {
+		t.Errorf("the waiter took the lease %v after its bucket was deleted; want no sooner than the TTL %v", took.Round(time.Millisecond), ls[1].TTL())
+	}
+	if n := remade.Load(); n != 1 {
+		t.Errorf("the waiter's process heard the bucket made anew %d times; want once", n)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A checkpoint bucket deleted under a running stage is made anew by its
+// next save, which is stored: before, the save was asked again until its
+// context ended, and the stage waited without a word.
+func TestACheckpointBucketDeletedIsMadeAnew(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := srv.Connect("state-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var remade []string
+	st, err := OpenStore(ctx, js, StoreConfig{Bucket: "TEST_STATE", Replicas: 1, Remade: func(b string) { remade = append(remade, b) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Save(ctx, "run.fuse", 1); err != nil {
+		t.Fatal(err)
+	}
+	deleteBucket(t, ctx, srv, "TEST_STATE")
+	save, cancelSave := context.WithTimeout(ctx, 20*time.Second)
+	defer cancelSave()
+	if err := st.Save(save, "run.fuse", 2); err != nil {
+		t.Fatalf("a save after the bucket was deleted: %v", err)
+	}
+	var got int
+	if ok, err := st.Load(ctx, "run.fuse", &got); !ok || err != nil || got != 2 {
+		t.Fatalf("read back %d (found %v, %v); want the save after the deletion, 2", got, ok, err)
+	}
+	if len(remade) != 1 || remade[0] != "TEST_STATE" {
+		t.Errorf("Remade heard %q; want TEST_STATE once", remade)
+	}
+}
