@@ -128,7 +128,7 @@ func TestTheOfflineCommandsReadRunsArchiveByDefault(t *testing.T) {
 		t.Errorf("wmrl compact (%v):\n%s", err, out)
 	}
 	for _, cmd := range []string{"replay", "audit", "compact"} {
-		if out, err := wmrl(ctx, cmd, "--run", "nope"); err == nil || err.Error() != "wmrl-data/archive holds no run nope (it holds [default]): give --run one of them" {
+		if out, err := wmrl(ctx, cmd, "--run", "nope"); err == nil || err.Error() != "wmrl-data/archive holds no run nope (it holds default): give --run one of them" {
 			t.Errorf("wmrl %s --run nope (%v):\n%s\nwant the runs it holds named", cmd, err, out)
 		}
 	}

@@ -60,7 +60,7 @@ func openRun(root, run string) (string, []string, func(), error) {
 
 // noSuchRun is the error of a --run that root does not hold.
 func noSuchRun(root, run string, runs []string) error {
-	return fmt.Errorf("%s holds no run %s (it holds %v): give --run one of them", root, run, runs)
+	return fmt.Errorf("%s holds no run %s (it holds %s): give --run one of them", root, run, strings.Join(runs, ", "))
 }
 
 // defaultArchive is where wmrl run keeps its archive given neither --data
