@@ -39,6 +39,7 @@ type Pipeline struct {
 	subs          []*natsjs.Subscriber // closed after the router, before the connection
 	consumers     []string             // the durable consumers the subscribers read
 	streamLost    chan struct{}        // an input's error said the stream or a consumer is not found
+	notFoundTold  sync.Map             // stage and input told "not found" since the stream was last found whole
 	fuse          *fuse.Stage
 	source        *simSource
 	progress      *progress
@@ -334,8 +335,15 @@ func (l inputLogger) With(watermill.LogFields) watermill.LoggerAdapter { return 
 func (p *Pipeline) inputError(stage, what string, err error) {
 	p.disruption()
 	p.metrics.InputErrors.WithLabelValues(stage).Inc()
-	p.notef("%s: %s: %v (reading on)", stage, what, err)
-	p.lostStream(err)
+	if !p.lostStream(err) {
+		p.notef("%s: %s: %v (reading on)", stage, what, err)
+		return
+	}
+	// Asked again every few hundred milliseconds until watchStream
+	// knows: said once, not for each read.
+	if _, told := p.notFoundTold.LoadOrStore(stage+" "+what, true); !told {
+		p.notef("%s: %s: %v (reading on; checking whether it was deleted: if it is still gone %v from now, the process stops)", stage, what, err, goneAgain)
+	}
 }
 
 // reader opens an in-order reader of subject for stage, whose retries are

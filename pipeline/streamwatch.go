@@ -40,6 +40,7 @@ func (p *Pipeline) watchStream(ctx context.Context) error {
 		case <-p.streamLost:
 		}
 		if p.gone(ctx) == nil {
+			p.notFoundTold.Clear()
 			continue
 		}
 		select {
@@ -50,6 +51,7 @@ func (p *Pipeline) watchStream(ctx context.Context) error {
 		if err := p.gone(ctx); err != nil {
 			return err
 		}
+		p.notFoundTold.Clear()
 	}
 }
 
@@ -78,15 +80,16 @@ func (p *Pipeline) gone(ctx context.Context) error {
 }
 
 // lostStream has the stream and consumers checked at once, on an error
-// that says one of them is not found.
-func (p *Pipeline) lostStream(err error) {
+// that says one of them is not found; it says whether err did.
+func (p *Pipeline) lostStream(err error) bool {
 	// jetstream's sentinels match the server's codes (10059, 10014) as a
 	// pull or a read answers them.
 	if !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return
+		return false
 	}
 	select {
 	case p.streamLost <- struct{}{}:
 	default:
 	}
+	return true
 }

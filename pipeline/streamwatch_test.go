@@ -13,9 +13,11 @@ import (
 // server stops, saying what is gone and what to do. Before, its stages
 // waited for messages for ever, printing "stream not found (reading on)"
 // (or nothing, for a consumer), and a stop said it had lost nothing.
+// Each input says "not found" once while the process makes sure, not at
+// each read (28 lines in the 5 s of a try by hand).
 func TestAStreamOrConsumerGoneStopsTheProcess(t *testing.T) {
 	defer func(every, again time.Duration) { streamEvery, goneAgain = every, again }(streamEvery, goneAgain)
-	streamEvery, goneAgain = 200*time.Millisecond, 200*time.Millisecond
+	streamEvery, goneAgain = 200*time.Millisecond, 2*time.Second
 	for _, consumer := range []bool{false, true} {
 		name := map[bool]string{false: "the stream", true: "a consumer"}[consumer]
 		t.Run(name, func(t *testing.T) {
@@ -23,6 +25,8 @@ func TestAStreamOrConsumerGoneStopsTheProcess(t *testing.T) {
 			defer cancel()
 			cfg := testConfig(t)
 			cfg.Source = SourceExternal
+			var out syncBuffer
+			cfg.Quiet, cfg.Out = false, &out
 			p, _, js := startClient(t, ctx, cfg)
 			want := "the stream WMRL_WMRL is no longer on the NATS server"
 			if consumer {
@@ -47,6 +51,18 @@ func TestAStreamOrConsumerGoneStopsTheProcess(t *testing.T) {
 				}
 			case <-time.After(30 * time.Second):
 				t.Fatalf("the process did not stop within 30 s of %s's deletion", name)
+			}
+			told := map[string]int{}
+			for line := range strings.Lines(out.String()) {
+				if strings.Contains(line, "not found") && strings.Contains(line, "reading on") {
+					input, _, _ := strings.Cut(line, ": nats")
+					told[input]++
+				}
+			}
+			for input, n := range told {
+				if n > 1 {
+					t.Errorf("%s said it was not found %d times in the %v before the process stopped; want once", input, n, goneAgain)
+				}
 			}
 		})
 	}
