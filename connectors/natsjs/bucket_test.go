@@ -47,7 +47,11 @@ func TestAHolderMakesItsDeletedLeaseBucketAnew(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	ls := leasesOn(t, ctx, srv, 3*time.Second, 2)
+	// The holder makes the bucket anew 2 s after its first renewal to
+	// find it gone, the waiter not before the TTL after its first read:
+	// 6 s leaves room for a slow renewal (one to a bucket that is gone
+	// takes half a second, as the client asks again).
+	ls := leasesOn(t, ctx, srv, 6*time.Second, 2)
 	remade, waiterRemade := remadeCount(ls[0].b), remadeCount(ls[1].b)
 	a := NewHolder()
 	first, err := ls[0].Acquire(ctx, "run.fuse", a, nil)
@@ -71,13 +75,14 @@ func TestAHolderMakesItsDeletedLeaseBucketAnew(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	// Two TTLs: the holder keeps it, the waiter waits.
+	// Longer than the TTL: the holder keeps it, the waiter waits (it
+	// would have made the bucket anew and taken the lease by then).
 	select {
 	case le := <-got:
 		t.Fatalf("the waiter took the lease its holder wrote again: %+v", le.Holder())
 	case <-first.Lost():
 		t.Fatalf("the holder lost its lease: %v", first.Err())
-	case <-time.After(2 * ls[0].TTL()):
+	case <-time.After(3 * ls[0].TTL() / 2):
 	}
 	if n := remade.Load(); n != 1 {
 		t.Errorf("the holder's process heard its bucket made anew %d times; want once", n)
