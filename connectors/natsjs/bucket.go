@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -27,8 +28,12 @@ type kvBucket struct {
 	cfg StoreConfig
 	kv  jetstream.KeyValue
 
-	mu        sync.Mutex
-	goneSince time.Time // the first reading of the bucket as gone; zero while it is there
+	// marked, if set, is called once the bucket is made anew, before
+	// cfg.Remade: what its user writes to it at once.
+	marked func(ctx context.Context)
+
+	mu        sync.Mutex   // one check or remake at a time
+	goneSince atomic.Int64 // Unix ns of the first reading as gone since it was last there; 0 while it is
 }
 
 // openBucket opens cfg's bucket, creating it if it does not exist.
@@ -57,6 +62,13 @@ func (b *kvBucket) do(ctx context.Context, after time.Duration, op func(context.
 // again by the client until its context ends, so a deadline is a request
 // nobody answered too; ctx is the caller's, not the spent request's.
 func (b *kvBucket) lost(ctx context.Context, after time.Duration, err error) bool {
+	if err == nil {
+		// There now: an earlier absence, made good since, is not this
+		// one's start (a stale start made a later deletion's first
+		// reading seem long, and the bucket was made anew at once).
+		b.goneSince.Store(0)
+		return false
+	}
 	if b.js == nil || after <= 0 || ctx.Err() != nil || !b.js.Conn().IsConnected() || // an outage, not a bucket gone
 		!errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, context.DeadlineExceeded) {
 		return false
@@ -66,22 +78,25 @@ func (b *kvBucket) lost(ctx context.Context, after time.Duration, err error) boo
 	ctx, cancel := context.WithTimeout(ctx, requestAttempt)
 	defer cancel()
 	_, err = b.js.KeyValue(ctx, b.cfg.Bucket)
-	switch {
+	switch since := b.goneSince.Load(); {
 	case err == nil: // there (made anew by another of its users, or the server was away)
-		b.goneSince = time.Time{}
+		b.goneSince.Store(0)
 		return false
 	case !errors.Is(err, jetstream.ErrBucketNotFound):
 		return false
-	case b.goneSince.IsZero():
-		b.goneSince = time.Now()
+	case since == 0:
+		b.goneSince.Store(time.Now().UnixNano())
 		return false
-	case time.Since(b.goneSince) < after:
+	case time.Since(time.Unix(0, since)) < after:
 		return false
 	}
 	if _, err := openKV(ctx, b.js, b.cfg); err != nil {
 		return false // asked again with the next request
 	}
-	b.goneSince = time.Time{}
+	b.goneSince.Store(0)
+	if b.marked != nil {
+		b.marked(ctx)
+	}
 	if b.cfg.Remade != nil {
 		b.cfg.Remade(b.cfg.Bucket)
 	}

@@ -2,6 +2,7 @@ package natsjs
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -101,7 +102,10 @@ func TestAHolderMakesItsDeletedLeaseBucketAnew(t *testing.T) {
 // A lease bucket deleted while nobody holds a lease any more (the holder
 // died) is made anew by the process waiting for it, once it has been gone
 // for the TTL, and the waiter takes the lease: it did not hang, and did
-// not take it at once (a live holder would have written it by then).
+// not take it at once (a live holder would have written it by then). An
+// earlier deletion, which the holder made good, does not count towards
+// the TTL: it did, and the waiter made the bucket anew and took the lease
+// at once at the next (a rehearsal, seed 30).
 func TestAWaiterMakesAGoneLeaseBucketAnewAfterTheTTL(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -118,6 +122,23 @@ func TestAWaiterMakesAGoneLeaseBucketAnewAfterTheTTL(t *testing.T) {
 	}
 	got, busy := acquireAsync(ctx, ls[1], "run.route", NewHolder())
 	<-busy
+	// Deleted while the holder lives: it makes the bucket anew, and its
+	// mark ages out while it keeps the lease.
+	deleteBucket(t, ctx, srv, "TEST_LEASES")
+	for {
+		h, _, err := ls[0].Held(ctx, "run.route")
+		if err == nil && h != nil && h.ID == first.Holder().ID {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the holder never wrote its lease again")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(ls[0].TTL() + time.Second)
+	if n := remade.Load(); n != 0 {
+		t.Fatalf("the waiter made the bucket anew %d times while its holder lived", n)
+	}
 	first.Abandon() // dies
 	deleted := time.Now()
 	deleteBucket(t, ctx, srv, "TEST_LEASES")
@@ -180,5 +201,69 @@ func TestACheckpointBucketDeletedIsMadeAnew(t *testing.T) {
 	}
 	if len(remade) != 1 || remade[0] != "TEST_STATE" {
 		t.Errorf("Remade heard %q; want TEST_STATE once", remade)
+	}
+}
+
+// A lease bucket made anew by the holder of one lease bears a mark for
+// the TTL: a lease missing from it (its holder has not written it again
+// yet, here never) is not free until the mark ages out, neither to a
+// process waiting for it nor to one just started. Before, a standby took
+// its stage's lease as soon as another stage's holder had made the bucket
+// anew, and the stage's holder lost it at its next renewal (a rehearsal,
+// seed 30).
+func TestALeaseMissingFromABucketMadeAnewIsNotFreeAtOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ls := leasesOn(t, ctx, srv, 4*time.Second, 3)
+	fuse, err := ls[0].Acquire(ctx, "run.fuse", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive, err := ls[1].Acquire(ctx, "run.archive", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, busy := acquireAsync(ctx, ls[2], "run.archive", NewHolder())
+	<-busy
+	archive.Abandon() // its holder writes it again late: here, never
+	deleteBucket(t, ctx, srv, "TEST_LEASES")
+	var remade time.Time
+	for remade.IsZero() {
+		if _, err := ls[0].b.js.KeyValue(ctx, "TEST_LEASES"); err == nil {
+			remade = time.Now()
+		} else if ctx.Err() != nil {
+			t.Fatal("the fuse lease's holder never made its bucket anew")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, other, err := ls[1].TryAcquire(ctx, "run.archive", NewHolder()); err != nil || other == nil || other.ID != remadeID {
+		t.Errorf("a process started after the bucket was made anew: holder %v (%v); want one not known yet", other, err)
+	} else if !strings.Contains(other.String(), "not known yet") {
+		t.Errorf("the lease's holder reads %q", other)
+	}
+	var second *Lease
+	select {
+	case second = <-got:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiter never took the lease nobody wrote again")
+	}
+	if took := time.Since(remade); took < ls[2].TTL()/2 {
+		t.Errorf("the waiter took the lease %v after its bucket was made anew; want it left to its holder until the mark ages out, the TTL %v",
+			took.Round(time.Millisecond), ls[2].TTL())
+	}
+	select {
+	case <-fuse.Lost():
+		t.Errorf("the fuse lease, written again by its holder, was lost: %v", fuse.Err())
+	default:
+	}
+	for _, le := range []*Lease{second, fuse} {
+		if err := le.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

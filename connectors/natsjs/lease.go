@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,8 +21,9 @@ import (
 // server) lapses TTL after its last renewal, and another process may take
 // it; one released on a clean stop is free at once.
 type Leases struct {
-	b   *kvBucket
-	ttl time.Duration
+	b       *kvBucket
+	holding atomic.Int32 // leases this process holds
+	ttl     time.Duration
 	// poll is how often a process waiting for a lease asks again.
 	poll time.Duration
 }
@@ -44,8 +46,24 @@ func NewHolder() Holder {
 }
 
 func (h Holder) String() string {
+	if h.ID == remadeID {
+		return fmt.Sprintf("a process not known yet: the lease bucket was deleted and made anew at %s by host %s, pid %d, and a process that held the lease writes it again within the TTL",
+			h.Since.Format(time.RFC3339), h.Host, h.PID)
+	}
 	return fmt.Sprintf("host %s, pid %d, since %s", h.Host, h.PID, h.Since.Format(time.RFC3339))
 }
+
+// remadeKey marks a lease bucket that a holder made anew after it was
+// deleted. Until the mark ages out, TTL after, a lease missing from the
+// bucket may still be held: each holder writes its own again at its next
+// renewal, and until then another process must not take it. Without the
+// mark, a standby of one stage took its lease as soon as the holder of
+// another stage had made the bucket anew, and the stage's holder stopped
+// at its next renewal, its lease lost (a rehearsal, seed 30).
+const remadeKey = "_remade"
+
+// remadeID is the ID of the mark's Holder: who made the bucket anew.
+const remadeID = "remade"
 
 // ErrLeaseLost: the lease passed to another holder.
 var ErrLeaseLost = errors.New("natsjs: lease lost")
@@ -65,7 +83,22 @@ func OpenLeases(ctx context.Context, js jetstream.JetStream, bucket string, repl
 	if err != nil {
 		return nil, err
 	}
-	return &Leases{b: b, ttl: ttl, poll: min(ttl/4, time.Second)}, nil
+	l := &Leases{b: b, ttl: ttl, poll: min(ttl/4, time.Second)}
+	b.marked = l.mark
+	return l, nil
+}
+
+// mark writes remadeKey into the bucket just made anew, if this process
+// holds leases: a process that waited for one makes the bucket anew only
+// once it has been gone for the TTL, when no holder is left.
+func (l *Leases) mark(ctx context.Context) {
+	if l.holding.Load() == 0 {
+		return
+	}
+	h := NewHolder()
+	h.ID = remadeID
+	value, _ := json.Marshal(h)
+	_, _ = l.b.kv.Put(ctx, remadeKey, value) // unwritten, the leases are as free as before the mark
 }
 
 // TTL is how long a lease outlives its last renewal.
@@ -92,16 +125,21 @@ func (l *Leases) Acquire(ctx context.Context, key string, me Holder, busy func(H
 }
 
 // TryAcquire takes key for me if nobody holds it, and says who does
-// otherwise.
+// otherwise: while the bucket's mark of being made anew lasts, a lease
+// missing from it is held by a process not known yet.
 func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease, *Holder, error) {
 	value, err := json.Marshal(me)
 	if err != nil {
 		return nil, nil, err
 	}
+	if h, err := l.remade(ctx, key, bucketGoneAgain); err != nil || h != nil && h.ID != me.ID {
+		return nil, h, err
+	}
 	rev, other, err := l.take(ctx, key, me, value)
 	if err != nil || other != nil {
 		return nil, other, err
 	}
+	l.holding.Add(1)
 	le := &Lease{l: l, key: key, me: me, value: value, rev: rev, lost: make(chan struct{}), done: make(chan struct{})}
 	var stop context.Context
 	stop, le.stop = context.WithCancel(context.Background())
@@ -121,10 +159,30 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 		case <-time.After(l.poll):
 		}
 		h, _, err := l.entry(ctx, key, l.ttl)
-		if err != nil || h == nil {
+		if err != nil {
 			return err
 		}
+		if h == nil {
+			if h, err = l.remade(ctx, key, l.ttl); h == nil || err != nil {
+				return err
+			}
+		}
 	}
+}
+
+// remade says who holds key while the bucket's mark of being made anew
+// lasts: its holder, if it wrote the lease again, else the mark's Holder.
+// It is nil when the bucket bears no mark. remakeAfter is entry's.
+func (l *Leases) remade(ctx context.Context, key string, remakeAfter time.Duration) (*Holder, error) {
+	mark, _, err := l.entry(ctx, remadeKey, remakeAfter)
+	if mark == nil || err != nil {
+		return nil, err
+	}
+	h, _, err := l.entry(ctx, key, remakeAfter)
+	if h == nil && err == nil {
+		h = mark
+	}
+	return h, err
 }
 
 // takeTries bounds how often take asks again when the create is refused
@@ -275,6 +333,7 @@ func (le *Lease) Holder() Holder { return le.me }
 // most stages (4 of 5 in a rehearsal), and each holder stopped.
 func (le *Lease) renew(stop context.Context) {
 	defer close(le.done)
+	defer le.l.holding.Add(-1)
 	every := le.l.ttl / 6
 	wait := every
 	for {

@@ -286,8 +286,7 @@ func TestAStaleReadOfAHeldLeaseIsAskedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer first.Release(ctx)
-	lagging := *ls[1]
-	lagging.b = &kvBucket{kv: &staleKV{KeyValue: ls[1].b.kv, stale: 5}}
+	lagging := &Leases{b: &kvBucket{kv: &staleKV{KeyValue: ls[1].b.kv, stale: 5}}, ttl: ls[1].ttl, poll: ls[1].poll}
 	le, other, err := lagging.TryAcquire(ctx, "run.fuse", NewHolder())
 	if err != nil || le != nil || other == nil || other.ID != a.ID {
 		t.Fatalf("a lagging reader's TryAcquire: lease %v, holder %+v, error %v; want the holder %+v", le, other, err, a)
