@@ -4,7 +4,8 @@
 // gateway, the standby's too), and a simulated trainer as another, which
 // publishes to NATS and posts through the gateways, against a NATS server;
 // for a while it kills one of them at random every few seconds (SIGKILL
-// mostly, SIGTERM otherwise) and starts it again, and, on the embedded
+// mostly, SIGTERM otherwise) and starts it again, deletes one of the run's
+// key-value buckets now and then (--delete-buckets), and, on the embedded
 // server, fills the store now and then (--store-full).
 // Then it lets the trainer finish, stops everything, and checks what the
 // run stored: every step's update once, with every trajectory; every
@@ -62,6 +63,9 @@ type options struct {
 	// storeFull: hold the embedded server's account at its store limit
 	// now and then, so that every write is refused for a while.
 	storeFull bool
+	// deleteBuckets: delete one of the run's key-value buckets now and
+	// then, as by hand or by a tool that cleans up streams.
+	deleteBuckets bool
 }
 
 func main() {
@@ -86,6 +90,7 @@ func main() {
 	flag.IntVar(&o.size, "group-size", 8, "trajectories per group")
 	flag.BoolVar(&o.keep, "keep", false, "keep --dir when it was made here")
 	flag.BoolVar(&o.storeFull, "store-full", true, "on the embedded server, every 30 to 90 s, hold the account at its store limit for 5 to 40 s, as a full disk or an operator's limit does: every write is refused (a server of its own, --nats or --nats-server, is left alone)")
+	flag.BoolVar(&o.deleteBuckets, "delete-buckets", true, "every 45 to 120 s, delete one of the run's key-value buckets (its leases, checkpoints or executions' outcomes), as `nats kv rm` by hand or a tool that cleans up does: the processes make it anew")
 	flag.BoolVar(&o.archiveApart, "archive-apart", false, "give each archive process an --archive of its own, as on two machines' disks, instead of one they share")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -217,11 +222,17 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	default:
 		fills <- 0
 	}
+	deleted := make(chan int, 1)
+	if o.deleteBuckets {
+		go func() { deleted <- deleteBuckets(ctx, o, rand.New(rand.NewPCG(o.seed, 2))) }()
+	} else {
+		deleted <- 0
+	}
 	kills, err := c.kill(ctx, o.dur, rand.New(rand.NewPCG(o.seed, 0)), servers)
 	if err != nil {
 		return false, err
 	}
-	full := <-fills
+	full, gone := <-fills, <-deleted
 	tr, err := dialRun(ctx, o.nats, o.prefix, o.run)
 	if err != nil {
 		return false, err
@@ -240,7 +251,7 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 		return false, fmt.Errorf("reading the newest watermark: %w", err)
 	}
 	target := last + 1 + 20
-	say("%d kills and %d full stores in %v; the trainer ends at step %d", kills, full, o.dur, target-1)
+	say("%d kills, %d full stores and %d buckets deleted in %v; the trainer ends at step %d", kills, full, gone, o.dur, target-1)
 	c.procs["trainer"].args = trainer(target)
 	if err := c.start("trainer"); err != nil {
 		return false, err
@@ -319,6 +330,40 @@ func fillStore(ctx context.Context, srv *natsjs.Server, d time.Duration, rng *ra
 		}
 		lift()
 		say("store full %d: room again", n)
+	}
+}
+
+// deleteBuckets deletes one of the run's key-value buckets, the leases,
+// the checkpoints or the executions' outcomes, every 45 to 120 s for
+// o.dur, and returns how many it deleted. Their users make them anew: a
+// lease's holder writes it again, a stage's next checkpoint is saved to
+// it, and an anchor group whose outcome is gone is executed again if it
+// is delivered again.
+func deleteBuckets(ctx context.Context, o options, rng *rand.Rand) int {
+	conn, err := dialRun(ctx, o.nats, o.prefix, o.run)
+	if err != nil {
+		say("buckets: %v", err)
+		return 0
+	}
+	defer conn.close()
+	buckets := []string{pipeline.LeaseBucket(o.prefix), pipeline.StateBucket(o.prefix), pipeline.OutcomeBucket(o.prefix)}
+	end := time.Now().Add(o.dur)
+	n := 0
+	for {
+		wait := 45*time.Second + time.Duration(rng.Int64N(int64(75*time.Second)))
+		b := buckets[rng.IntN(len(buckets))]
+		if time.Now().Add(wait).After(end) || sleepCtx(ctx, wait) != nil {
+			return n
+		}
+		del, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := conn.js.DeleteKeyValue(del, b)
+		cancel()
+		if err != nil {
+			say("bucket %s not deleted: %v", b, err) // a node down, or the store full
+			continue
+		}
+		n++
+		say("bucket %s deleted (%d)", b, n)
 	}
 }
 
