@@ -6,24 +6,13 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // deleteBucket deletes a key-value bucket from under its users, as
 // `nats kv rm` does, through a connection of its own.
 func deleteBucket(t *testing.T, ctx context.Context, srv *Server, name string) {
 	t.Helper()
-	nc, err := srv.Connect("bucket-remover")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := js.DeleteKeyValue(ctx, name); err != nil {
+	if err := jsOn(t, srv, "bucket-remover").DeleteKeyValue(ctx, name); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -43,11 +32,7 @@ func remadeCount(b *kvBucket) *atomic.Int32 {
 func TestAHolderMakesItsDeletedLeaseBucketAnew(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := testServer(t, ctx)
 	// The holder makes the bucket anew 2 s after its first renewal to
 	// find it gone, the waiter not before the TTL after its first read:
 	// 6 s leaves room for a slow renewal (one to a bucket that is gone
@@ -109,11 +94,7 @@ func TestAHolderMakesItsDeletedLeaseBucketAnew(t *testing.T) {
 func TestAWaiterMakesAGoneLeaseBucketAnewAfterTheTTL(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := testServer(t, ctx)
 	ls := leasesOn(t, ctx, srv, 4*time.Second, 2)
 	remade := remadeCount(ls[1].b)
 	first, err := ls[0].Acquire(ctx, "run.route", NewHolder(), nil)
@@ -167,22 +148,9 @@ func TestAWaiterMakesAGoneLeaseBucketAnewAfterTheTTL(t *testing.T) {
 func TestACheckpointBucketDeletedIsMadeAnew(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect("state-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := testServer(t, ctx)
 	var remade []string
-	st, err := OpenStore(ctx, js, StoreConfig{Bucket: "TEST_STATE", Replicas: 1, Remade: func(b string) { remade = append(remade, b) }})
+	st, err := OpenStore(ctx, jsOn(t, srv, "state-test"), StoreConfig{Bucket: "TEST_STATE", Replicas: 1, Remade: func(b string) { remade = append(remade, b) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,11 +182,7 @@ func TestACheckpointBucketDeletedIsMadeAnew(t *testing.T) {
 func TestALeaseMissingFromABucketMadeAnewIsNotFreeAtOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := testServer(t, ctx)
 	ls := leasesOn(t, ctx, srv, 4*time.Second, 3)
 	fuse, err := ls[0].Acquire(ctx, "run.fuse", NewHolder(), nil)
 	if err != nil {

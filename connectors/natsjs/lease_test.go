@@ -18,12 +18,33 @@ import (
 // n processes (each with its own connection).
 func leases(t *testing.T, ctx context.Context, ttl time.Duration, n int) []*Leases {
 	t.Helper()
+	return leasesOn(t, ctx, testServer(t, ctx), ttl, n)
+}
+
+// testServer starts an embedded server for the test.
+func testServer(t *testing.T, ctx context.Context) *Server {
+	t.Helper()
 	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	return leasesOn(t, ctx, srv, ttl, n)
+	return srv
+}
+
+// jsOn connects to srv as name, for the test.
+func jsOn(t *testing.T, srv *Server, name string) jetstream.JetStream {
+	t.Helper()
+	nc, err := srv.Connect(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
 
 // leasesOn opens the lease bucket on srv for each of n processes.
@@ -31,16 +52,7 @@ func leasesOn(t *testing.T, ctx context.Context, srv *Server, ttl time.Duration,
 	t.Helper()
 	var out []*Leases
 	for range n {
-		nc, err := srv.Connect("lease-test")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := OpenLeases(ctx, js, "TEST_LEASES", 1, ttl, nil)
+		l, err := OpenLeases(ctx, jsOn(t, srv, "lease-test"), "TEST_LEASES", 1, ttl, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -306,11 +318,7 @@ func TestAStaleReadOfAHeldLeaseIsAskedAgain(t *testing.T) {
 func TestARefusedRenewalIsTriedAgainSoon(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := testServer(t, ctx)
 	l := leasesOn(t, ctx, srv, 12*time.Second, 1)[0] // renewed every 2 s
 	le, err := l.Acquire(ctx, "run.fuse", NewHolder(), nil)
 	if err != nil {

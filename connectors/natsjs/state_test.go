@@ -26,16 +26,7 @@ func TestStateStoreSurvivesARestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		nc, err := srv.Connect("state-test")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		st, err := OpenStore(ctx, js, StoreConfig{Bucket: "TEST_STATE", Replicas: 1})
+		st, err := OpenStore(ctx, jsOn(t, srv, "state-test"), StoreConfig{Bucket: "TEST_STATE", Replicas: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
