@@ -32,7 +32,7 @@ func (p *Pipeline) stateStore(ctx context.Context) (*natsjs.StateStore, error) {
 		st, err := natsjs.OpenStore(ctx, p.tr.js, natsjs.StoreConfig{
 			Bucket: StateBucket(p.cfg.Prefix), Description: "wmrl stage checkpoints",
 			Replicas: p.cfg.Replicas, // the stream's, resolved at connect
-			Remade:   p.bucketRemade("its stages' next checkpoints are written to it, and a restart before them rebuilds those stages from what the stream retains"),
+			Remade:   p.bucketRemade(StateBucket(p.cfg.Prefix), "its stages' next checkpoints are written to it, and a restart before them rebuilds those stages from what the stream retains"),
 		})
 		if err != nil {
 			return nil, err
@@ -79,11 +79,14 @@ func (p *Pipeline) notef(format string, args ...any) {
 	}
 }
 
-// bucketRemade is what a key-value bucket of the process calls when it
-// was found gone from the server (deleted by hand, or by a tool that
-// cleans up) and made anew; then says what follows for the run.
-func (p *Pipeline) bucketRemade(then string) func(bucket string) {
-	return func(bucket string) {
+// bucketRemade is what the process's key-value bucket calls when it was
+// found gone from the server (deleted by hand, or by a tool that cleans
+// up) and made anew: it says so, and then, what follows for the run, and
+// counts it (at 0 from the start, so that an increase is defined).
+func (p *Pipeline) bucketRemade(bucket, then string) func(string) {
+	remade := p.metrics.BucketsRemade.WithLabelValues(bucket)
+	return func(string) {
+		remade.Inc()
 		p.notef("the key-value bucket %s was gone from the NATS server at %s (deleted?), and this process made it anew: %s", bucket, p.tr.url, then)
 	}
 }

@@ -471,6 +471,17 @@ func TestStepsClosedShortAlertFiresOnItsCondition(t *testing.T) {
 			summary: "30 steps on dropping closed short of their watermark in the last hour"})
 }
 
+// WMRLBucketDeleted fires once a process has made a deleted bucket anew,
+// naming the bucket, and not for a process whose buckets stay.
+func TestBucketDeletedAlertFiresOnItsCondition(t *testing.T) {
+	input := inputSeries(`wmrl_buckets_remade_total{instance="cleaned",bucket="WMRL_LEASES_WMRL"}`, "0x10 1x20") +
+		inputSeries(`wmrl_buckets_remade_total{instance="cleaned",bucket="WMRL_STATE_WMRL"}`, "0x30") +
+		inputSeries(`wmrl_buckets_remade_total{instance="kept",bucket="WMRL_LEASES_WMRL"}`, "0x30")
+	promtoolRuleTest(t, "WMRLBucketDeleted", input,
+		alertCheck{quietAt: "9m", firesAt: "12m", severity: "ticket", instance: "cleaned", labels: "bucket: WMRL_LEASES_WMRL",
+			summary: "cleaned found the bucket WMRL_LEASES_WMRL deleted from the NATS server and made it anew"})
+}
+
 // WMRLNATSConnectionLost fires once a process has been without its server
 // for 5 minutes, and not for a loss of two minutes that ended.
 func TestConnectionLostAlertFiresOnItsCondition(t *testing.T) {

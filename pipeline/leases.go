@@ -62,7 +62,7 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 	}
 	open, cancel := context.WithTimeout(ctx, p.cfg.StartupWait)
 	ls, err := natsjs.OpenLeases(open, p.tr.js, LeaseBucket(p.cfg.Prefix), p.cfg.Replicas, ttl,
-		p.bucketRemade("the leases of the stages it runs are written to it again, so that the run keeps one process of each"))
+		p.bucketRemade(LeaseBucket(p.cfg.Prefix), "the leases of the stages it runs are written to it again, so that the run keeps one process of each"))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("pipeline: %w", err)

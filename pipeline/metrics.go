@@ -48,6 +48,9 @@ type Metrics struct {
 	// Lost counts, by kind (stepLosses), what of the fused steps did not
 	// reach the gradient as planned.
 	Lost *prometheus.CounterVec
+	// BucketsRemade counts, by bucket, the key-value buckets this process
+	// found gone from the server and made anew.
+	BucketsRemade *prometheus.CounterVec
 	// WithinSpearman: the world model's within-group rank correlation on
 	// each anchor group executed in time, raw scores against true ones.
 	WithinSpearman prometheus.Histogram
@@ -189,6 +192,10 @@ func NewMetrics() *Metrics {
 	for _, l := range stepLosses(schemas.Update{}) {
 		m.Lost.WithLabelValues(l.kind) // present at 0 from the start, so a rate is defined
 	}
+	m.BucketsRemade = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "buckets_remade_total",
+		Help: "Key-value buckets (the leases, checkpoints and executions' outcomes) this process found gone from the NATS server, deleted by hand or by a tool, and made anew, by bucket."},
+		[]string{"bucket"})
+	r.MustRegister(m.BucketsRemade)
 	m.CertNotAfter = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "wmrl", Name: "tls_cert_not_after_seconds",
 		Help: "When the certificate a server of this process presents expires, in Unix seconds (0 without TLS), by server: nats (the embedded one, --listen-cert) and gateway (--http-cert). It follows renewals of the files."},
 		[]string{"server"})

@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
 )
 
@@ -66,4 +69,38 @@ func TestAStreamOrConsumerGoneStopsTheProcess(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The lease bucket deleted under a running process is made anew: the
+// process says so, counts it, and holds its stages' leases again (the
+// store's mechanics are natsjs's tests; this is the pipeline's wiring).
+func TestADeletedLeaseBucketIsMadeAnewSaidAndCounted(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Source, cfg.leaseTTL = SourceExternal, 6*time.Second // renewed every second
+	var out syncBuffer
+	cfg.Quiet, cfg.Out = false, &out
+	p, _, js := startClient(t, ctx, cfg)
+	bucket := LeaseBucket(cfg.Prefix)
+	remade := p.Metrics().BucketsRemade.WithLabelValues(bucket)
+	if err := js.DeleteKeyValue(ctx, bucket); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() bool { return testutil.ToFloat64(remade) == 1 })
+	if want := "the key-value bucket " + bucket + " was gone from the NATS server"; !strings.Contains(out.String(), want) {
+		t.Errorf("the process's output lacks %q:\n%s", want, out.String())
+	}
+	ls, err := natsjs.ReadLeases(ctx, js, bucket)
+	if err != nil || ls == nil {
+		t.Fatalf("the lease bucket after it was made anew: %v, %v", ls, err)
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		for _, st := range onePerRun {
+			if h, _, err := ls.Held(ctx, leaseKey(cfg.Run, st)); err != nil || h == nil {
+				return false
+			}
+		}
+		return true
+	})
 }
