@@ -13,9 +13,8 @@ import (
 
 // bucketGoneAgain is how long a bucket must read as gone, from its first
 // such reading, before a process makes it anew: a cluster that has just
-// started, or is electing a leader, may not know a stream for a moment
-// (a variable for tests).
-var bucketGoneAgain = 2 * time.Second
+// started, or is electing a leader, may not know a stream for a moment.
+const bucketGoneAgain = 2 * time.Second
 
 // kvBucket is a key-value bucket a process keeps for as long as it runs.
 // Deleted from under it (by hand, or by a tool that cleans up streams),
