@@ -51,9 +51,11 @@ func openOutcomes(ctx context.Context, js jetstream.JetStream, cfg Config, remad
 // keeps outcomes in it and archive reads late anchors' back, and a bucket
 // that does not answer is waited for (up to StartupWait) once, not by each.
 func (p *Pipeline) outcomes(ctx context.Context) (outcomeStore, error) {
-	remade := p.bucketRemade(OutcomeBucket(p.cfg.Prefix), "executions' outcomes are kept in it again. Those kept before are gone: an anchor group redelivered to another process "+
-		"is executed again, and a late anchor group's rows are archived without its execution's status and seconds")
-	p.outcomesOnce.Do(func() { p.outcomeStore, p.outcomesErr = openOutcomes(ctx, p.tr.js, p.cfg, remade) })
+	p.outcomesOnce.Do(func() {
+		remade := p.bucketRemade(OutcomeBucket(p.cfg.Prefix), "executions' outcomes are kept in it again. Those kept before are gone: an anchor group redelivered to another process "+
+			"is executed again, and a late anchor group's rows are archived without its execution's status and seconds")
+		p.outcomeStore, p.outcomesErr = openOutcomes(ctx, p.tr.js, p.cfg, remade)
+	})
 	return p.outcomeStore, p.outcomesErr
 }
 

@@ -84,14 +84,14 @@ func OpenLeases(ctx context.Context, js jetstream.JetStream, bucket string, repl
 		return nil, err
 	}
 	l := &Leases{b: b, ttl: ttl, poll: min(ttl/4, time.Second)}
-	b.marked = l.mark
+	b.marked = l.writeMark
 	return l, nil
 }
 
-// mark writes remadeKey into the bucket just made anew, if this process
-// holds leases: a process that waited for one makes the bucket anew only
-// once it has been gone for the TTL, when no holder is left.
-func (l *Leases) mark(ctx context.Context) {
+// writeMark writes remadeKey into the bucket just made anew, if this
+// process holds leases: a process that waited for one makes the bucket
+// anew only once it has been gone for the TTL, when no holder is left.
+func (l *Leases) writeMark(ctx context.Context) {
 	if l.holding.Load() == 0 {
 		return
 	}
@@ -132,8 +132,15 @@ func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease,
 	if err != nil {
 		return nil, nil, err
 	}
-	if h, err := l.remade(ctx, key, bucketGoneAgain); err != nil || h != nil && h.ID != me.ID {
-		return nil, h, err
+	mark, err := l.markOf(ctx, bucketGoneAgain)
+	if err != nil {
+		return nil, nil, err
+	}
+	if mark != nil {
+		h, _, err := l.entry(ctx, key, bucketGoneAgain)
+		if err != nil || h == nil {
+			return nil, mark, err
+		}
 	}
 	rev, other, err := l.take(ctx, key, me, value)
 	if err != nil || other != nil {
@@ -163,25 +170,17 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 			return err
 		}
 		if h == nil {
-			if h, err = l.remade(ctx, key, l.ttl); h == nil || err != nil {
+			if h, err = l.markOf(ctx, l.ttl); h == nil || err != nil {
 				return err
 			}
 		}
 	}
 }
 
-// remade says who holds key while the bucket's mark of being made anew
-// lasts: its holder, if it wrote the lease again, else the mark's Holder.
-// It is nil when the bucket bears no mark. remakeAfter is entry's.
-func (l *Leases) remade(ctx context.Context, key string, remakeAfter time.Duration) (*Holder, error) {
-	mark, _, err := l.entry(ctx, remadeKey, remakeAfter)
-	if mark == nil || err != nil {
-		return nil, err
-	}
-	h, _, err := l.entry(ctx, key, remakeAfter)
-	if h == nil && err == nil {
-		h = mark
-	}
+// markOf is the bucket's mark of being made anew while it lasts, its
+// Holder naming who made it (nil: no mark). remakeAfter is entry's.
+func (l *Leases) markOf(ctx context.Context, remakeAfter time.Duration) (*Holder, error) {
+	h, _, err := l.entry(ctx, remadeKey, remakeAfter)
 	return h, err
 }
 
