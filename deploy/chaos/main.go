@@ -6,7 +6,8 @@
 // for a while it kills one of them at random every few seconds (SIGKILL
 // mostly, SIGTERM otherwise) and starts it again, deletes one of the run's
 // key-value buckets now and then (--delete-buckets), and, on the embedded
-// server, fills the store now and then (--store-full).
+// server or its own nats-servers, fills the store now and then
+// (--store-full).
 // Then it lets the trainer finish, stops everything, and checks what the
 // run stored: every step's update once, with every trajectory; every
 // watermark once; every anchor group absorbed by the calibration once;
@@ -60,8 +61,9 @@ type options struct {
 	// the nodes of one JetStream cluster, the stream replicated on each.
 	natsServer string
 	cluster    int
-	// storeFull: hold the embedded server's account at its store limit
-	// now and then, so that every write is refused for a while.
+	// storeFull: hold the run's account at its store limit now and then,
+	// so that every write is refused for a while (the embedded server's,
+	// or the account of its own nats-servers).
 	storeFull bool
 	// deleteBuckets: delete one of the run's key-value buckets now and
 	// then, as by hand or by a tool that cleans up streams.
@@ -89,7 +91,7 @@ func main() {
 	flag.IntVar(&o.groups, "groups", 16, "groups per step")
 	flag.IntVar(&o.size, "group-size", 8, "trajectories per group")
 	flag.BoolVar(&o.keep, "keep", false, "keep --dir when it was made here")
-	flag.BoolVar(&o.storeFull, "store-full", true, "on the embedded server, every 30 to 90 s, hold the account at its store limit for 5 to 40 s, as a full disk or an operator's limit does: every write is refused (a server of its own, --nats or --nats-server, is left alone)")
+	flag.BoolVar(&o.storeFull, "store-full", true, "every 30 to 90 s, hold the run's account at its store limit for 5 to 40 s, as a full disk or an operator's limit does: every write is refused (the embedded server's account, or with --nats-server the account its nodes give the rehearsal's user, lowered by a reload of its file; a server of your own, --nats, is left alone)")
 	flag.BoolVar(&o.deleteBuckets, "delete-buckets", true, "every 45 to 120 s, delete one of the run's key-value buckets (its leases, checkpoints or executions' outcomes), as `nats kv rm` by hand or a tool that cleans up does: the processes make it anew")
 	flag.BoolVar(&o.archiveApart, "archive-apart", false, "give each archive process an --archive of its own, as on two machines' disks, instead of one they share")
 	flag.Parse()
@@ -134,6 +136,7 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	c := &cast{dir: o.dir}
 	var servers []string // the processes that are NATS servers
 	var embedded *natsjs.Server
+	var acct *accountFile // with --nats-server --store-full
 	switch {
 	case o.natsServer != "" && o.nats != "":
 		return false, fmt.Errorf("--nats and --nats-server: give one")
@@ -142,7 +145,12 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	case o.cluster > 1 && o.natsServer == "":
 		return false, fmt.Errorf("--cluster %d needs --nats-server: the embedded server is a single node", o.cluster)
 	case o.natsServer != "":
-		nodes, url, err := serverArgs(o)
+		if o.storeFull {
+			if acct, err = newAccountFile(o.dir); err != nil {
+				return false, err
+			}
+		}
+		nodes, url, err := serverArgs(o, acct)
 		if err != nil {
 			return false, err
 		}
@@ -152,7 +160,6 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 		}
 		o.nats = url
 	case o.nats == "":
-		var err error
 		if embedded, err = natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(o.dir, "nats"), MaxPayload: 8 << 20}); err != nil {
 			return false, err
 		}
@@ -163,7 +170,7 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	say("run %s, stream %s on %s; logs in %s", o.run, streamName(o.prefix), o.nats, filepath.Join(o.dir, "logs"))
+	say("run %s, stream %s on %s; logs in %s", o.run, streamName(o.prefix), natsjs.Redact(o.nats), filepath.Join(o.dir, "logs"))
 	run := []string{"--nats", o.nats, "--prefix", o.prefix, "--run", o.run}
 	// Each route process serves a trainer gateway, the standby's too, and
 	// the trainer posts odd steps through both in turn.
@@ -215,9 +222,11 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	fills := make(chan int, 1)
 	switch {
 	case o.storeFull && embedded != nil:
-		go func() { fills <- fillStore(ctx, embedded, o.dur, rand.New(rand.NewPCG(o.seed, 1))) }()
+		go func() { fills <- fillStore(ctx, embeddedLimit{embedded}, o.dur, rand.New(rand.NewPCG(o.seed, 1))) }()
+	case o.storeFull && acct != nil:
+		go func() { fills <- fillStore(ctx, acct, o.dur, rand.New(rand.NewPCG(o.seed, 1))) }()
 	case o.storeFull:
-		say("no full stores: they are rehearsed on the embedded server only (a server of its own lets a reload raise its store's limit, not lower it)")
+		say("no full stores: a server of your own (--nats) is left alone")
 		fills <- 0
 	default:
 		fills <- 0
@@ -298,41 +307,6 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	return r.ok(), nil
 }
 
-// fillStore holds srv's account at a store limit of 1 byte (every write
-// refused: the stages' outputs, the leases' renewals, the trainer's
-// trajectories) for 5 to 40 s, every 30 to 90 s, for d, and returns how
-// often. The longest holds outlast the leases' 30 s TTL, and a failing
-// message's deliveries. The limit is the server's again whenever it
-// returns.
-func fillStore(ctx context.Context, srv *natsjs.Server, d time.Duration, rng *rand.Rand) int {
-	end := time.Now().Add(d)
-	n := 0
-	lift := func() {
-		if err := srv.LimitAccountStore(srv.StoreLimit()); err != nil {
-			say("store: %v", err)
-		}
-	}
-	defer lift()
-	for {
-		wait := 30*time.Second + time.Duration(rng.Int64N(int64(60*time.Second)))
-		hold := 5*time.Second + time.Duration(rng.Int64N(int64(35*time.Second)))
-		if time.Now().Add(wait+hold).After(end) || sleepCtx(ctx, wait) != nil {
-			return n
-		}
-		if err := srv.LimitAccountStore(1); err != nil {
-			say("store: %v", err)
-			return n
-		}
-		n++
-		say("store full %d: every write refused for %v", n, hold.Round(time.Second))
-		if sleepCtx(ctx, hold) != nil {
-			return n
-		}
-		lift()
-		say("store full %d: room again", n)
-	}
-}
-
 // deleteBuckets deletes one of the run's key-value buckets, the leases,
 // the checkpoints or the executions' outcomes, every 45 to 120 s for
 // o.dur, and returns how many it deleted. Their users make them anew: a
@@ -394,7 +368,8 @@ type node struct {
 // ports of 127.0.0.1 (one: a single server; more: the nodes of a cluster
 // named wmrlchaos, routed to each other, as deploy/nats's files), each
 // with its store in o.dir, and returns their commands and the client URLs.
-func serverArgs(o options) (nodes []node, urls string, err error) {
+// With acct, each includes its account, and the URLs name its user.
+func serverArgs(o options, acct *accountFile) (nodes []node, urls string, err error) {
 	ports, err := freePorts(2 * o.cluster)
 	if err != nil {
 		return nil, "", err
@@ -402,7 +377,11 @@ func serverArgs(o options) (nodes []node, urls string, err error) {
 	var routes, clients []string
 	for i := range o.cluster {
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[o.cluster+i]))
-		clients = append(clients, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
+		client := fmt.Sprintf("nats://127.0.0.1:%d", ports[i])
+		if acct != nil {
+			client = acct.url(fmt.Sprintf("127.0.0.1:%d", ports[i]))
+		}
+		clients = append(clients, client)
 	}
 	for i := range o.cluster {
 		name, store := "nats-server", filepath.Join(o.dir, "nats")
@@ -413,6 +392,9 @@ func serverArgs(o options) (nodes []node, urls string, err error) {
 		text := fmt.Sprintf("server_name: %s\nlisten: 127.0.0.1:%d\nmax_payload: 8MB\njetstream { store_dir: %q }\n", name, ports[i], store)
 		if o.cluster > 1 {
 			text += fmt.Sprintf("cluster {\n  name: wmrlchaos\n  listen: 127.0.0.1:%d\n  routes: [\n    %s\n  ]\n}\n", ports[o.cluster+i], strings.Join(routes, "\n    "))
+		}
+		if acct != nil {
+			text += acct.include(filepath.Join(o.dir, name+".pid"))
 		}
 		conf := filepath.Join(o.dir, name+".conf")
 		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
