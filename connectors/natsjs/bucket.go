@@ -33,6 +33,10 @@ type kvBucket struct {
 
 	mu        sync.Mutex   // one check or remake at a time
 	goneSince atomic.Int64 // Unix ns of the first reading as gone since it was last there; 0 while it is
+	// backAt is when the bucket answered again after it had read as gone
+	// (Unix ns; 0: never), made anew by another of its users, or by this
+	// process's request whose answer was lost.
+	backAt atomic.Int64
 }
 
 // openBucket opens cfg's bucket, creating it if it does not exist.
@@ -61,11 +65,8 @@ func (b *kvBucket) do(ctx context.Context, after time.Duration, op func(context.
 // again by the client until its context ends, so a deadline is a request
 // nobody answered too; ctx is the caller's, not the spent request's.
 func (b *kvBucket) lost(ctx context.Context, after time.Duration, err error) bool {
-	if err == nil {
-		// There now: an earlier absence, made good since, is not this
-		// one's start (a stale start made a later deletion's first
-		// reading seem long, and the bucket was made anew at once).
-		b.goneSince.Store(0)
+	if answered(err) {
+		b.there()
 		return false
 	}
 	if b.js == nil || after <= 0 || ctx.Err() != nil || !b.js.Conn().IsConnected() || // an outage, not a bucket gone
@@ -79,7 +80,7 @@ func (b *kvBucket) lost(ctx context.Context, after time.Duration, err error) boo
 	_, err = b.js.KeyValue(ctx, b.cfg.Bucket)
 	switch since := b.goneSince.Load(); {
 	case err == nil: // there (made anew by another of its users, or the server was away)
-		b.goneSince.Store(0)
+		b.there()
 		return false
 	case !errors.Is(err, jetstream.ErrBucketNotFound):
 		return false
@@ -100,4 +101,32 @@ func (b *kvBucket) lost(ctx context.Context, after time.Duration, err error) boo
 		b.cfg.Remade(b.cfg.Bucket)
 	}
 	return true
+}
+
+// there notes the bucket answering. An earlier absence, made good since,
+// is not a later one's start (a stale start made a later deletion's first
+// reading seem long, and the bucket was made anew at once); and a bucket
+// that had read as gone is back.
+func (b *kvBucket) there() {
+	if b.goneSince.Swap(0) != 0 {
+		b.backAt.Store(time.Now().UnixNano())
+	}
+}
+
+// back is when the bucket last answered again after reading as gone, if
+// it did within d; zero otherwise.
+func (b *kvBucket) back(d time.Duration) time.Time {
+	at := b.backAt.Load()
+	if at == 0 || time.Since(time.Unix(0, at)) >= d {
+		return time.Time{}
+	}
+	return time.Unix(0, at)
+}
+
+// answered: the bucket's stream answered the request (a bucket that is
+// gone answers none): it stored or read it, or refused it for what it
+// holds or for lack of room.
+func answered(err error) bool {
+	return err == nil || errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) ||
+		errors.Is(err, jetstream.ErrKeyExists) || wrongLastSeq(err) || StoreFull(err)
 }

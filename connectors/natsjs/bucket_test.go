@@ -231,3 +231,58 @@ func TestALeaseMissingFromABucketMadeAnewIsNotFreeAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// A lease bucket made anew with no mark in it yet (its maker's mark is
+// written after the bucket; or its maker's request went unanswered while
+// the server made it all the same) is not free for a waiter that read it
+// gone: the lease's holder writes it again within the TTL. Before, the
+// waiter took the lease at its next read, from a holder that lived (a
+// rehearsal on a cluster, seed 34).
+func TestAWaiterThatSawTheBucketGoneLeavesAMissingLeaseToItsHolder(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv := testServer(t, ctx)
+	ls := leasesOn(t, ctx, srv, 4*time.Second, 2)
+	holder, err := ls[0].Acquire(ctx, "run.archive", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, busy := acquireAsync(ctx, ls[1], "run.archive", NewHolder())
+	<-busy
+	holder.Abandon() // slow to write it again: here, never
+	deleteBucket(t, ctx, srv, "TEST_LEASES")
+	for ls[1].b.goneSince.Load() == 0 {
+		if ctx.Err() != nil {
+			t.Fatal("the waiter never read the bucket as gone")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Made anew by another of its users, before any mark.
+	if _, err := openKV(ctx, jsOn(t, srv, "another-user"), ls[0].b.cfg); err != nil {
+		t.Fatal(err)
+	}
+	remade := time.Now()
+	le, other, err := ls[1].TryAcquire(ctx, "run.archive", NewHolder())
+	switch {
+	case err != nil:
+		t.Fatal(err)
+	case le != nil:
+		_ = le.Release(ctx)
+		t.Fatal("the lease was taken once its bucket was back, its holder alive; want it left to the holder for the TTL")
+	case other.ID != backID || !strings.Contains(other.String(), "not known yet"):
+		t.Errorf("the lease is held by %q; want a process not known yet", other)
+	}
+	var second *Lease
+	select {
+	case second = <-got:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiter never took the lease nobody wrote again")
+	}
+	if took := time.Since(remade); took < ls[1].TTL()/2 {
+		t.Errorf("the waiter took the lease %v after its bucket came back; want it left to its holder for the TTL %v",
+			took.Round(time.Millisecond), ls[1].TTL())
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

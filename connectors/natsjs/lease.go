@@ -46,9 +46,13 @@ func NewHolder() Holder {
 }
 
 func (h Holder) String() string {
-	if h.ID == remadeID {
+	switch h.ID {
+	case remadeID:
 		return fmt.Sprintf("a process not known yet: the lease bucket was deleted and made anew at %s by host %s, pid %d, and a process that held the lease writes it again within the TTL",
 			h.Since.Format(time.RFC3339), h.Host, h.PID)
+	case backID:
+		return fmt.Sprintf("a process not known yet: the lease bucket was gone, and back at %s (deleted and made anew), and a process that held the lease writes it again within the TTL",
+			h.Since.Format(time.RFC3339))
 	}
 	return fmt.Sprintf("host %s, pid %d, since %s", h.Host, h.PID, h.Since.Format(time.RFC3339))
 }
@@ -64,6 +68,15 @@ const remadeKey = "_remade"
 
 // remadeID is the ID of the mark's Holder: who made the bucket anew.
 const remadeID = "remade"
+
+// backID is the ID of the Holder of a lease missing from a bucket that
+// this process read as gone and then back, within the TTL: as under the
+// mark, whoever held it writes it again. The mark is written once the
+// bucket is made anew, so a process that read in between found neither
+// lease nor mark, and took the lease from a living holder (a rehearsal on
+// a cluster, seed 34, where the bucket took seconds to make, with a node
+// just restarted); a process that waited through the deletion knows.
+const backID = "back"
 
 // ErrLeaseLost: the lease passed to another holder.
 var ErrLeaseLost = errors.New("natsjs: lease lost")
@@ -125,8 +138,9 @@ func (l *Leases) Acquire(ctx context.Context, key string, me Holder, busy func(H
 }
 
 // TryAcquire takes key for me if nobody holds it, and says who does
-// otherwise: while the bucket's mark of being made anew lasts, a lease
-// missing from it is held by a process not known yet.
+// otherwise: while the bucket's mark of being made anew lasts, or for the
+// TTL after this process read it back from being gone, a lease missing
+// from it is held by a process not known yet.
 func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease, *Holder, error) {
 	value, err := json.Marshal(me)
 	if err != nil {
@@ -135,6 +149,9 @@ func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease,
 	mark, err := l.markOf(ctx, bucketGoneAgain)
 	if err != nil {
 		return nil, nil, err
+	}
+	if mark == nil {
+		mark = l.backHolder()
 	}
 	if mark != nil {
 		h, _, err := l.entry(ctx, key, bucketGoneAgain)
@@ -158,6 +175,7 @@ func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease,
 // poll interval, or with ctx's error. A bucket deleted meanwhile is left
 // for a holder to make anew (and write its lease again), and made anew
 // here only once it has been gone for the TTL: then no holder is left.
+// Back, a lease missing from it is left to its holder for the TTL.
 func (l *Leases) Wait(ctx context.Context, key string) error {
 	for {
 		select {
@@ -170,11 +188,24 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 			return err
 		}
 		if h == nil {
-			if h, err = l.markOf(ctx, l.ttl); h == nil || err != nil {
+			if h, err = l.markOf(ctx, l.ttl); err != nil {
 				return err
+			}
+			if h == nil && l.backHolder() == nil {
+				return nil
 			}
 		}
 	}
+}
+
+// backHolder is who holds a lease missing from the bucket while it is
+// back within the TTL (nil: it is not).
+func (l *Leases) backHolder() *Holder {
+	at := l.b.back(l.ttl)
+	if at.IsZero() {
+		return nil
+	}
+	return &Holder{Host: "?", Since: at.UTC(), ID: backID}
 }
 
 // markOf is the bucket's mark of being made anew while it lasts, its
