@@ -61,6 +61,11 @@ func TestAHolderMakesItsDeletedLeaseBucketAnew(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// Its maker leaves a lease missing from it to its holder too, should
+	// its mark not be written.
+	if ls[0].backHolder() == nil {
+		t.Error("the process that made the bucket anew would take a lease missing from it at once")
+	}
 	// Longer than the TTL: the holder keeps it, the waiter waits (it
 	// would have made the bucket anew and taken the lease by then).
 	select {

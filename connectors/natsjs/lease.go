@@ -108,10 +108,13 @@ func (l *Leases) writeMark(ctx context.Context) {
 	if l.holding.Load() == 0 {
 		return
 	}
+	// This process's own waiters leave missing leases to their holders
+	// whether or not the mark is written.
+	l.b.backAt.Store(time.Now().UnixNano())
 	h := NewHolder()
 	h.ID = remadeID
 	value, _ := json.Marshal(h)
-	_, _ = l.b.kv.Put(ctx, remadeKey, value) // unwritten, the leases are as free as before the mark
+	_, _ = l.b.kv.Put(ctx, remadeKey, value) // unwritten, the leases are as free to others as before the mark
 }
 
 // TTL is how long a lease outlives its last renewal.
