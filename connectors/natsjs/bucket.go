@@ -34,9 +34,11 @@ type kvBucket struct {
 	mu        sync.Mutex   // one check or remake at a time
 	goneSince atomic.Int64 // Unix ns of the first reading as gone since it was last there; 0 while it is
 	// backAt is when the bucket answered again after it had read as gone
-	// (Unix ns; 0: never), made anew by another of its users, or by this
-	// process's request whose answer was lost.
+	// (Unix ns; 0: never), made anew by another of its users.
 	backAt atomic.Int64
+	// remakeSent: this process asked to make the bucket anew and had no
+	// answer, or a refusal; the server may make it all the same.
+	remakeSent atomic.Bool
 }
 
 // openBucket opens cfg's bucket, creating it if it does not exist.
@@ -66,7 +68,7 @@ func (b *kvBucket) do(ctx context.Context, after time.Duration, op func(context.
 // nobody answered too; ctx is the caller's, not the spent request's.
 func (b *kvBucket) lost(ctx context.Context, after time.Duration, err error) bool {
 	if answered(err) {
-		b.there()
+		b.there(ctx)
 		return false
 	}
 	if b.js == nil || after <= 0 || ctx.Err() != nil || !b.js.Conn().IsConnected() || // an outage, not a bucket gone
@@ -80,7 +82,7 @@ func (b *kvBucket) lost(ctx context.Context, after time.Duration, err error) boo
 	_, err = b.js.KeyValue(ctx, b.cfg.Bucket)
 	switch since := b.goneSince.Load(); {
 	case err == nil: // there (made anew by another of its users, or the server was away)
-		b.there()
+		b.there(ctx)
 		return false
 	case !errors.Is(err, jetstream.ErrBucketNotFound):
 		return false
@@ -91,26 +93,46 @@ func (b *kvBucket) lost(ctx context.Context, after time.Duration, err error) boo
 		return false
 	}
 	if _, err := openKV(ctx, b.js, b.cfg); err != nil {
-		return false // asked again with the next request
+		// Asked again with the next request. A cluster may make it all
+		// the same, its answer lost (seed 34 of the rehearsal: nobody
+		// said the bucket was made anew): found there, it is this
+		// process's.
+		b.remakeSent.Store(true)
+		return false
 	}
 	b.goneSince.Store(0)
+	b.remakeSent.Store(false)
+	b.remade(ctx)
+	return true
+}
+
+// remade tells the bucket's user, and cfg.Remade, that this process made
+// the bucket anew.
+func (b *kvBucket) remade(ctx context.Context) {
 	if b.marked != nil {
+		ctx, cancel := context.WithTimeout(ctx, requestAttempt)
+		defer cancel()
 		b.marked(ctx)
 	}
 	if b.cfg.Remade != nil {
 		b.cfg.Remade(b.cfg.Bucket)
 	}
-	return true
 }
 
 // there notes the bucket answering. An earlier absence, made good since,
 // is not a later one's start (a stale start made a later deletion's first
 // reading seem long, and the bucket was made anew at once); and a bucket
-// that had read as gone is back.
-func (b *kvBucket) there() {
-	if b.goneSince.Swap(0) != 0 {
-		b.backAt.Store(time.Now().UnixNano())
+// that had read as gone is back: made anew here, if this process asked
+// for it, else by another of its users.
+func (b *kvBucket) there(ctx context.Context) {
+	if b.goneSince.Swap(0) == 0 {
+		return
 	}
+	if b.remakeSent.Swap(false) {
+		b.remade(ctx)
+		return
+	}
+	b.backAt.Store(time.Now().UnixNano())
 }
 
 // back is when the bucket last answered again after reading as gone, if

@@ -291,3 +291,56 @@ func TestAWaiterThatSawTheBucketGoneLeavesAMissingLeaseToItsHolder(t *testing.T)
 		t.Fatal(err)
 	}
 }
+
+// A holder whose request to make its deleted bucket anew was refused or
+// went unanswered, and who then finds the bucket there (a cluster that
+// made it all the same, its answer lost), counts it as made anew and
+// marks it: before, nobody said the bucket had been made anew, and no
+// mark was written (a rehearsal on a cluster, seed 34).
+func TestABucketMadeAnewThoughTheRequestFailedIsSaidAndMarked(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv := testServer(t, ctx)
+	ls := leasesOn(t, ctx, srv, 6*time.Second, 1)
+	remade := remadeCount(ls[0].b)
+	le, err := ls[0].Acquire(ctx, "run.fuse", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Abandon()
+	// A full store refuses the holder's requests to make it anew (a limit
+	// of 1 byte still lets a stream be made).
+	if err := srv.LimitAccountStore(0); err != nil {
+		t.Fatal(err)
+	}
+	deleteBucket(t, ctx, srv, "TEST_LEASES")
+	for !ls[0].b.remakeSent.Load() {
+		if ctx.Err() != nil {
+			t.Fatal("the holder never asked to make its bucket anew")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := remade.Load(); n != 0 {
+		t.Fatalf("the bucket was said made anew %d times while the store refused it", n)
+	}
+	// The server makes it after all.
+	if err := srv.LimitAccountStore(srv.StoreLimit()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openKV(ctx, jsOn(t, srv, "late-answer"), ls[0].b.cfg); err != nil {
+		t.Fatal(err)
+	}
+	for remade.Load() == 0 {
+		if ctx.Err() != nil {
+			t.Fatal("the holder found its bucket back and never said it was made anew")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	mark, err := ls[0].markOf(ctx, 0)
+	if err != nil || mark == nil {
+		t.Errorf("the holder wrote no mark in the bucket made anew: %v, %v", mark, err)
+	}
+	if n := remade.Load(); n != 1 {
+		t.Errorf("the bucket was said made anew %d times; want once", n)
+	}
+}
