@@ -8,7 +8,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/schemas"
 )
 
 // Route, pair, calibrate, fuse and archive run once per run: each joins a
@@ -61,11 +64,21 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 		ttl = LeaseTTL
 	}
 	open, cancel := context.WithTimeout(ctx, p.cfg.StartupWait)
+	var running []string
+	if p.tr.srv == nil { // the embedded server's store is this process's alone
+		running = p.runningWithoutLeases(open, LeaseBucket(p.cfg.Prefix))
+	}
 	ls, err := natsjs.OpenLeases(open, p.tr.js, LeaseBucket(p.cfg.Prefix), p.cfg.Replicas, ttl,
 		p.bucketRemade(LeaseBucket(p.cfg.Prefix), "the leases of the stages it runs are written to it again, so that the run keeps one process of each"))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("pipeline: %w", err)
+	}
+	if len(running) > 0 {
+		ls.MarkRemade(ctx)
+		p.notef("the key-value bucket %s was not on the NATS server, while another process reads the run's %s: it was deleted under the running run, and this process made it anew; "+
+			"it leaves a lease missing from it to its holder for %v, the time that holder has to write it again",
+			LeaseBucket(p.cfg.Prefix), strings.Join(running, ", "), ttl)
 	}
 	me := natsjs.NewHolder()
 	full := roomWaiter{p: p, who: strings.Join(mine, ", "), waits: "this process waits for room before it runs them"}
@@ -134,6 +147,46 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 		})
 	}
 	return nil
+}
+
+// runningWithoutLeases is, when bucket is not on the server, the
+// one-per-run stages of the run whose durable consumers another process
+// reads (pull requests waiting: a subscriber keeps one open, and each
+// lasts 5 s), or nil. A process that starts while the lease bucket is
+// deleted makes it anew as on a run's first start; without this, it took
+// the stages whose holders had not written their leases again yet, and so
+// did standbys that had not read the bucket gone (a rehearsal, seed 36).
+// On an error it says nil: the start goes on as before.
+func (p *Pipeline) runningWithoutLeases(ctx context.Context, bucket string) []string {
+	if _, err := p.tr.js.KeyValue(ctx, bucket); !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil
+	}
+	stream, err := p.tr.js.Stream(ctx, p.tr.stream)
+	if err != nil {
+		return nil
+	}
+	reading := map[string]bool{}
+	consumers := stream.ListConsumers(ctx)
+	for ci := range consumers.Info() {
+		if ci.NumWaiting > 0 {
+			reading[ci.Name] = true
+		}
+	}
+	var running []string
+	for _, st := range onePerRun {
+		for _, kind := range schemas.Kinds {
+			if reading[consumerName(st, p.cfg.Run, kind)] {
+				running = append(running, st)
+				break
+			}
+		}
+	}
+	// On a run's first start, a process started with this one may have
+	// made the bucket and begun reading since: it made the bucket first.
+	if _, err := p.tr.js.KeyValue(ctx, bucket); len(running) == 0 || !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil
+	}
+	return running
 }
 
 // tryLeases takes the leases of stages, in order, and keeps them all; at

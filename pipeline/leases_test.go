@@ -424,3 +424,55 @@ func TestAGatewayOnABusyAddressFailsTheStart(t *testing.T) {
 		t.Errorf("Start: %v; want the gateway's address named taken", err)
 	}
 }
+
+// A process that starts while the lease bucket is deleted under a running
+// run, before any holder has made it anew, makes it and marks it: the
+// stages whose consumers another process reads are left to their holders
+// for the TTL. Before, it took them at once, as on a run's first start,
+// and their holders stopped, "lease lost"; standbys that had not read the
+// bucket gone took theirs too (a rehearsal, seed 36).
+func TestAProcessStartedWhileTheLeaseBucketIsGoneLeavesLiveStagesToTheirHolders(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const ttl = 4 * time.Second
+	cfg := testConfig(t)
+	cfg.Source, cfg.leaseTTL = SourceExternal, ttl
+	first, nc, js := startClient(t, ctx, cfg)
+	for _, le := range first.leases {
+		le.Abandon() // its holder slow to make the bucket anew: here, never
+	}
+	if err := js.DeleteKeyValue(ctx, LeaseBucket(cfg.Prefix)); err != nil {
+		t.Fatal(err)
+	}
+
+	var out syncBuffer
+	c := testConfig(t)
+	c.NATSURL, c.Stages, c.Source, c.leaseTTL = nc.ConnectedUrl(), []string{StageFuse}, SourceExternal, ttl
+	c.Quiet, c.Out = false, &out
+	begun := time.Now()
+	second := make(chan *Pipeline, 1)
+	go func() {
+		p, err := Start(ctx, c)
+		if err != nil {
+			t.Errorf("the second process: %v", err)
+		}
+		second <- p
+	}()
+	var p *Pipeline
+	select {
+	case p = <-second:
+	case <-time.After(time.Minute):
+		t.Fatal("the second process never took fuse, which nobody held any more")
+	}
+	if p == nil {
+		return
+	}
+	defer p.Stop()
+	if took := time.Since(begun); took < ttl/2 {
+		t.Errorf("the second process took fuse %v after it started; want it left to its holder for the TTL %v", took.Round(time.Millisecond), ttl)
+	}
+	// Whichever of the holder's stages had a pull request waiting then.
+	if want := "was not on the NATS server, while another process reads the run's "; !strings.Contains(out.String(), want) {
+		t.Errorf("the second process's output lacks %q:\n%s", want, out.String())
+	}
+}

@@ -108,8 +108,15 @@ func (l *Leases) writeMark(ctx context.Context) {
 	if l.holding.Load() == 0 {
 		return
 	}
-	// This process's own waiters leave missing leases to their holders
-	// whether or not the mark is written.
+	l.MarkRemade(ctx)
+}
+
+// MarkRemade marks the bucket as made anew, as its holder does, for a
+// process that made it as it started, while other processes of the run
+// were running: their leases are missing from it until they write them
+// again. This process's own waiters leave missing leases to their holders
+// whether or not the mark is written.
+func (l *Leases) MarkRemade(ctx context.Context) {
 	l.b.backAt.Store(time.Now().UnixNano())
 	h := NewHolder()
 	h.ID = remadeID
