@@ -394,7 +394,9 @@ func serverArgs(o options, acct *accountFile) (nodes []node, urls string, err er
 			text += fmt.Sprintf("cluster {\n  name: wmrlchaos\n  listen: 127.0.0.1:%d\n  routes: [\n    %s\n  ]\n}\n", ports[o.cluster+i], strings.Join(routes, "\n    "))
 		}
 		if acct != nil {
-			text += acct.include(filepath.Join(o.dir, name+".pid"))
+			pid := filepath.Join(o.dir, name+".pid")
+			acct.pidFiles = append(acct.pidFiles, pid)
+			text += acct.include(pid)
 		}
 		conf := filepath.Join(o.dir, name+".conf")
 		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {

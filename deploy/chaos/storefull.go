@@ -58,9 +58,8 @@ func newAccountFile(dir string) (*accountFile, error) {
 }
 
 // include is what a node's configuration adds: the account, and where its
-// pid goes.
+// pid goes (one of pidFiles).
 func (a *accountFile) include(pidFile string) string {
-	a.pidFiles = append(a.pidFiles, pidFile)
 	return fmt.Sprintf("pid_file: %q\ninclude %q\n", pidFile, filepath.Base(a.path))
 }
 
