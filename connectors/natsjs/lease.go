@@ -26,6 +26,19 @@ type Leases struct {
 	ttl     time.Duration
 	// poll is how often a process waiting for a lease asks again.
 	poll time.Duration
+
+	mu sync.Mutex
+	// seen is, for each lease this process saw another hold, that holder,
+	// and when a take of it was last refused for a full store since.
+	seen map[string]seenHolder
+}
+
+// seenHolder is a lease's holder as a process waiting for it last saw it.
+type seenHolder struct {
+	h Holder
+	// fullAt is when this process's last take of the lease was refused
+	// for a full store, the lease having lapsed (zero: none was).
+	fullAt time.Time
 }
 
 // Holder says who holds a lease. ID tells apart two leases taken on one
@@ -35,6 +48,10 @@ type Holder struct {
 	PID   int       `json:"pid"`
 	Since time.Time `json:"since"`
 	ID    string    `json:"id"`
+
+	// lapsedFull is when a take of the lease, lapsed while the store was
+	// full, was refused for it (zero: the holder wrote it).
+	lapsedFull time.Time
 }
 
 // NewHolder names this process as a lease's holder.
@@ -54,7 +71,12 @@ func (h Holder) String() string {
 		return fmt.Sprintf("a process not known yet: the lease bucket was gone, and back at %s (deleted and made anew), and a process that held the lease writes it again within the TTL",
 			h.Since.Format(time.RFC3339))
 	}
-	return fmt.Sprintf("host %s, pid %d, since %s", h.Host, h.PID, h.Since.Format(time.RFC3339))
+	s := fmt.Sprintf("host %s, pid %d, since %s", h.Host, h.PID, h.Since.Format(time.RFC3339))
+	if !h.lapsedFull.IsZero() {
+		s += fmt.Sprintf(", whose lease lapsed while the NATS store was full (a write of it refused at %s) and which writes it again once there is room, within the TTL",
+			h.lapsedFull.Format(time.RFC3339))
+	}
+	return s
 }
 
 // remadeKey marks a lease bucket that a holder made anew after it was
@@ -150,7 +172,9 @@ func (l *Leases) Acquire(ctx context.Context, key string, me Holder, busy func(H
 // TryAcquire takes key for me if nobody holds it, and says who does
 // otherwise: while the bucket's mark of being made anew lasts, or for the
 // TTL after this process read it back from being gone, a lease missing
-// from it is held by a process not known yet.
+// from it is held by a process not known yet; and for the TTL after a
+// take of it was refused for a full store, a lease this process saw held
+// by another is still that holder's (lapsedHolder).
 func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease, *Holder, error) {
 	value, err := json.Marshal(me)
 	if err != nil {
@@ -162,6 +186,9 @@ func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease,
 	}
 	if mark == nil {
 		mark = l.backHolder()
+	}
+	if mark == nil {
+		mark = l.lapsedHolder(key)
 	}
 	if mark != nil {
 		h, _, err := l.entry(ctx, key, bucketGoneAgain)
@@ -185,7 +212,8 @@ func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease,
 // poll interval, or with ctx's error. A bucket deleted meanwhile is left
 // for a holder to make anew (and write its lease again), and made anew
 // here only once it has been gone for the TTL: then no holder is left.
-// Back, a lease missing from it is left to its holder for the TTL.
+// Back, a lease missing from it is left to its holder for the TTL, as is
+// one that lapsed while the store was full (lapsedHolder).
 func (l *Leases) Wait(ctx context.Context, key string) error {
 	for {
 		select {
@@ -197,15 +225,59 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 		if err != nil {
 			return err
 		}
-		if h == nil {
-			if h, err = l.markOf(ctx, l.ttl); err != nil {
-				return err
-			}
-			if h == nil && l.backHolder() == nil {
-				return nil
-			}
+		if h != nil {
+			l.saw(key, *h)
+			continue
+		}
+		if h, err = l.markOf(ctx, l.ttl); err != nil {
+			return err
+		}
+		if h == nil && l.backHolder() == nil && l.lapsedHolder(key) == nil {
+			return nil
 		}
 	}
+}
+
+// saw notes h holding key, as a process waiting for it read it.
+func (l *Leases) saw(key string, h Holder) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen == nil {
+		l.seen = map[string]seenHolder{}
+	}
+	l.seen[key] = seenHolder{h: h}
+}
+
+// refusedFull notes a take of key refused for a full store: if this
+// process saw another hold it, its holder could not renew it either, and
+// the lease lapsed under it.
+func (l *Leases) refusedFull(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s, ok := l.seen[key]; ok {
+		s.fullAt = time.Now()
+		l.seen[key] = s
+	}
+}
+
+// lapsedHolder is who still holds key, missing from the bucket, for the
+// TTL after this process's take of it was refused for a full store: the
+// holder it saw before, which could not renew the lease while the store
+// was full and writes it again once there is room (its refused renewals
+// are tried again every quarter of the poll). Without it, a process
+// waiting for a stage took it as room came back, if it asked first, and
+// the stage's holder stopped ("lease lost"). A process that never saw
+// the lease held (one started on the full store) takes it at once.
+func (l *Leases) lapsedHolder(key string) *Holder {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, ok := l.seen[key]
+	if !ok || s.fullAt.IsZero() || time.Since(s.fullAt) >= l.ttl {
+		return nil
+	}
+	h := s.h
+	h.lapsedFull = s.fullAt.UTC()
+	return &h
 }
 
 // backHolder is who holds a lease missing from the bucket while it is
@@ -249,7 +321,11 @@ func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) 
 			return err
 		})
 		if err == nil {
+			l.taken(key)
 			return rev, nil, nil
+		}
+		if StoreFull(err) {
+			l.refusedFull(key)
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !wrongLastSeq(err) {
 			return 0, nil, fmt.Errorf("natsjs: lease %s: %w", key, err)
@@ -261,11 +337,20 @@ func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) 
 		case h == nil: // lapsed or released since: ask again
 			continue
 		case h.ID == me.ID:
+			l.taken(key)
 			return e.Revision(), nil, nil
 		}
+		l.saw(key, *h)
 		return 0, h, nil
 	}
 	return 0, nil, fmt.Errorf("natsjs: lease %s: the server refused to create it as it exists, and read it back as free, %d times in a row", key, takeTries)
+}
+
+// taken forgets what this process saw of key's holders: it holds it.
+func (l *Leases) taken(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.seen, key)
 }
 
 // wrongLastSeq: a write at a revision the key is no longer at (10071, or

@@ -350,3 +350,82 @@ func TestARefusedRenewalIsTriedAgainSoon(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A lease that lapses while the store is full stays its holder's as room
+// comes back. A process that saw it held, and whose take of it was refused
+// for the full store, leaves it to that holder for the TTL after, in which
+// the holder writes it again; it takes one whose holder is gone after that
+// TTL. A process that never saw a lease held takes it at once.
+func TestALeaseThatLapsedWhileTheStoreWasFullStaysItsHolders(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv := testServer(t, ctx)
+	ttl := 4 * time.Second
+	ls := leasesOn(t, ctx, srv, ttl, 3)
+	holder, waiter, fresh := ls[0], ls[1], ls[2]
+	le, err := holder.Acquire(ctx, "run.fuse", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := holder.Acquire(ctx, "run.pair", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone.Abandon() // its holder died
+	me := NewHolder()
+	for _, key := range []string{"run.fuse", "run.pair"} {
+		if got, other, err := waiter.TryAcquire(ctx, key, me); err != nil || got != nil || other == nil {
+			t.Fatalf("%s: took %v, other %v, %v; want it held", key, got != nil, other, err)
+		}
+	}
+
+	if err := srv.LimitAccountStore(1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(ttl + 1500*time.Millisecond) // both lapse, the renewals refused
+	for _, key := range []string{"run.fuse", "run.pair"} {
+		if _, _, err := waiter.TryAcquire(ctx, key, me); !StoreFull(err) {
+			t.Fatalf("%s on a full store: %v; want it refused as a full store refuses it", key, err)
+		}
+	}
+	if _, _, err := fresh.TryAcquire(ctx, "run.route", NewHolder()); !StoreFull(err) {
+		t.Fatalf("run.route on a full store: %v; want it refused as a full store refuses it", err)
+	}
+	if err := srv.LimitAccountStore(srv.StoreLimit()); err != nil {
+		t.Fatal(err)
+	}
+
+	got, other, err := waiter.TryAcquire(ctx, "run.fuse", me)
+	switch {
+	case err != nil:
+		t.Fatal(err)
+	case got != nil:
+		t.Fatal("the waiting process took the lease as room came back, its holder alive")
+	case other.ID != le.Holder().ID:
+		t.Fatalf("the lease is said to be held by %s; want its holder", other)
+	}
+	got, other, err = waiter.TryAcquire(ctx, "run.pair", me)
+	if err != nil || got != nil || other.ID != gone.Holder().ID || !strings.Contains(other.String(), "lapsed while the NATS store was full") {
+		t.Fatalf("a lapsed lease whose holder is gone: took %v, held by %v, %v; want it left to that holder for the TTL, saying why", got != nil, other, err)
+	}
+	if got, _, err := fresh.TryAcquire(ctx, "run.route", NewHolder()); err != nil || got == nil {
+		t.Fatalf("a process that never saw run.route held: took %v, %v; want it taken at once", got != nil, err)
+	}
+
+	waited, stop := context.WithTimeout(ctx, ttl+2*time.Second)
+	defer stop()
+	if err := waiter.Wait(waited, "run.pair"); err != nil {
+		t.Fatalf("waiting for the lease whose holder is gone: %v; want it free within the TTL", err)
+	}
+	if got, other, err := waiter.TryAcquire(ctx, "run.pair", me); err != nil || got == nil {
+		t.Fatalf("the lease whose holder is gone, after the TTL: held by %v, %v; want it taken", other, err)
+	}
+	if h, _, err := holder.Held(ctx, "run.fuse"); err != nil || h == nil || h.ID != le.Holder().ID {
+		t.Fatalf("run.fuse is held by %v (%v); want its holder, which wrote it again", h, err)
+	}
+	select {
+	case <-le.Lost():
+		t.Fatalf("the holder lost its lease: %v", le.Err())
+	default:
+	}
+}
