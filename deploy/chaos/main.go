@@ -28,6 +28,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -72,7 +73,11 @@ type options struct {
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "trainer" {
-		if err := trainerMain(os.Args[2:]); err != nil {
+		err := trainerMain(os.Args[2:])
+		switch {
+		case errors.Is(err, context.Canceled): // SIGTERM, SIGINT: a stop, not a failure
+			fmt.Println("trainer: stopped")
+		case err != nil:
 			fmt.Fprintln(os.Stderr, "trainer:", err)
 			os.Exit(1)
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -143,11 +144,22 @@ func trainerMain(args []string) error {
 			return err
 		}
 	}
-	next := int64(0)
-	if s, ok, err := r.lastStep(ctx, schemas.KindStep); err != nil {
+	// Asked as the cluster elects the stream's leader, the last step went
+	// unanswered, and the trainer ended at its first start (seed 39).
+	type last struct {
+		step int64
+		ok   bool
+	}
+	newest, err := askAgain(ctx, "reading the last step", func() (last, error) {
+		step, ok, err := r.lastStep(ctx, schemas.KindStep)
+		return last{step, ok}, err
+	})
+	if err != nil {
 		return err
-	} else if ok {
-		next = s + 1
+	}
+	next := int64(0)
+	if newest.ok {
+		next = newest.step + 1
 	}
 	var gw *gateways
 	if *gatewayURLs != "" {
@@ -160,19 +172,8 @@ func trainerMain(args []string) error {
 	// the newest update is not the newest step's when a step held back (a
 	// late anchor group) is fused after later ones.
 	fused := func() (int64, error) {
-		for {
-			n, err := r.count(ctx, schemas.KindUpdate)
-			switch {
-			case err == nil:
-				return int64(n), nil
-			case ctx.Err() != nil:
-				return 0, ctx.Err()
-			}
-			fmt.Printf("counting the updates: %v; trying again\n", err)
-			if err := sleepCtx(ctx, time.Second); err != nil {
-				return 0, err
-			}
-		}
+		n, err := askAgain(ctx, "counting the updates", func() (uint64, error) { return r.count(ctx, schemas.KindUpdate) })
+		return int64(n), err
 	}
 	for step := next; step < *steps; step++ {
 		for {
@@ -239,6 +240,23 @@ func trainerMain(args []string) error {
 		}
 		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
 			return err
+		}
+	}
+}
+
+// askAgain calls ask until it answers, saying why each time it did not and
+// asking again a second later, or until ctx ends: a server that does not
+// answer (it restarts, or its cluster elects a leader) is waited out, as a
+// trainer waits for its rewards.
+func askAgain[T any](ctx context.Context, what string, ask func() (T, error)) (T, error) {
+	for {
+		v, err := ask()
+		if err == nil || ctx.Err() != nil {
+			return v, cmp.Or(ctx.Err(), err)
+		}
+		fmt.Printf("%s: %v; trying again\n", what, err)
+		if err := sleepCtx(ctx, time.Second); err != nil {
+			return v, err
 		}
 	}
 }
