@@ -382,7 +382,11 @@ func TestALeaseThatLapsedWhileTheStoreWasFullStaysItsHolders(t *testing.T) {
 	if err := srv.LimitAccountStore(1); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(ttl + 1500*time.Millisecond) // both lapse, the renewals refused
+	waitUntil(t, ctx, func() bool { // both lapse, the renewals refused
+		fuse, _, err1 := waiter.Held(ctx, "run.fuse")
+		pair, _, err2 := waiter.Held(ctx, "run.pair")
+		return fuse == nil && pair == nil && err1 == nil && err2 == nil
+	})
 	for _, key := range []string{"run.fuse", "run.pair"} {
 		if _, _, err := waiter.TryAcquire(ctx, key, me); !StoreFull(err) {
 			t.Fatalf("%s on a full store: %v; want it refused as a full store refuses it", key, err)
