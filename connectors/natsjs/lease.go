@@ -33,14 +33,6 @@ type Leases struct {
 	seen map[string]seenHolder
 }
 
-// seenHolder is a lease's holder as a process waiting for it last saw it.
-type seenHolder struct {
-	h Holder
-	// fullAt is when this process's last take of the lease was refused
-	// for a full store, the lease having lapsed (zero: none was).
-	fullAt time.Time
-}
-
 // Holder says who holds a lease. ID tells apart two leases taken on one
 // host, or by one process (a restart in place).
 type Holder struct {
@@ -79,27 +71,6 @@ func (h Holder) String() string {
 	return s
 }
 
-// remadeKey marks a lease bucket that a holder made anew after it was
-// deleted. Until the mark ages out, TTL after, a lease missing from the
-// bucket may still be held: each holder writes its own again at its next
-// renewal, and until then another process must not take it. Without the
-// mark, a standby of one stage took its lease as soon as the holder of
-// another stage had made the bucket anew, and the stage's holder stopped
-// at its next renewal, its lease lost (a rehearsal, seed 30).
-const remadeKey = "_remade"
-
-// remadeID is the ID of the mark's Holder: who made the bucket anew.
-const remadeID = "remade"
-
-// backID is the ID of the Holder of a lease missing from a bucket that
-// this process read as gone and then back, within the TTL: as under the
-// mark, whoever held it writes it again. The mark is written once the
-// bucket is made anew, so a process that read in between found neither
-// lease nor mark, and took the lease from a living holder (a rehearsal on
-// a cluster, seed 34, where the bucket took seconds to make, with a node
-// just restarted); a process that waited through the deletion knows.
-const backID = "back"
-
 // ErrLeaseLost: the lease passed to another holder.
 var ErrLeaseLost = errors.New("natsjs: lease lost")
 
@@ -121,29 +92,6 @@ func OpenLeases(ctx context.Context, js jetstream.JetStream, bucket string, repl
 	l := &Leases{b: b, ttl: ttl, poll: min(ttl/4, time.Second)}
 	b.marked = l.writeMark
 	return l, nil
-}
-
-// writeMark writes remadeKey into the bucket just made anew, if this
-// process holds leases: a process that waited for one makes the bucket
-// anew only once it has been gone for the TTL, when no holder is left.
-func (l *Leases) writeMark(ctx context.Context) {
-	if l.holding.Load() == 0 {
-		return
-	}
-	l.MarkRemade(ctx)
-}
-
-// MarkRemade marks the bucket as made anew, as its holder does, for a
-// process that made it as it started, while other processes of the run
-// were running: their leases are missing from it until they write them
-// again. This process's own waiters leave missing leases to their holders
-// whether or not the mark is written.
-func (l *Leases) MarkRemade(ctx context.Context) {
-	l.b.backAt.Store(time.Now().UnixNano())
-	h := NewHolder()
-	h.ID = remadeID
-	value, _ := json.Marshal(h)
-	_, _ = l.b.kv.Put(ctx, remadeKey, value) // unwritten, the leases are as free to others as before the mark
 }
 
 // TTL is how long a lease outlives its last renewal.
@@ -238,65 +186,6 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 	}
 }
 
-// saw notes h holding key, as a process waiting for it read it.
-func (l *Leases) saw(key string, h Holder) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.seen == nil {
-		l.seen = map[string]seenHolder{}
-	}
-	l.seen[key] = seenHolder{h: h}
-}
-
-// refusedFull notes a take of key refused for a full store: if this
-// process saw another hold it, its holder could not renew it either, and
-// the lease lapsed under it.
-func (l *Leases) refusedFull(key string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if s, ok := l.seen[key]; ok {
-		s.fullAt = time.Now()
-		l.seen[key] = s
-	}
-}
-
-// lapsedHolder is who still holds key, missing from the bucket, for the
-// TTL after this process's take of it was refused for a full store: the
-// holder it saw before, which could not renew the lease while the store
-// was full and writes it again once there is room (its refused renewals
-// are tried again every quarter of the poll). Without it, a process
-// waiting for a stage took it as room came back, if it asked first, and
-// the stage's holder stopped ("lease lost"). A process that never saw
-// the lease held (one started on the full store) takes it at once.
-func (l *Leases) lapsedHolder(key string) *Holder {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	s, ok := l.seen[key]
-	if !ok || s.fullAt.IsZero() || time.Since(s.fullAt) >= l.ttl {
-		return nil
-	}
-	h := s.h
-	h.lapsedFull = s.fullAt.UTC()
-	return &h
-}
-
-// backHolder is who holds a lease missing from the bucket while it is
-// back within the TTL (nil: it is not).
-func (l *Leases) backHolder() *Holder {
-	at := l.b.back(l.ttl)
-	if at.IsZero() {
-		return nil
-	}
-	return &Holder{Host: "?", Since: at.UTC(), ID: backID}
-}
-
-// markOf is the bucket's mark of being made anew while it lasts, its
-// Holder naming who made it (nil: no mark). remakeAfter is entry's.
-func (l *Leases) markOf(ctx context.Context, remakeAfter time.Duration) (*Holder, error) {
-	h, _, err := l.entry(ctx, remadeKey, remakeAfter)
-	return h, err
-}
-
 // takeTries bounds how often take asks again when the create is refused
 // as the key exists and the read finds it free: on a cluster the read may
 // be a follower's (a key-value bucket allows direct gets), a moment behind
@@ -344,13 +233,6 @@ func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) 
 		return 0, h, nil
 	}
 	return 0, nil, fmt.Errorf("natsjs: lease %s: the server refused to create it as it exists, and read it back as free, %d times in a row", key, takeTries)
-}
-
-// taken forgets what this process saw of key's holders: it holds it.
-func (l *Leases) taken(key string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	delete(l.seen, key)
 }
 
 // wrongLastSeq: a write at a revision the key is no longer at (10071, or
@@ -411,133 +293,4 @@ func (l *Leases) Free(ctx context.Context, key string) error {
 		return fmt.Errorf("natsjs: free lease %s: %w", key, err)
 	}
 	return nil
-}
-
-// Lease is a key held: renewed every TTL/6 until Release, or until it is
-// lost.
-type Lease struct {
-	l     *Leases
-	key   string
-	me    Holder
-	value []byte
-
-	mu   sync.Mutex
-	rev  uint64
-	err  error
-	lost chan struct{}
-	stop context.CancelFunc // ends the renewals, one under way too
-	done chan struct{}
-}
-
-// Lost is closed once the lease is lost; Err says why.
-func (le *Lease) Lost() <-chan struct{} { return le.lost }
-
-// Err is why the lease was lost (nil while held).
-func (le *Lease) Err() error {
-	le.mu.Lock()
-	defer le.mu.Unlock()
-	return le.err
-}
-
-// Holder is who holds the lease: this process.
-func (le *Lease) Holder() Holder { return le.me }
-
-// renew keeps the lease until Release or its loss. A renewal the server
-// cannot answer is tried again at the next tick, however long that takes:
-// a holder that cannot reach the server cannot take messages from it
-// either, and once it can again, its renewal finds the lease still its
-// own, or lapsed and free (and takes it again), or taken by another
-// process after the TTL, and only then is it lost. A server restarted
-// after an outage longer than the TTL thus hands the lease to a process
-// waiting for it, if there is one; the holder stops at its next renewal.
-//
-// A renewal that failed is tried again after a quarter of the waiters'
-// poll, not a sixth of the TTL: a full store refuses every renewal, the
-// lease lapses after its TTL, and once room is made the holder and a
-// waiting process race to write it. At the renewals' pace the waiter won
-// most stages (4 of 5 in a rehearsal), and each holder stopped.
-func (le *Lease) renew(stop context.Context) {
-	defer close(le.done)
-	defer le.l.holding.Add(-1)
-	every := le.l.ttl / 6
-	wait := every
-	for {
-		select {
-		case <-stop.Done():
-			return
-		case <-time.After(wait):
-		}
-		err := le.renewOnce(stop, every)
-		if errors.Is(err, ErrLeaseLost) && stop.Err() == nil {
-			le.lose(err)
-			return
-		}
-		wait = every
-		if err != nil {
-			wait = min(every, le.l.poll/4)
-		}
-	}
-}
-
-// renewOnce writes the lease again at its revision. Written since by
-// someone else, it is lost; lapsed or deleted meanwhile, or its bucket
-// deleted and made anew, it is taken again if nobody else has; written by
-// a renewal whose reply was lost, it is still held. Each request has
-// within to answer, and stop ends them.
-func (le *Lease) renewOnce(stop context.Context, within time.Duration) error {
-	le.mu.Lock()
-	rev := le.rev
-	le.mu.Unlock()
-	ctx, cancel := context.WithTimeout(stop, within)
-	next, err := le.l.b.kv.Update(ctx, le.key, le.value, rev)
-	cancel()
-	if wrongLastSeq(err) || errors.Is(err, jetstream.ErrKeyNotFound) || le.l.b.lost(stop, bucketGoneAgain, err) {
-		ctx, cancel := context.WithTimeout(stop, within)
-		defer cancel()
-		var other *Holder
-		next, other, err = le.l.take(ctx, le.key, le.me, le.value)
-		if err == nil && other != nil {
-			return fmt.Errorf("%w: %s is held by %s", ErrLeaseLost, le.key, other)
-		}
-	}
-	if err != nil {
-		return err
-	}
-	le.mu.Lock()
-	le.rev = next
-	le.mu.Unlock()
-	return nil
-}
-
-func (le *Lease) lose(err error) {
-	le.mu.Lock()
-	le.err = err
-	le.mu.Unlock()
-	close(le.lost)
-}
-
-// Release stops renewing and frees the lease, unless it was lost: the next
-// process waiting for it takes it at once.
-func (le *Lease) Release(ctx context.Context) error {
-	le.Abandon()
-	if le.Err() != nil {
-		return nil
-	}
-	le.mu.Lock()
-	rev := le.rev
-	le.mu.Unlock()
-	err := le.l.b.do(ctx, 0, func(ctx context.Context) error {
-		return le.l.b.kv.Delete(ctx, le.key, jetstream.LastRevision(rev))
-	})
-	if err != nil && !wrongLastSeq(err) { // another holds it now: theirs to free
-		return fmt.Errorf("natsjs: release lease %s: %w", le.key, err)
-	}
-	return nil
-}
-
-// Abandon stops renewing without freeing the lease, which lapses TTL
-// after its last renewal: for a holder that cannot reach the server.
-func (le *Lease) Abandon() {
-	le.stop()
-	<-le.done
 }

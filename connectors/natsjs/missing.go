@@ -1,0 +1,130 @@
+package natsjs
+
+// A lease missing from its bucket may still be held: the bucket was
+// deleted and made anew, or the lease lapsed while the store was full,
+// and its holder writes it again within the TTL. What a process knows of
+// such a holder is here; until the TTL is out, it leaves the lease to it.
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// seenHolder is a lease's holder as a process waiting for it last saw it.
+type seenHolder struct {
+	h Holder
+	// fullAt is when this process's last take of the lease was refused
+	// for a full store, the lease having lapsed (zero: none was).
+	fullAt time.Time
+}
+
+// remadeKey marks a lease bucket that a holder made anew after it was
+// deleted. Until the mark ages out, TTL after, a lease missing from the
+// bucket may still be held: each holder writes its own again at its next
+// renewal, and until then another process must not take it. Without the
+// mark, a standby of one stage took its lease as soon as the holder of
+// another stage had made the bucket anew, and the stage's holder stopped
+// at its next renewal, its lease lost (a rehearsal, seed 30).
+const remadeKey = "_remade"
+
+// remadeID is the ID of the mark's Holder: who made the bucket anew.
+const remadeID = "remade"
+
+// backID is the ID of the Holder of a lease missing from a bucket that
+// this process read as gone and then back, within the TTL: as under the
+// mark, whoever held it writes it again. The mark is written once the
+// bucket is made anew, so a process that read in between found neither
+// lease nor mark, and took the lease from a living holder (a rehearsal on
+// a cluster, seed 34, where the bucket took seconds to make, with a node
+// just restarted); a process that waited through the deletion knows.
+const backID = "back"
+
+// writeMark writes remadeKey into the bucket just made anew, if this
+// process holds leases: a process that waited for one makes the bucket
+// anew only once it has been gone for the TTL, when no holder is left.
+func (l *Leases) writeMark(ctx context.Context) {
+	if l.holding.Load() == 0 {
+		return
+	}
+	l.MarkRemade(ctx)
+}
+
+// MarkRemade marks the bucket as made anew, as its holder does, for a
+// process that made it as it started, while other processes of the run
+// were running: their leases are missing from it until they write them
+// again. This process's own waiters leave missing leases to their holders
+// whether or not the mark is written.
+func (l *Leases) MarkRemade(ctx context.Context) {
+	l.b.backAt.Store(time.Now().UnixNano())
+	h := NewHolder()
+	h.ID = remadeID
+	value, _ := json.Marshal(h)
+	_, _ = l.b.kv.Put(ctx, remadeKey, value) // unwritten, the leases are as free to others as before the mark
+}
+
+// saw notes h holding key, as a process waiting for it read it.
+func (l *Leases) saw(key string, h Holder) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen == nil {
+		l.seen = map[string]seenHolder{}
+	}
+	l.seen[key] = seenHolder{h: h}
+}
+
+// refusedFull notes a take of key refused for a full store: if this
+// process saw another hold it, its holder could not renew it either, and
+// the lease lapsed under it.
+func (l *Leases) refusedFull(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s, ok := l.seen[key]; ok {
+		s.fullAt = time.Now()
+		l.seen[key] = s
+	}
+}
+
+// lapsedHolder is who still holds key, missing from the bucket, for the
+// TTL after this process's take of it was refused for a full store: the
+// holder it saw before, which could not renew the lease while the store
+// was full and writes it again once there is room (its refused renewals
+// are tried again every quarter of the poll). Without it, a process
+// waiting for a stage took it as room came back, if it asked first, and
+// the stage's holder stopped ("lease lost"). A process that never saw
+// the lease held (one started on the full store) takes it at once.
+func (l *Leases) lapsedHolder(key string) *Holder {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, ok := l.seen[key]
+	if !ok || s.fullAt.IsZero() || time.Since(s.fullAt) >= l.ttl {
+		return nil
+	}
+	h := s.h
+	h.lapsedFull = s.fullAt.UTC()
+	return &h
+}
+
+// backHolder is who holds a lease missing from the bucket while it is
+// back within the TTL (nil: it is not).
+func (l *Leases) backHolder() *Holder {
+	at := l.b.back(l.ttl)
+	if at.IsZero() {
+		return nil
+	}
+	return &Holder{Host: "?", Since: at.UTC(), ID: backID}
+}
+
+// markOf is the bucket's mark of being made anew while it lasts, its
+// Holder naming who made it (nil: no mark). remakeAfter is entry's.
+func (l *Leases) markOf(ctx context.Context, remakeAfter time.Duration) (*Holder, error) {
+	h, _, err := l.entry(ctx, remadeKey, remakeAfter)
+	return h, err
+}
+
+// taken forgets what this process saw of key's holders: it holds it.
+func (l *Leases) taken(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.seen, key)
+}
