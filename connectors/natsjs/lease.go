@@ -194,7 +194,8 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 const takeTries = 10
 
 // take creates key for me. It returns the revision me holds it at, or who
-// else holds it. A create whose reply was lost finds me as the holder.
+// else holds it, or, for a lease nobody holds, the full store's refusal.
+// A create whose reply was lost finds me as the holder.
 func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) (uint64, *Holder, error) {
 	for try := range takeTries {
 		if try > 0 {
@@ -213,16 +214,19 @@ func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) 
 			l.taken(key)
 			return rev, nil, nil
 		}
-		if StoreFull(err) {
-			l.refusedFull(key)
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !wrongLastSeq(err) {
+		// A cluster refuses a write to a full store before it looks at the
+		// key, so a create may be refused for that while the lease is held.
+		full := StoreFull(err)
+		if !full && !errors.Is(err, jetstream.ErrKeyExists) && !wrongLastSeq(err) {
 			return 0, nil, fmt.Errorf("natsjs: lease %s: %w", key, err)
 		}
-		h, e, err := l.entry(ctx, key, bucketGoneAgain)
+		h, e, rerr := l.entry(ctx, key, bucketGoneAgain)
 		switch {
-		case err != nil:
-			return 0, nil, err
+		case rerr != nil:
+			return 0, nil, rerr
+		case h == nil && full:
+			l.refusedFull(key)
+			return 0, nil, fmt.Errorf("natsjs: lease %s: %w", key, err)
 		case h == nil: // lapsed or released since: ask again
 			continue
 		case h.ID == me.ID:

@@ -433,3 +433,53 @@ func TestALeaseThatLapsedWhileTheStoreWasFullStaysItsHolders(t *testing.T) {
 	default:
 	}
 }
+
+// fullClusterKV refuses every create while full is set as a cluster whose
+// account is at its store limit does: for the full store, before it looks
+// at the key (a single server answers that the key exists first).
+type fullClusterKV struct {
+	jetstream.KeyValue
+	full bool
+}
+
+func (f *fullClusterKV) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	if f.full {
+		return 0, &jetstream.APIError{Code: 400, ErrorCode: errAccountExceeded, Description: "resource limits exceeded for account"}
+	}
+	return f.KeyValue.Create(ctx, key, value, opts...)
+}
+
+// A process that starts on a cluster's full store, its lease held, hears
+// who holds it, rather than only that the store is full; and so, once the
+// lease has lapsed on the full store, it leaves it to that holder as a
+// standby that saw it does.
+func TestAProcessStartedOnAFullClusterHearsWhoHoldsItsLease(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ls := leases(t, ctx, 4*time.Second, 2)
+	first, err := ls[0].Acquire(ctx, "run.fuse", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := &fullClusterKV{KeyValue: ls[1].b.kv, full: true}
+	started := &Leases{b: &kvBucket{kv: kv}, ttl: ls[1].ttl, poll: ls[1].poll}
+	me := NewHolder()
+	le, other, err := started.TryAcquire(ctx, "run.fuse", me)
+	if err != nil || le != nil || other == nil || other.ID != first.Holder().ID {
+		t.Fatalf("TryAcquire on a full cluster, the lease held: lease %v, holder %v, error %v; want its holder", le != nil, other, err)
+	}
+
+	first.Abandon() // its renewals refused too: it lapses
+	waitUntil(t, ctx, func() bool {
+		h, _, err := started.Held(ctx, "run.fuse")
+		return h == nil && err == nil
+	})
+	if _, _, err := started.TryAcquire(ctx, "run.fuse", me); !StoreFull(err) {
+		t.Fatalf("TryAcquire of the lapsed lease on a full cluster: %v; want the full store's refusal", err)
+	}
+	kv.full = false // room again
+	le, other, err = started.TryAcquire(ctx, "run.fuse", me)
+	if err != nil || le != nil || other == nil || other.ID != first.Holder().ID {
+		t.Fatalf("TryAcquire once there is room: lease %v, holder %v, error %v; want it left to the holder it saw, for the TTL", le != nil, other, err)
+	}
+}

@@ -92,7 +92,7 @@ func (l *Leases) refusedFull(key string) {
 // are tried again every quarter of the poll). Without it, a process
 // waiting for a stage took it as room came back, if it asked first, and
 // the stage's holder stopped ("lease lost"). A process that never saw
-// the lease held (one started on the full store) takes it at once.
+// the lease held (one started after it lapsed) takes it at once.
 func (l *Leases) lapsedHolder(key string) *Holder {
 	l.mu.Lock()
 	defer l.mu.Unlock()
