@@ -26,13 +26,18 @@ func StateBucket(prefix string) string {
 // checkpointKey is a stage's checkpoint key for the run.
 func checkpointKey(run, stage string) string { return run + "." + stage }
 
-// stateStore opens the prefix's checkpoint bucket, once per process.
+// stateStore opens the prefix's checkpoint bucket, once per process,
+// waiting out a full store (openWithRoom).
 func (p *Pipeline) stateStore(ctx context.Context) (*natsjs.StateStore, error) {
 	if p.state == nil {
-		st, err := natsjs.OpenStore(ctx, p.tr.js, natsjs.StoreConfig{
-			Bucket: StateBucket(p.cfg.Prefix), Description: "wmrl stage checkpoints",
-			Replicas: p.cfg.Replicas, // the stream's, resolved at connect
-			Remade:   p.bucketRemade(StateBucket(p.cfg.Prefix), "its stages' next checkpoints are written to it, and a restart before them rebuilds those stages from what the stream retains"),
+		var st *natsjs.StateStore
+		err := p.openWithRoom(ctx, "bucket "+StateBucket(p.cfg.Prefix), roomToMake, func(ctx context.Context) (err error) {
+			st, err = natsjs.OpenStore(ctx, p.tr.js, natsjs.StoreConfig{
+				Bucket: StateBucket(p.cfg.Prefix), Description: "wmrl stage checkpoints",
+				Replicas: p.cfg.Replicas, // the stream's, resolved at connect
+				Remade:   p.bucketRemade(StateBucket(p.cfg.Prefix), "its stages' next checkpoints are written to it, and a restart before them rebuilds those stages from what the stream retains"),
+			})
+			return err
 		})
 		if err != nil {
 			return nil, err
@@ -53,13 +58,13 @@ type storedCheckpoint[T any] struct {
 // loadCheckpoint reads stage's checkpoint for the run; ok is false when
 // there is none. One made from another stream is an error naming the key.
 // A bucket that does not answer yet (a fresh cluster) is waited for up to
-// StartupWait.
+// StartupWait, and a full store for as long as it lasts.
 func loadCheckpoint[T any](ctx context.Context, p *Pipeline, stage string) (store *natsjs.StateStore, cp T, ok bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartupWait)
-	defer cancel()
 	if store, err = p.stateStore(ctx); err != nil {
 		return nil, cp, false, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartupWait)
+	defer cancel()
 	var sc storedCheckpoint[T]
 	if ok, err = store.Load(ctx, checkpointKey(p.cfg.Run, stage), &sc); err != nil || !ok {
 		return store, cp, false, err

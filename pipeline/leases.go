@@ -63,14 +63,18 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 	if ttl == 0 {
 		ttl = LeaseTTL
 	}
-	open, cancel := context.WithTimeout(ctx, p.cfg.StartupWait)
-	var running []string
-	if p.tr.srv == nil { // the embedded server's store is this process's alone
-		running = p.runningWithoutLeases(open, LeaseBucket(p.cfg.Prefix))
-	}
-	ls, err := natsjs.OpenLeases(open, p.tr.js, LeaseBucket(p.cfg.Prefix), p.cfg.Replicas, ttl,
-		p.bucketRemade(LeaseBucket(p.cfg.Prefix), "the leases of the stages it runs are written to it again, so that the run keeps one process of each"))
-	cancel()
+	var (
+		running []string
+		ls      *natsjs.Leases
+	)
+	err := p.openWithRoom(ctx, "bucket "+LeaseBucket(p.cfg.Prefix), roomToMake, func(ctx context.Context) (err error) {
+		if p.tr.srv == nil { // the embedded server's store is this process's alone
+			running = p.runningWithoutLeases(ctx, LeaseBucket(p.cfg.Prefix))
+		}
+		ls, err = natsjs.OpenLeases(ctx, p.tr.js, LeaseBucket(p.cfg.Prefix), p.cfg.Replicas, ttl,
+			p.bucketRemade(LeaseBucket(p.cfg.Prefix), "the leases of the stages it runs are written to it again, so that the run keeps one process of each"))
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("pipeline: %w", err)
 	}

@@ -38,8 +38,6 @@ var _ execute.Outcomes = outcomeStore{}
 // openOutcomes opens the bucket with the stream's retention and replicas
 // (cfg's, as resolved at connect).
 func openOutcomes(ctx context.Context, js jetstream.JetStream, cfg Config, remade func(bucket string)) (outcomeStore, error) {
-	ctx, cancel := context.WithTimeout(ctx, cfg.StartupWait)
-	defer cancel()
 	st, err := natsjs.OpenStore(ctx, js, natsjs.StoreConfig{
 		Bucket: OutcomeBucket(cfg.Prefix), Description: "wmrl execution outcomes, kept as long as the groups they answer",
 		Replicas: cfg.Replicas, TTL: cfg.MaxAge, Remade: remade,
@@ -49,12 +47,16 @@ func openOutcomes(ctx context.Context, js jetstream.JetStream, cfg Config, remad
 
 // outcomes opens the run's outcome store once for the process: execute
 // keeps outcomes in it and archive reads late anchors' back, and a bucket
-// that does not answer is waited for (up to StartupWait) once, not by each.
+// that does not answer is waited for (up to StartupWait) once, not by each,
+// as is a full store that leaves no room to make it.
 func (p *Pipeline) outcomes(ctx context.Context) (outcomeStore, error) {
 	p.outcomesOnce.Do(func() {
 		remade := p.bucketRemade(OutcomeBucket(p.cfg.Prefix), "executions' outcomes are kept in it again. Those kept before are gone: an anchor group redelivered to another process "+
 			"is executed again, and a late anchor group's rows are archived without its execution's status and seconds")
-		p.outcomeStore, p.outcomesErr = openOutcomes(ctx, p.tr.js, p.cfg, remade)
+		p.outcomesErr = p.openWithRoom(ctx, "bucket "+OutcomeBucket(p.cfg.Prefix), roomToMake, func(ctx context.Context) (err error) {
+			p.outcomeStore, err = openOutcomes(ctx, p.tr.js, p.cfg, remade)
+			return err
+		})
 	})
 	return p.outcomeStore, p.outcomesErr
 }

@@ -63,8 +63,81 @@ func askForRoomOften(t *testing.T) {
 // take is a write the server refuses. Before, it ended at once ("lease
 // ...: insufficient resources"), and a rehearsal's supervisor restarted
 // every one of its stages in a loop until it gave up. The step sent
-// once it runs is fused whole.
+// once it runs is fused whole. So it does when its buckets (leases,
+// checkpoints, outcomes) were deleted before the store filled, and must
+// be made anew: it ended at once, "insufficient storage resources" (a
+// rehearsal, seed 41).
 func TestAProcessStartedOnAFullStoreWaitsForRoom(t *testing.T) {
+	for _, deleted := range []bool{false, true} {
+		t.Run(map[bool]string{false: "its buckets there", true: "its buckets deleted"}[deleted], func(t *testing.T) {
+			startOnAFullStore(t, deleted)
+		})
+	}
+}
+
+// An execute process started while its outcome bucket is gone and the
+// account is at its store limit waits for room to make the bucket anew,
+// saying so, where it ran without it ("outcomes are kept in this process
+// only") for as long as it lived.
+func TestAnExecuteProcessWaitsForRoomToMakeItsOutcomeBucket(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	askForRoomOften(t)
+	srv, _, js := startServer(t, ctx, natsjs.ServerConfig{MaxStore: 32 << 20})
+	cfg := testConfig(t)
+	cfg.NATSURL, cfg.Source = srv.URL(), SourceExternal
+	first, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	bucket := OutcomeBucket(cfg.Prefix)
+	if err := js.DeleteKeyValue(ctx, bucket); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.LimitAccountStore(0); err != nil {
+		t.Fatal(err)
+	}
+
+	var out syncBuffer
+	cfg.Quiet, cfg.Out, cfg.Stages = false, &out, []string{StageExecute}
+	started := make(chan error, 1)
+	go func() {
+		p, err := Start(ctx, cfg)
+		if err == nil {
+			t.Cleanup(func() { p.Stop() })
+		}
+		started <- err
+	}()
+	want := "bucket " + bucket + ": the NATS server has no room to store"
+	for !strings.Contains(out.String(), want) {
+		select {
+		case err := <-started:
+			t.Fatalf("the process did not wait for room to make %s: Start returned %v\n%s", bucket, err, out.String())
+		case <-ctx.Done():
+			t.Fatalf("the process did not say %q:\n%s", want, out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if err := srv.LimitAccountStore(srv.StoreLimit()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-started; err != nil {
+		t.Fatalf("once there was room: %v\n%s", err, out.String())
+	}
+	if _, err := js.KeyValue(ctx, bucket); err != nil {
+		t.Errorf("%s once there was room: %v; want it made anew", bucket, err)
+	}
+	if strings.Contains(out.String(), "running without it") {
+		t.Errorf("the process ran without its outcome bucket:\n%s", out.String())
+	}
+}
+
+// startOnAFullStore starts a process on a full store, its buckets deleted
+// first if deleted, and checks that it waits for room and then runs.
+func startOnAFullStore(t *testing.T, deleted bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	askForRoomOften(t)
@@ -78,9 +151,27 @@ func TestAProcessStartedOnAFullStoreWaitsForRoom(t *testing.T) {
 	if err := first.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	filler, refused := fillStore(t, ctx, js)
-	if !natsjs.StoreFull(refused) {
-		t.Fatalf("the full store refused with %v, which StoreFull does not know", refused)
+	buckets := []string{LeaseBucket(cfg.Prefix), StateBucket(cfg.Prefix), OutcomeBucket(cfg.Prefix)}
+	var room func() error
+	if deleted {
+		for _, b := range buckets {
+			if err := js.DeleteKeyValue(ctx, b); err != nil {
+				t.Fatalf("%s: %v", b, err)
+			}
+		}
+		// A server whose store is full still makes a bucket (it reserves
+		// nothing for one without a size); an account held at its limit,
+		// as the rehearsal's is, does not.
+		if err := srv.LimitAccountStore(0); err != nil {
+			t.Fatal(err)
+		}
+		room = func() error { return srv.LimitAccountStore(srv.StoreLimit()) }
+	} else {
+		filler, refused := fillStore(t, ctx, js)
+		if !natsjs.StoreFull(refused) {
+			t.Fatalf("the full store refused with %v, which StoreFull does not know", refused)
+		}
+		room = func() error { return js.DeleteStream(ctx, filler) }
 	}
 
 	var out syncBuffer
@@ -123,7 +214,7 @@ func TestAProcessStartedOnAFullStoreWaitsForRoom(t *testing.T) {
 		t.Fatalf("the process did not wait for room: Start returned %v\n%s", r.err, out.String())
 	case <-time.After(10 * roomWait):
 	}
-	if err := js.DeleteStream(ctx, filler); err != nil {
+	if err := room(); err != nil {
 		t.Fatal(err)
 	}
 	r := <-startedCh
@@ -131,6 +222,16 @@ func TestAProcessStartedOnAFullStoreWaitsForRoom(t *testing.T) {
 		t.Fatalf("once there was room: %v\n%s", r.err, out.String())
 	}
 	t.Cleanup(func() { r.p.Stop() })
+	if deleted {
+		for _, b := range buckets {
+			if _, err := js.KeyValue(ctx, b); err != nil {
+				t.Errorf("%s once there was room: %v; want it made anew", b, err)
+			}
+		}
+		if want := "bucket " + LeaseBucket(cfg.Prefix) + ": the NATS server has no room to store"; !strings.Contains(out.String(), want) {
+			t.Errorf("the process did not say which bucket it waited to make (%q):\n%s", want, out.String())
+		}
+	}
 
 	pol := sim.Policy{Run: cfg.Run, Tasks: 4, Groups: 3, GroupSize: 4}
 	trajs, wm := pol.Step(0)

@@ -129,6 +129,23 @@ func (r *roomWaiter) retry(ctx context.Context, op func() error) error {
 	}
 }
 
+// openWithRoom runs open, each attempt with StartupWait to answer, until
+// it succeeds or fails for another reason than a full store, which it
+// waits out, saying so as who, once a minute: a bucket deleted while the
+// store is full cannot be made anew, and a process starting then ended at
+// once, in a loop of restarts (a rehearsal, seed 41, its lease bucket).
+func (p *Pipeline) openWithRoom(ctx context.Context, who, waits string, open func(ctx context.Context) error) error {
+	full := roomWaiter{p: p, who: who, waits: waits}
+	return full.retry(ctx, func() error {
+		ctx, cancel := context.WithTimeout(ctx, p.cfg.StartupWait)
+		defer cancel()
+		return open(ctx)
+	})
+}
+
+// roomToMake is what a process waits for in openWithRoom.
+const roomToMake = "this process waits for room to make it (deleted while the store filled, or never made) before it starts its stages"
+
 // wait returns err unless it is a full store's; then it says so, at most
 // once a minute, and returns after roomWait, or with ctx's error.
 func (r *roomWaiter) wait(ctx context.Context, err error) error {
