@@ -47,8 +47,8 @@ func openOutcomes(ctx context.Context, js jetstream.JetStream, cfg Config, remad
 
 // outcomes opens the run's outcome store once for the process: execute
 // keeps outcomes in it and archive reads late anchors' back, and a bucket
-// that does not answer is waited for (up to StartupWait) once, not by each,
-// as is a full store that leaves no room to make it.
+// that does not answer is waited for (up to StartupWait) once, not by each;
+// a full store that leaves no room to make it, for as long as it lasts.
 func (p *Pipeline) outcomes(ctx context.Context) (outcomeStore, error) {
 	p.outcomesOnce.Do(func() {
 		remade := p.bucketRemade(OutcomeBucket(p.cfg.Prefix), "executions' outcomes are kept in it again. Those kept before are gone: an anchor group redelivered to another process "+

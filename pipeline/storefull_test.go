@@ -103,19 +103,12 @@ func TestAnExecuteProcessWaitsForRoomToMakeItsOutcomeBucket(t *testing.T) {
 
 	var out syncBuffer
 	cfg.Quiet, cfg.Out, cfg.Stages = false, &out, []string{StageExecute}
-	started := make(chan error, 1)
-	go func() {
-		p, err := Start(ctx, cfg)
-		if err == nil {
-			t.Cleanup(func() { p.Stop() })
-		}
-		started <- err
-	}()
+	started := startAside(ctx, cfg)
 	want := "bucket " + bucket + ": the NATS server has no room to store"
 	for !strings.Contains(out.String(), want) {
 		select {
-		case err := <-started:
-			t.Fatalf("the process did not wait for room to make %s: Start returned %v\n%s", bucket, err, out.String())
+		case r := <-started:
+			t.Fatalf("the process did not wait for room to make %s: Start returned %v\n%s", bucket, r.err, out.String())
 		case <-ctx.Done():
 			t.Fatalf("the process did not say %q:\n%s", want, out.String())
 		case <-time.After(20 * time.Millisecond):
@@ -124,15 +117,34 @@ func TestAnExecuteProcessWaitsForRoomToMakeItsOutcomeBucket(t *testing.T) {
 	if err := srv.LimitAccountStore(srv.StoreLimit()); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-started; err != nil {
-		t.Fatalf("once there was room: %v\n%s", err, out.String())
+	r := <-started
+	if r.err != nil {
+		t.Fatalf("once there was room: %v\n%s", r.err, out.String())
 	}
+	t.Cleanup(func() { r.p.Stop() })
 	if _, err := js.KeyValue(ctx, bucket); err != nil {
 		t.Errorf("%s once there was room: %v; want it made anew", bucket, err)
 	}
 	if strings.Contains(out.String(), "running without it") {
 		t.Errorf("the process ran without its outcome bucket:\n%s", out.String())
 	}
+}
+
+// startResult is what Start returned to startAside.
+type startResult struct {
+	p   *Pipeline
+	err error
+}
+
+// startAside runs Start in the background, for a test that watches what
+// the process says while it starts.
+func startAside(ctx context.Context, cfg Config) <-chan startResult {
+	ch := make(chan startResult, 1)
+	go func() {
+		p, err := Start(ctx, cfg)
+		ch <- startResult{p, err}
+	}()
+	return ch
 }
 
 // startOnAFullStore starts a process on a full store, its buckets deleted
@@ -179,15 +191,7 @@ func startOnAFullStore(t *testing.T, deleted bool) {
 	cfg.HTTPAddr = fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 	updates := make(chan schemas.Update, 1)
 	cfg.OnUpdate = func(u schemas.Update, _ time.Duration) { updates <- u }
-	type result struct {
-		p   *Pipeline
-		err error
-	}
-	startedCh := make(chan result, 1)
-	go func() {
-		p, err := Start(ctx, cfg)
-		startedCh <- result{p, err}
-	}()
+	startedCh := startAside(ctx, cfg)
 	waited := time.After(time.Minute)
 	for said := false; !said; said = strings.Contains(out.String(), "the NATS server has no room to store") {
 		select {
