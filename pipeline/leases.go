@@ -160,8 +160,13 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 // deleted makes it anew as on a run's first start; without this, it took
 // the stages whose holders had not written their leases again yet, and so
 // did standbys that had not read the bucket gone (a rehearsal, seed 36).
-// On an error it says nil: the start goes on as before.
+// On an error it says nil: the start goes on as before; so it does after
+// leaseCheckWait, as a request a cluster does not answer (a consumer list
+// asked while its nodes elect their leaders) held the caller until its
+// own deadline, and four processes ended on it (a rehearsal, seed 41).
 func (p *Pipeline) runningWithoutLeases(ctx context.Context, bucket string) []string {
+	ctx, cancel := context.WithTimeout(ctx, leaseCheckWait)
+	defer cancel()
 	if _, err := p.tr.js.KeyValue(ctx, bucket); !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil
 	}
@@ -192,6 +197,9 @@ func (p *Pipeline) runningWithoutLeases(ctx context.Context, bucket string) []st
 	}
 	return running
 }
+
+// leaseCheckWait bounds runningWithoutLeases.
+const leaseCheckWait = 5 * time.Second
 
 // tryLeases takes the leases of stages, in order, and keeps them all; at
 // the first another process holds, it frees those it took and names the

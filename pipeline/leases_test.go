@@ -476,3 +476,49 @@ func TestAProcessStartedWhileTheLeaseBucketIsGoneLeavesLiveStagesToTheirHolders(
 		t.Errorf("the second process's output lacks %q:\n%s", want, out.String())
 	}
 }
+
+// unansweredJS is a cluster in the moment it elects its leaders: the
+// lease bucket is not there yet, and a list of the stream's consumers is
+// not answered before the caller's deadline.
+type unansweredJS struct{ jetstream.JetStream }
+
+func (unansweredJS) KeyValue(context.Context, string) (jetstream.KeyValue, error) {
+	return nil, jetstream.ErrBucketNotFound
+}
+
+func (unansweredJS) Stream(context.Context, string) (jetstream.Stream, error) {
+	return unansweredStream{}, nil
+}
+
+type unansweredStream struct{ jetstream.Stream }
+
+func (unansweredStream) ListConsumers(ctx context.Context) jetstream.ConsumerInfoLister {
+	return &unansweredList{ctx: ctx}
+}
+
+type unansweredList struct{ ctx context.Context }
+
+func (l *unansweredList) Info() <-chan *jetstream.ConsumerInfo {
+	ch := make(chan *jetstream.ConsumerInfo)
+	go func() { <-l.ctx.Done(); close(ch) }()
+	return ch
+}
+
+func (l *unansweredList) Err() error { return l.ctx.Err() }
+
+// The start-up look for living readers of a run whose lease bucket is gone
+// gives up on a cluster that does not answer it, leaving the caller the
+// rest of its time to make the bucket: it held the caller until its
+// deadline, and four processes of a rehearsal (seed 41) ended at their
+// start, "bucket WMRL_LEASES_...: context deadline exceeded".
+func TestTheLookForLiveReadersGivesUpOnAClusterThatDoesNotAnswer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*leaseCheckWait)
+	defer cancel()
+	p := &Pipeline{cfg: testConfig(t), tr: &transport{js: unansweredJS{}, stream: "WMRL_TEST"}}
+	if running := p.runningWithoutLeases(ctx, LeaseBucket(p.cfg.Prefix)); running != nil {
+		t.Errorf("stages read elsewhere, from a list never answered: %v; want none", running)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the look for live readers held its caller until the caller's deadline")
+	}
+}
