@@ -28,8 +28,9 @@ type kvBucket struct {
 	kv  jetstream.KeyValue
 
 	// marked, if set, is called once the bucket is made anew, before
-	// cfg.Remade: what its user writes to it at once.
-	marked func(ctx context.Context)
+	// cfg.Remade: what its user writes to it at once. whileFull says that
+	// a remake of this process was refused for a full store meanwhile.
+	marked func(ctx context.Context, whileFull bool)
 
 	mu        sync.Mutex   // one check or remake at a time
 	goneSince atomic.Int64 // Unix ns of the first reading as gone since it was last there; 0 while it is
@@ -39,6 +40,9 @@ type kvBucket struct {
 	// remakeSent: this process asked to make the bucket anew and had no
 	// answer, or a refusal; the server may make it all the same.
 	remakeSent atomic.Bool
+	// remakeFull: such a refusal was for a full store, which refuses the
+	// bucket's other users too.
+	remakeFull atomic.Bool
 }
 
 // openBucket opens cfg's bucket, creating it if it does not exist.
@@ -98,6 +102,9 @@ func (b *kvBucket) lost(ctx context.Context, after time.Duration, err error) boo
 		// said the bucket was made anew): found there, it is this
 		// process's.
 		b.remakeSent.Store(true)
+		if StoreFull(err) {
+			b.remakeFull.Store(true)
+		}
 		return false
 	}
 	b.goneSince.Store(0)
@@ -112,7 +119,7 @@ func (b *kvBucket) remade(ctx context.Context) {
 	if b.marked != nil {
 		ctx, cancel := context.WithTimeout(ctx, requestAttempt)
 		defer cancel()
-		b.marked(ctx)
+		b.marked(ctx, b.remakeFull.Swap(false))
 	}
 	if b.cfg.Remade != nil {
 		b.cfg.Remade(b.cfg.Bucket)
@@ -132,6 +139,7 @@ func (b *kvBucket) there(ctx context.Context) {
 		b.remade(ctx)
 		return
 	}
+	b.remakeFull.Store(false)
 	b.backAt.Store(time.Now().UnixNano())
 }
 

@@ -344,3 +344,52 @@ func TestABucketMadeAnewThoughTheRequestFailedIsSaidAndMarked(t *testing.T) {
 		t.Errorf("the bucket was said made anew %d times; want once", n)
 	}
 }
+
+// A lease bucket deleted just before the store fills cannot be made anew
+// by its holder until there is room, nor by a waiter. A waiter whose
+// remake was refused for the full store, and which makes the bucket once
+// there is room, marks it as a holder would, and leaves the missing lease
+// to its holder: it took the stage from its living holder before, the
+// bucket having been gone for longer than the TTL (a rehearsal on a
+// cluster, seed 41).
+func TestAWaiterThatMakesTheBucketAfterAFullStoreLeavesLeasesToTheirHolders(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv := testServer(t, ctx)
+	ls := leasesOn(t, ctx, srv, 4*time.Second, 2)
+	holder, waiter := ls[0], ls[1]
+	a, me := NewHolder(), NewHolder()
+	le, err := holder.Acquire(ctx, "run.calibrate", a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, other, err := waiter.TryAcquire(ctx, "run.calibrate", me); err != nil || got != nil || other == nil {
+		t.Fatalf("took %v, other %v, %v; want it held", got != nil, other, err)
+	}
+	deleteBucket(t, ctx, srv, "TEST_LEASES")
+	if err := srv.LimitAccountStore(0); err != nil { // no room for a bucket either
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, func() bool { // the waiter asks to make it anew, refused
+		try, cancel := context.WithTimeout(ctx, time.Second) // it asks on while the bucket is gone
+		defer cancel()
+		_, _, _ = waiter.TryAcquire(try, "run.calibrate", me)
+		return waiter.b.remakeFull.Load()
+	})
+	if err := srv.LimitAccountStore(srv.StoreLimit()); err != nil {
+		t.Fatal(err)
+	}
+	got, other, err := waiter.TryAcquire(ctx, "run.calibrate", me)
+	if err != nil || got != nil || other == nil {
+		t.Fatalf("the waiter, as room came back: took %v, other %v, %v; want the lease left to its holder", got != nil, other, err)
+	}
+	waitUntil(t, ctx, func() bool {
+		h, _, err := waiter.Held(ctx, "run.calibrate")
+		return err == nil && h != nil && h.ID == a.ID
+	})
+	select {
+	case <-le.Lost():
+		t.Fatalf("the holder lost its lease: %v", le.Err())
+	default:
+	}
+}

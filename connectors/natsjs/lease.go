@@ -136,7 +136,7 @@ func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease,
 		mark = l.backHolder()
 	}
 	if mark == nil {
-		mark = l.lapsedHolder(key)
+		mark = l.lapsedHolder(ctx, key)
 	}
 	if mark != nil {
 		h, _, err := l.entry(ctx, key, bucketGoneAgain)
@@ -180,7 +180,7 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 		if h, err = l.markOf(ctx, l.ttl); err != nil {
 			return err
 		}
-		if h == nil && l.backHolder() == nil && l.lapsedHolder(key) == nil {
+		if h == nil && l.backHolder() == nil && l.lapsedHolder(ctx, key) == nil {
 			return nil
 		}
 	}

@@ -483,3 +483,56 @@ func TestAProcessStartedOnAFullClusterHearsWhoHoldsItsLease(t *testing.T) {
 		t.Fatalf("TryAcquire once there is room: lease %v, holder %v, error %v; want it left to the holder it saw, for the TTL", le != nil, other, err)
 	}
 }
+
+// A lease that lapsed on a store that stays full for longer than the TTL
+// after the waiter's refused take is still left to its holder: the waiter
+// leaves it while the store is full, and for the TTL after it finds room.
+// It left it for the TTL after its refused take before, and took it when
+// room came back just as that ran out (a rehearsal on a cluster, seed 41).
+func TestALeaseIsLeftToItsHolderForAsLongAsTheStoreIsFull(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv := testServer(t, ctx)
+	ttl := 4 * time.Second
+	ls := leasesOn(t, ctx, srv, ttl, 2)
+	holder, waiter := ls[0], ls[1]
+	le, err := holder.Acquire(ctx, "run.fuse", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	me := NewHolder()
+	if got, other, err := waiter.TryAcquire(ctx, "run.fuse", me); err != nil || got != nil || other == nil {
+		t.Fatalf("took %v, other %v, %v; want it held", got != nil, other, err)
+	}
+	if err := srv.LimitAccountStore(1); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, func() bool {
+		h, _, err := waiter.Held(ctx, "run.fuse")
+		return h == nil && err == nil
+	})
+	if _, _, err := waiter.TryAcquire(ctx, "run.fuse", me); !StoreFull(err) {
+		t.Fatalf("a take on a full store: %v; want it refused as a full store refuses it", err)
+	}
+	waited, stop := context.WithTimeout(ctx, ttl+2*time.Second) // the store full all along
+	defer stop()
+	if err := waiter.Wait(waited, "run.fuse"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("waiting, the store full for longer than the TTL: %v; want the lease left to its holder as long as it is full", err)
+	}
+	if err := srv.LimitAccountStore(srv.StoreLimit()); err != nil {
+		t.Fatal(err)
+	}
+	got, other, err := waiter.TryAcquire(ctx, "run.fuse", me)
+	if err != nil || got != nil || other == nil || other.ID != le.Holder().ID {
+		t.Fatalf("as room came back: took %v, held by %v, %v; want it left to its holder", got != nil, other, err)
+	}
+	waitUntil(t, ctx, func() bool {
+		h, _, err := waiter.Held(ctx, "run.fuse")
+		return err == nil && h != nil && h.ID == le.Holder().ID
+	})
+	select {
+	case <-le.Lost():
+		t.Fatalf("the holder lost its lease: %v", le.Err())
+	default:
+	}
+}

@@ -14,10 +14,22 @@ import (
 // seenHolder is a lease's holder as a process waiting for it last saw it.
 type seenHolder struct {
 	h Holder
-	// fullAt is when this process's last take of the lease was refused
-	// for a full store, the lease having lapsed (zero: none was).
+	// fullAt is when a write of this process (a take of the lease, the
+	// lease having lapsed, or a probe of roomKey) was last refused for a
+	// full store (zero: none was).
 	fullAt time.Time
+	// roomAt is when a probe first found room again since fullAt (zero:
+	// not yet).
+	roomAt time.Time
 }
+
+// roomKey is what a process leaving a lapsed lease to its holder writes,
+// each time it looks, to learn when the store has room again: from then
+// on the holder has the TTL to write its lease. A waiter that left it for
+// the TTL after its refused take took the stage if room came back just
+// as that ran out, before the holder's renewal (a rehearsal on a cluster,
+// seed 41).
+const roomKey = "_room"
 
 // remadeKey marks a lease bucket that a holder made anew after it was
 // deleted. Until the mark ages out, TTL after, a lease missing from the
@@ -42,9 +54,13 @@ const backID = "back"
 
 // writeMark writes remadeKey into the bucket just made anew, if this
 // process holds leases: a process that waited for one makes the bucket
-// anew only once it has been gone for the TTL, when no holder is left.
-func (l *Leases) writeMark(ctx context.Context) {
-	if l.holding.Load() == 0 {
+// anew only once it has been gone for the TTL, when no holder is left;
+// unless its remake was refused for a full store meanwhile (whileFull),
+// as the holders' were. The waiter made it first once there was room,
+// and took a stage from its living holder (a rehearsal on a cluster,
+// seed 41: the lease bucket deleted, and the store full 7 s later).
+func (l *Leases) writeMark(ctx context.Context, whileFull bool) {
+	if l.holding.Load() == 0 && !whileFull {
 		return
 	}
 	l.MarkRemade(ctx)
@@ -80,24 +96,51 @@ func (l *Leases) refusedFull(key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if s, ok := l.seen[key]; ok {
-		s.fullAt = time.Now()
+		s.fullAt, s.roomAt = time.Now(), time.Time{}
 		l.seen[key] = s
 	}
 }
 
-// lapsedHolder is who still holds key, missing from the bucket, for the
-// TTL after this process's take of it was refused for a full store: the
-// holder it saw before, which could not renew the lease while the store
-// was full and writes it again once there is room (its refused renewals
-// are tried again every quarter of the poll). Without it, a process
-// waiting for a stage took it as room came back, if it asked first, and
-// the stage's holder stopped ("lease lost"). A process that never saw
-// the lease held (one started after it lapsed) takes it at once.
-func (l *Leases) lapsedHolder(key string) *Holder {
+// lapsedHolder is who still holds key, missing from the bucket, after
+// this process's take of it was refused for a full store: the holder it
+// saw before, which could not renew the lease while the store was full
+// and writes it again once there is room (its refused renewals are tried
+// again every quarter of the poll). It holds it while the store stays
+// full, as a write of roomKey here finds each time it is asked, and for
+// the TTL after room is found (or after the last refusal, if no write is
+// answered either way). Without it, a process waiting for a stage took it
+// as room came back, if it asked first, and the stage's holder stopped
+// ("lease lost"). A process that never saw the lease held (one started
+// after it lapsed) takes it at once.
+func (l *Leases) lapsedHolder(ctx context.Context, key string) *Holder {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	s, ok := l.seen[key]
-	if !ok || s.fullAt.IsZero() || time.Since(s.fullAt) >= l.ttl {
+	l.mu.Unlock()
+	if !ok || s.fullAt.IsZero() {
+		return nil
+	}
+	if s.roomAt.IsZero() {
+		ctx, cancel := context.WithTimeout(ctx, requestAttempt)
+		_, err := l.b.kv.Put(ctx, roomKey, nil)
+		cancel()
+		l.mu.Lock()
+		// Unless a reading of the lease since (saw) or a take ended it.
+		if cur, ok := l.seen[key]; ok && !cur.fullAt.IsZero() && cur.roomAt.IsZero() {
+			switch {
+			case err == nil:
+				cur.roomAt = time.Now()
+			case StoreFull(err):
+				cur.fullAt = time.Now()
+			}
+			l.seen[key], s = cur, cur
+		}
+		l.mu.Unlock()
+	}
+	since := s.fullAt
+	if !s.roomAt.IsZero() {
+		since = s.roomAt
+	}
+	if time.Since(since) >= l.ttl {
 		return nil
 	}
 	h := s.h
