@@ -169,12 +169,15 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 			return ctx.Err()
 		case <-time.After(l.poll):
 		}
-		h, _, err := l.entry(ctx, key, l.ttl)
+		h, e, err := l.entry(ctx, key, l.ttl)
 		if err != nil {
 			return err
 		}
 		if h != nil {
-			l.saw(key, *h)
+			l.saw(key, *h, e.Revision())
+			if l.overdue(key) {
+				l.probeRoom(ctx, key)
+			}
 			continue
 		}
 		if h, err = l.markOf(ctx, l.ttl); err != nil {
@@ -233,7 +236,7 @@ func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) 
 			l.taken(key)
 			return e.Revision(), nil, nil
 		}
-		l.saw(key, *h)
+		l.saw(key, *h, e.Revision())
 		return 0, h, nil
 	}
 	return 0, nil, fmt.Errorf("natsjs: lease %s: the server refused to create it as it exists, and read it back as free, %d times in a row", key, takeTries)

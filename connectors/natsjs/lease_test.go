@@ -536,3 +536,56 @@ func TestALeaseIsLeftToItsHolderForAsLongAsTheStoreIsFull(t *testing.T) {
 	default:
 	}
 }
+
+// A process waiting for a lease whose holder's renewals stop while the
+// store is full knows the lease lapsed for that, before it has tried to
+// take it: it leaves it to its holder, which writes it again once there
+// is room. It waited for the lapse and took the lease if room came back
+// first (a rehearsal on a cluster, seed 41: the store full for 31 s, the
+// lease lapsing as room came back).
+func TestAWaiterKnowsALeaseLapsedOnAFullStoreBeforeItTakesIt(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv := testServer(t, ctx)
+	ttl := 4 * time.Second
+	ls := leasesOn(t, ctx, srv, ttl, 2)
+	holder, waiter := ls[0], ls[1]
+	le, err := holder.Acquire(ctx, "run.fuse", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, other, err := waiter.TryAcquire(ctx, "run.fuse", NewHolder()); err != nil || got != nil || other == nil {
+		t.Fatalf("took %v, other %v, %v; want it held", got != nil, other, err)
+	}
+	waiting, stop := context.WithCancel(ctx)
+	defer stop()
+	waited := make(chan error, 1)
+	go func() { waited <- waiter.Wait(waiting, "run.fuse") }()
+
+	if err := srv.LimitAccountStore(1); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, func() bool { // lapsed, the renewals refused
+		h, _, err := holder.Held(ctx, "run.fuse")
+		return h == nil && err == nil
+	})
+	select {
+	case err := <-waited:
+		t.Fatalf("the waiter's wait ended (%v) as the lease lapsed on the full store; want it left to its holder", err)
+	case <-time.After(2 * time.Second): // the waiter looks twice
+	}
+	if err := srv.LimitAccountStore(srv.StoreLimit()); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, func() bool {
+		h, _, err := holder.Held(ctx, "run.fuse")
+		return err == nil && h != nil && h.ID == le.Holder().ID
+	})
+	select {
+	case err := <-waited:
+		t.Fatalf("the waiter's wait ended (%v) as room came back; want it left to its holder", err)
+	case <-le.Lost():
+		t.Fatalf("the holder lost its lease: %v", le.Err())
+	default:
+	}
+}

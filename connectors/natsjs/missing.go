@@ -14,6 +14,10 @@ import (
 // seenHolder is a lease's holder as a process waiting for it last saw it.
 type seenHolder struct {
 	h Holder
+	// rev is the lease's revision as last read, first read at revAt (this
+	// process's clock): a holder renews it every TTL/6.
+	rev   uint64
+	revAt time.Time
 	// fullAt is when a write of this process (a take of the lease, the
 	// lease having lapsed, or a probe of roomKey) was last refused for a
 	// full store (zero: none was).
@@ -79,14 +83,55 @@ func (l *Leases) MarkRemade(ctx context.Context) {
 	_, _ = l.b.kv.Put(ctx, remadeKey, value) // unwritten, the leases are as free to others as before the mark
 }
 
-// saw notes h holding key, as a process waiting for it read it.
-func (l *Leases) saw(key string, h Holder) {
+// saw notes h holding key at revision rev, as a process waiting for it
+// read it. A revision read before keeps what was learnt of the store
+// since; a new one (the holder renewed it) starts afresh.
+func (l *Leases) saw(key string, h Holder, rev uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.seen == nil {
 		l.seen = map[string]seenHolder{}
 	}
-	l.seen[key] = seenHolder{h: h}
+	if cur, ok := l.seen[key]; ok && cur.h.ID == h.ID && cur.rev == rev {
+		return
+	}
+	l.seen[key] = seenHolder{h: h, rev: rev, revAt: time.Now()}
+}
+
+// overdue says whether key's holder, as last seen, has not renewed it for
+// longer than it renews (TTL/6) and a poll: it died, or cannot write.
+func (l *Leases) overdue(key string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, ok := l.seen[key]
+	return ok && time.Since(s.revAt) > l.ttl/6+l.poll
+}
+
+// probeRoom writes roomKey, for key's holder as last seen, to learn
+// whether the store has room: refused for a full store, that holder
+// cannot renew its lease either (fullAt); taken after such a refusal,
+// room is back (roomAt). Its holder's renewals overdue, a process waiting
+// for a lease asks at each look, so that a lease lapsing on a full store
+// is known as such; a waiter that first tried to take it once it had
+// lapsed found room back by then (the full store ended just as the lease
+// lapsed) and took it from its holder (a rehearsal on a cluster, seed 41).
+func (l *Leases) probeRoom(ctx context.Context, key string) {
+	ctx, cancel := context.WithTimeout(ctx, requestAttempt)
+	_, err := l.b.kv.Put(ctx, roomKey, nil)
+	cancel()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cur, ok := l.seen[key]
+	switch {
+	case !ok:
+	case StoreFull(err):
+		cur.fullAt, cur.roomAt = time.Now(), time.Time{}
+	case err == nil && !cur.fullAt.IsZero() && cur.roomAt.IsZero():
+		cur.roomAt = time.Now()
+	}
+	if ok {
+		l.seen[key] = cur
+	}
 }
 
 // refusedFull notes a take of key refused for a full store: if this
@@ -101,17 +146,17 @@ func (l *Leases) refusedFull(key string) {
 	}
 }
 
-// lapsedHolder is who still holds key, missing from the bucket, after
-// this process's take of it was refused for a full store: the holder it
-// saw before, which could not renew the lease while the store was full
-// and writes it again once there is room (its refused renewals are tried
-// again every quarter of the poll). It holds it while the store stays
-// full, as a write of roomKey here finds each time it is asked, and for
-// the TTL after room is found (or after the last refusal, if no write is
-// answered either way). Without it, a process waiting for a stage took it
-// as room came back, if it asked first, and the stage's holder stopped
-// ("lease lost"). A process that never saw the lease held (one started
-// after it lapsed) takes it at once.
+// lapsedHolder is who still holds key, missing from the bucket, once
+// this process found the store full (a take of the lapsed lease refused,
+// or probeRoom): the holder it saw before, which could not renew the
+// lease while the store was full and writes it again once there is room
+// (its refused renewals are tried again every quarter of the poll). It
+// holds it while the store stays full, as probeRoom finds at each look,
+// and for the TTL after room is found (or after the last refusal, if no
+// write is answered either way). Without it, a process waiting for a
+// stage took it as room came back, if it asked first, and the stage's
+// holder stopped ("lease lost"). A process that never saw the lease held
+// (one started after it lapsed) takes it at once.
 func (l *Leases) lapsedHolder(ctx context.Context, key string) *Holder {
 	l.mu.Lock()
 	s, ok := l.seen[key]
@@ -120,20 +165,9 @@ func (l *Leases) lapsedHolder(ctx context.Context, key string) *Holder {
 		return nil
 	}
 	if s.roomAt.IsZero() {
-		ctx, cancel := context.WithTimeout(ctx, requestAttempt)
-		_, err := l.b.kv.Put(ctx, roomKey, nil)
-		cancel()
+		l.probeRoom(ctx, key)
 		l.mu.Lock()
-		// Unless a reading of the lease since (saw) or a take ended it.
-		if cur, ok := l.seen[key]; ok && !cur.fullAt.IsZero() && cur.roomAt.IsZero() {
-			switch {
-			case err == nil:
-				cur.roomAt = time.Now()
-			case StoreFull(err):
-				cur.fullAt = time.Now()
-			}
-			l.seen[key], s = cur, cur
-		}
+		s = l.seen[key]
 		l.mu.Unlock()
 	}
 	since := s.fullAt
