@@ -382,11 +382,8 @@ func TestALeaseThatLapsedWhileTheStoreWasFullStaysItsHolders(t *testing.T) {
 	if err := srv.LimitAccountStore(1); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, ctx, func() bool { // both lapse, the renewals refused
-		fuse, _, err1 := waiter.Held(ctx, "run.fuse")
-		pair, _, err2 := waiter.Held(ctx, "run.pair")
-		return fuse == nil && pair == nil && err1 == nil && err2 == nil
-	})
+	waitLapsed(t, ctx, waiter, "run.fuse") // both lapse, the renewals refused
+	waitLapsed(t, ctx, waiter, "run.pair")
 	for _, key := range []string{"run.fuse", "run.pair"} {
 		if _, _, err := waiter.TryAcquire(ctx, key, me); !StoreFull(err) {
 			t.Fatalf("%s on a full store: %v; want it refused as a full store refuses it", key, err)
@@ -434,6 +431,32 @@ func TestALeaseThatLapsedWhileTheStoreWasFullStaysItsHolders(t *testing.T) {
 	}
 }
 
+// heldAndSeen starts a server with two processes' leases of ttl: the
+// first holds run.fuse, and the second has seen it held.
+func heldAndSeen(t *testing.T, ctx context.Context, ttl time.Duration) (srv *Server, holder, waiter *Leases, le *Lease) {
+	t.Helper()
+	srv = testServer(t, ctx)
+	ls := leasesOn(t, ctx, srv, ttl, 2)
+	holder, waiter = ls[0], ls[1]
+	le, err := holder.Acquire(ctx, "run.fuse", NewHolder(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, other, err := waiter.TryAcquire(ctx, "run.fuse", NewHolder()); err != nil || got != nil || other == nil {
+		t.Fatalf("took %v, other %v, %v; want it held", got != nil, other, err)
+	}
+	return srv, holder, waiter, le
+}
+
+// waitLapsed waits until l reads key as held by nobody.
+func waitLapsed(t *testing.T, ctx context.Context, l *Leases, key string) {
+	t.Helper()
+	waitUntil(t, ctx, func() bool {
+		h, _, err := l.Held(ctx, key)
+		return h == nil && err == nil
+	})
+}
+
 // fullClusterKV refuses every create while full is set as a cluster whose
 // account is at its store limit does: for the full store, before it looks
 // at the key (a single server answers that the key exists first).
@@ -470,10 +493,7 @@ func TestAProcessStartedOnAFullClusterHearsWhoHoldsItsLease(t *testing.T) {
 	}
 
 	first.Abandon() // its renewals refused too: it lapses
-	waitUntil(t, ctx, func() bool {
-		h, _, err := started.Held(ctx, "run.fuse")
-		return h == nil && err == nil
-	})
+	waitLapsed(t, ctx, started, "run.fuse")
 	if _, _, err := started.TryAcquire(ctx, "run.fuse", me); !StoreFull(err) {
 		t.Fatalf("TryAcquire of the lapsed lease on a full cluster: %v; want the full store's refusal", err)
 	}
@@ -492,25 +512,13 @@ func TestAProcessStartedOnAFullClusterHearsWhoHoldsItsLease(t *testing.T) {
 func TestALeaseIsLeftToItsHolderForAsLongAsTheStoreIsFull(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv := testServer(t, ctx)
 	ttl := 4 * time.Second
-	ls := leasesOn(t, ctx, srv, ttl, 2)
-	holder, waiter := ls[0], ls[1]
-	le, err := holder.Acquire(ctx, "run.fuse", NewHolder(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, _, waiter, le := heldAndSeen(t, ctx, ttl)
 	me := NewHolder()
-	if got, other, err := waiter.TryAcquire(ctx, "run.fuse", me); err != nil || got != nil || other == nil {
-		t.Fatalf("took %v, other %v, %v; want it held", got != nil, other, err)
-	}
 	if err := srv.LimitAccountStore(1); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, ctx, func() bool {
-		h, _, err := waiter.Held(ctx, "run.fuse")
-		return h == nil && err == nil
-	})
+	waitLapsed(t, ctx, waiter, "run.fuse")
 	if _, _, err := waiter.TryAcquire(ctx, "run.fuse", me); !StoreFull(err) {
 		t.Fatalf("a take on a full store: %v; want it refused as a full store refuses it", err)
 	}
@@ -546,17 +554,7 @@ func TestALeaseIsLeftToItsHolderForAsLongAsTheStoreIsFull(t *testing.T) {
 func TestAWaiterKnowsALeaseLapsedOnAFullStoreBeforeItTakesIt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv := testServer(t, ctx)
-	ttl := 4 * time.Second
-	ls := leasesOn(t, ctx, srv, ttl, 2)
-	holder, waiter := ls[0], ls[1]
-	le, err := holder.Acquire(ctx, "run.fuse", NewHolder(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, other, err := waiter.TryAcquire(ctx, "run.fuse", NewHolder()); err != nil || got != nil || other == nil {
-		t.Fatalf("took %v, other %v, %v; want it held", got != nil, other, err)
-	}
+	srv, holder, waiter, le := heldAndSeen(t, ctx, 4*time.Second)
 	waiting, stop := context.WithCancel(ctx)
 	defer stop()
 	waited := make(chan error, 1)
@@ -565,10 +563,7 @@ func TestAWaiterKnowsALeaseLapsedOnAFullStoreBeforeItTakesIt(t *testing.T) {
 	if err := srv.LimitAccountStore(1); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, ctx, func() bool { // lapsed, the renewals refused
-		h, _, err := holder.Held(ctx, "run.fuse")
-		return h == nil && err == nil
-	})
+	waitLapsed(t, ctx, holder, "run.fuse") // the renewals refused
 	select {
 	case err := <-waited:
 		t.Fatalf("the waiter's wait ended (%v) as the lease lapsed on the full store; want it left to its holder", err)
