@@ -65,7 +65,7 @@ func (h Holder) String() string {
 	}
 	s := fmt.Sprintf("host %s, pid %d, since %s", h.Host, h.PID, h.Since.Format(time.RFC3339))
 	if !h.lapsedFull.IsZero() {
-		s += fmt.Sprintf(", whose lease lapsed while the NATS store was full (a write of it refused at %s) and which writes it again once there is room, within the TTL",
+		s += fmt.Sprintf(", whose lease lapsed while the NATS store was full (a write refused at %s) and which writes it again once there is room, within the TTL",
 			h.lapsedFull.Format(time.RFC3339))
 	}
 	return s

@@ -27,12 +27,13 @@ type seenHolder struct {
 	roomAt time.Time
 }
 
-// roomKey is what a process leaving a lapsed lease to its holder writes,
-// each time it looks, to learn when the store has room again: from then
-// on the holder has the TTL to write its lease. A waiter that left it for
-// the TTL after its refused take took the stage if room came back just
-// as that ran out, before the holder's renewal (a rehearsal on a cluster,
-// seed 41).
+// roomKey is what a process waiting for a lease writes (probeRoom) at
+// each look while the holder's renewals are overdue, or while it leaves a
+// lapsed lease to its holder, to learn whether the store is full, and
+// when it has room again: from then on the holder has the TTL to write
+// its lease. A waiter that left it for the TTL after its refused take
+// took the stage if room came back just as that ran out, before the
+// holder's renewal (a rehearsal on a cluster, seed 41).
 const roomKey = "_room"
 
 // remadeKey marks a lease bucket that a holder made anew after it was
