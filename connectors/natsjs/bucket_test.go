@@ -355,17 +355,8 @@ func TestABucketMadeAnewThoughTheRequestFailedIsSaidAndMarked(t *testing.T) {
 func TestAWaiterThatMakesTheBucketAfterAFullStoreLeavesLeasesToTheirHolders(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv := testServer(t, ctx)
-	ls := leasesOn(t, ctx, srv, 4*time.Second, 2)
-	holder, waiter := ls[0], ls[1]
-	a, me := NewHolder(), NewHolder()
-	le, err := holder.Acquire(ctx, "run.calibrate", a, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, other, err := waiter.TryAcquire(ctx, "run.calibrate", me); err != nil || got != nil || other == nil {
-		t.Fatalf("took %v, other %v, %v; want it held", got != nil, other, err)
-	}
+	srv, _, waiter, le := heldAndSeen(t, ctx, 4*time.Second)
+	me := NewHolder()
 	deleteBucket(t, ctx, srv, "TEST_LEASES")
 	if err := srv.LimitAccountStore(0); err != nil { // no room for a bucket either
 		t.Fatal(err)
@@ -373,23 +364,15 @@ func TestAWaiterThatMakesTheBucketAfterAFullStoreLeavesLeasesToTheirHolders(t *t
 	waitUntil(t, ctx, func() bool { // the waiter asks to make it anew, refused
 		try, cancel := context.WithTimeout(ctx, time.Second) // it asks on while the bucket is gone
 		defer cancel()
-		_, _, _ = waiter.TryAcquire(try, "run.calibrate", me)
+		_, _, _ = waiter.TryAcquire(try, "run.fuse", me)
 		return waiter.b.remakeFull.Load()
 	})
 	if err := srv.LimitAccountStore(srv.StoreLimit()); err != nil {
 		t.Fatal(err)
 	}
-	got, other, err := waiter.TryAcquire(ctx, "run.calibrate", me)
+	got, other, err := waiter.TryAcquire(ctx, "run.fuse", me)
 	if err != nil || got != nil || other == nil {
 		t.Fatalf("the waiter, as room came back: took %v, other %v, %v; want the lease left to its holder", got != nil, other, err)
 	}
-	waitUntil(t, ctx, func() bool {
-		h, _, err := waiter.Held(ctx, "run.calibrate")
-		return err == nil && h != nil && h.ID == a.ID
-	})
-	select {
-	case <-le.Lost():
-		t.Fatalf("the holder lost its lease: %v", le.Err())
-	default:
-	}
+	keptByItsHolder(t, ctx, waiter, le)
 }

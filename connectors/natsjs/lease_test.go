@@ -457,6 +457,21 @@ func waitLapsed(t *testing.T, ctx context.Context, l *Leases, key string) {
 	})
 }
 
+// keptByItsHolder waits until l reads run.fuse as le's, written again,
+// and checks that le was not lost meanwhile.
+func keptByItsHolder(t *testing.T, ctx context.Context, l *Leases, le *Lease) {
+	t.Helper()
+	waitUntil(t, ctx, func() bool {
+		h, _, err := l.Held(ctx, "run.fuse")
+		return err == nil && h != nil && h.ID == le.Holder().ID
+	})
+	select {
+	case <-le.Lost():
+		t.Fatalf("the holder lost its lease: %v", le.Err())
+	default:
+	}
+}
+
 // fullClusterKV refuses every create while full is set as a cluster whose
 // account is at its store limit does: for the full store, before it looks
 // at the key (a single server answers that the key exists first).
@@ -534,15 +549,7 @@ func TestALeaseIsLeftToItsHolderForAsLongAsTheStoreIsFull(t *testing.T) {
 	if err != nil || got != nil || other == nil || other.ID != le.Holder().ID {
 		t.Fatalf("as room came back: took %v, held by %v, %v; want it left to its holder", got != nil, other, err)
 	}
-	waitUntil(t, ctx, func() bool {
-		h, _, err := waiter.Held(ctx, "run.fuse")
-		return err == nil && h != nil && h.ID == le.Holder().ID
-	})
-	select {
-	case <-le.Lost():
-		t.Fatalf("the holder lost its lease: %v", le.Err())
-	default:
-	}
+	keptByItsHolder(t, ctx, waiter, le)
 }
 
 // A process waiting for a lease whose holder's renewals stop while the
