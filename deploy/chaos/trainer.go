@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -299,10 +300,11 @@ type gateways struct {
 	bases  []string
 	next   int
 	client *http.Client
+	sleep  func(context.Context, time.Duration) error
 }
 
 func newGateways(urls []string, run string) *gateways {
-	g := &gateways{client: &http.Client{Timeout: 30 * time.Second}}
+	g := &gateways{client: &http.Client{Timeout: 30 * time.Second}, sleep: sleepCtx}
 	for _, u := range urls {
 		g.bases = append(g.bases, strings.TrimSuffix(u, "/")+"/v1/runs/"+run)
 	}
@@ -322,6 +324,7 @@ func (g *gateways) postStep(ctx context.Context, step int64, trajs []schemas.Tra
 }
 
 func (g *gateways) post(ctx context.Context, path string, body []byte) error {
+	var wait time.Duration // the shortest Retry-After of this round of gateways (0: none said)
 	for failed := 1; ; failed++ {
 		url := g.bases[g.next%len(g.bases)] + path
 		g.next++
@@ -341,6 +344,9 @@ func (g *gateways) post(ctx context.Context, path string, body []byte) error {
 				return fmt.Errorf("POST %s: %s: %s", url, resp.Status, bytes.TrimSpace(b))
 			}
 			err = fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(b))
+			if d, ok := retryAfter(resp.Header.Get("Retry-After")); ok && (wait == 0 || d < wait) {
+				wait = d
+			}
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -349,10 +355,23 @@ func (g *gateways) post(ctx context.Context, path string, body []byte) error {
 		if failed%len(g.bases) != 0 {
 			continue // another may answer at once
 		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+		// Every gateway failed: wait as long as the first of them asked
+		// (10 s for a full store), or 100 ms when none said.
+		if err := g.sleep(ctx, max(wait, 100*time.Millisecond)); err != nil {
 			return err
 		}
+		wait = 0
 	}
+}
+
+// retryAfter reads a Retry-After of seconds; its HTTP-date form, which
+// the gateway does not send, reads as unsaid.
+func retryAfter(v string) (time.Duration, bool) {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return time.Duration(n) * time.Second, true
 }
 
 // publish publishes msgs, waiting out a full store as a trainer should

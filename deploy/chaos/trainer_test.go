@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -112,6 +113,55 @@ func TestTheTrainerTriesTheNextGateway(t *testing.T) {
 	mu.Unlock()
 	if err := g.post(ctx, "/bad", []byte("{}")); err == nil || !strings.Contains(err.Error(), "400 Bad Request: trajectory 0: missing field(s): traj_id") {
 		t.Errorf("a request refused: %v; want the gateway's reason", err)
+	}
+}
+
+// When every gateway fails, the trainer waits as long as the first of
+// them asked in its Retry-After (a full store asks 10 s) before it goes
+// round again, and 100 ms when none said: asking a full store ten times
+// a second only loads the gateways.
+func TestTheTrainerWaitsAsLongAsTheGatewaysAsk(t *testing.T) {
+	var mu sync.Mutex
+	refusals := []string{"10", "3", "", "1"} // a full store, an election, nothing said, ...
+	asked := 0
+	gateway := func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if asked == len(refusals) {
+			w.WriteHeader(http.StatusAccepted)
+			return
+		}
+		if after := refusals[asked]; after != "" {
+			w.Header().Set("Retry-After", after)
+		}
+		asked++
+		http.Error(w, "no room", http.StatusServiceUnavailable)
+	}
+	a := httptest.NewServer(http.HandlerFunc(gateway))
+	defer a.Close()
+	b := httptest.NewServer(http.HandlerFunc(gateway))
+	defer b.Close()
+	g := newGateways([]string{a.URL, b.URL}, "r")
+	var waited []time.Duration
+	g.sleep = func(_ context.Context, d time.Duration) error { waited = append(waited, d); return nil }
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := g.post(ctx, "/trajectories", []byte("[]")); err != nil {
+		t.Fatal(err)
+	}
+	// Rounds of two: (10, 3) waits 3 s, then ("", 1) waits 1 s.
+	if want := []time.Duration{3 * time.Second, time.Second}; !slices.Equal(waited, want) {
+		t.Errorf("the trainer waited %v between its rounds; want %v", waited, want)
+	}
+	waited = nil
+	mu.Lock()
+	refusals, asked = []string{"", ""}, 0
+	mu.Unlock()
+	if err := g.post(ctx, "/trajectories", []byte("[]")); err != nil {
+		t.Fatal(err)
+	}
+	if want := []time.Duration{100 * time.Millisecond}; !slices.Equal(waited, want) {
+		t.Errorf("with no Retry-After, the trainer waited %v; want %v", waited, want)
 	}
 }
 
