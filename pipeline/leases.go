@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -78,6 +80,15 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("pipeline: %w", err)
 	}
+	// The stages taken from a process of this machine that no longer
+	// runs: what it held of their messages is given again at once.
+	ended := map[string]bool{}
+	ls.OnEnded(func(key string, h natsjs.Holder) {
+		st := strings.TrimPrefix(key, p.cfg.Run+".")
+		ended[st] = true
+		p.notef("%s: the process that ran this stage for run %s (%s) no longer runs on this machine: this one takes it over now, not %v after that one was last heard from",
+			st, p.cfg.Run, h, ttl)
+	})
 	if len(running) > 0 {
 		ls.MarkRemade(ctx)
 		p.notef("the key-value bucket %s was not on the NATS server, while another process reads the run's %s: it was deleted under the running run, and this process made it anew; "+
@@ -138,6 +149,9 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 			what = mine[0] + " stage"
 		}
 		p.notef("took over run %s's %s", p.cfg.Run, what)
+	}
+	if len(ended) > 0 {
+		p.expireHeld(ctx, slices.Collect(maps.Keys(ended)), "the process that ran them before")
 	}
 	for i, le := range p.leases {
 		p.go_(func() error {

@@ -126,7 +126,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		p.metrics.NATSConnected.Set(1) // in process
 	}
 	if tr.srv != nil {
-		p.expireHeld(ctx)
+		p.expireHeld(ctx, p.cfg.Stages, "the process before this one")
 		if open := cfg.exposure(); open != "" {
 			p.notef("%s", open)
 		}
@@ -188,22 +188,26 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	return p, nil
 }
 
-// expireHeld has the embedded server, just started on its store, give
-// again at once what this process's stages' consumers had delivered to the
-// process before it and that was never settled: a process killed (SIGKILL,
-// the OOM killer) held whole steps, which would otherwise wait out the
-// consumers' AckWait (30 s) after every such restart. Consumers of
-// outside stages are left alone: their process may be alive and still
-// handling them. Failing, the restart only waits as it did.
-func (p *Pipeline) expireHeld(ctx context.Context) {
+// expireHeld has the server give again at once what the consumers of
+// stages had delivered to a process gone (who) and that was never
+// settled: a process killed (SIGKILL, the OOM killer) held whole steps,
+// which would otherwise wait out the consumers' AckWait (30 s). On the
+// embedded server, just started on its store, that is the process
+// before this one, for every stage this one runs; on an external server,
+// a process of this machine that no longer runs, for the one-per-run
+// stages taken from it (a one-per-run stage's consumers have no other
+// reader). Consumers of outside stages are left alone: their process
+// may be alive and still handling them. Failing, the start only waits
+// as it did.
+func (p *Pipeline) expireHeld(ctx context.Context, stages []string, who string) {
 	own := map[string]bool{}
-	for _, stage := range p.cfg.Stages {
+	for _, stage := range stages {
 		for _, kind := range schemas.Kinds {
 			own[consumerName(stage, p.cfg.Run, kind)] = true
 		}
 	}
 	if _, err := natsjs.ExpirePending(ctx, p.tr.js, p.tr.stream, func(c string) bool { return own[c] }, 300*time.Millisecond); err != nil && ctx.Err() == nil {
-		p.notef("restart: %v; what the process before this one held comes again after the consumers' ack wait (30 s)", err)
+		p.notef("restart: %v; what %s held comes again after the consumers' ack wait (30 s)", err, who)
 	}
 }
 

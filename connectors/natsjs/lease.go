@@ -31,27 +31,40 @@ type Leases struct {
 	// seen is, for each lease this process saw another hold, that holder,
 	// and when a take of it was last refused for a full store since.
 	seen map[string]seenHolder
+	// onEnded, if set, hears of a lease taken from a holder that no
+	// longer runs (Holder.ended).
+	onEnded func(key string, h Holder)
 }
 
 // Holder says who holds a lease. ID tells apart two leases taken on one
-// host, or by one process (a restart in place).
+// host, or by one process (a restart in place). PIDSpace is where PID is
+// a process's (the kernel's boot and pid namespace; empty off Linux):
+// a process there can tell whether the holder still runs.
 type Holder struct {
-	Host  string    `json:"host"`
-	PID   int       `json:"pid"`
-	Since time.Time `json:"since"`
-	ID    string    `json:"id"`
+	Host     string    `json:"host"`
+	PID      int       `json:"pid"`
+	PIDSpace string    `json:"pid_space,omitempty"`
+	Since    time.Time `json:"since"`
+	ID       string    `json:"id"`
 
 	// lapsedFull is when a take of the lease, lapsed while the store was
 	// full, was refused for it (zero: the holder wrote it).
 	lapsedFull time.Time
 }
 
+// MachineEnv, set, splits a machine's pid space: processes whose values
+// differ take each other for processes of other machines, whose pids they
+// cannot judge (it never makes two machines one). The rehearsal
+// (deploy/chaos) runs each stage's two processes as on machines of
+// their own with it.
+const MachineEnv = "WMRL_MACHINE"
+
 // NewHolder names this process as a lease's holder.
 func NewHolder() Holder {
 	host, _ := os.Hostname()
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	return Holder{Host: host, PID: os.Getpid(), Since: time.Now().UTC(), ID: hex.EncodeToString(id[:])}
+	return Holder{Host: host, PID: os.Getpid(), PIDSpace: pidSpace(), Since: time.Now().UTC(), ID: hex.EncodeToString(id[:])}
 }
 
 func (h Holder) String() string {
@@ -94,6 +107,11 @@ func OpenLeases(ctx context.Context, js jetstream.JetStream, bucket string, repl
 	return l, nil
 }
 
+// OnEnded has f hear of each lease this process takes from a holder on
+// its own machine that no longer runs, without waiting for the lease to
+// lapse. Call it before the leases are used.
+func (l *Leases) OnEnded(f func(key string, h Holder)) { l.onEnded = f }
+
 // TTL is how long a lease outlives its last renewal.
 func (l *Leases) TTL() time.Duration { return l.ttl }
 
@@ -122,7 +140,8 @@ func (l *Leases) Acquire(ctx context.Context, key string, me Holder, busy func(H
 // TTL after this process read it back from being gone, a lease missing
 // from it is held by a process not known yet; and for the TTL after a
 // take of it was refused for a full store, a lease this process saw held
-// by another is still that holder's (lapsedHolder).
+// by another is still that holder's (lapsedHolder). A lease held by a
+// process of this machine that no longer runs is taken at once.
 func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease, *Holder, error) {
 	value, err := json.Marshal(me)
 	if err != nil {
@@ -161,7 +180,8 @@ func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease,
 // for a holder to make anew (and write its lease again), and made anew
 // here only once it has been gone for the TTL: then no holder is left.
 // Back, a lease missing from it is left to its holder for the TTL, as is
-// one that lapsed while the store was full (lapsedHolder).
+// one that lapsed while the store was full (lapsedHolder). A holder of
+// this machine that no longer runs holds nothing.
 func (l *Leases) Wait(ctx context.Context, key string) error {
 	for {
 		select {
@@ -172,6 +192,9 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 		h, e, err := l.entry(ctx, key, l.ttl)
 		if err != nil {
 			return err
+		}
+		if h != nil && h.ended() {
+			return nil // TryAcquire drops it
 		}
 		if h != nil {
 			l.saw(key, *h, e.Revision())
@@ -235,11 +258,35 @@ func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) 
 		case h.ID == me.ID:
 			l.taken(key)
 			return e.Revision(), nil, nil
+		case h.ended():
+			if err := l.drop(ctx, key, *h, e.Revision()); err != nil {
+				return 0, nil, err
+			}
+			continue
 		}
 		l.saw(key, *h, e.Revision())
 		return 0, h, nil
 	}
 	return 0, nil, fmt.Errorf("natsjs: lease %s: the server refused to create it as it exists, and read it back as free, %d times in a row", key, takeTries)
+}
+
+// drop deletes key, held by h, which no longer runs, at the revision
+// read: if anyone wrote it since, the delete is refused and the lease
+// read again.
+func (l *Leases) drop(ctx context.Context, key string, h Holder, rev uint64) error {
+	err := l.b.do(ctx, bucketGoneAgain, func(ctx context.Context) error {
+		return l.b.kv.Delete(ctx, key, jetstream.LastRevision(rev))
+	})
+	switch {
+	case err == nil:
+		if l.onEnded != nil {
+			l.onEnded(key, h)
+		}
+		return nil
+	case errors.Is(err, jetstream.ErrKeyNotFound) || wrongLastSeq(err):
+		return nil
+	}
+	return fmt.Errorf("natsjs: lease %s, held by %s, which no longer runs: %w", key, h, err)
 }
 
 // wrongLastSeq: a write at a revision the key is no longer at (10071, or

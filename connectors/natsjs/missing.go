@@ -157,12 +157,13 @@ func (l *Leases) refusedFull(key string) {
 // write is answered either way). Without it, a process waiting for a
 // stage took it as room came back, if it asked first, and the stage's
 // holder stopped ("lease lost"). A process that never saw the lease held
-// (one started after it lapsed) takes it at once.
+// (one started after it lapsed) takes it at once, as does one that sees
+// the holder no longer runs on its machine.
 func (l *Leases) lapsedHolder(ctx context.Context, key string) *Holder {
 	l.mu.Lock()
 	s, ok := l.seen[key]
 	l.mu.Unlock()
-	if !ok || s.fullAt.IsZero() {
+	if !ok || s.fullAt.IsZero() || s.h.ended() {
 		return nil
 	}
 	if s.roomAt.IsZero() {
