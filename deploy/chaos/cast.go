@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
 )
 
 // cast is the processes of the rehearsal, each logging to a file of its
@@ -32,6 +34,10 @@ type proc struct {
 	// killed: this rehearsal stopped it; an exit otherwise is the
 	// process's own, and it is started again.
 	killed bool
+	// machine: the machine it runs as on (natsjs.MachineEnv), for wmrl's
+	// processes: a process judges whether a lease's holder still runs
+	// only on its own machine.
+	machine string
 }
 
 func (c *cast) add(name string, args []string) {
@@ -63,6 +69,9 @@ func (c *cast) start(name string) error {
 	fmt.Fprintf(log, "=== started %s\n", time.Now().Format(time.RFC3339))
 	cmd := exec.Command(p.args[0], p.args[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
+	if p.machine != "" {
+		cmd.Env = append(os.Environ(), natsjs.MachineEnv+"="+p.machine)
+	}
 	// A rehearsal that is killed stops its processes too, rather than
 	// leave them running on its --dir (the next one's, maybe).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
@@ -155,7 +164,7 @@ var sigName = map[syscall.Signal]string{syscall.SIGKILL: "SIGKILL", syscall.SIGT
 // kill stops a random process every 5 to 20 s for d, and starts it again
 // 0.5 to 3 s later; every fourth is one of servers, when there are any.
 // It returns how many it stopped.
-func (c *cast) kill(ctx context.Context, d time.Duration, rng *rand.Rand, servers []string) (int, error) {
+func (c *cast) kill(ctx context.Context, d time.Duration, rng, moves *rand.Rand, servers []string) (int, error) {
 	others := slices.DeleteFunc(slices.Clone(c.names), func(n string) bool { return slices.Contains(servers, n) })
 	end := time.Now().Add(d)
 	kills := 0
@@ -182,7 +191,16 @@ func (c *cast) kill(ctx context.Context, d time.Duration, rng *rand.Rand, server
 		}
 		c.signal(name, sig)
 		kills++
-		say("kill %d: %s, %s (%s)", kills, name, sigName[sig], c.procs[name].cmd.ProcessState)
+		p, moved := c.procs[name], ""
+		// Half the wmrl processes killed start again on another machine,
+		// as a pod rescheduled: their successor there, and the stage's
+		// other process, wait out the killed one's lease; on its own
+		// machine it takes over at once.
+		if p.machine != "" && moves.Float64() < 0.5 {
+			p.machine = fmt.Sprintf("%s-after-kill-%d", name, kills)
+			moved = "; starts again on another machine"
+		}
+		say("kill %d: %s, %s (%s)%s", kills, name, sigName[sig], p.cmd.ProcessState, moved)
 		if err := sleepCtx(ctx, 500*time.Millisecond+time.Duration(rng.Int64N(int64(2500*time.Millisecond)))); err != nil {
 			return kills, err
 		}

@@ -211,7 +211,9 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 			if s == pipeline.StageRoute {
 				args = append(args, "--http", fmt.Sprintf("127.0.0.1:%d", gatewayPorts[i-1]))
 			}
-			c.add(fmt.Sprintf("%s-%d", s, i), args)
+			name := fmt.Sprintf("%s-%d", s, i)
+			c.add(name, args)
+			c.procs[name].machine = name // each process on a machine of its own
 		}
 	}
 	if err := c.startAll(); err != nil {
@@ -242,7 +244,7 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	} else {
 		deleted <- 0
 	}
-	kills, err := c.kill(ctx, o.dur, rand.New(rand.NewPCG(o.seed, 0)), servers)
+	kills, err := c.kill(ctx, o.dur, rand.New(rand.NewPCG(o.seed, 0)), rand.New(rand.NewPCG(o.seed, 3)), servers)
 	if err != nil {
 		return false, err
 	}
