@@ -85,11 +85,15 @@ type Status struct {
 }
 
 // StageRunner is the process that holds a one-per-run stage's lease (nil:
-// none does), and when it last renewed it.
+// none does), and when it last renewed it. Ended: that process was of
+// this machine and no longer runs (killed): its lease lapses LeaseTTL
+// after Renewed, and a process started for the stage here takes it at
+// once.
 type StageRunner struct {
 	Stage   string
 	Holder  *natsjs.Holder
 	Renewed time.Time
+	Ended   bool
 }
 
 // ExecutionsWindow is how far back Status looks at executions, and
@@ -326,6 +330,7 @@ func readRunners(ctx context.Context, c *streamConn, prefix, run string) ([]Stag
 		if out[i].Holder, out[i].Renewed, err = ls.Held(ctx, leaseKey(run, stage)); err != nil {
 			return nil, fmt.Errorf("pipeline: status: %w", err)
 		}
+		out[i].Ended = out[i].Holder != nil && out[i].Holder.Ended()
 	}
 	return out, nil
 }

@@ -337,7 +337,12 @@ func writeRunners(w io.Writer, rs []pipeline.StageRunner, now time.Time) {
 	head := "one per run:     "
 	for _, id := range order {
 		r := held[id]
-		fmt.Fprintf(w, "%s%s: %s (renewed %s ago)\n", head, strings.Join(by[id], ", "), r.Holder, now.Sub(r.Renewed).Round(time.Second))
+		ended := ""
+		if r.Ended {
+			ended = fmt.Sprintf("; it no longer runs: its lease lapses in %s, and a process started for it on this machine takes over at once",
+				max(r.Renewed.Add(pipeline.LeaseTTL).Sub(now), 0).Round(time.Second))
+		}
+		fmt.Fprintf(w, "%s%s: %s (renewed %s ago%s)\n", head, strings.Join(by[id], ", "), r.Holder, now.Sub(r.Renewed).Round(time.Second), ended)
 		head = strings.Repeat(" ", len(head))
 	}
 	if len(none) > 0 {

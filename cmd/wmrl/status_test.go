@@ -307,7 +307,8 @@ func TestTheNextStepIsPastTheNewestTrajectorysStep(t *testing.T) {
 
 // TestStatusSaysWhoRunsEachOnePerRunStage: a line per process that holds
 // leases, in the stages' order, and one for the stages nobody runs; the
-// JSON has every stage, with a null holder for those.
+// JSON has every stage, with a null holder for those. A holder known to
+// no longer run is said to be so, with when its lease lapses.
 func TestStatusSaysWhoRunsEachOnePerRunStage(t *testing.T) {
 	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	a := &natsjs.Holder{Host: "h1", PID: 4242, Since: now.Add(-time.Hour), ID: "a"}
@@ -316,13 +317,13 @@ func TestStatusSaysWhoRunsEachOnePerRunStage(t *testing.T) {
 		{Stage: "route", Holder: a, Renewed: now.Add(-2 * time.Second)},
 		{Stage: "pair", Holder: a, Renewed: now.Add(-3 * time.Second)},
 		{Stage: "calibrate"},
-		{Stage: "fuse", Holder: b, Renewed: now.Add(-4 * time.Second)},
+		{Stage: "fuse", Holder: b, Renewed: now.Add(-4 * time.Second), Ended: true},
 		{Stage: "archive"},
 	}}
 	var out strings.Builder
 	writeStatus(&out, st, "here", "wmrl", "default", now)
 	want := "one per run:     route, pair: host h1, pid 4242, since 2026-12-03T11:00:00Z (renewed 2s ago)\n" +
-		"                 fuse: host h2, pid 7, since 2026-12-03T11:59:00Z (renewed 4s ago)\n" +
+		"                 fuse: host h2, pid 7, since 2026-12-03T11:59:00Z (renewed 4s ago; it no longer runs: its lease lapses in 26s, and a process started for it on this machine takes over at once)\n" +
 		"                 calibrate, archive: no process runs them (stopped, or a wmrl from before leases)\n"
 	if !strings.Contains(out.String(), want) {
 		t.Errorf("the stages' runners show as:\n%s\nwant:\n%s", out.String(), want)
@@ -336,7 +337,8 @@ func TestStatusSaysWhoRunsEachOnePerRunStage(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(doc.Runners) != 5 || doc.Runners[2].Stage != "calibrate" || doc.Runners[2].Holder != nil ||
-		doc.Runners[3].Holder == nil || doc.Runners[3].Holder.Host != "h2" || doc.Runners[3].Holder.AgeSeconds != 4 {
+		doc.Runners[3].Holder == nil || doc.Runners[3].Holder.Host != "h2" || doc.Runners[3].Holder.AgeSeconds != 4 ||
+		!doc.Runners[3].Holder.NoLongerRuns || doc.Runners[0].Holder == nil || doc.Runners[0].Holder.NoLongerRuns {
 		t.Errorf("runners in the JSON: %s", js.String())
 	}
 }

@@ -53,6 +53,8 @@ type holderDoc struct {
 	RenewedAt time.Time `json:"renewed_at"`
 	// AgeSeconds: since the last renewal (every 5 s while it runs).
 	AgeSeconds float64 `json:"age_seconds"`
+	// NoLongerRuns: the holder was of this machine and its pid is gone.
+	NoLongerRuns bool `json:"no_longer_runs,omitempty"`
 }
 
 type storeDoc struct {
@@ -234,7 +236,7 @@ func writeStatusJSON(w io.Writer, st *pipeline.Status, run string, now time.Time
 	for _, r := range st.Runners {
 		rd := runnerDoc{Stage: r.Stage}
 		if h := r.Holder; h != nil {
-			rd.Holder = &holderDoc{Host: h.Host, PID: h.PID, Since: h.Since.UTC(), RenewedAt: r.Renewed.UTC(), AgeSeconds: age(r.Renewed)}
+			rd.Holder = &holderDoc{Host: h.Host, PID: h.PID, Since: h.Since.UTC(), RenewedAt: r.Renewed.UTC(), AgeSeconds: age(r.Renewed), NoLongerRuns: r.Ended}
 		}
 		d.Runners = append(d.Runners, rd)
 	}

@@ -22,7 +22,7 @@ import (
 // the lease's TTL (30 s) as though the killed process still ran; and
 // what the killed one held (route holds a step's trajectories until its
 // watermark) is given to it again at once, not after the consumers'
-// AckWait (30 s).
+// AckWait (30 s). Between the two, status says the holder is gone.
 func TestAStageKilledIsTakenOverAtOnceOnItsMachine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
@@ -83,6 +83,18 @@ func TestAStageKilledIsTakenOverAtOnceOnItsMachine(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-p1.done
+	// Meanwhile, status on this machine says route's holder is gone.
+	js2, err := wmrl(ctx, "status", "--nats", srv.URL(), "--run", "r", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st statusDoc
+	if err := json.Unmarshal([]byte(js2), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Runners) == 0 || st.Runners[0].Stage != "route" || st.Runners[0].Holder == nil || !st.Runners[0].Holder.NoLongerRuns {
+		t.Errorf("status, route's holder killed: %s; want it said to run no longer", js2)
+	}
 
 	p2 := started(t, exec.Command(bin, args...))
 	ready(p2)

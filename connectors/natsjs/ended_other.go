@@ -6,4 +6,5 @@ package natsjs
 // renewal, whether or not the holder still runs.
 func pidSpace() string { return "" }
 
-func (h Holder) ended() bool { return false }
+// Ended is false off Linux: whether the holder runs cannot be told.
+func (h Holder) Ended() bool { return false }

@@ -86,7 +86,7 @@ func TestAHolderOfAnotherPIDSpaceIsNotJudgedHere(t *testing.T) {
 		t.Fatalf("took %v, other %v, %v; want the lease left to its holder", le != nil, other, err)
 	}
 	h.PIDSpace = ""
-	if h.ended() {
+	if h.Ended() {
 		t.Error("a holder with no pid space (written off Linux, or before it was kept) reads as ended")
 	}
 }

@@ -32,7 +32,7 @@ type Leases struct {
 	// and when a take of it was last refused for a full store since.
 	seen map[string]seenHolder
 	// onEnded, if set, hears of a lease taken from a holder that no
-	// longer runs (Holder.ended).
+	// longer runs (Holder.Ended).
 	onEnded func(key string, h Holder)
 }
 
@@ -193,7 +193,7 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 		if err != nil {
 			return err
 		}
-		if h != nil && h.ended() {
+		if h != nil && h.Ended() {
 			return nil // TryAcquire drops it
 		}
 		if h != nil {
@@ -258,7 +258,7 @@ func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) 
 		case h.ID == me.ID:
 			l.taken(key)
 			return e.Revision(), nil, nil
-		case h.ended():
+		case h.Ended():
 			if err := l.drop(ctx, key, *h, e.Revision()); err != nil {
 				return 0, nil, err
 			}

@@ -163,7 +163,7 @@ func (l *Leases) lapsedHolder(ctx context.Context, key string) *Holder {
 	l.mu.Lock()
 	s, ok := l.seen[key]
 	l.mu.Unlock()
-	if !ok || s.fullAt.IsZero() || s.h.ended() {
+	if !ok || s.fullAt.IsZero() || s.h.Ended() {
 		return nil
 	}
 	if s.roomAt.IsZero() {
