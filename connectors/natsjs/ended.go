@@ -30,11 +30,12 @@ var pidSpace = sync.OnceValue(func() string {
 })
 
 // Ended reports whether h is a process of this process's pid space that
-// is no longer running (false where that cannot be told): a holder killed (SIGKILL, the OOM killer) and
-// started again on the same machine by its supervisor, or killed beside
-// its standby. Its lease could only lapse, TTL after its last renewal,
-// and until then the stage stood still. A pid taken by another process
-// since reads as running: the lease lapses as before.
+// is no longer running (false where that cannot be told): a holder
+// killed (SIGKILL, the OOM killer) and started again on the same machine
+// by its supervisor, or killed beside its standby. Its lease could only
+// lapse, TTL after its last renewal, and until then the stage stood
+// still. A pid taken by another process since reads as running: the
+// lease lapses as before.
 func (h Holder) Ended() bool {
 	if h.PIDSpace == "" || h.PIDSpace != pidSpace() || h.PID <= 0 || h.PID == os.Getpid() {
 		return false
