@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -82,10 +80,10 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 	}
 	// The stages taken from a process of this machine that no longer
 	// runs: what it held of their messages is given again at once.
-	ended := map[string]bool{}
+	var ended []string
 	ls.OnEnded(func(key string, h natsjs.Holder) {
 		st := strings.TrimPrefix(key, p.cfg.Run+".")
-		ended[st] = true
+		ended = append(ended, st)
 		p.notef("%s: the process that ran this stage for run %s (%s) no longer runs on this machine: this one takes it over now, not %v after that one was last heard from",
 			st, p.cfg.Run, h, ttl)
 	})
@@ -151,7 +149,7 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 		p.notef("took over run %s's %s", p.cfg.Run, what)
 	}
 	if len(ended) > 0 {
-		p.expireHeld(ctx, slices.Collect(maps.Keys(ended)), "the process that ran them before")
+		p.expireHeld(ctx, ended, "the process that ran them before")
 	}
 	for i, le := range p.leases {
 		p.go_(func() error {

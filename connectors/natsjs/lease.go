@@ -193,10 +193,10 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 		if err != nil {
 			return err
 		}
-		if h != nil && h.Ended() {
-			return nil // TryAcquire drops it
-		}
 		if h != nil {
+			if h.Ended() {
+				return nil // TryAcquire drops it
+			}
 			l.saw(key, *h, e.Revision())
 			if l.overdue(key) {
 				l.probeRoom(ctx, key)
