@@ -12,17 +12,18 @@ import (
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/fuse"
+	"github.com/wmrl/wmrl/stages/stepset"
 )
 
 // progress counts the steps of [0, target) whose update is stored.
 type progress struct {
 	mu     sync.Mutex
 	target int64
-	seen   map[int64]bool
+	seen   stepset.Set
 }
 
 func newProgress(target int64, published []int64) *progress {
-	p := &progress{target: target, seen: map[int64]bool{}}
+	p := &progress{target: target}
 	for _, s := range published {
 		p.add(s)
 	}
@@ -33,15 +34,15 @@ func (p *progress) add(step int64) (complete bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if step >= 0 && step < p.target {
-		p.seen[step] = true
+		p.seen.Add(step)
 	}
-	return int64(len(p.seen)) == p.target
+	return p.seen.Len() == p.target
 }
 
 func (p *progress) complete() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return int64(len(p.seen)) == p.target
+	return p.seen.Len() == p.target
 }
 
 // missing lists the steps of [0, target) not seen, in order.
@@ -50,7 +51,7 @@ func (p *progress) missing() []int64 {
 	defer p.mu.Unlock()
 	var out []int64
 	for s := range p.target {
-		if !p.seen[s] {
+		if !p.seen.Has(s) {
 			out = append(out, s)
 		}
 	}

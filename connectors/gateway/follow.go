@@ -1,17 +1,16 @@
 package gateway
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/stepset"
 )
 
 // updates indexes the run's retained updates by step: the newest few are
@@ -85,13 +84,10 @@ func (u *updates) newest() (schemas.Update, bool) {
 // at a time.
 type planned struct {
 	mu     sync.Mutex
-	ranges []stepRange // sorted, apart by at least one step not planned
+	steps  stepset.Set
 	last   int64
 	anyYet bool
 }
-
-// stepRange is the steps lo to hi, both included.
-type stepRange struct{ lo, hi int64 }
 
 func (p *planned) add(rec natsjs.Record) {
 	var plan struct {
@@ -106,26 +102,13 @@ func (p *planned) add(rec natsjs.Record) {
 	if !p.anyYet || n > p.last {
 		p.last, p.anyYet = n, true
 	}
-	// i: the first range ending at n-1 or later, the one n joins if any.
-	i, _ := slices.BinarySearchFunc(p.ranges, n, func(r stepRange, n int64) int { return cmp.Compare(r.hi+1, n) })
-	switch {
-	case i < len(p.ranges) && p.ranges[i].lo <= n+1 && p.ranges[i].hi+1 >= n:
-		r := &p.ranges[i]
-		r.lo, r.hi = min(r.lo, n), max(r.hi, n)
-		if i+1 < len(p.ranges) && p.ranges[i+1].lo == r.hi+1 {
-			r.hi = p.ranges[i+1].hi
-			p.ranges = slices.Delete(p.ranges, i+1, i+2)
-		}
-	default:
-		p.ranges = slices.Insert(p.ranges, i, stepRange{n, n})
-	}
+	p.steps.Add(n)
 }
 
 func (p *planned) has(step int64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	i, _ := slices.BinarySearchFunc(p.ranges, step, func(r stepRange, n int64) int { return cmp.Compare(r.hi, n) })
-	return i < len(p.ranges) && p.ranges[i].lo <= step
+	return p.steps.Has(step)
 }
 
 func (p *planned) newest() (int64, bool) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/stepset"
 )
 
 // Steps assembles a run's steps from their plan, predictions, executions
@@ -23,7 +24,7 @@ type Steps struct {
 	den      *Denoiser
 
 	open      map[int64]*stepAsm
-	published map[int64]bool
+	published stepset.Set
 	absorbed  map[string]absorbed // "step/group" of anchor groups calibrated
 	cal       *calibrate.Isotonic
 	version   int64
@@ -89,7 +90,7 @@ func NewSteps(cfg StepsConfig) (*Steps, error) {
 	}
 	return &Steps{
 		run: cfg.Run, debias: cfg.Debias, norm: cfg.Norm, deadline: cfg.AnchorDeadline, den: den,
-		open: map[int64]*stepAsm{}, published: map[int64]bool{}, absorbed: map[string]absorbed{},
+		open: map[int64]*stepAsm{}, absorbed: map[string]absorbed{},
 	}, nil
 }
 
@@ -132,10 +133,10 @@ func (s *Steps) Restore(c Checkpoint) error {
 func (s *Steps) Denoiser() *Denoiser { return s.den }
 
 // MarkPublished records a step whose update is stored already.
-func (s *Steps) MarkPublished(step int64) { s.published[step] = true; delete(s.open, step) }
+func (s *Steps) MarkPublished(step int64) { s.published.Add(step); delete(s.open, step) }
 
 // Published reports whether a step's update is stored.
-func (s *Steps) Published(step int64) bool { return s.published[step] }
+func (s *Steps) Published(step int64) bool { return s.published.Has(step) }
 
 func (s *Steps) step(n int64) *stepAsm {
 	a := s.open[n]
@@ -148,7 +149,7 @@ func (s *Steps) step(n int64) *stepAsm {
 
 // AddPlan records a step's plan, received at now.
 func (s *Steps) AddPlan(p schemas.Plan, now time.Time) {
-	if s.published[p.Step] {
+	if s.published.Has(p.Step) {
 		return
 	}
 	a := s.step(p.Step)
@@ -159,7 +160,7 @@ func (s *Steps) AddPlan(p schemas.Plan, now time.Time) {
 
 // AddPrediction records a group's prediction.
 func (s *Steps) AddPrediction(p schemas.Prediction) {
-	if !s.published[p.Step] {
+	if !s.published.Has(p.Step) {
 		s.step(p.Step).preds[p.GroupID] = &p
 	}
 }
@@ -167,7 +168,7 @@ func (s *Steps) AddPrediction(p schemas.Prediction) {
 // AddExecution records an anchor group's execution. It reports false when
 // the step was published already (the execution came too late for it).
 func (s *Steps) AddExecution(e schemas.Execution) bool {
-	if s.published[e.Step] {
+	if s.published.Has(e.Step) {
 		return false
 	}
 	s.step(e.Step).execs[e.GroupID] = &e
@@ -211,7 +212,7 @@ func (s *Steps) AddCalibration(c schemas.Calibration) error {
 // markAbsorbed records an anchor group's calibration for its step, unless
 // the step is published already.
 func (s *Steps) markAbsorbed(c schemas.Calibration) {
-	if s.published[c.Step] {
+	if s.published.Has(c.Step) {
 		return
 	}
 	before := make(map[string]float64, len(c.Pairs))
@@ -422,7 +423,7 @@ func (s *Steps) calibrate(x float64) float64 {
 // Close marks step n published and forgets its inputs.
 func (s *Steps) Close(n int64) {
 	delete(s.open, n)
-	s.published[n] = true
+	s.published.Add(n)
 	prefix := fmt.Sprintf("%d/", n)
 	for k := range s.absorbed {
 		if len(k) > len(prefix) && k[:len(prefix)] == prefix {

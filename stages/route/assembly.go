@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/stepset"
 )
 
 // Assembly gathers a run's trajectories into groups and steps. A step is
@@ -17,7 +18,7 @@ import (
 type Assembly struct {
 	StepTimeout time.Duration
 	steps       map[int64]*stepState
-	closed      map[int64]bool
+	closed      stepset.Set
 	newest      int64 // the newest step closed, -1 before any
 }
 
@@ -36,18 +37,18 @@ type groupState struct {
 
 // NewAssembly returns an empty assembly.
 func NewAssembly(stepTimeout time.Duration) *Assembly {
-	return &Assembly{StepTimeout: stepTimeout, steps: map[int64]*stepState{}, closed: map[int64]bool{}, newest: -1}
+	return &Assembly{StepTimeout: stepTimeout, steps: map[int64]*stepState{}, newest: -1}
 }
 
 // MarkClosed records a step planned earlier (before a restart): its
 // trajectories are late from now on.
 func (a *Assembly) MarkClosed(step int64) {
-	a.closed[step] = true
+	a.closed.Add(step)
 	a.newest = max(a.newest, step)
 }
 
 // IsClosed reports whether a step was planned already.
-func (a *Assembly) IsClosed(step int64) bool { return a.closed[step] }
+func (a *Assembly) IsClosed(step int64) bool { return a.closed.Has(step) }
 
 func (a *Assembly) step(n int64) *stepState {
 	s := a.steps[n]
@@ -75,7 +76,7 @@ func (a *Assembly) Has(step int64, trajID string) bool {
 // or a group whose declared size or task disagrees with earlier
 // trajectories.
 func (a *Assembly) AddTraj(t schemas.Trajectory) error {
-	if a.closed[t.Step] {
+	if a.closed.Has(t.Step) {
 		return fmt.Errorf("%w: late trajectory %s: step %d was already closed (a trainer resumed from a checkpoint numbers its steps on from the run's newest: wmrl status says it)",
 			schemas.ErrInvalid, t.TrajID, t.Step)
 	}
@@ -110,7 +111,7 @@ func (a *Assembly) AddTraj(t schemas.Trajectory) error {
 // AddWatermark records a step's watermark, received at now. A second one
 // for the same step is ignored unless it disagrees (then it is invalid).
 func (a *Assembly) AddWatermark(w schemas.StepClose, now time.Time) error {
-	if a.closed[w.Step] {
+	if a.closed.Has(w.Step) {
 		return nil // redelivered after the step was planned
 	}
 	s := a.step(w.Step)
@@ -224,7 +225,7 @@ func (a *Assembly) Declared(n int64) (groups int, at time.Time) {
 // from now on.
 func (a *Assembly) Close(n int64) {
 	delete(a.steps, n)
-	a.closed[n] = true
+	a.closed.Add(n)
 	a.newest = max(a.newest, n)
 }
 
