@@ -7,10 +7,12 @@ package archive
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/stepset"
 )
 
 // Sources of a row: the two of an update item, and a late anchor: the
@@ -112,7 +114,43 @@ type Row struct {
 
 // UpdateKey and LateKey name what a file holds, so that a redelivered
 // input is never archived twice.
-func UpdateKey(step int64) string { return fmt.Sprintf("update/%d", step) }
+func UpdateKey(step int64) string { return "update/" + strconv.FormatInt(step, 10) }
+
+// updateStep is the step an UpdateKey names.
+func updateStep(key string) (int64, bool) {
+	digits, ok := strings.CutPrefix(key, "update/")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(digits, 10, 64)
+	return n, err == nil && strconv.FormatInt(n, 10) == digits
+}
+
+// keySet is the set of input keys in closed files: the updates' as the
+// steps they name, a few ranges for a run of days, and the others (late
+// anchor groups', few) by name.
+type keySet struct {
+	updates stepset.Set
+	other   map[string]bool
+}
+
+func (k *keySet) add(key string) {
+	if n, ok := updateStep(key); ok {
+		k.updates.Add(n)
+		return
+	}
+	if k.other == nil {
+		k.other = map[string]bool{}
+	}
+	k.other[key] = true
+}
+
+func (k *keySet) has(key string) bool {
+	if n, ok := updateStep(key); ok {
+		return k.updates.Has(n)
+	}
+	return k.other[key]
+}
 
 // LateKey names a late anchor group's pairs.
 func LateKey(step int64, group string) string { return fmt.Sprintf("late/%d/%s", step, group) }

@@ -54,7 +54,7 @@ type Writer struct {
 	mu      sync.Mutex
 	next    int64
 	cur     *file
-	durable map[string]bool      // keys in closed files
+	durable keySet               // keys in closed files
 	late    map[string]LateGroup // late groups named by updates, by LateKey
 	stop    chan struct{}
 	stopped chan struct{}
@@ -104,7 +104,7 @@ func OpenWriter(cfg WriterConfig) (*Writer, error) {
 	if cfg.RowGroupRows <= 0 {
 		cfg.RowGroupRows = 65536
 	}
-	w := &Writer{cfg: cfg, dir: RunDir(cfg.Dir, cfg.Run), durable: map[string]bool{}, late: map[string]LateGroup{},
+	w := &Writer{cfg: cfg, dir: RunDir(cfg.Dir, cfg.Run), late: map[string]LateGroup{},
 		stop: make(chan struct{}), stopped: make(chan struct{})}
 	if err := os.MkdirAll(w.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("archive: %w", err)
@@ -146,7 +146,7 @@ func OpenWriter(cfg WriterConfig) (*Writer, error) {
 		}
 		w.next = max(w.next, n+1, mergedTo+1)
 		for _, k := range keys {
-			w.durable[k] = true
+			w.durable.add(k)
 		}
 		for _, g := range late {
 			w.late[LateKey(g.Step, g.GroupID)] = g
@@ -232,7 +232,7 @@ func (w *Writer) Has(key string) *Commit {
 }
 
 func (w *Writer) has(key string) *Commit {
-	if w.durable[key] {
+	if w.durable.has(key) {
 		return committed
 	}
 	if w.cur != nil && w.cur.has[key] {
@@ -245,15 +245,7 @@ func (w *Writer) has(key string) *Commit {
 func (w *Writer) Archived() []int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var out []int64
-	for k := range w.durable {
-		var step int64
-		if _, err := fmt.Sscanf(k, "update/%d", &step); err == nil {
-			out = append(out, step)
-		}
-	}
-	slices.Sort(out)
-	return out
+	return slices.Collect(w.durable.updates.All())
 }
 
 // PendingLate lists the late anchor groups named by archived updates
@@ -351,7 +343,7 @@ func (w *Writer) finish() {
 	err := cur.close()
 	if err == nil {
 		for _, k := range cur.keys {
-			w.durable[k] = true
+			w.durable.add(k)
 		}
 	} else {
 		_ = os.Remove(cur.tmp)

@@ -2,7 +2,10 @@
 // a few ranges however long a run goes on.
 package stepset
 
-import "slices"
+import (
+	"iter"
+	"slices"
+)
 
 // Set is a set of steps kept as sorted, disjoint, non-adjacent
 // ranges. A run's published steps are nearly consecutive (a step fused
@@ -62,6 +65,19 @@ func (s *Set) Len() int64 {
 		n += r.hi - r.lo + 1
 	}
 	return n
+}
+
+// All yields the steps in order.
+func (s *Set) All() iter.Seq[int64] {
+	return func(yield func(int64) bool) {
+		for _, r := range s.r {
+			for n := r.lo; n <= r.hi; n++ {
+				if !yield(n) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // Ranges is the number of ranges the set is kept as.

@@ -23,6 +23,10 @@ func TestStepSetHoldsWhatWasAdded(t *testing.T) {
 				t.Fatalf("trial %d: Has(%d) = %v, want %v (ranges %v)", trial, n, s.Has(n), want[n], s.r)
 			}
 		}
+		all := slices.Collect(s.All())
+		if !slices.IsSorted(all) || len(all) != len(want) {
+			t.Fatalf("trial %d: All gave %v, not the %d steps in order", trial, all, len(want))
+		}
 		if s.Len() != int64(len(want)) {
 			t.Fatalf("trial %d: Len %d, want %d", trial, s.Len(), len(want))
 		}
