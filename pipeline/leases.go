@@ -78,14 +78,15 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("pipeline: %w", err)
 	}
-	// The stages taken from a process of this machine that no longer
-	// runs: what it held of their messages is given again at once.
+	// The stages taken from a process that no longer runs on this
+	// machine, or went silent: what it held of their messages is given
+	// again at once.
 	var ended []string
-	ls.OnEnded(func(key string, h natsjs.Holder) {
+	ls.OnEnded(func(key string, h natsjs.Holder, how string) {
 		st := strings.TrimPrefix(key, p.cfg.Run+".")
 		ended = append(ended, st)
-		p.notef("%s: the process that ran this stage for run %s (%s) no longer runs on this machine: this one takes it over now, not %v after that one was last heard from",
-			st, p.cfg.Run, h, ttl)
+		p.notef("%s: the process that ran this stage for run %s (%s) %s: this one takes it over now, not %v after that one was last heard from",
+			st, p.cfg.Run, h, how, ttl)
 	})
 	if len(running) > 0 {
 		ls.MarkRemade(ctx)

@@ -88,12 +88,16 @@ type Status struct {
 // none does), and when it last renewed it. Ended: that process was of
 // this machine and no longer runs (killed): its lease lapses LeaseTTL
 // after Renewed, and a process started for the stage here takes it at
-// once.
+// once. Silent: that process answered no request (natsjs.Unanswered):
+// killed, or cut off from the server for now; a process waiting for the
+// stage takes it once it has been so, without renewing its lease, for
+// natsjs.SilentAfter(LeaseTTL).
 type StageRunner struct {
 	Stage   string
 	Holder  *natsjs.Holder
 	Renewed time.Time
 	Ended   bool
+	Silent  bool
 }
 
 // ExecutionsWindow is how far back Status looks at executions, and
@@ -330,7 +334,10 @@ func readRunners(ctx context.Context, c *streamConn, prefix, run string) ([]Stag
 		if out[i].Holder, out[i].Renewed, err = ls.Held(ctx, leaseKey(run, stage)); err != nil {
 			return nil, fmt.Errorf("pipeline: status: %w", err)
 		}
-		out[i].Ended = out[i].Holder != nil && out[i].Holder.Ended()
+		if h := out[i].Holder; h != nil {
+			out[i].Ended = h.Ended()
+			out[i].Silent = !out[i].Ended && natsjs.Unanswered(c.js.Conn(), *h)
+		}
 	}
 	return out, nil
 }

@@ -55,6 +55,9 @@ type holderDoc struct {
 	AgeSeconds float64 `json:"age_seconds"`
 	// NoLongerRuns: the holder was of this machine and its pid is gone.
 	NoLongerRuns bool `json:"no_longer_runs,omitempty"`
+	// Silent: its process answered no request (killed, or cut off from
+	// the server for now).
+	Silent bool `json:"silent,omitempty"`
 }
 
 type storeDoc struct {
@@ -236,7 +239,7 @@ func writeStatusJSON(w io.Writer, st *pipeline.Status, run string, now time.Time
 	for _, r := range st.Runners {
 		rd := runnerDoc{Stage: r.Stage}
 		if h := r.Holder; h != nil {
-			rd.Holder = &holderDoc{Host: h.Host, PID: h.PID, Since: h.Since.UTC(), RenewedAt: r.Renewed.UTC(), AgeSeconds: age(r.Renewed), NoLongerRuns: r.Ended}
+			rd.Holder = &holderDoc{Host: h.Host, PID: h.PID, Since: h.Since.UTC(), RenewedAt: r.Renewed.UTC(), AgeSeconds: age(r.Renewed), NoLongerRuns: r.Ended, Silent: r.Silent}
 		}
 		d.Runners = append(d.Runners, rd)
 	}

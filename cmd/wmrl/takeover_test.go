@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -24,6 +26,21 @@ import (
 // watermark) is given to it again at once, not after the consumers'
 // AckWait (30 s). Between the two, status says the holder is gone.
 func TestAStageKilledIsTakenOverAtOnceOnItsMachine(t *testing.T) {
+	killedAndTakenOver(t, false)
+}
+
+// Started again on another machine (or in a container of its own: a pid
+// namespace apart), the new process cannot look the killed one's pid up;
+// the killed one no longer answers requests, and once it has neither
+// answered nor renewed its lease for a third of the TTL, the new process
+// takes over, still before the lease would lapse, and what the killed one
+// held is given again at once. Status, from another machine, says the
+// holder answers no request.
+func TestAStageKilledIsTakenOverOnAnotherMachineOnceSilent(t *testing.T) {
+	killedAndTakenOver(t, true)
+}
+
+func killedAndTakenOver(t *testing.T, elsewhere bool) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
@@ -47,7 +64,15 @@ func TestAStageKilledIsTakenOverAtOnceOnItsMachine(t *testing.T) {
 			return strings.Contains(p.out.String(), "ready: ")
 		})
 	}
-	first := exec.Command(bin, args...)
+	// Elsewhere, each process is of a machine of its own, and this one of
+	// neither.
+	on := func(cmd *exec.Cmd, machine string) *exec.Cmd {
+		if elsewhere {
+			cmd.Env = append(os.Environ(), natsjs.MachineEnv+"="+machine)
+		}
+		return cmd
+	}
+	first := on(exec.Command(bin, args...), "first")
 	p1 := started(t, first)
 	ready(p1)
 
@@ -82,6 +107,7 @@ func TestAStageKilledIsTakenOverAtOnceOnItsMachine(t *testing.T) {
 	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	killed := time.Now()
 	<-p1.done
 	// Meanwhile, status on this machine says route's holder is gone.
 	js2, err := wmrl(ctx, "status", "--nats", srv.URL(), "--run", "r", "--json")
@@ -92,19 +118,28 @@ func TestAStageKilledIsTakenOverAtOnceOnItsMachine(t *testing.T) {
 	if err := json.Unmarshal([]byte(js2), &st); err != nil {
 		t.Fatal(err)
 	}
-	if len(st.Runners) == 0 || st.Runners[0].Stage != "route" || st.Runners[0].Holder == nil || !st.Runners[0].Holder.NoLongerRuns {
-		t.Errorf("status, route's holder killed: %s; want it said to run no longer", js2)
+	if len(st.Runners) == 0 || st.Runners[0].Stage != "route" || st.Runners[0].Holder == nil {
+		t.Fatalf("status, route's holder killed: %s; want it named", js2)
+	}
+	if h := st.Runners[0].Holder; h.NoLongerRuns == elsewhere || h.Silent != elsewhere {
+		t.Errorf("status, route's holder killed: %s; want it said to run no longer on this machine, or elsewhere to answer no request", js2)
 	}
 
-	p2 := started(t, exec.Command(bin, args...))
-	ready(p2)
-	out := p2.out.String()
-	if strings.Contains(out, "another process runs this stage") ||
-		!strings.Contains(out, "route: the process that ran this stage for run r (") ||
-		!strings.Contains(out, "no longer runs on this machine: this one takes it over now") {
-		t.Errorf("the process started after the holder was killed did not take over at once, saying so:\n%s", out)
+	how := "no longer runs on this machine: this one takes it over now"
+	if elsewhere {
+		how = fmt.Sprintf("has neither answered nor renewed its lease for %v: this one takes it over now", natsjs.SilentAfter(pipeline.LeaseTTL))
 	}
-	// Delivered again within 10 s of the start, where the AckWait would
+	p2 := started(t, on(exec.Command(bin, args...), "second"))
+	ready(p2)
+	t.Logf("taken over %v after the kill", time.Since(killed).Round(100*time.Millisecond))
+	out := p2.out.String()
+	if !strings.Contains(out, "route: the process that ran this stage for run r (") || !strings.Contains(out, how) {
+		t.Errorf("the process started after the holder was killed did not take over, saying %q:\n%s", how, out)
+	}
+	if waited := strings.Contains(out, "another process runs this stage"); waited != elsewhere {
+		t.Errorf("the process started after the holder was killed waited for it: %v; want %v:\n%s", waited, elsewhere, out)
+	}
+	// Delivered again within 10 s of the takeover, where the AckWait would
 	// have them wait 30 s after the killed process took them.
 	deadline := time.Now().Add(10 * time.Second)
 	for info := consumer(); info.NumRedelivered < len(trajs); info = consumer() {

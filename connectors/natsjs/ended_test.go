@@ -43,7 +43,7 @@ func TestALeaseWhoseHolderNoLongerRunsIsTakenAtOnce(t *testing.T) {
 	defer cancel()
 	l := leases(t, ctx, 10*time.Minute, 1)[0] // a lapse would come long after the test's end
 	var heard []Holder
-	l.OnEnded(func(key string, h Holder) { heard = append(heard, h) })
+	l.OnEnded(func(key string, h Holder, _ string) { heard = append(heard, h) })
 	h, stop := runningHolder(t, ctx, l, "run.fuse", pidSpace())
 	if h.PIDSpace == "" {
 		t.Fatal("this process's pid space is unknown: /proc/sys/kernel/random/boot_id or /proc/self/ns/pid unreadable")

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -32,8 +33,14 @@ type Leases struct {
 	// and when a take of it was last refused for a full store since.
 	seen map[string]seenHolder
 	// onEnded, if set, hears of a lease taken from a holder that no
-	// longer runs (Holder.Ended).
-	onEnded func(key string, h Holder)
+	// longer runs (Holder.Ended), or went silent, and how it was told.
+	onEnded func(key string, h Holder, how string)
+
+	// nc answers requests on answers for this process's holders (""
+	// when it cannot); a holder silent for silentAfter is gone (silent).
+	nc          *nats.Conn
+	answers     string
+	silentAfter time.Duration
 }
 
 // Holder says who holds a lease. ID tells apart two leases taken on one
@@ -46,6 +53,10 @@ type Holder struct {
 	PIDSpace string    `json:"pid_space,omitempty"`
 	Since    time.Time `json:"since"`
 	ID       string    `json:"id"`
+	// Answers is a subject the holder's process answers requests on while
+	// it runs (empty: it does not), for a process of another machine to
+	// tell whether it still runs.
+	Answers string `json:"answers,omitempty"`
 
 	// lapsedFull is when a take of the lease, lapsed while the store was
 	// full, was refused for it (zero: the holder wrote it).
@@ -102,15 +113,17 @@ func OpenLeases(ctx context.Context, js jetstream.JetStream, bucket string, repl
 	if err != nil {
 		return nil, err
 	}
-	l := &Leases{b: b, ttl: ttl, poll: min(ttl/4, time.Second)}
+	l := &Leases{b: b, ttl: ttl, poll: min(ttl/4, time.Second), nc: js.Conn(), silentAfter: SilentAfter(ttl)}
+	l.answers = answer(ctx, l.nc)
 	b.marked = l.writeMark
 	return l, nil
 }
 
-// OnEnded has f hear of each lease this process takes from a holder on
-// its own machine that no longer runs, without waiting for the lease to
-// lapse. Call it before the leases are used.
-func (l *Leases) OnEnded(f func(key string, h Holder)) { l.onEnded = f }
+// OnEnded has f hear of each lease this process takes from a holder
+// that no longer runs on its own machine, or has gone silent (answers.go),
+// without waiting for the lease to lapse, and how that was told. Call it
+// before the leases are used.
+func (l *Leases) OnEnded(f func(key string, h Holder, how string)) { l.onEnded = f }
 
 // TTL is how long a lease outlives its last renewal.
 func (l *Leases) TTL() time.Duration { return l.ttl }
@@ -143,6 +156,9 @@ func (l *Leases) Acquire(ctx context.Context, key string, me Holder, busy func(H
 // by another is still that holder's (lapsedHolder). A lease held by a
 // process of this machine that no longer runs is taken at once.
 func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease, *Holder, error) {
+	if me.Answers == "" {
+		me.Answers = l.answers
+	}
 	value, err := json.Marshal(me)
 	if err != nil {
 		return nil, nil, err
@@ -200,6 +216,9 @@ func (l *Leases) Wait(ctx context.Context, key string) error {
 			l.saw(key, *h, e.Revision())
 			if l.overdue(key) {
 				l.probeRoom(ctx, key)
+				if l.silent(key) {
+					return nil // TryAcquire drops it
+				}
 			}
 			continue
 		}
@@ -259,7 +278,13 @@ func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) 
 			l.taken(key)
 			return e.Revision(), nil, nil
 		case h.Ended():
-			if err := l.drop(ctx, key, *h, e.Revision()); err != nil {
+			if err := l.drop(ctx, key, *h, e.Revision(), "no longer runs on this machine"); err != nil {
+				return 0, nil, err
+			}
+			continue
+		case l.judgedSilent(key, *h, e.Revision()):
+			how := fmt.Sprintf("has neither answered nor renewed its lease for %v", l.silentAfter)
+			if err := l.drop(ctx, key, *h, e.Revision(), how); err != nil {
 				return 0, nil, err
 			}
 			continue
@@ -270,23 +295,23 @@ func (l *Leases) take(ctx context.Context, key string, me Holder, value []byte) 
 	return 0, nil, fmt.Errorf("natsjs: lease %s: the server refused to create it as it exists, and read it back as free, %d times in a row", key, takeTries)
 }
 
-// drop deletes key, held by h, which no longer runs, at the revision
-// read: if anyone wrote it since, the delete is refused and the lease
-// read again.
-func (l *Leases) drop(ctx context.Context, key string, h Holder, rev uint64) error {
+// drop deletes key, held by h, which no longer runs (how tells how that
+// was found), at the revision read: if anyone wrote it since, the delete
+// is refused and the lease read again.
+func (l *Leases) drop(ctx context.Context, key string, h Holder, rev uint64, how string) error {
 	err := l.b.do(ctx, bucketGoneAgain, func(ctx context.Context) error {
 		return l.b.kv.Delete(ctx, key, jetstream.LastRevision(rev))
 	})
 	switch {
 	case err == nil:
 		if l.onEnded != nil {
-			l.onEnded(key, h)
+			l.onEnded(key, h, how)
 		}
 		return nil
 	case errors.Is(err, jetstream.ErrKeyNotFound) || wrongLastSeq(err):
 		return nil
 	}
-	return fmt.Errorf("natsjs: lease %s, held by %s, which no longer runs: %w", key, h, err)
+	return fmt.Errorf("natsjs: lease %s, held by %s, which %s: %w", key, h, how, err)
 }
 
 // wrongLastSeq: a write at a revision the key is no longer at (10071, or

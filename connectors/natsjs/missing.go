@@ -25,6 +25,13 @@ type seenHolder struct {
 	// roomAt is when a probe first found room again since fullAt (zero:
 	// not yet).
 	roomAt time.Time
+	// silentSince is when a request to the holder (silent) was first
+	// answered "no responders" at this revision, after which pings more
+	// were; reconnects is this process's count of reconnections then
+	// (another resets it: the silence may have been this process's).
+	silentSince time.Time
+	pings       int
+	reconnects  uint64
 }
 
 // roomKey is what a process waiting for a lease writes (probeRoom) at
@@ -158,12 +165,12 @@ func (l *Leases) refusedFull(key string) {
 // stage took it as room came back, if it asked first, and the stage's
 // holder stopped ("lease lost"). A process that never saw the lease held
 // (one started after it lapsed) takes it at once, as does one that sees
-// the holder no longer runs on its machine.
+// the holder no longer runs on its machine, or has gone silent.
 func (l *Leases) lapsedHolder(ctx context.Context, key string) *Holder {
 	l.mu.Lock()
 	s, ok := l.seen[key]
 	l.mu.Unlock()
-	if !ok || s.fullAt.IsZero() || s.h.Ended() {
+	if !ok || s.fullAt.IsZero() || s.h.Ended() || l.silent(key) {
 		return nil
 	}
 	if s.roomAt.IsZero() {
