@@ -26,9 +26,10 @@ type seenHolder struct {
 	// not yet).
 	roomAt time.Time
 	// silentSince is when a request to the holder (silent) was first
-	// answered "no responders" at this revision, after which pings more
-	// were; reconnects is this process's count of reconnections then
-	// (another resets it: the silence may have been this process's).
+	// answered "no responders" at this revision, and pings how many have
+	// been since, that one included; reconnects is this process's count
+	// of reconnections then (another restarts the count: the silence may
+	// have been this process's).
 	silentSince time.Time
 	pings       int
 	reconnects  uint64
