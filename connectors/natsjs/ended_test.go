@@ -74,7 +74,8 @@ func TestALeaseWhoseHolderNoLongerRunsIsTakenAtOnce(t *testing.T) {
 }
 
 // A pid means nothing outside its pid space: a holder of another machine
-// (or container) whose pid is free here is left its lease until it lapses.
+// (or container) whose pid is free here, and which names no subject to be
+// asked on (answers.go), is left its lease until it lapses.
 func TestAHolderOfAnotherPIDSpaceIsNotJudgedHere(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
