@@ -194,9 +194,9 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 // which would otherwise wait out the consumers' AckWait (30 s). On the
 // embedded server, just started on its store, that is the process
 // before this one, for every stage this one runs; on an external server,
-// a process of this machine that no longer runs, for the one-per-run
-// stages taken from it (a one-per-run stage's consumers have no other
-// reader). Consumers of outside stages are left alone: their process
+// a process that no longer runs on this machine, or went silent, for the
+// one-per-run stages taken from it (a one-per-run stage's consumers have
+// no other reader). Consumers of outside stages are left alone: their process
 // may be alive and still handling them. Failing, the start only waits
 // as it did.
 func (p *Pipeline) expireHeld(ctx context.Context, stages []string, who string) {

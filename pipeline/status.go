@@ -326,6 +326,7 @@ func readRunners(ctx context.Context, c *streamConn, prefix, run string) ([]Stag
 		return nil, fmt.Errorf("pipeline: status: %w", err)
 	}
 	out := make([]StageRunner, len(onePerRun))
+	silent := map[string]bool{} // by holder: one process often holds them all
 	for i, stage := range onePerRun {
 		out[i].Stage = stage
 		if ls == nil {
@@ -335,8 +336,14 @@ func readRunners(ctx context.Context, c *streamConn, prefix, run string) ([]Stag
 			return nil, fmt.Errorf("pipeline: status: %w", err)
 		}
 		if h := out[i].Holder; h != nil {
-			out[i].Ended = h.Ended()
-			out[i].Silent = !out[i].Ended && natsjs.Unanswered(c.js.Conn(), *h)
+			if out[i].Ended = h.Ended(); !out[i].Ended {
+				s, asked := silent[h.ID]
+				if !asked {
+					s = natsjs.Unanswered(c.js.Conn(), *h)
+					silent[h.ID] = s
+				}
+				out[i].Silent = s
+			}
 		}
 	}
 	return out, nil

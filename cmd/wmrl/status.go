@@ -337,14 +337,13 @@ func writeRunners(w io.Writer, rs []pipeline.StageRunner, now time.Time) {
 	head := "one per run:     "
 	for _, id := range order {
 		r := held[id]
-		ended := ""
+		ended, lapses := "", max(r.Renewed.Add(pipeline.LeaseTTL).Sub(now), 0).Round(time.Second)
 		switch {
 		case r.Ended:
-			ended = fmt.Sprintf("; it no longer runs: its lease lapses in %s, and a process started for it on this machine takes over at once",
-				max(r.Renewed.Add(pipeline.LeaseTTL).Sub(now), 0).Round(time.Second))
+			ended = fmt.Sprintf("; it no longer runs: its lease lapses in %s, and a process started for it on this machine takes over at once", lapses)
 		case r.Silent:
 			ended = fmt.Sprintf("; its process answers no request (killed, or cut off from the server): a process waiting for the stage takes it over once it has neither answered nor renewed for %s, else its lease lapses in %s",
-				natsjs.SilentAfter(pipeline.LeaseTTL), max(r.Renewed.Add(pipeline.LeaseTTL).Sub(now), 0).Round(time.Second))
+				natsjs.SilentAfter(pipeline.LeaseTTL), lapses)
 		}
 		fmt.Fprintf(w, "%s%s: %s (renewed %s ago%s)\n", head, strings.Join(by[id], ", "), r.Holder, now.Sub(r.Renewed).Round(time.Second), ended)
 		head = strings.Repeat(" ", len(head))

@@ -154,7 +154,8 @@ func (l *Leases) Acquire(ctx context.Context, key string, me Holder, busy func(H
 // from it is held by a process not known yet; and for the TTL after a
 // take of it was refused for a full store, a lease this process saw held
 // by another is still that holder's (lapsedHolder). A lease held by a
-// process of this machine that no longer runs is taken at once.
+// process that no longer runs on this machine, or went silent
+// (answers.go), is taken at once.
 func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease, *Holder, error) {
 	if me.Answers == "" {
 		me.Answers = l.answers
@@ -197,7 +198,8 @@ func (l *Leases) TryAcquire(ctx context.Context, key string, me Holder) (*Lease,
 // here only once it has been gone for the TTL: then no holder is left.
 // Back, a lease missing from it is left to its holder for the TTL, as is
 // one that lapsed while the store was full (lapsedHolder). A holder of
-// this machine that no longer runs holds nothing.
+// this machine that no longer runs holds nothing, nor does one whose
+// renewals are overdue and who went silent.
 func (l *Leases) Wait(ctx context.Context, key string) error {
 	for {
 		select {
