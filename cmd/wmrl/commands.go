@@ -36,24 +36,29 @@ func rootCommand() *cobra.Command {
 	return root
 }
 
-// positiveOnly are, by command, the flags whose setting takes its default
-// when 0 (pipeline.Config's and the audit's defaults): given 0, or less,
-// the command would go on with the default and say nothing.
-var positiveOnly = map[string][]string{
-	"run": {"groups", "group-size", "exec-slots", "step-timeout", "anchor-deadline", "pair-wait",
-		"stuck-after", "exec-latency", "wm-probe-every", "exec-probe-every"},
-	"stage": {"exec-slots", "step-timeout", "anchor-deadline", "pair-wait", "stuck-after", "exec-latency",
-		"wm-probe-every", "exec-probe-every"},
-	"audit": {"bins", "tolerance", "min-bin-pairs", "min-task-pairs"},
+// positiveMark marks, among a flag's annotations, a flag whose setting
+// takes its default when 0 (pipeline.Config's, the connectors', the
+// audit's): given 0, or less, the command would go on with the default
+// and say nothing, so it refuses them. Every other numeric flag whose
+// default is not 0 says in its usage what 0 does (a test holds both).
+const positiveMark = "wmrl:positive"
+
+// positive marks the named flags of fs, defined already, as positiveMark.
+func positive(fs *pflag.FlagSet, names ...string) {
+	for _, name := range names {
+		if err := fs.SetAnnotation(name, positiveMark, []string{"true"}); err != nil {
+			panic(fmt.Sprintf("wmrl: %v", err)) // a flag renamed and not here
+		}
+	}
 }
 
-// refuseNotPositive names a flag of cmd's positiveOnly given 0 or less,
+// refuseNotPositive names a flag of cmd marked positive given 0 or less,
 // on the command line or in --config.
 func refuseNotPositive(cmd *cobra.Command) error {
-	for _, name := range positiveOnly[cmd.Name()] {
-		f := cmd.Flags().Lookup(name)
-		if f == nil || !f.Changed {
-			continue
+	var refused error
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if _, marked := f.Annotations[positiveMark]; !marked || !f.Changed || refused != nil {
+			return
 		}
 		v := f.Value.String()
 		x, err := strconv.ParseFloat(v, 64)
@@ -61,10 +66,10 @@ func refuseNotPositive(cmd *cobra.Command) error {
 			x, err = d.Seconds(), nil
 		}
 		if err == nil && !(x > 0) {
-			return fmt.Errorf("--%s %s: want more than 0 (its default is %s)", name, v, f.DefValue)
+			refused = fmt.Errorf("--%s %s: want more than 0 (its default is %s)", f.Name, v, f.DefValue)
 		}
-	}
-	return nil
+	})
+	return refused
 }
 
 // worldModelFlags binds the flags of an OpenAI-compatible world model
@@ -80,6 +85,7 @@ func worldModelFlags(fs *pflag.FlagSet, cfg *pipeline.Config) {
 	fs.IntVar(&cfg.WMConcurrency, "wm-concurrency", 16, "world-model requests in flight at most, per process (a vLLM or SGLang server batches many)")
 	fs.DurationVar(&cfg.WMTimeout, "wm-timeout", 120*time.Second, "time a world-model request may take before it is given up (and retried)")
 	fs.IntVar(&cfg.WMRetries, "wm-retries", cfg.WMRetries, "how often a world-model request that failed (429, 5xx, timeout, connection) is tried again, with jittered backoff; a call fails once its last retry has (0: never)")
+	positive(fs, "wm-samples", "wm-max-tokens", "wm-concurrency", "wm-timeout")
 }
 
 // natsAuthFlags binds what an external NATS server may ask of a client.
@@ -126,7 +132,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "serve the trainer HTTP gateway on this address")
 	fs.StringVar(&cfg.HTTPCert, "http-cert", "", "certificate (PEM) for the gateway to speak HTTPS with, read again when it changes; with --http-key")
 	fs.StringVar(&cfg.HTTPKey, "http-key", "", "key (PEM) of --http-cert")
-	fs.DurationVar(&cfg.HTTPDrain, "http-drain", cfg.HTTPDrain, "how long a stopping process lets its gateway's requests in flight run, reward requests waiting for the world model among them (give a Kubernetes pod's terminationGracePeriodSeconds room for it); then those answer 503, asked again elsewhere, and what still runs a second later is cut off")
+	fs.DurationVar(&cfg.HTTPDrain, "http-drain", cfg.HTTPDrain, "how long a stopping process lets its gateway's requests in flight run, reward requests waiting for the world model among them (give a Kubernetes pod's terminationGracePeriodSeconds room for it); then those answer 503, asked again elsewhere, and what still runs a second later is cut off (0: they answer 503 at once)")
 	fs.DurationVar(&cfg.RewardMemory, "reward-memory", cfg.RewardMemory, "how long the gateway's reward endpoints keep the world model's score of a solution, so that the same solution asked again (a trainer retrying a request) is not scored again (0: only while its call is under way, for a world model sampled anew each time)")
 	fs.StringVar(&cfg.WorldModel, "world-model", "sim", "world model: sim, or openai (an OpenAI-compatible /v1/chat/completions server; key from WMRL_WM_API_KEY)")
 	worldModelFlags(fs, cfg)
@@ -146,8 +152,8 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringArrayVar(&cfg.ExecEnv, "exec-env", nil, "KEY=VALUE added to the environment of --executor subprocess's solutions (repeat it), e.g. OMP_NUM_THREADS=4")
 	fs.IntVar(&cfg.ExecProcesses, "exec-processes", 0, "processes and threads of the user executions run as: all of this process's executions at once share it, unless --exec-uids gives each its own (0: (64 + 8 per core) per --exec-slots)")
 	fs.IntVar(&cfg.ExecCPUSeconds, "exec-cpu-seconds", 0, "CPU time of one real execution, all its threads (0: the wall-clock limit times this machine's cores, plus 1); subprocess only")
-	fs.Float64Var(&cfg.Anchors.Fraction, "anchor-fraction", cfg.Anchors.Fraction, "share of groups executed for real")
-	fs.IntVar(&cfg.Anchors.MinPerStep, "anchor-min", cfg.Anchors.MinPerStep, "minimum anchor groups per step")
+	fs.Float64Var(&cfg.Anchors.Fraction, "anchor-fraction", cfg.Anchors.Fraction, "share of groups executed for real (0: --anchor-min groups a step)")
+	fs.IntVar(&cfg.Anchors.MinPerStep, "anchor-min", cfg.Anchors.MinPerStep, "minimum anchor groups per step (0: none where the fraction rounds to none)")
 	fs.StringVar(&cfg.Anchors.Rounding, "anchor-rounding", cfg.Anchors.Rounding, "how a step's fraction of its groups becomes a whole count: even (round half to even every step, the reference: 0.10 of 16 groups executes 2) or spread (1 or 2 a step, so that any run of steps executes the fraction to within one group)")
 	fs.Uint64Var(&cfg.Anchors.Seed, "anchor-seed", 0, "seed of the anchor draw")
 	fs.IntVar(&cfg.Anchors.MaxInFlight, "anchor-max-in-flight", 0, "cap on anchor groups sent for execution and not executed yet; a step planned at the cap gets fewer anchors (0: no cap)")
@@ -173,6 +179,8 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.IntVar(&cfg.ArchiveMaxRows, "archive-max-rows", 1_000_000, "close an archive file after this many rows")
 	fs.BoolVar(&cfg.ArchiveCode, "archive-code", cfg.ArchiveCode, "archive the anchor groups' prompts and responses in their rows (what evaluating or training another world model on the executions needs)")
 	fs.DurationVar(&cfg.ArchiveCompactAfter, "archive-compact-after", cfg.ArchiveCompactAfter, "merge closed archive files older than this into files of up to --archive-max-rows rows, in the background (0: never)")
+	positive(fs, "nats-max-payload-mb", "wm-probe-every", "exec-slots", "exec-latency", "exec-probe-every", "buffer", "step-timeout",
+		"anchor-deadline", "pair-wait", "stuck-after", "archive-max-age", "archive-max-rows")
 }
 
 // noArchive drops the archive stage from a run given --archive off.
@@ -205,6 +213,7 @@ func runCommand() *cobra.Command {
 	fs.IntVar(&cfg.Groups, "groups", cfg.Groups, "groups per step (simulated source)")
 	fs.IntVar(&cfg.GroupSize, "group-size", cfg.GroupSize, "trajectories per group (simulated source)")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the simulated source")
+	positive(fs, "groups", "group-size")
 	stepLineFlags(fs, &cfg)
 	return cmd
 }

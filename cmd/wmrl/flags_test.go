@@ -5,10 +5,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
@@ -146,6 +149,68 @@ func TestAFlagThatCannotBeZeroSaysSo(t *testing.T) {
 			t.Errorf("wmrl %s: %v", strings.Join(args, " "), err)
 		}
 	}
+}
+
+// Every numeric flag whose default is not 0 either refuses 0 (marked
+// positive: its 0 would take the default and say nothing) or says in its
+// usage what 0 does, or its command refuses 0 itself, naming it. Found
+// this way: --wm-timeout 0, --buffer 0, --archive-max-rows 0 and five more
+// of run, stage and serve (serve's whole list), compact's --max-rows 0 and
+// wm-eval's --concurrency 0 ran with their defaults and said nothing.
+func TestEveryNumericFlagSaysWhatItsZeroDoes(t *testing.T) {
+	zeroSays := regexp.MustCompile(`(^|[^0-9.])0( [a-z]+)?: `)
+	// Refused by the command's own checks, with a reason of their own.
+	refusedBy := map[string][]string{"sim": {"seeds", "steps", "groups", "tasks", "group-size", "exec-noise"}}
+	numeric := map[string]bool{"int": true, "int64": true, "uint": true, "uint64": true, "float64": true, "duration": true}
+	var visit func(cmd *cobra.Command)
+	visit = func(cmd *cobra.Command) {
+		for _, sub := range cmd.Commands() {
+			visit(sub)
+		}
+		name := cmd.Name()
+		cmd.Flags().VisitAll(func(f *pflag.Flag) {
+			_, marked := f.Annotations[positiveMark]
+			documented := zeroSays.MatchString(f.Usage)
+			if marked && documented {
+				t.Errorf("%s --%s refuses 0, and its usage says what 0 does: %q", name, f.Name, f.Usage)
+			}
+			if marked {
+				fresh, rest, err := rootCommand().Find(append(strings.Fields(cmd.CommandPath())[1:], "--"+f.Name, "0"))
+				if err == nil {
+					err = fresh.ParseFlags(rest)
+				}
+				if err == nil {
+					err = refuseNotPositive(fresh)
+				}
+				if err == nil || !strings.Contains(err.Error(), "--"+f.Name+" 0") {
+					t.Errorf("%s --%s 0: %v; want it refused, naming it", name, f.Name, err)
+				}
+				return
+			}
+			if !numeric[f.Value.Type()] || isZero(f.DefValue) || strings.HasSuffix(f.Name, "seed") || documented {
+				return
+			}
+			if slices.Contains(refusedBy[name], f.Name) {
+				_, err := wmrl(context.Background(), name, "--"+f.Name, "0", "--no-sweep", "--out", t.TempDir())
+				words := strings.ReplaceAll(f.Name, "-", " ") + " 0"
+				if err == nil || !strings.Contains(err.Error(), "--"+f.Name+" 0") && !strings.Contains(err.Error(), words) {
+					t.Errorf("wmrl %s --%s 0: %v; want it refused, naming it", name, f.Name, err)
+				}
+				return
+			}
+			t.Errorf("%s --%s (default %s): neither refuses 0 nor says what it does: %q", name, f.Name, f.DefValue, f.Usage)
+		})
+	}
+	visit(rootCommand())
+}
+
+// isZero reports whether a flag's default reads as 0 (0, 0s).
+func isZero(def string) bool {
+	if x, err := strconv.ParseFloat(def, 64); err == nil {
+		return x == 0
+	}
+	d, err := time.ParseDuration(def)
+	return err == nil && d == 0
 }
 
 // `wmrl stage` without a stage's name lists the stages, where cobra said

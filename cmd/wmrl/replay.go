@@ -407,11 +407,12 @@ func auditCommand() *cobra.Command {
 	fs.IntVar(&opt.MinBinPairs, "min-bin-pairs", 10, "levels with fewer anchor pairs are not judged")
 	fs.IntVar(&opt.MinTaskPairs, "min-task-pairs", 30, "tasks with fewer anchor pairs get no verdict")
 	fs.DurationVar(&deadline, "anchor-deadline", 0, "the run's --anchor-deadline, which the execution times are set against (default: as the archive records it; archives from before it was recorded need it)")
-	fs.IntVar(&expect.Seeds, "expect-seeds", 8, "seeds of the wmrl sim run at this world model (what to expect); 0 skips it")
+	fs.IntVar(&expect.Seeds, "expect-seeds", 8, "seeds of the wmrl sim run at this world model (what to expect; 0: none)")
 	expect.Optimizer, expect.Costs = rl.DefaultConfig().Optimizer, rl.DefaultCosts
 	fs.Var(choiceFlag[rl.Optimizer]{&expect.Optimizer, rl.Optimizers}, "expect-optimizer", fmt.Sprintf("the simulated learner's optimizer for what to expect: %v", rl.Optimizers))
-	fs.Float64Var(&expect.Costs.WorldModel, "cost-wm", expect.Costs.WorldModel, "what to expect: cost of a world-model call, in generations")
-	fs.Float64Var(&expect.Costs.Execute, "cost-exec", expect.Costs.Execute, "what to expect: cost of an execution, in generations")
+	fs.Float64Var(&expect.Costs.WorldModel, "cost-wm", expect.Costs.WorldModel, "what to expect: cost of a world-model call, in generations (0: counted free)")
+	fs.Float64Var(&expect.Costs.Execute, "cost-exec", expect.Costs.Execute, "what to expect: cost of an execution, in generations (0: counted free)")
+	positive(fs, "bins", "tolerance", "min-bin-pairs", "min-task-pairs")
 	return cmd
 }
 
@@ -506,6 +507,7 @@ out of the whole archive.`,
 	fs.StringVar(&run, "run", "", "run to compact (default: every run)")
 	fs.Int64Var(&cfg.MaxRows, "max-rows", 1_000_000, "rows in a merged file at most")
 	fs.DurationVar(&cfg.MinAge, "min-age", 0, "merge only files closed at least this long ago")
+	positive(fs, "max-rows")
 	return cmd
 }
 

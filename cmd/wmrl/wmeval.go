@@ -84,6 +84,7 @@ within-group Spearman buys.`,
 	fs.Lookup("claim-probe").NoOptDefVal = offline.DefaultClaim
 	fs.StringVar(&cfg.TaskDir, "task", "", "task directory whose task.json gives the execution limits the prompt states, or a directory of them, each trajectory's by its task_id (as wmrl run --task does)")
 	worldModelFlags(fs, &cfg)
+	positive(fs, "concurrency")
 	return cmd
 }
 
