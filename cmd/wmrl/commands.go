@@ -65,11 +65,24 @@ func refuseNotPositive(cmd *cobra.Command) error {
 		if d, derr := time.ParseDuration(v); err != nil && derr == nil {
 			x, err = d.Seconds(), nil
 		}
-		if err == nil && !(x > 0) {
+		switch {
+		case err != nil || x > 0:
+		case isZero(f.DefValue): // left out, it takes what the command reads elsewhere (replay: as recorded)
+			refused = fmt.Errorf("--%s %s: want more than 0", f.Name, v)
+		default:
 			refused = fmt.Errorf("--%s %s: want more than 0 (its default is %s)", f.Name, v, f.DefValue)
 		}
 	})
 	return refused
+}
+
+// isZero reports whether a flag's default reads as 0 (0, 0s).
+func isZero(def string) bool {
+	if x, err := strconv.ParseFloat(def, 64); err == nil {
+		return x == 0
+	}
+	d, err := time.ParseDuration(def)
+	return err == nil && d == 0
 }
 
 // worldModelFlags binds the flags of an OpenAI-compatible world model

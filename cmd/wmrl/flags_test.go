@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -202,15 +201,6 @@ func TestEveryNumericFlagSaysWhatItsZeroDoes(t *testing.T) {
 		})
 	}
 	visit(rootCommand())
-}
-
-// isZero reports whether a flag's default reads as 0 (0, 0s).
-func isZero(def string) bool {
-	if x, err := strconv.ParseFloat(def, 64); err == nil {
-		return x == 0
-	}
-	d, err := time.ParseDuration(def)
-	return err == nil && d == 0
 }
 
 // `wmrl stage` without a stage's name lists the stages, where cobra said
