@@ -66,7 +66,7 @@ func refuseNotPositive(cmd *cobra.Command) error {
 			x, err = d.Seconds(), nil
 		}
 		switch {
-		case err != nil || x > 0:
+		case err != nil || x > 0: // taken
 		case isZero(f.DefValue): // left out, it takes what the command reads elsewhere (replay: as recorded)
 			refused = fmt.Errorf("--%s %s: want more than 0", f.Name, v)
 		default:
