@@ -541,6 +541,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --step-summary %v: want a duration >= 0", ErrConfig, c.StepSummary)
 	case c.HTTPDrain < 0:
 		return fmt.Errorf("%w: --http-drain %v: want a duration >= 0", ErrConfig, c.HTTPDrain)
+	case c.ArchiveCompactAfter < 0:
+		return fmt.Errorf("%w: --archive-compact-after %v: want a duration >= 0 (0: never)", ErrConfig, c.ArchiveCompactAfter)
 	case c.StuckAfter < 0:
 		return fmt.Errorf("%w: --stuck-after %v: want a duration > 0", ErrConfig, c.StuckAfter)
 	case c.WMConcurrency < 0:

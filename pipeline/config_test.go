@@ -60,6 +60,7 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		}, ""},
 		{"world-model retries", func(c *Config) { c.WMRetries = -1 }, "--wm-retries -1"},
 		{"gateway drain", func(c *Config) { c.HTTPDrain = -time.Second }, "--http-drain -1s: want a duration >= 0"},
+		{"archive merges", func(c *Config) { c.ArchiveCompactAfter = -time.Second }, "--archive-compact-after -1s: want a duration >= 0 (0: never)"},
 		{"no gateway drain", func(c *Config) { c.HTTPDrain = 0 }, ""},
 		{"a client certificate on the embedded server", func(c *Config) { c.NATSAuth.Cert, c.NATSAuth.Key = "c.pem", "k.pem" }, "are for an external server (--nats URL)"},
 		{"a token on the embedded server", func(c *Config) { c.NATSAuth.Token = "t" }, ""},

@@ -111,7 +111,9 @@ func TestQuietLeavesOutTheStepsAlone(t *testing.T) {
 // A flag whose setting takes its default when 0 refuses 0 and less, on the
 // command line and in --config, naming the flag and its default: before,
 // `wmrl run --groups 0` ran 16 groups a step and said nothing. dlq's
-// --since, whose 0 is "all", refuses less than 0, which listed all too.
+// --since, whose 0 is "all", refuses less than 0, which listed all too, as
+// compact's --min-age does (it merged every file); audit's
+// --anchor-deadline -1s read the archive's own, unsaid.
 func TestAFlagThatCannotBeZeroSaysSo(t *testing.T) {
 	ctx := context.Background()
 	conf := filepath.Join(t.TempDir(), "run.yaml")
@@ -128,6 +130,8 @@ func TestAFlagThatCannotBeZeroSaysSo(t *testing.T) {
 		{[]string{"run", "--config", conf}, "--exec-slots 0: want more than 0 (its default is 16)"},
 		{[]string{"audit", "--tolerance", "0"}, "--tolerance 0: want more than 0 (its default is 0.05)"},
 		{[]string{"dlq", "--since", "-5m"}, "--since -5m0s: want how far back from now, such as 15m (0: all)"},
+		{[]string{"compact", "--min-age", "-1s"}, "--min-age -1s: want a duration >= 0 (0: every file)"},
+		{[]string{"audit", "--anchor-deadline", "-1s"}, "--anchor-deadline -1s: want more than 0"},
 	} {
 		if out, err := wmrl(ctx, c.args...); err == nil || err.Error() != c.want {
 			t.Errorf("wmrl %s: %v\n%s\nwant %q", strings.Join(c.args, " "), err, out, c.want)

@@ -413,7 +413,7 @@ func auditCommand() *cobra.Command {
 	fs.Var(choiceFlag[rl.Optimizer]{&expect.Optimizer, rl.Optimizers}, "expect-optimizer", fmt.Sprintf("the simulated learner's optimizer for what to expect: %v", rl.Optimizers))
 	fs.Float64Var(&expect.Costs.WorldModel, "cost-wm", expect.Costs.WorldModel, "what to expect: cost of a world-model call, in generations (0: counted free)")
 	fs.Float64Var(&expect.Costs.Execute, "cost-exec", expect.Costs.Execute, "what to expect: cost of an execution, in generations (0: counted free)")
-	positive(fs, "bins", "tolerance", "min-bin-pairs", "min-task-pairs")
+	positive(fs, "bins", "tolerance", "min-bin-pairs", "min-task-pairs", "anchor-deadline")
 	return cmd
 }
 
@@ -463,6 +463,9 @@ out of the whole archive.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
+			if cfg.MinAge < 0 {
+				return fmt.Errorf("--min-age %v: want a duration >= 0 (0: every file)", cfg.MinAge)
+			}
 			if err := archiveThere(root); err != nil {
 				return err
 			}
@@ -507,7 +510,7 @@ out of the whole archive.`,
 	archiveFlag(fs, &root)
 	fs.StringVar(&run, "run", "", "run to compact (default: every run)")
 	fs.Int64Var(&cfg.MaxRows, "max-rows", 1_000_000, "rows in a merged file at most")
-	fs.DurationVar(&cfg.MinAge, "min-age", 0, "merge only files closed at least this long ago")
+	fs.DurationVar(&cfg.MinAge, "min-age", 0, "merge only files closed at least this long ago (0: every file)")
 	positive(fs, "max-rows")
 	return cmd
 }
