@@ -113,7 +113,8 @@ func TestQuietLeavesOutTheStepsAlone(t *testing.T) {
 // `wmrl run --groups 0` ran 16 groups a step and said nothing. dlq's
 // --since, whose 0 is "all", refuses less than 0, which listed all too, as
 // compact's --min-age does (it merged every file); audit's
-// --anchor-deadline -1s read the archive's own, unsaid.
+// --anchor-deadline -1s read the archive's own, unsaid; wm-eval's --groups
+// -1 evaluated every group and its --wm-retries -1 tried each call once.
 func TestAFlagThatCannotBeZeroSaysSo(t *testing.T) {
 	ctx := context.Background()
 	conf := filepath.Join(t.TempDir(), "run.yaml")
@@ -132,6 +133,9 @@ func TestAFlagThatCannotBeZeroSaysSo(t *testing.T) {
 		{[]string{"dlq", "--since", "-5m"}, "--since -5m0s: want how far back from now, such as 15m (0: all)"},
 		{[]string{"compact", "--min-age", "-1s"}, "--min-age -1s: want a duration >= 0 (0: every file)"},
 		{[]string{"audit", "--anchor-deadline", "-1s"}, "--anchor-deadline -1s: want more than 0"},
+		{[]string{"wm-eval", "--wm-url", "http://127.0.0.1:1/v1", "--wm-model", "m", "--groups", "-1"}, "wm-eval: --groups -1: want a number of anchor groups >= 0 (0: all)"},
+		{[]string{"wm-eval", "--wm-url", "http://127.0.0.1:1/v1", "--wm-model", "m", "--wm-retries", "-1"},
+			"wm-eval: pipeline: invalid config: --wm-timeout 2m0s and --wm-retries -1: want >= 0"},
 	} {
 		if out, err := wmrl(ctx, c.args...); err == nil || err.Error() != c.want {
 			t.Errorf("wmrl %s: %v\n%s\nwant %q", strings.Join(c.args, " "), err, out, c.want)

@@ -46,6 +46,12 @@ within-group Spearman buys.`,
 			if cfg.WMURL == "" || cfg.WMModel == "" {
 				return errors.New("wm-eval: --wm-url and --wm-model name the world model to evaluate")
 			}
+			if opt.Groups < 0 {
+				return fmt.Errorf("wm-eval: --groups %d: want a number of anchor groups >= 0 (0: all)", opt.Groups)
+			}
+			if err := cfg.Validate(); err != nil { // the world model's settings (--wm-retries -1 was taken as none)
+				return fmt.Errorf("wm-eval: %w", err)
+			}
 			rows, run, err := loadExecuted(root, run, stderr)
 			if err != nil {
 				return err
