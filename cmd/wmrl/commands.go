@@ -28,6 +28,9 @@ func rootCommand() *cobra.Command {
 					return err
 				}
 			}
+			if err := refuseEmbedded(cmd); err != nil {
+				return err
+			}
 			return refuseNotPositive(cmd)
 		},
 	}
@@ -71,6 +74,22 @@ func refuseNotPositive(cmd *cobra.Command) error {
 			refused = fmt.Errorf("--%s %s: want more than 0", f.Name, v)
 		default:
 			refused = fmt.Errorf("--%s %s: want more than 0 (its default is %s)", f.Name, v, f.DefValue)
+		}
+	})
+	return refused
+}
+
+// refuseEmbedded names a setting of the embedded server (embeddedMark)
+// given with --nats, which starts none: taken, it would be ignored.
+func refuseEmbedded(cmd *cobra.Command) error {
+	if nats := cmd.Flags().Lookup("nats"); nats == nil || nats.Value.String() == "" {
+		return nil
+	}
+	var refused error
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if _, marked := f.Annotations[embeddedMark]; marked && f.Changed && refused == nil {
+			refused = fmt.Errorf("--%s is the embedded server's, and with --nats this process starts none: "+
+				"the server's own configuration sets it (leave --%s out)", f.Name, f.Name)
 		}
 	})
 	return refused
@@ -120,26 +139,57 @@ func stepLineFlags(fs *pflag.FlagSet, cfg *pipeline.Config) {
 	fs.DurationVar(&cfg.StepSummary, "step-summary", 0, "instead of a line for each step fused, one line this often summing up the steps fused in it (how many, how fast, the newest's rho, D and calibration, latencies, what was lost): for a run of days, or at full speed")
 }
 
-// pipelineFlags binds the flags shared by run and stage to a Config.
-// Secrets come from the environment, never from flags (they would show in ps).
+// pipelineFlags binds the flags of a process of the pipeline to a Config:
+// run has them all; stage (on --nats) all but the embedded server's; serve,
+// which runs no stage, only the stream's and the gateway's, so that its
+// help and its --config name what it reads.
 func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
-	cfg.HTTPToken = os.Getenv("WMRL_HTTP_TOKEN")
+	streamFlags(fs, cfg)
+	embeddedServerFlags(fs, cfg)
+	gatewayFlags(fs, cfg)
+	stageFlags(fs, cfg, estimator)
+}
+
+// streamFlags binds where a process finds its run's stream, and how a
+// process that creates the stream keeps it (run, stage, serve).
+func streamFlags(fs *pflag.FlagSet, cfg *pipeline.Config) {
 	fs.StringVar(&cfg.Run, "run", cfg.Run, "run name (a subject token)")
 	fs.StringVar(&cfg.Prefix, "prefix", cfg.Prefix, "subject prefix")
 	fs.StringVar(&cfg.NATSURL, "nats", "", "external NATS URL or cluster (default: embedded server)")
 	natsAuthFlags(fs, &cfg.NATSAuth)
-	fs.StringVar(&cfg.DataDir, "data", cfg.DataDir, "data directory of the embedded server")
+	fs.StringVar(&cfg.TopologyFile, "topology", "", "YAML file re-pointing stage subjects")
+	fs.DurationVar(&cfg.MaxAge, "retention", 0, "how long the stream keeps every message (trajectories, stage messages, updates); 0: the stream's own, or 7 days for a new one")
+	fs.DurationVar(&cfg.Duplicates, "dedup-window", 0, "the stream's de-duplication window, whose message IDs the server holds in memory; 0: the stream's own, or 10 minutes for a new one")
+	fs.IntVar(&cfg.Replicas, "replicas", 0, "replicas of the stream and the checkpoint bucket on a JetStream cluster: 3 survives a node's loss (needs --nats); 0 creates them with 1 and leaves existing ones as they are")
+}
+
+// embeddedMark marks, among a flag's annotations, a setting of the
+// embedded server, which a process on --nats does not start.
+const embeddedMark = "wmrl:embedded"
+
+// embeddedServerFlags binds the embedded server's settings (run; stage and
+// serve need --nats). Given with --nats, they are refused (refuseEmbedded).
+func embeddedServerFlags(fs *pflag.FlagSet, cfg *pipeline.Config) {
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client address of the embedded server (port 0: any free one)")
 	fs.StringVar(&cfg.ListenTLS.Cert, "listen-cert", "", "certificate (PEM) of the embedded server: clients over the network then speak TLS (tls:// URLs); with --listen-key")
 	fs.StringVar(&cfg.ListenTLS.Key, "listen-key", "", "key (PEM) of --listen-cert")
 	fs.StringVar(&cfg.ListenTLS.ClientCA, "listen-client-ca", "", "PEM file of the CA whose certificates the embedded server requires of every client over the network (with --listen-cert)")
 	fs.IntVar(&cfg.MaxPayloadMB, "nats-max-payload-mb", 8, "largest message the embedded server takes, in MiB (1-64): a step's update is one message, about 400 bytes a trajectory")
 	fs.Float64Var(&cfg.MaxStoreGB, "nats-max-store-gb", 0, "most the embedded server's store holds, in GiB (0: 75% of the disk's free room at its start); a full store stops every stage until room is made, so leave the disk what the trainer needs")
-	fs.StringVar(&cfg.TopologyFile, "topology", "", "YAML file re-pointing stage subjects")
-	fs.DurationVar(&cfg.MaxAge, "retention", 0, "how long the stream keeps every message (trajectories, stage messages, updates); 0: the stream's own, or 7 days for a new one")
-	fs.DurationVar(&cfg.Duplicates, "dedup-window", 0, "the stream's de-duplication window, whose message IDs the server holds in memory; 0: the stream's own, or 10 minutes for a new one")
-	fs.IntVar(&cfg.Replicas, "replicas", 0, "replicas of the stream and the checkpoint bucket on a JetStream cluster: 3 survives a node's loss (needs --nats); 0 creates them with 1 and leaves existing ones as they are")
-	fs.IntVar(&cfg.CheckpointEvery, "checkpoint-every", 0, "calibrate and fuse checkpoint their state every this many anchor groups (0: 256) and when they stop, so that a restart does not need what --retention aged out")
+	positive(fs, "nats-max-payload-mb")
+	for _, name := range []string{"listen", "listen-cert", "listen-key", "listen-client-ca", "nats-max-payload-mb", "nats-max-store-gb"} {
+		if err := fs.SetAnnotation(name, embeddedMark, []string{"true"}); err != nil {
+			panic(fmt.Sprintf("wmrl: %v", err))
+		}
+	}
+}
+
+// gatewayFlags binds what a process serves (metrics, the trainer gateway)
+// and the world model that its reward endpoints, and a predict stage, ask
+// (run, stage, serve). Secrets come from the environment, never from
+// flags (they would show in ps).
+func gatewayFlags(fs *pflag.FlagSet, cfg *pipeline.Config) {
+	cfg.HTTPToken = os.Getenv("WMRL_HTTP_TOKEN")
 	fs.StringVar(&cfg.MetricsAddr, "metrics", "", "serve Prometheus /metrics on this address, and Go's profiles at /debug/pprof/ to this machine")
 	fs.BoolVar(&cfg.PprofRemote, "pprof-remote", false, "serve --metrics's Go profiles to other machines too (they show the command line, its URLs' user info hidden, and a CPU profile costs the run a core)")
 	fs.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "serve the trainer HTTP gateway on this address")
@@ -151,6 +201,13 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	worldModelFlags(fs, cfg)
 	fs.IntVar(&cfg.WMDownAfter, "wm-down-after", cfg.WMDownAfter, "after this many world-model calls in a row failed (each after the connector's own retries), or twice --wm-concurrency requests in a row, give its groups up at once, recorded ungraded, and answer the gateway's reward requests 503, until a call succeeds again (0: never; each group then waits out its retries)")
 	fs.DurationVar(&cfg.WMProbeEvery, "wm-probe-every", cfg.WMProbeEvery, "while the world model is down (--wm-down-after), let one group's call through this often to see whether it is back")
+	positive(fs, "wm-probe-every")
+}
+
+// stageFlags binds the stages' settings (run, stage).
+func stageFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
+	fs.StringVar(&cfg.DataDir, "data", cfg.DataDir, "data directory: the embedded server's store (DATA/nats) and, unless --archive says otherwise, the archive (DATA/archive)")
+	fs.IntVar(&cfg.CheckpointEvery, "checkpoint-every", 0, "calibrate and fuse checkpoint their state every this many anchor groups (0: 256) and when they stop, so that a restart does not need what --retention aged out")
 	fs.StringVar(&cfg.Executor, "executor", "", "anchor executor: sim, subprocess (real execution of the --task here) or sandbox-fusion (on --sandbox-url)")
 	fs.StringVar(&cfg.SandboxURL, "sandbox-url", "", "Sandbox Fusion server for --executor sandbox-fusion, e.g. http://127.0.0.1:8080")
 	fs.StringVar(&cfg.TaskDir, "task", "", "task directory (task.json, public/, private/, leaderboard.csv), or a directory of task directories, where each trajectory is executed on the task its task_id names (a single task takes every trajectory); implies --executor subprocess")
@@ -192,7 +249,7 @@ func pipelineFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.IntVar(&cfg.ArchiveMaxRows, "archive-max-rows", 1_000_000, "close an archive file after this many rows")
 	fs.BoolVar(&cfg.ArchiveCode, "archive-code", cfg.ArchiveCode, "archive the anchor groups' prompts and responses in their rows (what evaluating or training another world model on the executions needs)")
 	fs.DurationVar(&cfg.ArchiveCompactAfter, "archive-compact-after", cfg.ArchiveCompactAfter, "merge closed archive files older than this into files of up to --archive-max-rows rows, in the background (0: never)")
-	positive(fs, "nats-max-payload-mb", "wm-probe-every", "exec-slots", "exec-latency", "exec-probe-every", "buffer", "step-timeout",
+	positive(fs, "exec-slots", "exec-latency", "exec-probe-every", "buffer", "step-timeout",
 		"anchor-deadline", "pair-wait", "stuck-after", "archive-max-age", "archive-max-rows")
 }
 
@@ -255,14 +312,17 @@ func stageCommand() *cobra.Command {
 			return pipeline.Run(cmd.Context(), cfg)
 		},
 	}
-	pipelineFlags(cmd.Flags(), &cfg, &estimator)
-	stepLineFlags(cmd.Flags(), &cfg)
+	fs := cmd.Flags()
+	streamFlags(fs, &cfg)
+	fs.Lookup("nats").Usage = "NATS URL or cluster of the run's server, which the other stages use (required)"
+	gatewayFlags(fs, &cfg)
+	stageFlags(fs, &cfg, &estimator)
+	stepLineFlags(fs, &cfg)
 	return cmd
 }
 
 func serveCommand() *cobra.Command {
 	cfg := pipeline.DefaultConfig()
-	var estimator string
 	cmd := &cobra.Command{
 		Use:   "serve --nats URL --http ADDR",
 		Short: "Serve the trainer HTTP gateway for a pipeline running elsewhere (bearer token from WMRL_HTTP_TOKEN)",
@@ -278,6 +338,8 @@ func serveCommand() *cobra.Command {
 			return pipeline.Run(cmd.Context(), cfg)
 		},
 	}
-	pipelineFlags(cmd.Flags(), &cfg, &estimator)
+	streamFlags(cmd.Flags(), &cfg)
+	cmd.Flags().Lookup("nats").Usage = "NATS URL or cluster of the run's server, which its stages use (required)"
+	gatewayFlags(cmd.Flags(), &cfg)
 	return cmd
 }

@@ -222,3 +222,49 @@ func TestStageWithoutANameListsThem(t *testing.T) {
 		t.Errorf("wmrl stage: %v\n%s\nwant %q", err, out, want)
 	}
 }
+
+// A process takes only the settings it reads. serve, which runs no stage,
+// has no stage's flags, and stage and serve, on --nats, none of the
+// embedded server's; run refuses those with --nats. Before, each of these
+// was taken and did nothing, and serve's help listed 80 flags (31 now).
+func TestAProcessTakesOnlyTheSettingsItReads(t *testing.T) {
+	ctx := context.Background()
+	conf := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(conf, []byte("http: 127.0.0.1:1\nanchor-fraction: 0.2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	listen := filepath.Join(t.TempDir(), "run.yaml")
+	if err := os.WriteFile(listen, []byte("listen: 127.0.0.1:4333\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const nats = "nats://127.0.0.1:1"
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--nats", nats, "--http", "127.0.0.1:1", "--exec-slots", "4"}, "unknown flag: --exec-slots"},
+		{[]string{"serve", "--nats", nats, "--config", conf}, `--config ` + conf + `:2: wmrl serve has no setting "anchor-fraction"`},
+		{[]string{"serve", "--nats", nats, "--http", "127.0.0.1:1", "--data", "d"}, "unknown flag: --data"},
+		{[]string{"stage", "route", "--nats", nats, "--listen", "127.0.0.1:4333"}, "unknown flag: --listen"},
+		{[]string{"stage", "route", "--nats", nats, "--nats-max-payload-mb", "16"}, "unknown flag: --nats-max-payload-mb"},
+		{[]string{"run", "--nats", nats, "--nats-max-payload-mb", "16"},
+			"--nats-max-payload-mb is the embedded server's, and with --nats this process starts none: the server's own configuration sets it (leave --nats-max-payload-mb out)"},
+		{[]string{"run", "--nats", nats, "--config", listen},
+			"--listen is the embedded server's, and with --nats this process starts none: the server's own configuration sets it (leave --listen out)"},
+	} {
+		if out, err := wmrl(ctx, c.args...); err == nil || err.Error() != c.want {
+			t.Errorf("wmrl %s: %v\n%s\nwant %q", strings.Join(c.args, " "), err, out, c.want)
+		}
+	}
+	// Without --nats, run starts the server those settings are for.
+	cmd, rest, err := rootCommand().Find([]string{"run", "--listen", "127.0.0.1:4333", "--nats-max-payload-mb", "16"})
+	if err == nil {
+		err = cmd.ParseFlags(rest)
+	}
+	if err == nil {
+		err = refuseEmbedded(cmd)
+	}
+	if err != nil {
+		t.Errorf("wmrl run --listen 127.0.0.1:4333 --nats-max-payload-mb 16: %v", err)
+	}
+}

@@ -52,7 +52,7 @@ func killedAndTakenOver(t *testing.T, elsewhere bool) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	args := []string{"stage", "route", "--nats", srv.URL(), "--run", "r", "--listen", freePort(t)}
+	args := []string{"stage", "route", "--nats", srv.URL(), "--run", "r"}
 	ready := func(p *proc) {
 		t.Helper()
 		waitUntil(t, time.Minute, func() bool {
