@@ -113,6 +113,57 @@ func loadRun(root, run string, stderr io.Writer) ([]archive.Row, archive.Setting
 	return rows, settings, run, nil
 }
 
+// streamRun is loadRun for a replay: the run's rows as a stream that
+// offline.ReplayRows reads twice, with a progress bar over the first
+// read (the second's is the replay's, by steps: steps gives their number
+// once the first read is through). release lets the archive's files go.
+func streamRun(root, run string, stderr io.Writer) (src offline.Rows, settings archive.Settings, name string, steps func() int, release func(), err error) {
+	run, files, release, err := openRun(root, run)
+	if err != nil {
+		return nil, settings, "", nil, nil, err
+	}
+	fail := func(err error) (offline.Rows, archive.Settings, string, func() int, func(), error) {
+		release()
+		return nil, settings, "", nil, nil, err
+	}
+	if len(files) == 0 {
+		return fail(fmt.Errorf("run %s has no closed archive files in %s", run, archive.RunDir(root, run)))
+	}
+	if settings, err = archive.ReadSettings(files[len(files)-1]); err != nil {
+		return fail(err)
+	}
+	total, err := archive.Count(files)
+	if err != nil {
+		return fail(err)
+	}
+	reads := 0
+	seen := map[int64]struct{}{}
+	src = func(fn func([]archive.Row) error) error {
+		reads++
+		if reads > 1 {
+			return archive.ScanScores(files, fn)
+		}
+		bar := newProgressBar(stderr)
+		show := bar.set("reading")
+		start, done := time.Now(), 0
+		err := archive.ScanScores(files, func(rows []archive.Row) error {
+			for i := range rows {
+				seen[rows[i].Step] = struct{}{}
+			}
+			done += len(rows)
+			show(done, int(total))
+			return fn(rows)
+		})
+		bar.done()
+		if err == nil {
+			fmt.Fprintf(stderr, "read %d rows of run %s from %d files in %s (%.2fM rows/s)\n", done, run, len(files),
+				time.Since(start).Round(time.Millisecond), float64(done)/time.Since(start).Seconds()/1e6)
+		}
+		return err
+	}
+	return src, settings, run, func() int { return max(len(seen), 1) }, release, nil
+}
+
 func onOff(flag, v string) (bool, error) {
 	switch v {
 	case "on", "true":
@@ -136,10 +187,11 @@ func replayCommand() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
-			rows, recorded, run, err := loadRun(root, run, stderr)
+			src, recorded, run, nsteps, release, err := streamRun(root, run, stderr)
 			if err != nil {
 				return err
 			}
+			defer release()
 			opt := offline.ReplayOptions{Settings: recorded}
 			fs := cmd.Flags()
 			var changed []string
@@ -210,19 +262,18 @@ func replayCommand() *cobra.Command {
 			}
 			bar := newProgressBar(stderr)
 			show := bar.set("replay")
-			nsteps := countSteps(rows)
 			done := 0
 			if steps {
 				fmt.Fprintf(stdout, "%8s  %8s  %8s  %7s  %12s  %6s\n", "step", "rho", "recorded", "anchors", "max|dfused|", "sign=")
 			}
 			var werr error
 			start := time.Now()
-			sum, err := offline.Replay(rows, opt, func(r offline.StepReport) {
+			sum, err := offline.ReplayRows(src, opt, func(r offline.StepReport) {
 				done++
 				if steps {
 					fmt.Fprintf(stdout, "%8d  %8.4f  %8.4f  %7d  %12.3g  %5.1f%%\n", r.Step, r.Rho, r.RecordedRho, r.Anchors, r.MaxFusedDiff, 100*r.SignAgreement)
 				} else {
-					show(done, nsteps)
+					show(done, nsteps())
 				}
 				if curves != nil {
 					curves.Add(r)
@@ -293,14 +344,6 @@ func replayCommand() *cobra.Command {
 	fs.BoolVar(&steps, "steps", false, "print every step: its rho, replayed and recorded, its anchor groups, how far its fused advantages moved and how many kept their sign")
 	fs.StringVar(&pic, "plot", "", "with changed settings, draw what they changed step by step to this PNG (default: --out's name, .png)")
 	return cmd
-}
-
-func countSteps(rows []archive.Row) int {
-	seen := map[int64]bool{}
-	for _, r := range rows {
-		seen[r.Step] = true
-	}
-	return max(len(seen), 1)
 }
 
 func auditCommand() *cobra.Command {

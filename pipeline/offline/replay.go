@@ -60,19 +60,42 @@ type ReplaySummary struct {
 	Gaps []int64
 }
 
+// stepRows is a step to replay: what the plan pass learned of it, and in
+// the replay pass its rows as they come.
 type stepRows struct {
-	step  int64
-	cseq  int64
-	ts    time.Time
-	rows  []archive.Row
-	order []string // group IDs in row order
+	step int64
+	cseq int64
+	ts   time.Time
+	n    int           // rows the plan pass counted
+	rows []archive.Row // read so far by the replay pass
+	done bool          // replayed, its rows let go
 }
 
+// absorption is an anchor group's pairs, absorbed at seq.
 type absorption struct {
 	seq   int64
 	step  int64
 	group string
-	rows  []archive.Row
+	items []pairItem
+}
+
+type pairItem struct {
+	traj                 string
+	predicted, trueScore *float64
+}
+
+type groupKey struct {
+	step  int64
+	group string
+}
+
+// Rows gives a run's rows to fn in batches, the same rows in the same
+// order each time it is called; fn may keep a batch.
+type Rows func(fn func([]archive.Row) error) error
+
+// InMemory is Rows over rows already read.
+func InMemory(rows []archive.Row) Rows {
+	return func(fn func([]archive.Row) error) error { return fn(rows) }
 }
 
 // Replay re-runs calibration and fusion over a run's rows with the
@@ -81,44 +104,64 @@ type absorption struct {
 // order and each step is fused once the calibration it used (its
 // calibration_seq) is reached. report sees every step in that order.
 func Replay(rows []archive.Row, opt ReplayOptions, report func(StepReport)) (ReplaySummary, error) {
+	return ReplayRows(InMemory(rows), opt, report)
+}
+
+// ReplayRows is Replay over rows read twice: once to plan (each step's
+// calibration seq and row count, the anchor groups' pairs in their seq
+// order), once to replay, holding the rows of the steps read and not yet
+// replayed, which in an archive written as the run went is a step or two.
+// Its memory is the plan's (tens of bytes a step, and the anchor pairs),
+// not the archive's: over an archive read whole, a replay held about
+// 1.5 kB a row.
+func ReplayRows(src Rows, opt ReplayOptions, report func(StepReport)) (ReplaySummary, error) {
 	var sum ReplaySummary
-	if len(rows) == 0 {
-		return sum, fmt.Errorf("replay: no rows")
-	}
-	sum.Run = rows[0].Run
 	steps := map[int64]*stepRows{}
-	groups := map[string]*absorption{} // "step/group" of anchor groups with a seq
-	for _, r := range rows {
-		if r.Run != sum.Run {
-			return sum, fmt.Errorf("replay: rows of two runs (%s, %s): replay one run at a time", sum.Run, r.Run)
-		}
-		key := fmt.Sprintf("%d/%s", r.Step, r.GroupID)
-		// Anchor groups absorbed in time (used, or executed with too few
-		// scores and fused on the world model) and late ones' pairs.
-		if r.AbsorbedSeq > 0 && (r.IsAnchor || r.Source == archive.SourceLateAnchor) {
-			a := groups[key]
-			if a == nil {
-				a = &absorption{seq: r.AbsorbedSeq, step: r.Step, group: r.GroupID}
-				groups[key] = a
+	groups := map[groupKey]*absorption{} // anchor groups with a seq
+	read := 0
+	err := src(func(rows []archive.Row) error {
+		for i := range rows {
+			r := &rows[i]
+			if read == 0 {
+				sum.Run = r.Run
 			}
-			a.rows = append(a.rows, r)
-		}
-		if r.Source == archive.SourceLateAnchor {
-			if r.Predicted != nil && r.TrueScore != nil { // a pair, not an ungraded trajectory's execution
-				sum.LatePairs++
+			read++
+			if r.Run != sum.Run {
+				return fmt.Errorf("replay: rows of two runs (%s, %s): replay one run at a time", sum.Run, r.Run)
 			}
-			continue
+			// Anchor groups absorbed in time (used, or executed with too few
+			// scores and fused on the world model) and late ones' pairs.
+			if r.AbsorbedSeq > 0 && (r.IsAnchor || r.Source == archive.SourceLateAnchor) {
+				key := groupKey{r.Step, r.GroupID}
+				a := groups[key]
+				if a == nil {
+					a = &absorption{seq: r.AbsorbedSeq, step: r.Step, group: r.GroupID}
+					groups[key] = a
+				}
+				// Copies: a row's scores point into its row group's column.
+				a.items = append(a.items, pairItem{traj: r.TrajID, predicted: clone(r.Predicted), trueScore: clone(r.TrueScore)})
+			}
+			if r.Source == archive.SourceLateAnchor {
+				if r.Predicted != nil && r.TrueScore != nil { // a pair, not an ungraded trajectory's execution
+					sum.LatePairs++
+				}
+				continue
+			}
+			s := steps[r.Step]
+			if s == nil {
+				s = &stepRows{step: r.Step, cseq: r.CalibrationSeq, ts: r.TS}
+				steps[r.Step] = s
+			}
+			s.n++
+			sum.Rows++
 		}
-		s := steps[r.Step]
-		if s == nil {
-			s = &stepRows{step: r.Step, cseq: r.CalibrationSeq, ts: r.TS}
-			steps[r.Step] = s
-		}
-		if len(s.rows) == 0 || s.rows[len(s.rows)-1].GroupID != r.GroupID {
-			s.order = append(s.order, r.GroupID)
-		}
-		s.rows = append(s.rows, r)
-		sum.Rows++
+		return nil
+	})
+	if err != nil {
+		return sum, err
+	}
+	if read == 0 {
+		return sum, fmt.Errorf("replay: no rows")
 	}
 	recorded := opt.Settings.AnchorFraction
 	keep := func(step int64, group string) bool {
@@ -171,9 +214,9 @@ func Replay(rows []archive.Row, opt ReplayOptions, report func(StepReport)) (Rep
 		sum.AnchorGroups++
 		p := schemas.Prediction{Schema: schemas.Version, Run: sum.Run, Step: a.step, GroupID: a.group, Anchor: true}
 		e := schemas.Execution{Schema: schemas.Version, Run: sum.Run, Step: a.step, GroupID: a.group}
-		for _, r := range a.rows {
-			p.Items = append(p.Items, schemas.PredItem{TrajID: r.TrajID, Score: r.Predicted})
-			e.Items = append(e.Items, schemas.ExecItem{TrajID: r.TrajID, Score: r.TrueScore})
+		for _, it := range a.items {
+			p.Items = append(p.Items, schemas.PredItem{TrajID: it.traj, Score: it.predicted})
+			e.Items = append(e.Items, schemas.ExecItem{TrajID: it.traj, Score: it.trueScore})
 		}
 		data, err := json.Marshal(pair.Pairs(p, e))
 		if err != nil {
@@ -185,31 +228,62 @@ func Replay(rows []archive.Row, opt ReplayOptions, report func(StepReport)) (Rep
 		}
 		return asm.AddCalibration(*c)
 	}
-	next := 0
+	next, nextEvent := 0, 0
 	var agree, total int
-	for _, s := range order {
-		for next < len(events) && events[next].seq <= s.cseq {
-			if err := absorb(events[next]); err != nil {
-				return sum, err
+	// replayReady replays, in order, the steps whose rows have all come.
+	replayReady := func() error {
+		for ; next < len(order) && len(order[next].rows) == order[next].n; next++ {
+			s := order[next]
+			for nextEvent < len(events) && events[nextEvent].seq <= s.cseq {
+				if err := absorb(events[nextEvent]); err != nil {
+					return err
+				}
+				nextEvent++
 			}
-			next++
-		}
-		rep := replayStep(asm, sum.Run, s, keep)
-		for _, it := range rep.Items {
-			if math.Signbit(it.FusedAdvantage) == math.Signbit(it.Row.FusedAdvantage) || it.FusedAdvantage == it.Row.FusedAdvantage {
-				agree++
+			rep := replayStep(asm, sum.Run, s, keep)
+			s.rows, s.done = nil, true
+			for _, it := range rep.Items {
+				if math.Signbit(it.FusedAdvantage) == math.Signbit(it.Row.FusedAdvantage) || it.FusedAdvantage == it.Row.FusedAdvantage {
+					agree++
+				}
+				total++
 			}
-			total++
+			sum.MaxFusedDiff = max(sum.MaxFusedDiff, rep.MaxFusedDiff)
+			sum.MaxCalibratedDiff = max(sum.MaxCalibratedDiff, rep.MaxCalibratedDiff)
+			sum.Steps++
+			if report != nil {
+				report(rep)
+			}
 		}
-		sum.MaxFusedDiff = max(sum.MaxFusedDiff, rep.MaxFusedDiff)
-		sum.MaxCalibratedDiff = max(sum.MaxCalibratedDiff, rep.MaxCalibratedDiff)
-		sum.Steps++
-		if report != nil {
-			report(rep)
-		}
+		return nil
 	}
-	for ; next < len(events); next++ {
-		if err := absorb(events[next]); err != nil {
+	changed := func(step int64) error {
+		return fmt.Errorf("replay: the rows changed between the two reads (step %d's): was the archive written to meanwhile?", step)
+	}
+	err = src(func(rows []archive.Row) error {
+		for _, r := range rows {
+			if r.Source == archive.SourceLateAnchor {
+				continue
+			}
+			s := steps[r.Step]
+			if s == nil || s.done || len(s.rows) == s.n {
+				return changed(r.Step)
+			}
+			if s.rows == nil {
+				s.rows = make([]archive.Row, 0, s.n)
+			}
+			s.rows = append(s.rows, r)
+		}
+		return replayReady()
+	})
+	if err != nil {
+		return sum, err
+	}
+	if next < len(order) {
+		return sum, changed(order[next].step)
+	}
+	for ; nextEvent < len(events); nextEvent++ {
+		if err := absorb(events[nextEvent]); err != nil {
 			return sum, err
 		}
 	}
@@ -217,6 +291,14 @@ func Replay(rows []archive.Row, opt ReplayOptions, report func(StepReport)) (Rep
 		sum.SignAgreement = float64(agree) / float64(total)
 	}
 	return sum, nil
+}
+
+func clone(x *float64) *float64 {
+	if x == nil {
+		return nil
+	}
+	v := *x
+	return &v
 }
 
 // replayStep rebuilds a step's plan, predictions and executions from its

@@ -5,9 +5,10 @@ import (
 	"math/rand/v2"
 	"os"
 
-	"github.com/parquet-go/parquet-go"
 	"testing"
 	"time"
+
+	"github.com/parquet-go/parquet-go"
 )
 
 // SyntheticRows makes n rows shaped like a run's (128 per step, 2 anchor

@@ -100,6 +100,16 @@ func rowOffsets(files []string) ([]int, error) {
 // outside one). Every column is read, the anchors' prompt and response
 // too.
 func Scan(files []string, fn func([]Row) error) error {
+	return scan(files, true, fn)
+}
+
+// ScanScores is Scan without the anchors' prompt and response (nil), as
+// Read: what a replay streams.
+func ScanScores(files []string, fn func([]Row) error) error {
+	return scan(files, false, fn)
+}
+
+func scan(files []string, withCode bool, fn func([]Row) error) error {
 	vals := make([]parquet.Value, 4096)
 	for _, path := range files {
 		f, pf, err := openParquet(path)
@@ -115,7 +125,7 @@ func Scan(files []string, fn func([]Row) error) error {
 			}
 			at += n
 			rows := make([]Row, n)
-			if err := decodeRowGroup(path, pf, rg, vals, rows, true); err != nil {
+			if err := decodeRowGroup(path, pf, rg, vals, rows, withCode); err != nil {
 				f.Close()
 				return err
 			}
