@@ -86,37 +86,12 @@ func archiveThere(root string) error {
 	return nil
 }
 
-// loadRun reads one run's rows from an archive root, with a progress bar,
-// and the settings its last file recorded. run "" picks the only run.
-func loadRun(root, run string, stderr io.Writer) ([]archive.Row, archive.Settings, string, error) {
-	var settings archive.Settings
-	run, files, release, err := openRun(root, run)
-	if err != nil {
-		return nil, settings, "", err
-	}
-	defer release()
-	if len(files) == 0 {
-		return nil, settings, "", fmt.Errorf("run %s has no closed archive files in %s", run, archive.RunDir(root, run))
-	}
-	if settings, err = archive.ReadSettings(files[len(files)-1]); err != nil {
-		return nil, settings, "", err
-	}
-	bar := newProgressBar(stderr)
-	start := time.Now()
-	rows, err := archive.Read(files, bar.set("reading"))
-	bar.done()
-	if err != nil {
-		return nil, settings, "", err
-	}
-	fmt.Fprintf(stderr, "read %d rows of run %s from %d files in %s (%.2fM rows/s)\n", len(rows), run, len(files),
-		time.Since(start).Round(time.Millisecond), float64(len(rows))/time.Since(start).Seconds()/1e6)
-	return rows, settings, run, nil
-}
-
-// streamRun is loadRun for a replay: the run's rows as a stream that
-// offline.ReplayRows reads twice, with a progress bar over the first
-// read (the second's is the replay's, by steps: steps gives their number
-// once the first read is through). release lets the archive's files go.
+// streamRun opens one run of an archive root (run "" picks the only one)
+// for replay and audit: its rows as a stream, which offline.ReplayRows and
+// offline.RunAuditRows read twice, with a progress bar over the first read
+// (the replay's second has its own, by steps: steps gives their number
+// once the first read is through), and the settings its newest file
+// recorded. release lets the archive's files go.
 func streamRun(root, run string, stderr io.Writer) (src offline.Rows, settings archive.Settings, name string, steps func() int, release func(), err error) {
 	run, files, release, err := openRun(root, run)
 	if err != nil {
@@ -362,24 +337,25 @@ func auditCommand() *cobra.Command {
 			if expect.Seeds == 1 || expect.Seeds < 0 {
 				return fmt.Errorf("audit: --expect-seeds %d: intervals need at least 2 (0 skips what to expect)", expect.Seeds)
 			}
-			rows, settings, run, err := loadRun(root, run, stderr)
+			src, settings, run, _, release, err := streamRun(root, run, stderr)
 			if err != nil {
 				return err
 			}
+			defer release()
 			if deadline > 0 {
 				opt.AnchorDeadline = deadline.Seconds()
 			} else {
 				opt.AnchorDeadline = settings.AnchorDeadline
 			}
 			start := time.Now()
-			a, err := offline.RunAudit(rows, opt)
+			a, err := offline.RunAuditRows(src, opt)
 			if err != nil {
 				return err
 			}
 			if expect.Seeds > 0 {
 				bar := newProgressBar(stderr)
 				expect.Progress = bar.set("what to expect (wmrl sim)")
-				a.Expect, err = offline.Expect(a, rows, settings, expect)
+				a.Expect, err = offline.Expect(a, settings, expect)
 				bar.done()
 				if err != nil { // the audit stands without it
 					fmt.Fprintf(stderr, "audit: nothing to expect: %v\n", err)

@@ -188,7 +188,8 @@ type Audit struct {
 	// Expect, if set (Expect), is wmrl sim's benchmark at this world model.
 	Expect *rl.Expectation `json:"expect,omitempty"`
 
-	pairs []pairRow // for the plots
+	pairs        []pairRow // for the plots
+	groups, size int       // the median step's groups and group's trajectories (Expect)
 }
 
 type pairRow struct {
@@ -201,19 +202,36 @@ type pairRow struct {
 
 // RunAudit measures the world model's bias over a run's rows.
 func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
+	return RunAuditRows(InMemory(rows), opt)
+}
+
+// RunAuditRows is RunAudit over rows read twice: once for the range of
+// the predictions (the score levels' bounds), once to measure. It keeps
+// the anchor groups' rows (what the largest misses and the execution
+// times are read from) and the measures' sums, not the archive.
+func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	opt.setDefaults()
-	if len(rows) == 0 {
-		return nil, fmt.Errorf("audit: no rows")
-	}
-	a := &Audit{Run: rows[0].Run, Rows: len(rows), Options: opt}
+	a := &Audit{Options: opt}
 	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, r := range rows {
-		if r.Predicted != nil {
-			lo, hi = min(lo, *r.Predicted), max(hi, *r.Predicted)
+	err := src(func(rows []archive.Row) error {
+		for i := range rows {
+			if a.Rows == 0 {
+				a.Run = rows[i].Run
+			}
+			a.Rows++
+			if p := rows[i].Predicted; p != nil {
+				lo, hi = min(lo, *p), max(hi, *p)
+			}
 		}
-	}
-	if lo > hi {
-		return nil, fmt.Errorf("audit: no graded prediction in %d rows", len(rows))
+		return nil
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case a.Rows == 0:
+		return nil, fmt.Errorf("audit: no rows")
+	case lo > hi:
+		return nil, fmt.Errorf("audit: no graded prediction in %d rows", a.Rows)
 	}
 	if hi == lo {
 		hi = lo + 1
@@ -245,84 +263,102 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 	}
 	var latePairs []latePair
 	lateLength := map[trajKey]int64{} // late anchors' lengths, from their world-model rows
-	for _, r := range rows {
-		if r.ResponseBytes != nil && r.Source == archive.SourceWorldModel && r.IsAnchor {
-			lateLength[missKey(r)] = *r.ResponseBytes
-		}
-		t := tasks[r.TaskID]
-		if t == nil {
-			t = newAcc()
-			tasks[r.TaskID] = t
-		}
-		s := steps[r.Step]
-		if s == nil {
-			s = &stepAcc{}
-			steps[r.Step] = s
-		}
-		if r.Source != archive.SourceLateAnchor && !s.seen {
-			s.d, s.rho, s.seen = r.D, r.Rho, true
-		}
-		if r.Predicted == nil {
-			if r.Source != archive.SourceLateAnchor { // else counted on its world-model row
-				a.Ungraded++
+	var anchors []archive.Row         // the anchor groups' rows, late ones' too
+	var shape shapeAcc
+	read := 0
+	err = src(func(rows []archive.Row) error {
+		read += len(rows)
+		for _, r := range rows {
+			if r.IsAnchor || r.Source == archive.SourceLateAnchor {
+				anchors = append(anchors, r)
 			}
-			continue
-		}
-		if r.Source != archive.SourceLateAnchor {
-			b := bin(*r.Predicted)
-			all.predictions[b]++
-			t.predictions[b]++
-		}
-		if r.TrueScore == nil || !r.IsAnchor || r.Source == archive.SourceWorldModel {
-			continue
-		}
-		key := fmt.Sprintf("%d/%s", r.Step, r.GroupID)
-		p := pairRow{pred: *r.Predicted, truth: *r.TrueScore, fold: fold(key), group: key, bytes: -1}
-		if r.ResponseBytes != nil {
-			p.bytes = *r.ResponseBytes
-		} else if r.Source == archive.SourceLateAnchor { // its length is on its world-model row
-			latePairs = append(latePairs, latePair{len(all.pairs), missKey(r)})
-		}
-		if r.Calibrated != nil {
-			p.cal, p.hasCal = *r.Calibrated, true
-		}
-		a.Pairs++
-		if r.Source == archive.SourceLateAnchor {
-			a.LatePairs++
-		}
-		if r.ExecStatus != nil {
-			o := outcomes[*r.ExecStatus]
-			if o == nil {
-				o = &Outcome{Status: *r.ExecStatus}
-				outcomes[o.Status] = o
+			shape.add(r)
+			if r.ResponseBytes != nil && r.Source == archive.SourceWorldModel && r.IsAnchor {
+				lateLength[missKey(r)] = *r.ResponseBytes
 			}
-			o.Pairs++
-			o.MeanPredicted += Num(p.pred)
-			o.MeanTrue += Num(p.truth)
-			failPred, failed = append(failPred, p.pred), append(failed, *r.ExecStatus != schemas.ExecScored)
-			if *r.ExecStatus != schemas.ExecScored {
-				causes.add(r, p.pred)
+			t := tasks[r.TaskID]
+			if t == nil {
+				t = newAcc()
+				tasks[r.TaskID] = t
+			}
+			s := steps[r.Step]
+			if s == nil {
+				s = &stepAcc{}
+				steps[r.Step] = s
+			}
+			if r.Source != archive.SourceLateAnchor && !s.seen {
+				s.d, s.rho, s.seen = r.D, r.Rho, true
+			}
+			if r.Predicted == nil {
+				if r.Source != archive.SourceLateAnchor { // else counted on its world-model row
+					a.Ungraded++
+				}
+				continue
+			}
+			if r.Source != archive.SourceLateAnchor {
+				b := bin(*r.Predicted)
+				all.predictions[b]++
+				t.predictions[b]++
+			}
+			if r.TrueScore == nil || !r.IsAnchor || r.Source == archive.SourceWorldModel {
+				continue
+			}
+			key := fmt.Sprintf("%d/%s", r.Step, r.GroupID)
+			p := pairRow{pred: *r.Predicted, truth: *r.TrueScore, fold: fold(key), group: key, bytes: -1}
+			if r.ResponseBytes != nil {
+				p.bytes = *r.ResponseBytes
+			} else if r.Source == archive.SourceLateAnchor { // its length is on its world-model row
+				latePairs = append(latePairs, latePair{len(all.pairs), missKey(r)})
+			}
+			if r.Calibrated != nil {
+				p.cal, p.hasCal = *r.Calibrated, true
+			}
+			a.Pairs++
+			if r.Source == archive.SourceLateAnchor {
+				a.LatePairs++
+			}
+			if r.ExecStatus != nil {
+				o := outcomes[*r.ExecStatus]
+				if o == nil {
+					o = &Outcome{Status: *r.ExecStatus}
+					outcomes[o.Status] = o
+				}
+				o.Pairs++
+				o.MeanPredicted += Num(p.pred)
+				o.MeanTrue += Num(p.truth)
+				failPred, failed = append(failPred, p.pred), append(failed, *r.ExecStatus != schemas.ExecScored)
+				if *r.ExecStatus != schemas.ExecScored {
+					causes.add(r, p.pred)
+				}
+			}
+			all.pairs = append(all.pairs, p)
+			t.pairs = append(t.pairs, p)
+			for _, m := range []map[string]*groupAcc{all.groups, t.groups} {
+				g := m[key]
+				if g == nil {
+					g = &groupAcc{}
+					m[key] = g
+				}
+				g.pred, g.truth = append(g.pred, p.pred), append(g.truth, p.truth)
+			}
+			if g := all.groups[key]; len(g.pred) == 1 { // the group's first pair
+				s.groups = append(s.groups, g)
+			}
+			s.n++
+			s.before += p.pred - p.truth
+			if p.hasCal {
+				s.after += p.cal - p.truth
 			}
 		}
-		all.pairs = append(all.pairs, p)
-		t.pairs = append(t.pairs, p)
-		for _, m := range []map[string]*groupAcc{all.groups, t.groups} {
-			g := m[key]
-			if g == nil {
-				g = &groupAcc{}
-				m[key] = g
-			}
-			g.pred, g.truth = append(g.pred, p.pred), append(g.truth, p.truth)
-		}
-		if g := all.groups[key]; len(g.pred) == 1 { // the group's first pair
-			s.groups = append(s.groups, g)
-		}
-		s.n++
-		s.before += p.pred - p.truth
-		if p.hasCal {
-			s.after += p.cal - p.truth
-		}
+		return nil
+	})
+	if err == nil && read != a.Rows {
+		err = fmt.Errorf("audit: %d rows read the second time, %d the first: was the archive written to meanwhile?", read, a.Rows)
 	}
+	if err != nil {
+		return nil, err
+	}
+	a.groups, a.size = shape.result()
 	a.Steps = len(steps)
 	for _, s := range []string{schemas.ExecScored, schemas.ExecInvalid, schemas.ExecCrashed, schemas.ExecTimedOut} {
 		if o := outcomes[s]; o != nil {
@@ -339,8 +375,8 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 	}
 	a.FailureAUC = Num(fuse.AUC(neg, failed))
 	a.Causes, a.OtherCauses = causes.result()
-	a.Misses, a.Verdicts = missesAndVerdicts(rows)
-	a.Executions = execTimes(rows, opt.AnchorDeadline)
+	a.Misses, a.Verdicts = missesAndVerdicts(anchors)
+	a.Executions = execTimes(anchors, opt.AnchorDeadline)
 	a.FailuresWithoutDetail = causes.noDetail
 	// The run-wide map, cross-fitted on the anchor groups, and each task's
 	// own map likewise on its pairs alone.

@@ -8,7 +8,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -66,6 +68,79 @@ func biasedRows(t testing.TB, groupsPerTask int, noise float64) []archive.Row {
 		}
 	}
 	return rows
+}
+
+// RunAuditRows reads the rows twice and keeps only the anchor groups':
+// over a run's archive in batches it says what RunAudit says over the
+// rows in memory (to 1e-9: a mean over a map's groups sums in its order),
+// and rows that are not the same the second time are refused.
+func TestAuditStreamsTheRows(t *testing.T) {
+	rows, _ := archiveRun(t, 30, nil)
+	want, err := RunAudit(rows, AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reads := 0
+	batches := func(fn func([]archive.Row) error) error {
+		reads++
+		for i := 0; i < len(rows); i += 100 {
+			if err := fn(rows[i:min(i+100, len(rows))]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	got, err := RunAuditRows(batches, AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reads != 2 || got.groups != 16 || got.size != 8 || got.Pairs == 0 || got.Executions == nil {
+		t.Fatalf("%d reads; shape %d groups of %d; %d pairs; execution times %v", reads, got.groups, got.size, got.Pairs, got.Executions)
+	}
+	if g, w := roundedJSON(t, got), roundedJSON(t, want); !reflect.DeepEqual(g, w) {
+		t.Fatalf("streamed:\n%v\nin memory:\n%v", g, w)
+	}
+	reads = 0
+	short := func(fn func([]archive.Row) error) error {
+		if reads++; reads == 2 {
+			return fn(rows[1:])
+		}
+		return fn(rows)
+	}
+	if _, err := RunAuditRows(short, AuditOptions{}); err == nil || !strings.Contains(err.Error(), "was the archive written to meanwhile?") {
+		t.Fatalf("a second read short of a row: %v", err)
+	}
+}
+
+// roundedJSON is a's summary as JSON values, numbers to 9 digits.
+func roundedJSON(t *testing.T, a *Audit) any {
+	t.Helper()
+	b, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatal(err)
+	}
+	var round func(any) any
+	round = func(v any) any {
+		switch x := v.(type) {
+		case float64:
+			r, _ := strconv.ParseFloat(strconv.FormatFloat(x, 'g', 9, 64), 64)
+			return r
+		case []any:
+			for i := range x {
+				x[i] = round(x[i])
+			}
+		case map[string]any:
+			for k := range x {
+				x[k] = round(x[k])
+			}
+		}
+		return v
+	}
+	return round(v)
 }
 
 func TestAuditVerdicts(t *testing.T) {

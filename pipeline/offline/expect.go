@@ -40,7 +40,7 @@ type ExpectOptions struct {
 // solutions, and a run's earliest groups are its most varied, while a
 // learning policy's groups grow alike, which lowers the correlation an
 // audit measures however good the world model (rl.TrainAudited).
-func Expect(a *Audit, rows []archive.Row, s archive.Settings, o ExpectOptions) (*rl.Expectation, error) {
+func Expect(a *Audit, s archive.Settings, o ExpectOptions) (*rl.Expectation, error) {
 	corr, measured := float64(a.Overall.Ranks.WithinSpearman), "all anchor groups"
 	if math.IsNaN(corr) || a.Overall.Ranks.Groups == 0 {
 		return nil, fmt.Errorf("expect: run %s: %w", a.Run, ErrNoRanking)
@@ -48,7 +48,7 @@ func Expect(a *Audit, rows []archive.Row, s archive.Settings, o ExpectOptions) (
 	if first, _, _, ok := a.RankTrend(); ok {
 		corr, measured = first, "the first quarter of the steps"
 	}
-	groups, size := shapeOf(rows)
+	groups, size := a.groups, a.size
 	if groups == 0 || size < 2 {
 		return nil, fmt.Errorf("expect: run %s: no step with a group of 2 or more trajectories", a.Run)
 	}
@@ -76,30 +76,34 @@ func Expect(a *Audit, rows []archive.Row, s archive.Settings, o ExpectOptions) (
 	return e, nil
 }
 
-// shapeOf is a run's median groups per step and median group size, over
-// its updates' rows (late anchor pairs repeat groups already counted).
-func shapeOf(rows []archive.Row) (groups, size int) {
-	type key struct {
-		step  int64
-		group string
+// shapeAcc gathers a run's shape: its median groups per step and median
+// group size, over its updates' rows (late anchor pairs repeat groups
+// already counted).
+type shapeAcc struct {
+	perGroup map[groupKey]int
+	perStep  map[int64]map[string]bool
+}
+
+func (sh *shapeAcc) add(r archive.Row) {
+	if r.Source == archive.SourceLateAnchor {
+		return
 	}
-	perGroup := map[key]int{}
-	perStep := map[int64]map[string]bool{}
-	for _, r := range rows {
-		if r.Source == archive.SourceLateAnchor {
-			continue
-		}
-		perGroup[key{r.Step, r.GroupID}]++
-		if perStep[r.Step] == nil {
-			perStep[r.Step] = map[string]bool{}
-		}
-		perStep[r.Step][r.GroupID] = true
+	if sh.perGroup == nil {
+		sh.perGroup, sh.perStep = map[groupKey]int{}, map[int64]map[string]bool{}
 	}
+	sh.perGroup[groupKey{r.Step, r.GroupID}]++
+	if sh.perStep[r.Step] == nil {
+		sh.perStep[r.Step] = map[string]bool{}
+	}
+	sh.perStep[r.Step][r.GroupID] = true
+}
+
+func (sh *shapeAcc) result() (groups, size int) {
 	var gs, ss []int
-	for _, g := range perStep {
+	for _, g := range sh.perStep {
 		gs = append(gs, len(g))
 	}
-	for _, n := range perGroup {
+	for _, n := range sh.perGroup {
 		ss = append(ss, n)
 	}
 	return median(gs), median(ss)

@@ -27,7 +27,7 @@ func TestExpectTakesTheRunsShapeAndSettings(t *testing.T) {
 	}
 	s := archive.Settings{Debias: true, Debiaser: calibrate.DefaultDebiaserConfig(), Denoiser: fuse.DenoiserConfig{Estimator: fuse.EstimatorOff},
 		AnchorFraction: 0.25, AnchorRounding: route.RoundSpread}
-	e, err := Expect(a, rows, s, ExpectOptions{Seeds: 2, Optimizer: rl.Adam})
+	e, err := Expect(a, s, ExpectOptions{Seeds: 2, Optimizer: rl.Adam})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestExpectTakesTheRunsShapeAndSettings(t *testing.T) {
 	// Settings recorded with the estimator unset are the pipeline's
 	// default, which the benchmark would read as off.
 	s.Denoiser = fuse.DenoiserConfig{}
-	if e, err := Expect(a, rows, s, ExpectOptions{Seeds: 2}); err != nil || e.Estimator != fuse.DefaultEstimator || e.Result.Methods["wmrl"].Rho <= 1 {
+	if e, err := Expect(a, s, ExpectOptions{Seeds: 2}); err != nil || e.Estimator != fuse.DefaultEstimator || e.Result.Methods["wmrl"].Rho <= 1 {
 		t.Errorf("an unset estimator: %v, expectation at %q", err, e.Estimator)
 	}
 
@@ -88,7 +88,7 @@ func TestExpectNeedsARanking(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Expect(a, rows, archive.Settings{AnchorFraction: 0.1}, ExpectOptions{}); !errors.Is(err, ErrNoRanking) {
+	if _, err := Expect(a, archive.Settings{AnchorFraction: 0.1}, ExpectOptions{}); !errors.Is(err, ErrNoRanking) {
 		t.Errorf("Expect without anchors: %v; want ErrNoRanking", err)
 	}
 }
@@ -105,7 +105,11 @@ func TestShapeCountsEachGroupOnce(t *testing.T) {
 			}
 		}
 	}
-	if groups, size := shapeOf(rows); groups != 3 || size != 4 {
+	var shape shapeAcc
+	for _, r := range rows {
+		shape.add(r)
+	}
+	if groups, size := shape.result(); groups != 3 || size != 4 {
 		t.Errorf("shape %d groups of %d; want 3 of 4", groups, size)
 	}
 }

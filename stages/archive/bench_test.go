@@ -98,7 +98,8 @@ func BenchmarkReadArchive(b *testing.B) {
 		}
 		b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e6, "Mrows/s")
 	})
-	// As replay and audit read: every row kept, in one slice.
+	// Every row kept, in one slice (Read: the rehearsal's check; replay
+	// and audit read so before they streamed).
 	b.Run("read-all", func(b *testing.B) {
 		for b.Loop() {
 			all, err := Read(files, nil)

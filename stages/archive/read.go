@@ -95,21 +95,62 @@ func rowOffsets(files []string) ([]int, error) {
 }
 
 // Scan reads files in order and calls fn with each row group's rows,
-// which fn may keep: a stream, in the memory of one row group. A row's Run
-// is its file's partition, the directory run=<run> (empty for a file
-// outside one). Every column is read, the anchors' prompt and response
-// too.
+// which fn may keep: a stream, in the memory of a few row groups (a
+// row group is decoded while fn has the one before). A row's Run is its
+// file's partition, the directory run=<run> (empty for a file outside
+// one). Every column is read, the anchors' prompt and response too.
 func Scan(files []string, fn func([]Row) error) error {
 	return scan(files, true, fn)
 }
 
 // ScanScores is Scan without the anchors' prompt and response (nil), as
-// Read: what a replay streams.
+// Read: what a replay and an audit stream.
 func ScanScores(files []string, fn func([]Row) error) error {
 	return scan(files, false, fn)
 }
 
+// scan decodes on a goroutine of its own, a row group ahead of fn.
 func scan(files []string, withCode bool, fn func([]Row) error) error {
+	type batch struct {
+		rows []Row
+		err  error
+	}
+	ahead, stop := make(chan batch, 1), make(chan struct{})
+	go func() {
+		defer close(ahead)
+		send := func(b batch) error {
+			select {
+			case ahead <- b:
+				return nil
+			case <-stop:
+				return errStopped
+			}
+		}
+		if err := decodeEach(files, withCode, func(rows []Row) error { return send(batch{rows: rows}) }); err != nil && err != errStopped {
+			_ = send(batch{err: err})
+		}
+	}()
+	defer func() {
+		close(stop)
+		for range ahead { // the decoder ends at its next row group
+		}
+	}()
+	for b := range ahead {
+		if b.err != nil {
+			return b.err
+		}
+		if err := fn(b.rows); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// errStopped ends a scan's decoder whose reader returned.
+var errStopped = errors.New("archive: scan stopped")
+
+// decodeEach decodes files' row groups in order, calling fn with each.
+func decodeEach(files []string, withCode bool, fn func([]Row) error) error {
 	vals := make([]parquet.Value, 4096)
 	for _, path := range files {
 		f, pf, err := openParquet(path)

@@ -1,0 +1,79 @@
+package archive
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Scan decodes a row group ahead of its reader, on a goroutine of its
+// own: the rows still come in the files' order, a reader that stops
+// stops the decoder, and a damaged file ends the scan with its name once
+// the rows before it were read.
+func TestScanReadsAheadInOrderAndStopsWithItsReader(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run=r")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rows := syntheticRows(3 * 256)
+	var files []string
+	for i := range 3 {
+		path := filepath.Join(dir, string(rune('a'+i))+".parquet")
+		w, err := CreateFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Write(rows[i*256 : (i+1)*256]); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, path)
+	}
+	base := runtime.NumGoroutine()
+	decoderGone := func() {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > base; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d goroutines after the scan, %d before: its decoder goes on", runtime.NumGoroutine(), base)
+			}
+		}
+	}
+
+	var got []Row
+	if err := ScanScores(files, func(rs []Row) error { got = append(got, rs...); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(rows) {
+		t.Fatalf("scanned %d rows of %d", len(got), len(rows))
+	}
+	for i, r := range got {
+		if r.TrajID != rows[i].TrajID || r.Step != rows[i].Step || r.Run != "r" {
+			t.Fatalf("row %d: %s of step %d, run %q; want %s of step %d, run r", i, r.TrajID, r.Step, r.Run, rows[i].TrajID, rows[i].Step)
+		}
+	}
+	decoderGone()
+
+	enough := errors.New("enough")
+	batches := 0
+	if err := Scan(files, func([]Row) error { batches++; return enough }); err != enough || batches != 1 {
+		t.Fatalf("a reader that stops at its first batch: %v after %d batches", err, batches)
+	}
+	decoderGone()
+
+	bad := filepath.Join(dir, "b-damaged.parquet")
+	if err := os.WriteFile(bad, []byte("PAR1 not a parquet file PAR1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	read := 0
+	err := Scan([]string{files[0], bad, files[1]}, func(rs []Row) error { read += len(rs); return nil })
+	if err == nil || !strings.Contains(err.Error(), "b-damaged.parquet") || read != 256 {
+		t.Fatalf("a damaged file after one of 256 rows: %v, %d rows read", err, read)
+	}
+	decoderGone()
+}
