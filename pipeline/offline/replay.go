@@ -113,7 +113,7 @@ func Replay(rows []archive.Row, opt ReplayOptions, report func(StepReport)) (Rep
 // replayed, which in an archive written as the run went is a step or two.
 // Its memory is the plan's (tens of bytes a step, and the anchor pairs),
 // not the archive's: over an archive read whole, a replay held about
-// 1.5 kB a row.
+// 1.4 kB a row.
 func ReplayRows(src Rows, opt ReplayOptions, report func(StepReport)) (ReplaySummary, error) {
 	var sum ReplaySummary
 	steps := map[int64]*stepRows{}
