@@ -270,7 +270,7 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 		read += len(rows)
 		for _, r := range rows {
 			if r.IsAnchor || r.Source == archive.SourceLateAnchor {
-				anchors = append(anchors, r)
+				anchors = append(anchors, r.Detached()) // not its row group's columns
 			}
 			shape.add(r)
 			if r.ResponseBytes != nil && r.Source == archive.SourceWorldModel && r.IsAnchor {

@@ -35,7 +35,7 @@ func Executed(files []string) ([]archive.Row, error) {
 					late[missKey(r)] = *r.TrueScore
 				}
 			case r.Response != nil:
-				code = append(code, r)
+				code = append(code, r.Detached())
 			}
 		}
 		return nil

@@ -112,6 +112,30 @@ type Row struct {
 	ExecCopyGroup *string `parquet:"exec_copy_group,optional"`
 }
 
+// Detached is r with what its optional fields point to copied: a row
+// that Read or Scan decoded points into its row group's columns, and one
+// row kept holds them all (about 150 bytes for each row of its row group),
+// where a reader that keeps a few rows of many (the audit's anchor groups)
+// wants only those.
+func (r Row) Detached() Row {
+	for _, p := range []**float64{&r.Predicted, &r.TrueScore, &r.Calibrated, &r.Reward, &r.ExecSeconds} {
+		*p = detach(*p)
+	}
+	for _, p := range []**string{&r.ExecStatus, &r.ExecDetail, &r.WMVerdict, &r.WMRationale, &r.Prompt, &r.Response, &r.ExecCopyOf, &r.ExecCopyGroup} {
+		*p = detach(*p)
+	}
+	r.ResponseBytes, r.ExecCopyStep = detach(r.ResponseBytes), detach(r.ExecCopyStep)
+	return r
+}
+
+func detach[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}
+
 // UpdateKey and LateKey name what a file holds, so that a redelivered
 // input is never archived twice.
 func UpdateKey(step int64) string { return "update/" + strconv.FormatInt(step, 10) }

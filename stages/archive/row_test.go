@@ -1,6 +1,9 @@
 package archive
 
-import "testing"
+import (
+	"reflect"
+	"testing"
+)
 
 // The keys of a run's archived updates are kept as the ranges of steps
 // they name, not a string each; every other key, and a key only like an
@@ -27,5 +30,40 @@ func TestKeySetKeepsUpdatesAsRanges(t *testing.T) {
 		if k.has(c.key) != c.want {
 			t.Errorf("has(%q) = %v, want %v", c.key, k.has(c.key), c.want)
 		}
+	}
+}
+
+// Detached copies what every pointer field of a row points to, so that a
+// row kept does not hold its row group's columns: a field added to Row
+// and left out of Detached fails here.
+func TestDetachedLeavesNothingShared(t *testing.T) {
+	var r Row
+	v := reflect.ValueOf(&r).Elem()
+	pointers := 0
+	for i := range v.NumField() {
+		f := v.Field(i)
+		if f.Kind() != reflect.Pointer {
+			continue
+		}
+		pointers++
+		f.Set(reflect.New(f.Type().Elem()))
+	}
+	d := r.Detached()
+	dv := reflect.ValueOf(d)
+	for i := range v.NumField() {
+		f := v.Field(i)
+		if f.Kind() != reflect.Pointer {
+			continue
+		}
+		if g := dv.Field(i); g.IsNil() || g.Pointer() == f.Pointer() || !reflect.DeepEqual(g.Elem().Interface(), f.Elem().Interface()) {
+			t.Errorf("Row.%s: detached points to %v, the row to %v", v.Type().Field(i).Name, g, f)
+		}
+	}
+	if pointers < 15 {
+		t.Fatalf("%d pointer fields: the test looks at the wrong type", pointers)
+	}
+	var empty Row
+	if e := empty.Detached(); !reflect.DeepEqual(e, empty) {
+		t.Errorf("a row of nil fields detached: %+v", e)
 	}
 }
