@@ -30,7 +30,8 @@ func TestAuditSaysWhatToExpect(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	for _, want := range []string{"what to expect (wmrl sim at this world model: within-group Spearman ", " over the first quarter of the steps, ",
-		"this run's shape and settings: 4 groups of 4 a step, anchor fraction 0.50 (even), debias true, rho advantage;", "execution 50\n", "\ngrpo-anchors ", "\nwmrl "} {
+		"this run's shape and settings: 4 groups of 4 a step, anchor fraction 0.50 (even), debias true, rho advantage;", "execution 50\n", "\ngrpo-anchors ", "\nwmrl ",
+		"reading 100% ", "auditing 100% "} { // each read of the archive shows its progress
 		if !strings.Contains(out, want) {
 			t.Errorf("wmrl audit's output lacks %q:\n%s", want, out)
 		}

@@ -89,10 +89,11 @@ func archiveThere(root string) error {
 // streamRun opens one run of an archive root (run "" picks the only one)
 // for replay and audit: its rows as a stream, which offline.ReplayRows and
 // offline.RunAuditRows read twice, with a progress bar over the first read
-// (the replay's second has its own, by steps: steps gives their number
-// once the first read is through), and the settings its newest file
-// recorded. release lets the archive's files go.
-func streamRun(root, run string, stderr io.Writer) (src offline.Rows, settings archive.Settings, name string, steps func() int, release func(), err error) {
+// and, labelled again, over the second (the replay's has its own, by
+// steps: steps gives their number once the first read is through), and
+// the settings its newest file recorded. release lets the archive's files
+// go.
+func streamRun(root, run, again string, stderr io.Writer) (src offline.Rows, settings archive.Settings, name string, steps func() int, release func(), err error) {
 	run, files, release, err := openRun(root, run)
 	if err != nil {
 		return nil, settings, "", nil, nil, err
@@ -115,8 +116,18 @@ func streamRun(root, run string, stderr io.Writer) (src offline.Rows, settings a
 	seen := map[int64]struct{}{}
 	src = func(fn func([]archive.Row) error) error {
 		reads++
-		if reads > 1 {
+		if reads > 1 && again == "" {
 			return archive.ScanScores(files, fn)
+		}
+		if reads > 1 {
+			bar := newProgressBar(stderr)
+			show, done := bar.set(again), 0
+			defer bar.done()
+			return archive.ScanScores(files, func(rows []archive.Row) error {
+				done += len(rows)
+				show(done, int(total))
+				return fn(rows)
+			})
 		}
 		bar := newProgressBar(stderr)
 		show := bar.set("reading")
@@ -162,7 +173,7 @@ func replayCommand() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
-			src, recorded, run, nsteps, release, err := streamRun(root, run, stderr)
+			src, recorded, run, nsteps, release, err := streamRun(root, run, "", stderr)
 			if err != nil {
 				return err
 			}
@@ -337,7 +348,7 @@ func auditCommand() *cobra.Command {
 			if expect.Seeds == 1 || expect.Seeds < 0 {
 				return fmt.Errorf("audit: --expect-seeds %d: intervals need at least 2 (0 skips what to expect)", expect.Seeds)
 			}
-			src, settings, run, _, release, err := streamRun(root, run, stderr)
+			src, settings, run, _, release, err := streamRun(root, run, "auditing", stderr)
 			if err != nil {
 				return err
 			}
