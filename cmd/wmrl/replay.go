@@ -114,16 +114,22 @@ func streamRun(root, run, again string, stderr io.Writer) (src offline.Rows, set
 	}
 	reads := 0
 	seen := map[int64]struct{}{}
-	src = func(fn func([]archive.Row) error) error {
+	scan := func(columns []string, fn func([]archive.Row) error) error {
+		if len(columns) > 0 {
+			return archive.ScanColumns(files, columns, fn)
+		}
+		return archive.ScanScores(files, fn)
+	}
+	src = func(columns []string, fn func([]archive.Row) error) error {
 		reads++
 		if reads > 1 && again == "" {
-			return archive.ScanScores(files, fn)
+			return scan(columns, fn)
 		}
 		if reads > 1 {
 			bar := newProgressBar(stderr)
 			show, done := bar.set(again), 0
 			defer bar.done()
-			return archive.ScanScores(files, func(rows []archive.Row) error {
+			return scan(columns, func(rows []archive.Row) error {
 				done += len(rows)
 				show(done, int(total))
 				return fn(rows)
@@ -132,7 +138,7 @@ func streamRun(root, run, again string, stderr io.Writer) (src offline.Rows, set
 		bar := newProgressBar(stderr)
 		show := bar.set("reading")
 		start, done := time.Now(), 0
-		err := archive.ScanScores(files, func(rows []archive.Row) error {
+		err := scan(columns, func(rows []archive.Row) error {
 			for i := range rows {
 				seen[rows[i].Step] = struct{}{}
 			}

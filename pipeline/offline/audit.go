@@ -213,7 +213,7 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	opt.setDefaults()
 	a := &Audit{Options: opt}
 	lo, hi := math.Inf(1), math.Inf(-1)
-	err := src(func(rows []archive.Row) error {
+	err := src([]string{"predicted"}, func(rows []archive.Row) error {
 		for i := range rows {
 			if a.Rows == 0 {
 				a.Run = rows[i].Run
@@ -266,7 +266,7 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	var anchors []archive.Row         // the anchor groups' rows, late ones' too
 	var shape shapeAcc
 	read := 0
-	err = src(func(rows []archive.Row) error {
+	err = src(nil, func(rows []archive.Row) error {
 		read += len(rows)
 		for _, r := range rows {
 			if r.IsAnchor || r.Source == archive.SourceLateAnchor {

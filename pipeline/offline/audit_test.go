@@ -75,13 +75,13 @@ func biasedRows(t testing.TB, groupsPerTask int, noise float64) []archive.Row {
 // rows in memory (to 1e-9: a mean over a map's groups sums in its order),
 // and rows that are not the same the second time are refused.
 func TestAuditStreamsTheRows(t *testing.T) {
-	rows, _ := archiveRun(t, 30, nil)
+	rows, _, files := archiveRunFiles(t, 30, nil)
 	want, err := RunAudit(rows, AuditOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	reads := 0
-	batches := func(fn func([]archive.Row) error) error {
+	batches := func(_ []string, fn func([]archive.Row) error) error {
 		reads++
 		for i := 0; i < len(rows); i += 100 {
 			if err := fn(rows[i:min(i+100, len(rows))]); err != nil {
@@ -100,8 +100,15 @@ func TestAuditStreamsTheRows(t *testing.T) {
 	if g, w := roundedJSON(t, got), roundedJSON(t, want); !reflect.DeepEqual(g, w) {
 		t.Fatalf("streamed:\n%v\nin memory:\n%v", g, w)
 	}
+	// From the files, the first read only the predictions.
+	if got, err = RunAuditRows(files, AuditOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if g, w := roundedJSON(t, got), roundedJSON(t, want); !reflect.DeepEqual(g, w) {
+		t.Fatalf("from the files:\n%v\nin memory:\n%v", g, w)
+	}
 	reads = 0
-	short := func(fn func([]archive.Row) error) error {
+	short := func(_ []string, fn func([]archive.Row) error) error {
 		if reads++; reads == 2 {
 			return fn(rows[1:])
 		}

@@ -90,13 +90,18 @@ type groupKey struct {
 }
 
 // Rows gives a run's rows to fn in batches, the same rows in the same
-// order each time it is called; fn may keep a batch.
-type Rows func(fn func([]archive.Row) error) error
+// order each time it is called; fn may keep a batch. columns, if any,
+// are the only ones (by their Parquet names) the call reads: a source may
+// leave the others out, and a pass that needs a few reads faster.
+type Rows func(columns []string, fn func([]archive.Row) error) error
 
 // InMemory is Rows over rows already read.
 func InMemory(rows []archive.Row) Rows {
-	return func(fn func([]archive.Row) error) error { return fn(rows) }
+	return func(_ []string, fn func([]archive.Row) error) error { return fn(rows) }
 }
+
+// planColumns are what a replay's first read needs.
+var planColumns = []string{"step", "group_id", "traj_id", "predicted", "true_score", "is_anchor", "source", "absorbed_seq", "calibration_seq", "ts"}
 
 // Replay re-runs calibration and fusion over a run's rows with the
 // project's own calibrate, pair and fuse code, in the order the live
@@ -119,7 +124,7 @@ func ReplayRows(src Rows, opt ReplayOptions, report func(StepReport)) (ReplaySum
 	steps := map[int64]*stepRows{}
 	groups := map[groupKey]*absorption{} // anchor groups with a seq
 	read := 0
-	err := src(func(rows []archive.Row) error {
+	err := src(planColumns, func(rows []archive.Row) error {
 		for i := range rows {
 			r := &rows[i]
 			if read == 0 {
@@ -260,7 +265,7 @@ func ReplayRows(src Rows, opt ReplayOptions, report func(StepReport)) (ReplaySum
 	changed := func(step int64) error {
 		return fmt.Errorf("replay: the rows changed between the two reads (step %d's): was the archive written to meanwhile?", step)
 	}
-	err = src(func(rows []archive.Row) error {
+	err = src(nil, func(rows []archive.Row) error {
 		for _, r := range rows {
 			if r.Source == archive.SourceLateAnchor {
 				continue

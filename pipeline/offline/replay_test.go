@@ -27,6 +27,14 @@ import (
 // recorded settings.
 func archiveRun(t *testing.T, steps int64, edit func(*pipeline.Config)) ([]archive.Row, archive.Settings) {
 	t.Helper()
+	rows, settings, _ := archiveRunFiles(t, steps, edit)
+	return rows, settings
+}
+
+// archiveRunFiles is archiveRun, with the archive's files, and a Rows
+// reading them as the commands do (a pass's columns alone).
+func archiveRunFiles(t *testing.T, steps int64, edit func(*pipeline.Config)) ([]archive.Row, archive.Settings, Rows) {
+	t.Helper()
 	cfg := pipeline.DefaultConfig()
 	cfg.DataDir = t.TempDir()
 	cfg.Listen = "127.0.0.1:0"
@@ -70,7 +78,16 @@ func archiveRun(t *testing.T, steps int64, edit func(*pipeline.Config)) ([]archi
 	if err != nil {
 		t.Fatal(err)
 	}
-	return rows, settings
+	files, err := archive.Files(cfg.ArchiveRoot(), cfg.Run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows, settings, func(columns []string, fn func([]archive.Row) error) error {
+		if len(columns) > 0 {
+			return archive.ScanColumns(files, columns, fn)
+		}
+		return archive.ScanScores(files, fn)
+	}
 }
 
 func TestReplayReproducesTheArchive(t *testing.T) {
@@ -127,7 +144,7 @@ func TestReplayReproducesTheArchive(t *testing.T) {
 // batches out of order and steps cut across batches, it replays what
 // Replay over the rows in memory does.
 func TestReplayStreamsTheRows(t *testing.T) {
-	rows, settings := archiveRun(t, 30, nil)
+	rows, settings, files := archiveRunFiles(t, 30, nil)
 	var byStep [][]archive.Row
 	at := map[int64]int{}
 	for _, r := range rows {
@@ -149,7 +166,7 @@ func TestReplayStreamsTheRows(t *testing.T) {
 		batches = append(batches, s[:len(s)/3], s[len(s)/3:])
 	}
 	reads, given := 0, 0
-	src := func(fn func([]archive.Row) error) error {
+	src := func(_ []string, fn func([]archive.Row) error) error {
 		reads++
 		given = 0
 		for _, b := range batches {
@@ -217,10 +234,27 @@ func TestReplayStreamsTheRows(t *testing.T) {
 	}
 	t.Logf("held up to %d rows of %d", mostHeld, len(rows))
 
+	// From the files, as wmrl replay reads them (the first read only the
+	// columns it plans with), the same.
+	got = nil
+	sum, err = ReplayRows(files, ReplayOptions{Settings: settings}, func(r StepReport) { got = append(got, r) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(sum, wantSum) || len(got) != len(want) {
+		t.Fatalf("from the files: %+v after %d steps; in memory: %+v after %d", sum, len(got), wantSum, len(want))
+	}
+	for i := range want {
+		if got[i].Step != want[i].Step || got[i].Rho != want[i].Rho || got[i].MaxFusedDiff != want[i].MaxFusedDiff {
+			t.Fatalf("from the files, report %d: step %d rho %v, fused off by %g; in memory step %d rho %v, off by %g", i,
+				got[i].Step, got[i].Rho, got[i].MaxFusedDiff, want[i].Step, want[i].Rho, want[i].MaxFusedDiff)
+		}
+	}
+
 	// Rows that are not the same the second time are refused, not replayed
 	// in part.
 	reads = 0
-	short := func(fn func([]archive.Row) error) error {
+	short := func(_ []string, fn func([]archive.Row) error) error {
 		reads++
 		if reads == 2 {
 			return fn(rows[:len(rows)-1])

@@ -125,15 +125,16 @@ func missingColumns(schema *parquet.Schema) []string {
 }
 
 // readRowGroup decodes a row group into rows, which must hold exactly its
-// rows (they may be kept); the code columns only withCode.
-func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, rows []Row, withCode bool) error {
+// rows (they may be kept); the columns skip names are left at their zero
+// values.
+func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, rows []Row, skip func(column string) bool) error {
 	n := int(rg.NumRows())
 	if len(rows) != n {
 		return fmt.Errorf("row group of %d rows decoded into %d", n, len(rows))
 	}
 	chunks := rg.ColumnChunks()
 	for _, col := range columns {
-		if codeColumns[col.name] && !withCode {
+		if skip(col.name) {
 			continue
 		}
 		leaf, ok := pf.Schema().Lookup(col.name)

@@ -100,17 +100,33 @@ func rowOffsets(files []string) ([]int, error) {
 // file's partition, the directory run=<run> (empty for a file outside
 // one). Every column is read, the anchors' prompt and response too.
 func Scan(files []string, fn func([]Row) error) error {
-	return scan(files, true, fn)
+	return scan(files, func(string) bool { return false }, fn)
 }
 
 // ScanScores is Scan without the anchors' prompt and response (nil), as
 // Read: what a replay and an audit stream.
 func ScanScores(files []string, fn func([]Row) error) error {
-	return scan(files, false, fn)
+	return scan(files, withoutCode, fn)
 }
 
+// ScanColumns is Scan of the named columns alone (by their Parquet names:
+// predicted, step, ...); the other fields are left at their zero values
+// but Run. A pass that needs a column or two (the audit's range of the
+// predictions) reads at a fraction of the cost.
+func ScanColumns(files []string, names []string, fn func([]Row) error) error {
+	for _, name := range names {
+		if !slices.ContainsFunc(columns, func(c column) bool { return c.name == name }) {
+			return fmt.Errorf("archive: no column %q", name)
+		}
+	}
+	return scan(files, func(c string) bool { return !slices.Contains(names, c) }, fn)
+}
+
+// withoutCode skips the anchors' prompt and response (Read, ScanScores).
+func withoutCode(column string) bool { return codeColumns[column] }
+
 // scan decodes on a goroutine of its own, a row group ahead of fn.
-func scan(files []string, withCode bool, fn func([]Row) error) error {
+func scan(files []string, skip func(column string) bool, fn func([]Row) error) error {
 	type batch struct {
 		rows []Row
 		err  error
@@ -126,7 +142,7 @@ func scan(files []string, withCode bool, fn func([]Row) error) error {
 				return errStopped
 			}
 		}
-		if err := decodeEach(files, withCode, func(rows []Row) error { return send(batch{rows: rows}) }); err != nil && err != errStopped {
+		if err := decodeEach(files, skip, func(rows []Row) error { return send(batch{rows: rows}) }); err != nil && err != errStopped {
 			_ = send(batch{err: err})
 		}
 	}()
@@ -150,7 +166,7 @@ func scan(files []string, withCode bool, fn func([]Row) error) error {
 var errStopped = errors.New("archive: scan stopped")
 
 // decodeEach decodes files' row groups in order, calling fn with each.
-func decodeEach(files []string, withCode bool, fn func([]Row) error) error {
+func decodeEach(files []string, skip func(column string) bool, fn func([]Row) error) error {
 	vals := make([]parquet.Value, 4096)
 	for _, path := range files {
 		f, pf, err := openParquet(path)
@@ -166,7 +182,7 @@ func decodeEach(files []string, withCode bool, fn func([]Row) error) error {
 			}
 			at += n
 			rows := make([]Row, n)
-			if err := decodeRowGroup(path, pf, rg, vals, rows, withCode); err != nil {
+			if err := decodeRowGroup(path, pf, rg, vals, rows, skip); err != nil {
 				f.Close()
 				return err
 			}
@@ -191,9 +207,9 @@ func rowGroupFits(path string, n, at, total int) error {
 	return nil
 }
 
-func decodeRowGroup(path string, pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, rows []Row, withCode bool) (err error) {
+func decodeRowGroup(path string, pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, rows []Row, skip func(column string) bool) (err error) {
 	defer damaged(path, &err)
-	if err := readRowGroup(pf, rg, vals, rows, withCode); err != nil {
+	if err := readRowGroup(pf, rg, vals, rows, skip); err != nil {
 		return fmt.Errorf("archive: %s: %w", filepath.Base(path), err)
 	}
 	run, _ := strings.CutPrefix(filepath.Base(filepath.Dir(path)), "run=")
@@ -266,7 +282,7 @@ func readFileInto(path string, vals []parquet.Value, dst []Row) error {
 		if err := rowGroupFits(path, n, at, len(dst)); err != nil {
 			return err
 		}
-		if err := decodeRowGroup(path, pf, rg, vals, dst[at:at+n], false); err != nil {
+		if err := decodeRowGroup(path, pf, rg, vals, dst[at:at+n], withoutCode); err != nil {
 			return err
 		}
 		at += n

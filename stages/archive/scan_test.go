@@ -13,7 +13,7 @@ import (
 // Scan decodes a row group ahead of its reader, on a goroutine of its
 // own: the rows still come in the files' order, a reader that stops
 // stops the decoder, and a damaged file ends the scan with its name once
-// the rows before it were read.
+// the rows before it were read. ScanColumns reads only the columns named.
 func TestScanReadsAheadInOrderAndStopsWithItsReader(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "run=r")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -56,6 +56,24 @@ func TestScanReadsAheadInOrderAndStopsWithItsReader(t *testing.T) {
 		if r.TrajID != rows[i].TrajID || r.Step != rows[i].Step || r.Run != "r" {
 			t.Fatalf("row %d: %s of step %d, run %q; want %s of step %d, run r", i, r.TrajID, r.Step, r.Run, rows[i].TrajID, rows[i].Step)
 		}
+	}
+	decoderGone()
+
+	// ScanColumns decodes the columns named and leaves the rest zero.
+	got = got[:0]
+	if err := ScanColumns(files, []string{"step", "predicted"}, func(rs []Row) error { got = append(got, rs...); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range got {
+		if r.Step != rows[i].Step || r.Predicted == nil || *r.Predicted != *rows[i].Predicted || r.Run != "r" || r.TrajID != "" || r.Calibrated != nil {
+			t.Fatalf("row %d of step and predicted: %+v", i, r)
+		}
+	}
+	if len(got) != len(rows) {
+		t.Fatalf("scanned %d rows of %d by their columns", len(got), len(rows))
+	}
+	if err := ScanColumns(files, []string{"step", "predicted_score"}, func([]Row) error { return nil }); err == nil || !strings.Contains(err.Error(), `no column "predicted_score"`) {
+		t.Fatalf("a column no archive has: %v", err)
 	}
 	decoderGone()
 
