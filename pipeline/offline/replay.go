@@ -115,7 +115,8 @@ func Replay(rows []archive.Row, opt ReplayOptions, report func(StepReport)) (Rep
 // ReplayRows is Replay over rows read twice: once to plan (each step's
 // calibration seq and row count, the anchor groups' pairs in their seq
 // order), once to replay, holding the rows of the steps read and not yet
-// replayed, which in an archive written as the run went is a step or two.
+// replayed, which in an archive written as the run went are those of the
+// batch src gave last.
 // Its memory is the plan's (tens of bytes a step, and the anchor pairs),
 // not the archive's: over an archive read whole, a replay held about
 // 1.4 kB a row.

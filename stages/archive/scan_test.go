@@ -1,4 +1,4 @@
-package archive
+package archive_test
 
 import (
 	"errors"
@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/wmrl/wmrl/stages/archive"
+	"github.com/wmrl/wmrl/stages/archive/archivetest"
 )
 
 // Scan decodes a row group ahead of its reader, on a goroutine of its
@@ -19,11 +22,11 @@ func TestScanReadsAheadInOrderAndStopsWithItsReader(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	rows := syntheticRows(3 * 256)
+	rows := archivetest.Rows(3 * 256)
 	var files []string
 	for i := range 3 {
 		path := filepath.Join(dir, string(rune('a'+i))+".parquet")
-		w, err := CreateFile(path)
+		w, err := archive.CreateFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,8 +48,8 @@ func TestScanReadsAheadInOrderAndStopsWithItsReader(t *testing.T) {
 		}
 	}
 
-	var got []Row
-	if err := ScanScores(files, func(rs []Row) error { got = append(got, rs...); return nil }); err != nil {
+	var got []archive.Row
+	if err := archive.ScanScores(files, func(rs []archive.Row) error { got = append(got, rs...); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != len(rows) {
@@ -61,7 +64,7 @@ func TestScanReadsAheadInOrderAndStopsWithItsReader(t *testing.T) {
 
 	// ScanColumns decodes the columns named and leaves the rest zero.
 	got = got[:0]
-	if err := ScanColumns(files, []string{"step", "predicted"}, func(rs []Row) error { got = append(got, rs...); return nil }); err != nil {
+	if err := archive.ScanColumns(files, []string{"step", "predicted"}, func(rs []archive.Row) error { got = append(got, rs...); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	for i, r := range got {
@@ -72,14 +75,14 @@ func TestScanReadsAheadInOrderAndStopsWithItsReader(t *testing.T) {
 	if len(got) != len(rows) {
 		t.Fatalf("scanned %d rows of %d by their columns", len(got), len(rows))
 	}
-	if err := ScanColumns(files, []string{"step", "predicted_score"}, func([]Row) error { return nil }); err == nil || !strings.Contains(err.Error(), `no column "predicted_score"`) {
+	if err := archive.ScanColumns(files, []string{"step", "predicted_score"}, func([]archive.Row) error { return nil }); err == nil || !strings.Contains(err.Error(), `no column "predicted_score"`) {
 		t.Fatalf("a column no archive has: %v", err)
 	}
 	decoderGone()
 
 	enough := errors.New("enough")
 	batches := 0
-	if err := Scan(files, func([]Row) error { batches++; return enough }); err != enough || batches != 1 {
+	if err := archive.Scan(files, func([]archive.Row) error { batches++; return enough }); err != enough || batches != 1 {
 		t.Fatalf("a reader that stops at its first batch: %v after %d batches", err, batches)
 	}
 	decoderGone()
@@ -89,7 +92,7 @@ func TestScanReadsAheadInOrderAndStopsWithItsReader(t *testing.T) {
 		t.Fatal(err)
 	}
 	read := 0
-	err := Scan([]string{files[0], bad, files[1]}, func(rs []Row) error { read += len(rs); return nil })
+	err := archive.Scan([]string{files[0], bad, files[1]}, func(rs []archive.Row) error { read += len(rs); return nil })
 	if err == nil || !strings.Contains(err.Error(), "b-damaged.parquet") || read != 256 {
 		t.Fatalf("a damaged file after one of 256 rows: %v, %d rows read", err, read)
 	}
