@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -91,8 +92,9 @@ func archiveThere(root string) error {
 // offline.RunAuditRows read twice, with a progress bar over the first read
 // and, labelled again, over the second (the replay's has its own, by
 // steps: steps gives their number once the first read is through), and
-// the settings its newest file recorded. release lets the archive's files
-// go.
+// the settings its newest file recorded. release, once the reads are
+// done, lets a merge of the archive's files go ahead (a second call does
+// nothing).
 func streamRun(root, run, again string, stderr io.Writer) (src offline.Rows, settings archive.Settings, name string, steps func() int, release func(), err error) {
 	run, files, release, err := openRun(root, run)
 	if err != nil {
@@ -153,7 +155,7 @@ func streamRun(root, run, again string, stderr io.Writer) (src offline.Rows, set
 		}
 		return err
 	}
-	return src, settings, run, func() int { return max(len(seen), 1) }, release, nil
+	return src, settings, run, func() int { return max(len(seen), 1) }, sync.OnceFunc(release), nil
 }
 
 func onOff(flag, v string) (bool, error) {
@@ -274,6 +276,7 @@ func replayCommand() *cobra.Command {
 					werr = w.Write(r.Rows())
 				}
 			})
+			release() // read through: a merge may go on while the output is closed and the plot drawn
 			if !steps {
 				bar.done()
 			}
@@ -366,6 +369,7 @@ func auditCommand() *cobra.Command {
 			}
 			start := time.Now()
 			a, err := offline.RunAuditRows(src, opt)
+			release() // read: a merge may go on while wmrl sim runs and the report is written
 			if err != nil {
 				return err
 			}
