@@ -263,7 +263,9 @@ func replayCommand() *cobra.Command {
 			var werr error
 			start := time.Now()
 			sum, err := offline.ReplayRows(src, opt, func(r offline.StepReport) {
-				done++
+				if done++; done == 1 {
+					bar.start = time.Now() // the replay's time, after the first read's
+				}
 				if steps {
 					fmt.Fprintf(stdout, "%8d  %8.4f  %8.4f  %7d  %12.3g  %5.1f%%\n", r.Step, r.Rho, r.RecordedRho, r.Anchors, r.MaxFusedDiff, 100*r.SignAgreement)
 				} else {
