@@ -47,22 +47,33 @@ func rootCommand() *cobra.Command {
 const positiveMark = "wmrl:positive"
 
 // positive marks the named flags of fs, defined already, as positiveMark.
-func positive(fs *pflag.FlagSet, names ...string) {
+func positive(fs *pflag.FlagSet, names ...string) { mark(fs, positiveMark, names...) }
+
+// mark sets the annotation how on the named flags of fs, defined already.
+func mark(fs *pflag.FlagSet, how string, names ...string) {
 	for _, name := range names {
-		if err := fs.SetAnnotation(name, positiveMark, []string{"true"}); err != nil {
+		if err := fs.SetAnnotation(name, how, []string{"true"}); err != nil {
 			panic(fmt.Sprintf("wmrl: %v", err)) // a flag renamed and not here
 		}
 	}
 }
 
+// firstMarked is refuse's error for the first flag of cmd marked how and
+// given (on the command line or in --config), nil if refuse takes them all.
+func firstMarked(cmd *cobra.Command, how string, refuse func(*pflag.Flag) error) error {
+	var refused error
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if _, marked := f.Annotations[how]; marked && f.Changed && refused == nil {
+			refused = refuse(f)
+		}
+	})
+	return refused
+}
+
 // refuseNotPositive names a flag of cmd marked positive given 0 or less,
 // on the command line or in --config.
 func refuseNotPositive(cmd *cobra.Command) error {
-	var refused error
-	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if _, marked := f.Annotations[positiveMark]; !marked || !f.Changed || refused != nil {
-			return
-		}
+	return firstMarked(cmd, positiveMark, func(f *pflag.Flag) error {
 		v := f.Value.String()
 		x, err := strconv.ParseFloat(v, 64)
 		if d, derr := time.ParseDuration(v); err != nil && derr == nil {
@@ -70,13 +81,12 @@ func refuseNotPositive(cmd *cobra.Command) error {
 		}
 		switch {
 		case err != nil || x > 0: // taken
+			return nil
 		case isZero(f.DefValue): // left out, it takes what the command reads elsewhere (replay: as recorded)
-			refused = fmt.Errorf("--%s %s: want more than 0", f.Name, v)
-		default:
-			refused = fmt.Errorf("--%s %s: want more than 0 (its default is %s)", f.Name, v, f.DefValue)
+			return fmt.Errorf("--%s %s: want more than 0", f.Name, v)
 		}
+		return fmt.Errorf("--%s %s: want more than 0 (its default is %s)", f.Name, v, f.DefValue)
 	})
-	return refused
 }
 
 // refuseEmbedded names a setting of the embedded server (embeddedMark)
@@ -85,14 +95,10 @@ func refuseEmbedded(cmd *cobra.Command) error {
 	if nats := cmd.Flags().Lookup("nats"); nats == nil || nats.Value.String() == "" {
 		return nil
 	}
-	var refused error
-	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if _, marked := f.Annotations[embeddedMark]; marked && f.Changed && refused == nil {
-			refused = fmt.Errorf("--%s is the embedded server's, and with --nats this process starts none: "+
-				"the server's own configuration sets it (leave --%s out)", f.Name, f.Name)
-		}
+	return firstMarked(cmd, embeddedMark, func(f *pflag.Flag) error {
+		return fmt.Errorf("--%s is the embedded server's, and with --nats this process starts none: "+
+			"the server's own configuration sets it (leave --%s out)", f.Name, f.Name)
 	})
-	return refused
 }
 
 // isZero reports whether a flag's default reads as 0 (0, 0s).
@@ -177,11 +183,7 @@ func embeddedServerFlags(fs *pflag.FlagSet, cfg *pipeline.Config) {
 	fs.IntVar(&cfg.MaxPayloadMB, "nats-max-payload-mb", 8, "largest message the embedded server takes, in MiB (1-64): a step's update is one message, about 400 bytes a trajectory")
 	fs.Float64Var(&cfg.MaxStoreGB, "nats-max-store-gb", 0, "most the embedded server's store holds, in GiB (0: 75% of the disk's free room at its start); a full store stops every stage until room is made, so leave the disk what the trainer needs")
 	positive(fs, "nats-max-payload-mb")
-	for _, name := range []string{"listen", "listen-cert", "listen-key", "listen-client-ca", "nats-max-payload-mb", "nats-max-store-gb"} {
-		if err := fs.SetAnnotation(name, embeddedMark, []string{"true"}); err != nil {
-			panic(fmt.Sprintf("wmrl: %v", err))
-		}
-	}
+	mark(fs, embeddedMark, "listen", "listen-cert", "listen-key", "listen-client-ca", "nats-max-payload-mb", "nats-max-store-gb")
 }
 
 // gatewayFlags binds what a process serves (metrics, the trainer gateway)

@@ -124,32 +124,28 @@ func streamRun(root, run, again string, stderr io.Writer) (src offline.Rows, set
 	}
 	src = func(columns []string, fn func([]archive.Row) error) error {
 		reads++
-		if reads > 1 && again == "" {
+		label := again
+		if reads == 1 {
+			label = "reading"
+		}
+		if label == "" {
 			return scan(columns, fn)
 		}
-		if reads > 1 {
-			bar := newProgressBar(stderr)
-			show, done := bar.set(again), 0
-			defer bar.done()
-			return scan(columns, func(rows []archive.Row) error {
-				done += len(rows)
-				show(done, int(total))
-				return fn(rows)
-			})
-		}
 		bar := newProgressBar(stderr)
-		show := bar.set("reading")
+		show := bar.set(label)
 		start, done := time.Now(), 0
 		err := scan(columns, func(rows []archive.Row) error {
-			for i := range rows {
-				seen[rows[i].Step] = struct{}{}
+			if reads == 1 {
+				for i := range rows {
+					seen[rows[i].Step] = struct{}{}
+				}
 			}
 			done += len(rows)
 			show(done, int(total))
 			return fn(rows)
 		})
 		bar.done()
-		if err == nil {
+		if err == nil && reads == 1 {
 			fmt.Fprintf(stderr, "read %d rows of run %s from %d files in %s (%.2fM rows/s)\n", done, run, len(files),
 				time.Since(start).Round(time.Millisecond), float64(done)/time.Since(start).Seconds()/1e6)
 		}
