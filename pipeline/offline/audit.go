@@ -242,6 +242,7 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 		pairs       []pairRow
 		predictions []int
 		groups      map[string]*groupAcc
+		order       []*groupAcc // groups as they first came: means sum in it, the same every time
 	}
 	newAcc := func() *acc { return &acc{predictions: make([]int, opt.Bins), groups: map[string]*groupAcc{}} }
 	all := newAcc()
@@ -333,11 +334,12 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 			}
 			all.pairs = append(all.pairs, p)
 			t.pairs = append(t.pairs, p)
-			for _, m := range []map[string]*groupAcc{all.groups, t.groups} {
-				g := m[key]
+			for _, c := range []*acc{all, t} {
+				g := c.groups[key]
 				if g == nil {
 					g = &groupAcc{}
-					m[key] = g
+					c.groups[key] = g
+					c.order = append(c.order, g)
 				}
 				g.pred, g.truth = append(g.pred, p.pred), append(g.truth, p.truth)
 			}
@@ -453,7 +455,7 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 		}
 		ta.Ranks = Ranks{Spearman: Num(fuse.Spearman(x, y)), Kendall: Num(fuse.Kendall(x, y))}
 		var ws, wk float64
-		for _, g := range c.groups {
+		for _, g := range c.order {
 			s, k := fuse.Spearman(g.pred, g.truth), fuse.Kendall(g.pred, g.truth)
 			if math.IsNaN(s) || math.IsNaN(k) {
 				continue
