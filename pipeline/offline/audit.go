@@ -207,8 +207,8 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 
 // RunAuditRows is RunAudit over rows read twice: once for the range of
 // the predictions (the score levels' bounds), once to measure. It keeps
-// the anchor groups' rows (what the largest misses and the execution
-// times are read from) and the measures' sums, not the archive.
+// the anchor pairs' scores, each anchor execution's time, the largest
+// misses so far and the measures' sums, not the rows.
 func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	opt.setDefaults()
 	a := &Audit{Options: opt}
@@ -264,15 +264,14 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	}
 	var latePairs []latePair
 	lateLength := map[trajKey]int64{} // late anchors' lengths, from their world-model rows
-	var anchors []archive.Row         // the anchor groups' rows, late ones' too
+	misses, execs := newMissAcc(), newExecAcc()
 	var shape shapeAcc
 	read := 0
 	err = src(nil, func(rows []archive.Row) error {
 		read += len(rows)
 		for _, r := range rows {
-			if r.IsAnchor || r.Source == archive.SourceLateAnchor {
-				anchors = append(anchors, r.Detached()) // not its row group's columns
-			}
+			misses.add(r)
+			execs.add(r)
 			shape.add(r)
 			if r.ResponseBytes != nil && r.Source == archive.SourceWorldModel && r.IsAnchor {
 				lateLength[missKey(r)] = *r.ResponseBytes
@@ -377,8 +376,8 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	}
 	a.FailureAUC = Num(fuse.AUC(neg, failed))
 	a.Causes, a.OtherCauses = causes.result()
-	a.Misses, a.Verdicts = missesAndVerdicts(anchors)
-	a.Executions = execTimes(anchors, opt.AnchorDeadline)
+	a.Misses, a.Verdicts = misses.result()
+	a.Executions = execs.result(opt.AnchorDeadline)
 	a.FailuresWithoutDetail = causes.noDetail
 	// The run-wide map, cross-fitted on the anchor groups, and each task's
 	// own map likewise on its pairs alone.

@@ -535,6 +535,17 @@ func TestAuditSetsWhatTheWorldModelSaidAgainstTheExecutions(t *testing.T) {
 		second.TrajID != "d" || second.WMVerdict != schemas.ExecCrashed || second.WMRationale != "imports a missing package" || second.Step != 2 {
 		t.Errorf("largest misses %+v, %+v; want a (0.9 off, crashed on KeyError, said scored), then the late d (0.6 off, said crashed)", first, second)
 	}
+	// The late pair's row before its world-model row (a file of late rows
+	// read first): the same verdicts and misses.
+	swapped := slices.Clone(rows)
+	swapped[3], swapped[4] = swapped[4], swapped[3]
+	b, err := RunAudit(swapped, AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(b.Verdicts, a.Verdicts) || !slices.Equal(b.Misses, a.Misses) {
+		t.Errorf("the late pair first: verdicts %+v, misses %+v; want %+v, %+v", b.Verdicts, b.Misses, a.Verdicts, a.Misses)
+	}
 	_, html := reportHTML(t, a)
 	if !strings.Contains(html, "<h2>Largest misses</h2>") || !strings.Contains(html, "scored: <small>uses every feature</small>") ||
 		!strings.Contains(html, "<tr><td class=\"l\">crashed</td><td class=\"l\">scored</td><td>1</td></tr>") {
@@ -591,8 +602,8 @@ func TestAuditCountsALateAnchorOnceAndByHowItEnded(t *testing.T) {
 	}
 }
 
-// largest picks what a stable sort, largest first, would put first.
-func TestLargestIsTheTopOfAStableSort(t *testing.T) {
+// top keeps what a stable sort, largest first, would put first.
+func TestTopIsTheTopOfAStableSort(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for range 2000 {
 		vals := make([]float64, rng.IntN(40))
@@ -605,8 +616,12 @@ func TestLargestIsTheTopOfAStableSort(t *testing.T) {
 		want := slices.Clone(items)
 		slices.SortStableFunc(want, func(a, b int) int { return cmp.Compare(by(b), by(a)) })
 		want = want[:min(k, len(want))]
-		if got := largest(items, k, by); !slices.Equal(got, want) {
-			t.Fatalf("largest(%v, %d) = %v; want %v", vals, k, got, want)
+		kept := top[int]{k: k, by: by}
+		for _, it := range items {
+			kept.add(it)
+		}
+		if !slices.Equal(kept.items, want) {
+			t.Fatalf("the top %d of %v: %v; want %v", k, vals, kept.items, want)
 		}
 	}
 }

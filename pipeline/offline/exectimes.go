@@ -86,74 +86,89 @@ func quantiles(xs []float64) Quantiles {
 	return Quantiles{Median: q(0.5), P90: q(0.9), P95: q(0.95), P99: q(0.99), Max: xs[len(xs)-1]}
 }
 
-// execTimes measures the anchors' execution times over a run's rows; nil
-// when no row records any (an archive from before exec_seconds, or a run
-// without anchors). deadline is the run's --anchor-deadline in seconds,
-// 0 when not known.
-func execTimes(rows []archive.Row, deadline float64) *ExecTimes {
-	type traj struct {
-		seconds float64
-		timed   bool
+// execAcc measures the anchors' execution times over a stream of rows.
+type execAcc struct {
+	groups       map[string]map[string]*traj // "step/group" of anchor groups: trajectory ID to its time
+	late         map[string]bool
+	fusedAt      map[int64]time.Time // each step's update
+	calibratedAt map[string]stamp    // each late group's calibration, by "step/group"
+	byStatus     map[string][]float64
+	e            ExecTimes
+}
+
+type traj struct {
+	seconds float64
+	timed   bool
+}
+
+type stamp struct {
+	step int64
+	at   time.Time
+}
+
+func newExecAcc() *execAcc {
+	return &execAcc{groups: map[string]map[string]*traj{}, late: map[string]bool{}, fusedAt: map[int64]time.Time{},
+		calibratedAt: map[string]stamp{}, byStatus: map[string][]float64{}}
+}
+
+func (x *execAcc) add(r archive.Row) {
+	e := &x.e
+	if r.Source == archive.SourceLateAnchor {
+		x.calibratedAt[fmt.Sprintf("%d/%s", r.Step, r.GroupID)] = stamp{r.Step, r.TS}
+	} else if _, ok := x.fusedAt[r.Step]; !ok {
+		x.fusedAt[r.Step] = r.TS
 	}
-	groups := map[string]map[string]*traj{} // "step/group" of anchor groups: trajectory ID to its time
-	late := map[string]bool{}
-	type stamp struct {
-		step int64
-		at   time.Time
+	if !r.IsAnchor {
+		return
 	}
-	fusedAt := map[int64]time.Time{}   // each step's update
-	calibratedAt := map[string]stamp{} // each late group's calibration, by "step/group"
-	byStatus := map[string][]float64{}
-	e := &ExecTimes{Deadline: deadline}
-	member := func(key, id string) *traj {
-		g := groups[key]
-		if g == nil {
-			g = map[string]*traj{}
-			groups[key] = g
-		}
-		t := g[id]
-		if t == nil {
-			t = &traj{}
-			g[id] = t
-		}
-		return t
+	key := fmt.Sprintf("%d/%s", r.Step, r.GroupID)
+	t := x.member(key, r.TrajID) // a late anchor's world-model row and its late row: one trajectory
+	if r.ExecStatus != nil && *r.ExecStatus == archive.ExecLate {
+		x.late[key] = true
 	}
-	for _, r := range rows {
-		if r.Source == archive.SourceLateAnchor {
-			calibratedAt[fmt.Sprintf("%d/%s", r.Step, r.GroupID)] = stamp{r.Step, r.TS}
-		} else if _, ok := fusedAt[r.Step]; !ok {
-			fusedAt[r.Step] = r.TS
-		}
-		if !r.IsAnchor {
-			continue
-		}
-		key := fmt.Sprintf("%d/%s", r.Step, r.GroupID)
-		t := member(key, r.TrajID) // a late anchor's world-model row and its late row: one trajectory
-		if r.ExecStatus != nil && *r.ExecStatus == archive.ExecLate {
-			late[key] = true
-		}
-		if r.ExecSeconds == nil || t.timed {
-			continue
-		}
-		t.seconds, t.timed = *r.ExecSeconds, true
-		e.Executions++
-		if r.ExecCopyOf != nil {
-			e.Copies++
-			continue
-		}
-		if r.ExecStatus != nil {
-			byStatus[*r.ExecStatus] = append(byStatus[*r.ExecStatus], t.seconds)
-		}
-		if r.ExecStatus == nil || *r.ExecStatus != schemas.ExecSandboxError {
-			e.each = append(e.each, t.seconds)
-		}
+	if r.ExecSeconds == nil || t.timed {
+		return
 	}
+	t.seconds, t.timed = *r.ExecSeconds, true
+	e.Executions++
+	if r.ExecCopyOf != nil {
+		e.Copies++
+		return
+	}
+	if r.ExecStatus != nil {
+		x.byStatus[*r.ExecStatus] = append(x.byStatus[*r.ExecStatus], t.seconds)
+	}
+	if r.ExecStatus == nil || *r.ExecStatus != schemas.ExecSandboxError {
+		e.each = append(e.each, t.seconds)
+	}
+}
+
+func (x *execAcc) member(key, id string) *traj {
+	g := x.groups[key]
+	if g == nil {
+		g = map[string]*traj{}
+		x.groups[key] = g
+	}
+	t := g[id]
+	if t == nil {
+		t = &traj{}
+		g[id] = t
+	}
+	return t
+}
+
+// result is the times measured; nil when no row recorded any (an archive
+// from before exec_seconds, or a run without anchors). deadline is the
+// run's --anchor-deadline in seconds, 0 when not known.
+func (x *execAcc) result(deadline float64) *ExecTimes {
+	e := x.e
+	e.Deadline = deadline
 	if e.Executions == 0 {
 		return nil
 	}
-	e.AnchorGroups, e.LateGroups = len(groups), len(late)
+	e.AnchorGroups, e.LateGroups = len(x.groups), len(x.late)
 	within := 0
-	for _, g := range groups {
+	for _, g := range x.groups {
 		slowest, all := 0.0, true
 		for _, t := range g {
 			all = all && t.timed
@@ -168,9 +183,9 @@ func execTimes(rows []archive.Row, deadline float64) *ExecTimes {
 		}
 	}
 	var after []float64
-	for key := range late {
-		cal, ok1 := calibratedAt[key]
-		fused, ok2 := fusedAt[cal.step]
+	for key := range x.late {
+		cal, ok1 := x.calibratedAt[key]
+		fused, ok2 := x.fusedAt[cal.step]
 		if ok1 && ok2 {
 			after = append(after, max(0, cal.at.Sub(fused).Seconds()))
 		}
@@ -187,12 +202,12 @@ func execTimes(rows []archive.Row, deadline float64) *ExecTimes {
 	if deadline > 0 && e.Groups > 0 {
 		e.WithinDeadline = Num(float64(within) / float64(e.Groups))
 	}
-	for status, xs := range byStatus {
+	for status, xs := range x.byStatus {
 		slices.Sort(xs)
 		e.ByStatus = append(e.ByStatus, StatusTimes{Status: status, Executions: len(xs), Median: quantiles(xs).Median, Max: xs[len(xs)-1]})
 	}
 	slices.SortFunc(e.ByStatus, func(a, b StatusTimes) int {
 		return cmp.Or(cmp.Compare(b.Executions, a.Executions), cmp.Compare(a.Status, b.Status))
 	})
-	return e
+	return &e
 }

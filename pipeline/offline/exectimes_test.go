@@ -180,3 +180,12 @@ func TestTheExecutionTimesPlotFitsTheTimes(t *testing.T) {
 		}
 	}
 }
+
+// execTimes measures the times over rows.
+func execTimes(rows []archive.Row, deadline float64) *ExecTimes {
+	x := newExecAcc()
+	for _, r := range rows {
+		x.add(r)
+	}
+	return x.result(deadline)
+}

@@ -115,7 +115,7 @@ type Row struct {
 // Detached is r with what its optional fields point to copied: a row
 // that Read or Scan decoded points into its row group's columns, and one
 // row kept holds them all (about 150 bytes for each row of its row group),
-// where a reader that keeps a few rows of many (the audit's anchor groups)
+// where a reader that keeps a few rows of many (wm-eval's executed anchors)
 // wants only those.
 func (r Row) Detached() Row {
 	for _, p := range []**float64{&r.Predicted, &r.TrueScore, &r.Calibrated, &r.Reward, &r.ExecSeconds} {
