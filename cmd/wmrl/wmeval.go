@@ -7,7 +7,9 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,8 +21,8 @@ import (
 
 func wmEvalCommand() *cobra.Command {
 	var (
-		root, run, out string
-		opt            offline.EvalOptions
+		root, run, out, pic string
+		opt                 offline.EvalOptions
 	)
 	cfg := pipeline.DefaultConfig()
 	cfg.WorldModel = "openai"
@@ -35,7 +37,9 @@ recorded: how many it graded, the within-group Spearman (what GRPO's
 advantages depend on; a group it scores all alike counts 0), the Spearman
 overall, the AUC of telling failed executions from scored ones, and the
 mean residual; then the paired difference of the within-group Spearman,
-group by group. --out writes every trajectory's scores as CSV.
+group by group. --out writes every trajectory's scores as CSV, and --plot
+(beside it, by default) draws each group's ranking under both world
+models and their reliability curves.
 
 A better prompt or model is tried here on executions already paid for,
 without a training run; wmrl audit's "what to expect" says what a
@@ -76,6 +80,21 @@ within-group Spearman buys.`,
 				}
 				fmt.Fprintf(stdout, "every trajectory's scores: %s\n", out)
 			}
+			if pic == "" {
+				pic = fmt.Sprintf("wm-eval-%s.png", run)
+				if out != "" {
+					pic = strings.TrimSuffix(out, ".csv") + ".png"
+				}
+			}
+			if err := offline.WriteEvalPlot(e, cfg.WMModel, pic); err != nil {
+				return err
+			}
+			abs, _ := filepath.Abs(pic)
+			what := "each group's ranking by both world models, and their reliability curves"
+			if e.Claims != nil {
+				what += ", and the scores with the claim against without"
+			}
+			fmt.Fprintf(stdout, "plot: %s (%s)\n", abs, what)
 			return nil
 		},
 	}
@@ -83,6 +102,7 @@ within-group Spearman buys.`,
 	archiveFlag(fs, &root)
 	fs.StringVar(&run, "run", "", "run to evaluate on (default: the only one)")
 	fs.StringVar(&out, "out", "", "CSV file of every trajectory: its true score, the recorded and the new prediction, the new verdict and rationale")
+	fs.StringVar(&pic, "plot", "", "PNG of each anchor group's within-group Spearman under both world models, their reliability curves, and with --claim-probe the scores with the claim against without (default: --out's name, .png, or wm-eval-<run>.png)")
 	fs.IntVar(&opt.Groups, "groups", 0, "evaluate a sample of this many anchor groups (0: all)")
 	fs.Uint64Var(&opt.Seed, "seed", 1, "seed of the sample")
 	fs.IntVar(&opt.Concurrency, "concurrency", 8, "anchor groups asked at once (each is one call of its trajectories; --wm-concurrency bounds the requests)")

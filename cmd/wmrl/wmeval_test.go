@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"image/png"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -148,8 +150,14 @@ func TestWMEvalSetsAWorldModelAgainstTheRecordedOne(t *testing.T) {
 			t.Fatalf("CSV row %v: the oracle's score is not the true one, or the recorded one is missing", rec)
 		}
 	}
+	pngBeside := strings.TrimSuffix(csvPath, ".csv") + ".png"
+	if !strings.Contains(out, "plot: "+pngBeside+" (each group's ranking by both world models, and their reliability curves)") {
+		t.Errorf("wm-eval --out %s does not name its plot %s", csvPath, pngBeside)
+	}
+	checkPNG(t, pngBeside, 2)
 
-	out, err = wmrl(ctx, "wm-eval", "--archive", root, "--wm-url", hashed.URL+"/v1", "--wm-model", "hashed", "--groups", "20")
+	pic := filepath.Join(t.TempDir(), "hashed.png")
+	out, err = wmrl(ctx, "wm-eval", "--archive", root, "--wm-url", hashed.URL+"/v1", "--wm-model", "hashed", "--groups", "20", "--plot", pic)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -158,6 +166,7 @@ func TestWMEvalSetsAWorldModelAgainstTheRecordedOne(t *testing.T) {
 		!regexp.MustCompile(`(?m)^by task, the least favourable change first \(5 of \d+ tasks`).MatchString(out) {
 		t.Errorf("wm-eval with scores by hash on a sample of 20 groups:\n%s", out)
 	}
+	checkPNG(t, pic, 2)
 
 	if _, err := wmrl(ctx, "wm-eval", "--archive", root); err == nil || !strings.Contains(err.Error(), "--wm-url and --wm-model") {
 		t.Errorf("without a world model: %v", err)
@@ -219,8 +228,13 @@ func TestWMEvalMeasuresWhatAClaimInTheCodeBuys(t *testing.T) {
 			t.Fatalf("CSV row %v: want the true score plain and 1 with the claim", rec)
 		}
 	}
+	if !strings.Contains(out, ", and the scores with the claim against without)") {
+		t.Error("wm-eval --claim-probe does not say its plot has the claims")
+	}
+	checkPNG(t, strings.TrimSuffix(csvPath, ".csv")+".png", 3)
 
-	out, err = wmrl(ctx, "wm-eval", "--archive", root, "--wm-url", unmoved.URL+"/v1", "--wm-model", "unmoved", "--claim-probe="+claim, "--groups", "30")
+	out, err = wmrl(ctx, "wm-eval", "--archive", root, "--wm-url", unmoved.URL+"/v1", "--wm-model", "unmoved", "--claim-probe="+claim, "--groups", "30",
+		"--plot", filepath.Join(t.TempDir(), "unmoved.png"))
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -229,5 +243,23 @@ func TestWMEvalMeasuresWhatAClaimInTheCodeBuys(t *testing.T) {
 		`alone in its group, a solution that makes the claim gains \+0\.000 ± 0\.000 \(2 SE\) in GRPO advantage: no clear effect`, claim)
 	if !regexp.MustCompile(want).MatchString(out) {
 		t.Errorf("wm-eval --claim-probe with a judge that reads past the claim does not say %s", want)
+	}
+}
+
+// checkPNG fails unless path is a PNG of panels stacked 8 by 4.5 inches
+// each.
+func checkPNG(t *testing.T, path string, panels int) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("%s is no PNG: %v", path, err)
+	}
+	if b := img.Bounds(); b.Dx() < 600 || math.Abs(float64(b.Dy())/float64(b.Dx())-float64(panels)*4.5/8) > 0.01 {
+		t.Errorf("%s is %dx%d; want %d panels of 8 by 4.5 stacked", path, b.Dx(), b.Dy(), panels)
 	}
 }

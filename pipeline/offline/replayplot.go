@@ -5,14 +5,11 @@ import (
 	"image/color"
 	"math"
 	"math/rand/v2"
-	"os"
 	"slices"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
 
 	"github.com/wmrl/wmrl/stages/archive"
 )
@@ -102,26 +99,7 @@ func WriteReplayPlot(c *ReplayCurves, changed, path string) error {
 	if err != nil {
 		return err
 	}
-	plots := [][]*plot.Plot{{top}, {mid}, {low}}
-	for _, row := range plots {
-		roomForLegend(row[0], 8*vg.Inch, 4*vg.Inch)
-	}
-	img := vgimg.New(8*vg.Inch, 12*vg.Inch)
-	dc := draw.New(img)
-	canvases := plot.Align(plots, draw.Tiles{Rows: 3, Cols: 1, PadY: vg.Points(12), PadTop: vg.Points(6), PadBottom: vg.Points(6),
-		PadLeft: vg.Points(6), PadRight: vg.Points(6)}, dc)
-	for i, row := range plots {
-		row[0].Draw(canvases[i][0])
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("replay plot: %w", err)
-	}
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return fmt.Errorf("replay plot: %s: %w", path, err)
-	}
-	return f.Close()
+	return writeStacked([]*plot.Plot{top, mid, low}, 8*vg.Inch, 4*vg.Inch, path, "replay plot")
 }
 
 // fusedScatter draws the sampled rows' fused advantages, replayed against

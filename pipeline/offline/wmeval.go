@@ -144,9 +144,11 @@ type Eval struct {
 	FirstCallError error // the first of those errors
 	// WithinDiff is the mean over PairedGroups (ranked by both) of the new
 	// model's within-group Spearman minus the recorded one's, with its
-	// standard error: the paired comparison.
+	// standard error: the paired comparison. GroupRanks are those groups,
+	// each with its two within-group Spearmans.
 	WithinDiff, WithinDiffSE float64
 	PairedGroups             int
+	GroupRanks               []GroupRank
 	// Tasks is the paired comparison task by task, the one that changed
 	// most for the worse first: a new prompt can help most tasks and hurt
 	// a few.
@@ -154,6 +156,14 @@ type Eval struct {
 	// Claims, with EvalOptions.Claim: how far the model takes a
 	// solution's word for its score.
 	Claims *EvalClaims
+}
+
+// GroupRank is one anchor group's within-group Spearman under the run's
+// world model and the evaluated one.
+type GroupRank struct {
+	Step            int64
+	GroupID, TaskID string
+	Recorded, New   float64
 }
 
 // EvalTask is one task's paired within-group comparison.
@@ -278,6 +288,7 @@ func EvaluateWorldModel(ctx context.Context, rows []archive.Row, wm predict.Worl
 		now, ok2 := within(g, func(it EvalItem) *float64 { return it.New })
 		if ok1 && ok2 {
 			diffs = append(diffs, now-rec)
+			e.GroupRanks = append(e.GroupRanks, GroupRank{Step: g[0].Step, GroupID: g[0].GroupID, TaskID: g[0].TaskID, Recorded: rec, New: now})
 			t := tasks[g[0].TaskID]
 			if t == nil {
 				t = &acc{}

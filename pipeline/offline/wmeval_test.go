@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"gonum.org/v1/plot/plotter"
 
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
@@ -213,4 +217,57 @@ func TestTheClaimProbeMeasuresWhatAClaimBuys(t *testing.T) {
 	if e.Claims != nil || e.Items[0].Claimed != nil {
 		t.Errorf("no claim asked for, and claims %+v, item %+v", e.Claims, e.Items[0])
 	}
+}
+
+// The plot's data: every group both models rank, with its two
+// within-group Spearmans (their mean difference is the paired one), and
+// each model's reliability curve: on y = x for scores that are the truth,
+// off it by the recorded model's error.
+func TestTheEvalPlotDrawsEachGroupAndBothReliabilityCurves(t *testing.T) {
+	e, err := EvaluateWorldModel(context.Background(), executedRows("alike", "right", "down"), groupWM{}, EvalOptions{Claim: "# 1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []GroupRank{{Step: 1, GroupID: "alike", TaskID: "t", Recorded: -1, New: 0}, {Step: 1, GroupID: "right", TaskID: "t", Recorded: -1, New: 1}}
+	if !slices.Equal(e.GroupRanks, want) {
+		t.Fatalf("groups ranked by both: %+v; want %+v", e.GroupRanks, want)
+	}
+	sum := 0.0
+	for _, g := range e.GroupRanks {
+		sum += g.New - g.Recorded
+	}
+	if len(e.GroupRanks) != e.PairedGroups || math.Abs(sum/float64(len(e.GroupRanks))-e.WithinDiff) > 1e-12 {
+		t.Errorf("%d groups drawn, mean difference %v; the paired comparison is over %d, %v", len(e.GroupRanks), sum/float64(len(e.GroupRanks)), e.PairedGroups, e.WithinDiff)
+	}
+	// The recorded model scores 0.9, 0.7, 0.5 where the truth is 0.2, 0.4,
+	// 0.6, in each of the three groups.
+	recorded := Reliability(e.Items, func(it EvalItem) *float64 { return it.Recorded })
+	if want := (plotter.XYs{{X: 0.5, Y: 0.6}, {X: 0.7, Y: 0.4}, {X: 0.9, Y: 0.2}}); !nearXYs(recorded, want) {
+		t.Errorf("the recorded model's reliability %v; want %v", recorded, want)
+	}
+	// The new model: the truth in "right" (on y = x), 0.5 for all three in
+	// "alike" (whose truth averages 0.4), a bin below right's 0.6; "down"
+	// ungraded.
+	now := Reliability(e.Items, func(it EvalItem) *float64 { return it.New })
+	if want := (plotter.XYs{{X: 0.2, Y: 0.2}, {X: 0.4, Y: 0.4}, {X: 0.5, Y: 0.4}, {X: 0.6, Y: 0.6}}); !nearXYs(now, want) {
+		t.Errorf("the new model's reliability %v; want %v", now, want)
+	}
+	for _, c := range []*EvalClaims{e.Claims, nil} {
+		e.Claims = c
+		path := filepath.Join(t.TempDir(), "eval.png")
+		if err := WriteEvalPlot(e, "fake", path); err != nil {
+			t.Fatal(err)
+		}
+		panels := 2
+		if c != nil {
+			panels = 3
+		}
+		if b := decodePNG(t, path).Bounds(); math.Abs(float64(b.Dy())/float64(b.Dx())-float64(panels)*4.5/8) > 0.01 {
+			t.Errorf("the plot is %dx%d; want %d panels stacked", b.Dx(), b.Dy(), panels)
+		}
+	}
+}
+
+func nearXYs(a, b plotter.XYs) bool {
+	return slices.EqualFunc(a, b, func(p, q plotter.XY) bool { return math.Abs(p.X-q.X) < 1e-12 && math.Abs(p.Y-q.Y) < 1e-12 })
 }
