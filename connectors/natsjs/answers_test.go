@@ -15,6 +15,7 @@ import (
 // silentAfter, the lease is dropped and taken at once, well before it
 // would have lapsed, and OnEnded says how that was told.
 func TestASilentHolderOfAnotherMachineIsTakenAtOnce(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ls := leasesOn(t, ctx, testServer(t, ctx), 20*time.Second, 2)

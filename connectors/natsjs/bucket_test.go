@@ -30,6 +30,7 @@ func remadeCount(b *kvBucket) *atomic.Int32 {
 // holder's renewals went unanswered for ever without a word, the waiter
 // hung, and the bucket stayed gone.
 func TestAHolderMakesItsDeletedLeaseBucketAnew(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv := testServer(t, ctx)
@@ -97,6 +98,7 @@ func TestAHolderMakesItsDeletedLeaseBucketAnew(t *testing.T) {
 // the TTL: it did, and the waiter made the bucket anew and took the lease
 // at once at the next (a rehearsal, seed 30).
 func TestAWaiterMakesAGoneLeaseBucketAnewAfterTheTTL(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv := testServer(t, ctx)
@@ -151,6 +153,7 @@ func TestAWaiterMakesAGoneLeaseBucketAnewAfterTheTTL(t *testing.T) {
 // next save, which is stored: before, the save was asked again until its
 // context ended, and the stage waited without a word.
 func TestACheckpointBucketDeletedIsMadeAnew(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv := testServer(t, ctx)
@@ -185,6 +188,7 @@ func TestACheckpointBucketDeletedIsMadeAnew(t *testing.T) {
 // anew, and the stage's holder lost it at its next renewal (a rehearsal,
 // seed 30).
 func TestALeaseMissingFromABucketMadeAnewIsNotFreeAtOnce(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv := testServer(t, ctx)
@@ -244,6 +248,7 @@ func TestALeaseMissingFromABucketMadeAnewIsNotFreeAtOnce(t *testing.T) {
 // waiter took the lease at its next read, from a holder that lived (a
 // rehearsal on a cluster, seed 34).
 func TestAWaiterThatSawTheBucketGoneLeavesAMissingLeaseToItsHolder(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv := testServer(t, ctx)
@@ -298,6 +303,7 @@ func TestAWaiterThatSawTheBucketGoneLeavesAMissingLeaseToItsHolder(t *testing.T)
 // marks it: before, nobody said the bucket had been made anew, and no
 // mark was written (a rehearsal on a cluster, seed 34).
 func TestABucketMadeAnewThoughTheRequestFailedIsSaidAndMarked(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv := testServer(t, ctx)
@@ -353,6 +359,7 @@ func TestABucketMadeAnewThoughTheRequestFailedIsSaidAndMarked(t *testing.T) {
 // bucket having been gone for longer than the TTL (a rehearsal on a
 // cluster, seed 41).
 func TestAWaiterThatMakesTheBucketAfterAFullStoreLeavesLeasesToTheirHolders(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv, _, waiter, le := heldAndSeen(t, ctx, 4*time.Second)

@@ -39,6 +39,7 @@ func runningHolder(t *testing.T, ctx context.Context, l *Leases, key, space stri
 // its take drops the holder's lease and says whose it was. While the
 // holder runs, it keeps its lease.
 func TestALeaseWhoseHolderNoLongerRunsIsTakenAtOnce(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	l := leases(t, ctx, 10*time.Minute, 1)[0] // a lapse would come long after the test's end
@@ -77,6 +78,7 @@ func TestALeaseWhoseHolderNoLongerRunsIsTakenAtOnce(t *testing.T) {
 // (or container) whose pid is free here, and which names no subject to be
 // asked on (answers.go), is left its lease until it lapses.
 func TestAHolderOfAnotherPIDSpaceIsNotJudgedHere(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	l := leases(t, ctx, 10*time.Minute, 1)[0]
@@ -96,6 +98,7 @@ func TestAHolderOfAnotherPIDSpaceIsNotJudgedHere(t *testing.T) {
 // (lapsedHolder) only while that holder may still write it: once it no
 // longer runs, the lease is free.
 func TestALapsedLeaseOfAHolderThatNoLongerRunsIsFree(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	l := leases(t, ctx, 10*time.Minute, 1)[0]

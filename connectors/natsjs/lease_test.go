@@ -78,6 +78,7 @@ func acquireAsync(ctx context.Context, l *Leases, key string, me Holder) (<-chan
 // it, and takes it as soon as the first releases it; the first did not
 // lose it meanwhile.
 func TestALeaseIsHeldByOneProcessAtATime(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ls := leases(t, ctx, time.Second, 2)
@@ -119,6 +120,7 @@ func TestALeaseIsHeldByOneProcessAtATime(t *testing.T) {
 // A holder that stops renewing without releasing (a killed process) lets
 // the lease lapse: the next takes it after the TTL.
 func TestALeaseNotRenewedLapses(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ls := leases(t, ctx, time.Second, 2)
@@ -144,6 +146,7 @@ func TestALeaseNotRenewedLapses(t *testing.T) {
 // A lease taken by another (freed by hand, as for a holder known to be
 // gone) is lost to its old holder at its next renewal, naming the new one.
 func TestALeaseTakenByAnotherIsLost(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ls := leases(t, ctx, 2*time.Second, 2)
@@ -185,6 +188,7 @@ func TestALeaseTakenByAnotherIsLost(t *testing.T) {
 // A lease whose key expired without anyone taking it (its holder could not
 // reach the server for a while) is taken back by its holder, not lost.
 func TestALapsedLeaseNobodyTookIsKept(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ls := leases(t, ctx, 2*time.Second, 1)
@@ -217,6 +221,7 @@ func TestALapsedLeaseNobodyTookIsKept(t *testing.T) {
 // lease: its holder, reconnected, takes it again and does not lose it (it
 // could not take messages while the server was away either).
 func TestALeaseOutlivesAnOutageOfTheServer(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dir, addr := t.TempDir(), fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
@@ -289,6 +294,7 @@ func (s *staleKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry,
 // holds the lease once its reads catch up, rather than failing: it took
 // three contradictions for an error before, and a standby ended on it.
 func TestAStaleReadOfAHeldLeaseIsAskedAgain(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ls := leases(t, ctx, time.Second, 2)
@@ -316,6 +322,7 @@ func TestAStaleReadOfAHeldLeaseIsAskedAgain(t *testing.T) {
 // a store full for longer than the TTL, the waiters took 4 of 5 stages
 // in a rehearsal, and each holder stopped).
 func TestARefusedRenewalIsTriedAgainSoon(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv := testServer(t, ctx)
@@ -357,6 +364,7 @@ func TestARefusedRenewalIsTriedAgainSoon(t *testing.T) {
 // the holder writes it again; it takes one whose holder is gone after that
 // TTL. A process that never saw a lease held takes it at once.
 func TestALeaseThatLapsedWhileTheStoreWasFullStaysItsHolders(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv := testServer(t, ctx)
@@ -492,6 +500,7 @@ func (f *fullClusterKV) Create(ctx context.Context, key string, value []byte, op
 // lease has lapsed on the full store, it leaves it to that holder as a
 // standby that saw it does.
 func TestAProcessStartedOnAFullClusterHearsWhoHoldsItsLease(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ls := leases(t, ctx, 4*time.Second, 2)
@@ -525,6 +534,7 @@ func TestAProcessStartedOnAFullClusterHearsWhoHoldsItsLease(t *testing.T) {
 // It left it for the TTL after its refused take before, and took it when
 // room came back just as that ran out (a rehearsal on a cluster, seed 41).
 func TestALeaseIsLeftToItsHolderForAsLongAsTheStoreIsFull(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ttl := 4 * time.Second
@@ -559,6 +569,7 @@ func TestALeaseIsLeftToItsHolderForAsLongAsTheStoreIsFull(t *testing.T) {
 // first (a rehearsal on a cluster, seed 41: the store full for 31 s, the
 // lease lapsing as room came back).
 func TestAWaiterKnowsALeaseLapsedOnAFullStoreBeforeItTakesIt(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv, holder, waiter, le := heldAndSeen(t, ctx, 4*time.Second)

@@ -17,6 +17,7 @@ import (
 // store, and a missing key is no error; a value the server refuses names
 // its key and size.
 func TestStateStoreSurvivesARestart(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dir := t.TempDir()
@@ -65,6 +66,7 @@ func TestStateStoreSurvivesARestart(t *testing.T) {
 // and Save wait for it, up to their context, instead of failing the
 // stage that asked.
 func TestStateStoreWaitsForItsBucketsServer(t *testing.T) {
+	t.Parallel()
 	nodes, urls := natstest.Start(t, natstest.Options(t, "state", 3))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
