@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -77,6 +78,19 @@ func TestAuditSaysWhatToExpect(t *testing.T) {
 	}
 	if _, err := wmrl(ctx, "audit", "--archive", root, "--out", again, "--expect-seeds", "1"); err == nil || !strings.Contains(err.Error(), "--expect-seeds 1") {
 		t.Errorf("--expect-seeds 1: %v", err)
+	}
+
+	// --steps audits a range alone, and says so in the report.
+	ranged := filepath.Join(t.TempDir(), "ranged")
+	out, err = wmrl(ctx, "audit", "--archive", root, "--out", ranged, "--expect-seeds", "0", "--steps", "4-")
+	if err != nil || !regexp.MustCompile(`audited run default, steps 4 and after: \d+ rows`).MatchString(out) {
+		t.Errorf("--steps 4- (%v):\n%s", err, out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(ranged, "index.html")); !regexp.MustCompile(`rows over \d+ steps \(steps 4 and after of the run alone\)`).Match(b) {
+		t.Error("the report of --steps 4- does not say which steps it covers")
+	}
+	if _, err := wmrl(ctx, "audit", "--archive", root, "--out", ranged, "--steps", "9-4"); err == nil || !strings.Contains(err.Error(), `--steps "9-4": the last step is before the first`) {
+		t.Errorf("--steps 9-4: %v", err)
 	}
 }
 

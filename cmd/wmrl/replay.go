@@ -345,6 +345,7 @@ func auditCommand() *cobra.Command {
 		opt            offline.AuditOptions
 		expect         offline.ExpectOptions
 		deadline       time.Duration
+		steps          string
 	)
 	cmd := &cobra.Command{
 		Use:   "audit [--archive DIR] [--out REPORT]",
@@ -354,6 +355,13 @@ func auditCommand() *cobra.Command {
 			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
 			if expect.Seeds == 1 || expect.Seeds < 0 {
 				return fmt.Errorf("audit: --expect-seeds %d: intervals need at least 2 (0 skips what to expect)", expect.Seeds)
+			}
+			if steps != "" {
+				r, err := offline.ParseStepRange(steps)
+				if err != nil {
+					return fmt.Errorf("audit: --%w", err)
+				}
+				opt.Steps = &r
 			}
 			src, settings, run, _, release, err := streamRun(root, run, "auditing", stderr)
 			if err != nil {
@@ -386,7 +394,11 @@ func auditCommand() *cobra.Command {
 			if err := offline.WriteReport(a, out); err != nil {
 				return err
 			}
-			fmt.Fprintf(stdout, "audited run %s: %d rows, %d anchor pairs, %d tasks in %s\n", run, a.Rows, a.Pairs, len(a.Tasks), time.Since(start).Round(time.Millisecond))
+			which := "run " + run
+			if opt.Steps != nil {
+				which += ", " + opt.Steps.String()
+			}
+			fmt.Fprintf(stdout, "audited %s: %d rows, %d anchor pairs, %d tasks in %s\n", which, a.Rows, a.Pairs, len(a.Tasks), time.Since(start).Round(time.Millisecond))
 			fmt.Fprintf(stdout, "overall: %s (max |residual| by level %.3f before, %.3f after one monotone map, %.3f after the run's maps as recorded; within-group Kendall %.3f)\n",
 				a.Overall.Verdict, a.Overall.MaxBefore, a.Overall.MaxMonotone, a.Overall.MaxAfter, float64(a.Overall.Ranks.WithinKendall))
 			if first, last, se, ok := a.RankTrend(); ok {
@@ -441,6 +453,7 @@ func auditCommand() *cobra.Command {
 	archiveFlag(fs, &root)
 	fs.StringVar(&run, "run", "", "run to audit (default: the only one)")
 	fs.StringVar(&out, "out", "", "report directory (index.html, PNG plots, summary.json; default: audit-<run>)")
+	fs.StringVar(&steps, "steps", "", "audit these steps alone: FROM-TO, FROM- (and after), -TO, or one step; an anchor late for its step counts with its step (default: every step)")
 	fs.IntVar(&opt.Bins, "bins", 10, "score bins")
 	fs.Float64Var(&opt.Tolerance, "tolerance", 0.05, "a level's mean residual within this counts as unbiased")
 	fs.IntVar(&opt.MinBinPairs, "min-bin-pairs", 10, "levels with fewer anchor pairs are not judged")

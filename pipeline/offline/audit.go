@@ -47,6 +47,9 @@ type AuditOptions struct {
 	// AnchorDeadline is the run's --anchor-deadline in seconds, which the
 	// execution times are set against (0: not known).
 	AnchorDeadline float64
+	// Steps, if set, audits those steps alone (their late anchors' rows
+	// too, whenever they came); nil: every step.
+	Steps *StepRange `json:"Steps,omitempty"`
 }
 
 func (o *AuditOptions) setDefaults() {
@@ -212,6 +215,10 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	opt.setDefaults()
 	a := &Audit{Options: opt}
+	var held func() (first, last int64, ok bool)
+	if opt.Steps != nil {
+		src, held = rowsIn(src, *opt.Steps)
+	}
 	lo, hi := math.Inf(1), math.Inf(-1)
 	err := src([]string{"predicted"}, func(rows []archive.Row) error {
 		for i := range rows {
@@ -228,6 +235,11 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	switch {
 	case err != nil:
 		return nil, err
+	case a.Rows == 0 && opt.Steps != nil:
+		if first, last, ok := held(); ok {
+			return nil, fmt.Errorf("audit: no rows in %s: the run's rows are of steps %d to %d", opt.Steps, first, last)
+		}
+		return nil, fmt.Errorf("audit: no rows")
 	case a.Rows == 0:
 		return nil, fmt.Errorf("audit: no rows")
 	case lo > hi:

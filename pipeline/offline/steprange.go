@@ -1,0 +1,101 @@
+package offline
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/wmrl/wmrl/stages/archive"
+)
+
+// StepRange is the steps From to To, both included: an audit of the
+// newest day of a run of a week, or of the steps since a change of prompt.
+type StepRange struct {
+	From int64 `json:"from"`
+	// To is the last step (nil: the newest the archive holds).
+	To *int64 `json:"to,omitempty"`
+}
+
+// ParseStepRange reads "A-B", "A-" (A and after), "-B" (up to B) or "A"
+// (that step alone).
+func ParseStepRange(s string) (StepRange, error) {
+	bad := func(why string) (StepRange, error) {
+		return StepRange{}, fmt.Errorf("steps %q: %s; want FROM-TO, FROM-, -TO or one step (FROM-TO includes both)", s, why)
+	}
+	from, to, isRange := strings.Cut(strings.TrimSpace(s), "-")
+	var r StepRange
+	if from != "" {
+		n, err := strconv.ParseInt(from, 10, 64)
+		if err != nil || n < 0 {
+			return bad("the first step is not a step number")
+		}
+		r.From = n
+	}
+	if !isRange {
+		to = from
+	}
+	if to != "" {
+		n, err := strconv.ParseInt(to, 10, 64)
+		if err != nil || n < 0 {
+			return bad("the last step is not a step number")
+		}
+		r.To = &n
+	}
+	switch {
+	case from == "" && to == "":
+		return bad("no step")
+	case r.To != nil && *r.To < r.From:
+		return bad("the last step is before the first")
+	}
+	return r, nil
+}
+
+// Has reports whether step is in r.
+func (r StepRange) Has(step int64) bool { return step >= r.From && (r.To == nil || step <= *r.To) }
+
+// String names the steps: "steps 5000 and after", "steps 0 to 2000",
+// "step 7".
+func (r StepRange) String() string {
+	switch {
+	case r.To == nil:
+		return fmt.Sprintf("steps %d and after", r.From)
+	case *r.To == r.From:
+		return fmt.Sprintf("step %d", r.From)
+	}
+	return fmt.Sprintf("steps %d to %d", r.From, *r.To)
+}
+
+// rowsIn is src's rows of the steps in r alone. held, once src has been
+// read, says which steps src held, in r or not (ok false: none).
+func rowsIn(src Rows, r StepRange) (in Rows, held func() (first, last int64, ok bool)) {
+	first, last, any := int64(0), int64(0), false
+	in = func(columns []string, fn func([]archive.Row) error) error {
+		if len(columns) > 0 && !slices.Contains(columns, "step") {
+			columns = append(slices.Clone(columns), "step")
+		}
+		return src(columns, func(rows []archive.Row) error {
+			var kept []archive.Row // fn may keep it (a replay keeps its steps' rows)
+			for _, row := range rows {
+				if !any || row.Step < first {
+					first = row.Step
+				}
+				if !any || row.Step > last {
+					last = row.Step
+				}
+				any = true
+				if r.Has(row.Step) {
+					kept = append(kept, row)
+				}
+			}
+			switch len(kept) {
+			case 0:
+				return nil
+			case len(rows):
+				return fn(rows)
+			}
+			return fn(kept)
+		})
+	}
+	return in, func() (int64, int64, bool) { return first, last, any }
+}

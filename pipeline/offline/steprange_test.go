@@ -1,0 +1,75 @@
+package offline
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/wmrl/wmrl/stages/archive"
+)
+
+func TestParseStepRange(t *testing.T) {
+	for _, c := range []struct {
+		in, want, wantErr string
+	}{
+		{in: "100-200", want: "steps 100 to 200"},
+		{in: "100-", want: "steps 100 and after"},
+		{in: "-200", want: "steps 0 to 200"},
+		{in: " 7 ", want: "step 7"},
+		{in: "7-7", want: "step 7"},
+		{in: "", wantErr: "no step"},
+		{in: "-", wantErr: "no step"},
+		{in: "200-100", wantErr: "the last step is before the first"},
+		{in: "x-3", wantErr: "the first step is not a step number"},
+		{in: "3-y", wantErr: "the last step is not a step number"},
+		{in: "1-2-3", wantErr: "the last step is not a step number"},
+	} {
+		r, err := ParseStepRange(c.in)
+		switch {
+		case c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)):
+			t.Errorf("%q: %v, %v; want an error saying %q", c.in, r, err, c.wantErr)
+		case c.wantErr == "" && err != nil:
+			t.Errorf("%q: %v", c.in, err)
+		case c.wantErr == "" && r.String() != c.want:
+			t.Errorf("%q: %s; want %s", c.in, r, c.want)
+		}
+	}
+}
+
+// An audit of a range of steps says what an audit of those steps' rows
+// alone says, streamed from the archive's files as the command reads them
+// (whose first read asks for the predictions alone, and gets the steps
+// too), to the last digit; a range the run does not reach is refused,
+// naming the steps it holds.
+func TestAuditOfAStepRangeIsTheAuditOfItsRows(t *testing.T) {
+	rows, _, files := archiveRunFiles(t, 30, nil)
+	to := int64(24)
+	r := StepRange{From: 10, To: &to}
+	var in []archive.Row
+	for _, row := range rows {
+		if r.Has(row.Step) {
+			in = append(in, row)
+		}
+	}
+	if len(in) == 0 || len(in) == len(rows) {
+		t.Fatalf("%d of %d rows in %s: the test wants some in and some out", len(in), len(rows), r)
+	}
+	want, err := RunAudit(in, AuditOptions{Steps: &r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := RunAuditRows(files, AuditOptions{Steps: &r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Rows != len(in) || got.Steps != 15 || got.Drift[0].Step != 10 || got.Drift[len(got.Drift)-1].Step != 24 {
+		t.Errorf("audited %d rows over %d steps (%d to %d); want %d over 15, 10 to 24", got.Rows, got.Steps, got.Drift[0].Step, got.Drift[len(got.Drift)-1].Step, len(in))
+	}
+	if g, w := summaryJSON(t, got), summaryJSON(t, want); g != w {
+		t.Errorf("steps 10 to 24 from the files:\n%s\ntheir rows alone:\n%s", g, w)
+	}
+	past := StepRange{From: 30}
+	if _, err := RunAuditRows(files, AuditOptions{Steps: &past}); err == nil ||
+		!strings.Contains(err.Error(), "no rows in steps 30 and after: the run's rows are of steps 0 to 29") {
+		t.Errorf("a range past the run: %v", err)
+	}
+}
