@@ -92,6 +92,10 @@ func TestAuditSaysWhatToExpect(t *testing.T) {
 	if _, err := wmrl(ctx, "audit", "--archive", root, "--out", ranged, "--steps", "9-4"); err == nil || !strings.Contains(err.Error(), `--steps "9-4": the last step is before the first`) {
 		t.Errorf("--steps 9-4: %v", err)
 	}
+	out, err = wmrl(ctx, "audit", "--archive", root, "--out", ranged, "--expect-seeds", "0", "--last", "1h")
+	if err != nil || !strings.Contains(out, "audited run default, steps 0 and after (fused in the last 1h0m0s of the run): ") {
+		t.Errorf("--last 1h, over a run of seconds (%v):\n%s", err, out)
+	}
 }
 
 // TestAuditSetsTheExecutionTimesAgainstTheDeadline: wmrl audit reads the

@@ -344,7 +344,7 @@ func auditCommand() *cobra.Command {
 		root, run, out string
 		opt            offline.AuditOptions
 		expect         offline.ExpectOptions
-		deadline       time.Duration
+		deadline, last time.Duration
 		steps          string
 	)
 	cmd := &cobra.Command{
@@ -355,6 +355,12 @@ func auditCommand() *cobra.Command {
 			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
 			if expect.Seeds == 1 || expect.Seeds < 0 {
 				return fmt.Errorf("audit: --expect-seeds %d: intervals need at least 2 (0 skips what to expect)", expect.Seeds)
+			}
+			if steps != "" && last != 0 {
+				return errors.New("audit: --steps and --last both say which steps: give one")
+			}
+			if last < 0 {
+				return fmt.Errorf("audit: --last %s: want a span of time, such as 6h", last)
 			}
 			if steps != "" {
 				r, err := offline.ParseStepRange(steps)
@@ -368,6 +374,13 @@ func auditCommand() *cobra.Command {
 				return err
 			}
 			defer release()
+			if last > 0 {
+				r, err := offline.LastSteps(src, last)
+				if err != nil {
+					return fmt.Errorf("audit: --last %s: %w", last, err)
+				}
+				opt.Steps = &r
+			}
 			if deadline > 0 {
 				opt.AnchorDeadline = deadline.Seconds()
 			} else {
@@ -397,6 +410,9 @@ func auditCommand() *cobra.Command {
 			which := "run " + run
 			if opt.Steps != nil {
 				which += ", " + opt.Steps.String()
+			}
+			if last > 0 {
+				which += fmt.Sprintf(" (fused in the last %s of the run)", last)
 			}
 			fmt.Fprintf(stdout, "audited %s: %d rows, %d anchor pairs, %d tasks in %s\n", which, a.Rows, a.Pairs, len(a.Tasks), time.Since(start).Round(time.Millisecond))
 			fmt.Fprintf(stdout, "overall: %s (max |residual| by level %.3f before, %.3f after one monotone map, %.3f after the run's maps as recorded; within-group Kendall %.3f)\n",
@@ -454,6 +470,7 @@ func auditCommand() *cobra.Command {
 	fs.StringVar(&run, "run", "", "run to audit (default: the only one)")
 	fs.StringVar(&out, "out", "", "report directory (index.html, PNG plots, summary.json; default: audit-<run>)")
 	fs.StringVar(&steps, "steps", "", "audit these steps alone: FROM-TO, FROM- (and after), -TO, or one step; an anchor late for its step counts with its step (default: every step)")
+	fs.DurationVar(&last, "last", 0, "audit the steps fused in this span up to the run's newest step alone, such as 6h (default: every step)")
 	fs.IntVar(&opt.Bins, "bins", 10, "score bins")
 	fs.Float64Var(&opt.Tolerance, "tolerance", 0.05, "a level's mean residual within this counts as unbiased")
 	fs.IntVar(&opt.MinBinPairs, "min-bin-pairs", 10, "levels with fewer anchor pairs are not judged")

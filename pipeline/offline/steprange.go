@@ -1,10 +1,13 @@
 package offline
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/wmrl/wmrl/stages/archive"
 )
@@ -98,4 +101,40 @@ func rowsIn(src Rows, r StepRange) (in Rows, held func() (first, last int64, ok 
 		})
 	}
 	return in, func() (int64, int64, bool) { return first, last, any }
+}
+
+// LastSteps is the steps fused in the span d up to the newest update src
+// holds: from the first step whose update came within d of the newest
+// one, to the newest step (a late anchor's row, stamped when its group
+// was calibrated, does not count). It reads src's steps, times and
+// sources alone.
+func LastSteps(src Rows, d time.Duration) (StepRange, error) {
+	type stamp struct {
+		step int64
+		at   time.Time
+	}
+	var updates []stamp // the first row of each batch's run of one step: an update's rows share its time
+	err := src([]string{"step", "ts", "source"}, func(rows []archive.Row) error {
+		for i, r := range rows {
+			if r.Source == archive.SourceLateAnchor || i > 0 && rows[i-1].Step == r.Step && rows[i-1].Source != archive.SourceLateAnchor {
+				continue
+			}
+			updates = append(updates, stamp{r.Step, r.TS})
+		}
+		return nil
+	})
+	if err != nil {
+		return StepRange{}, err
+	}
+	if len(updates) == 0 {
+		return StepRange{}, errors.New("no step fused")
+	}
+	newest := slices.MaxFunc(updates, func(a, b stamp) int { return a.at.Compare(b.at) }).at
+	from := int64(math.MaxInt64)
+	for _, u := range updates {
+		if !u.at.Before(newest.Add(-d)) {
+			from = min(from, u.step)
+		}
+	}
+	return StepRange{From: from}, nil
 }

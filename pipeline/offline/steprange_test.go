@@ -1,8 +1,10 @@
 package offline
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/wmrl/wmrl/stages/archive"
 )
@@ -71,5 +73,31 @@ func TestAuditOfAStepRangeIsTheAuditOfItsRows(t *testing.T) {
 	if _, err := RunAuditRows(files, AuditOptions{Steps: &past}); err == nil ||
 		!strings.Contains(err.Error(), "no rows in steps 30 and after: the run's rows are of steps 0 to 29") {
 		t.Errorf("a range past the run: %v", err)
+	}
+}
+
+// LastSteps counts back from the newest update: a late anchor's row,
+// stamped when its group was calibrated, neither is the newest nor brings
+// its step in.
+func TestLastStepsCountsBackFromTheNewestUpdate(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	var rows []archive.Row
+	for step := range int64(10) {
+		for i := range 3 {
+			rows = append(rows, archive.Row{Step: step, TrajID: fmt.Sprint(i), Source: archive.SourceWorldModel, TS: t0.Add(time.Duration(step) * time.Minute)})
+		}
+	}
+	rows = append(rows, archive.Row{Step: 2, Source: archive.SourceLateAnchor, TS: t0.Add(time.Hour)})
+	for _, c := range []struct {
+		d    time.Duration
+		from int64
+	}{{5 * time.Minute, 4}, {time.Minute, 8}, {0, 9}, {time.Hour, 0}} {
+		r, err := LastSteps(InMemory(rows), c.d)
+		if err != nil || r.From != c.from || r.To != nil {
+			t.Errorf("the last %s: %v, %v; want steps %d and after", c.d, r, err, c.from)
+		}
+	}
+	if _, err := LastSteps(InMemory(rows[len(rows)-1:]), time.Hour); err == nil || !strings.Contains(err.Error(), "no step fused") {
+		t.Errorf("late rows alone: %v", err)
 	}
 }
