@@ -235,12 +235,12 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	switch {
 	case err != nil:
 		return nil, err
-	case a.Rows == 0 && opt.Steps != nil:
-		if first, last, ok := held(); ok {
-			return nil, fmt.Errorf("audit: no rows in %s: the run's rows are of steps %d to %d", opt.Steps, first, last)
-		}
-		return nil, fmt.Errorf("audit: no rows")
 	case a.Rows == 0:
+		if held != nil {
+			if first, last, ok := held(); ok {
+				return nil, fmt.Errorf("audit: no rows in %s: the run's rows are of steps %d to %d", opt.Steps, first, last)
+			}
+		}
 		return nil, fmt.Errorf("audit: no rows")
 	case lo > hi:
 		return nil, fmt.Errorf("audit: no graded prediction in %d rows", a.Rows)

@@ -72,7 +72,7 @@ func (r StepRange) String() string {
 // rowsIn is src's rows of the steps in r alone. held, once src has been
 // read, says which steps src held, in r or not (ok false: none).
 func rowsIn(src Rows, r StepRange) (in Rows, held func() (first, last int64, ok bool)) {
-	first, last, any := int64(0), int64(0), false
+	first, last, seen := int64(0), int64(0), false
 	in = func(columns []string, fn func([]archive.Row) error) error {
 		if len(columns) > 0 && !slices.Contains(columns, "step") {
 			columns = append(slices.Clone(columns), "step")
@@ -80,13 +80,13 @@ func rowsIn(src Rows, r StepRange) (in Rows, held func() (first, last int64, ok 
 		return src(columns, func(rows []archive.Row) error {
 			var kept []archive.Row // fn may keep it (a replay keeps its steps' rows)
 			for _, row := range rows {
-				if !any || row.Step < first {
+				if !seen || row.Step < first {
 					first = row.Step
 				}
-				if !any || row.Step > last {
+				if !seen || row.Step > last {
 					last = row.Step
 				}
-				any = true
+				seen = true
 				if r.Has(row.Step) {
 					kept = append(kept, row)
 				}
@@ -100,7 +100,7 @@ func rowsIn(src Rows, r StepRange) (in Rows, held func() (first, last int64, ok 
 			return fn(kept)
 		})
 	}
-	return in, func() (int64, int64, bool) { return first, last, any }
+	return in, func() (int64, int64, bool) { return first, last, seen }
 }
 
 // LastSteps is the steps fused in the span d up to the newest update src
