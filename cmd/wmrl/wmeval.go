@@ -56,7 +56,7 @@ within-group Spearman buys.`,
 			if err := cfg.Validate(); err != nil { // the world model's settings (--wm-retries -1 was taken as none)
 				return fmt.Errorf("wm-eval: %w", err)
 			}
-			rows, run, err := loadExecuted(root, run, stderr)
+			rows, run, err := loadExecuted(root, run, opt.Groups, opt.Seed, stderr)
 			if err != nil {
 				return err
 			}
@@ -115,23 +115,28 @@ within-group Spearman buys.`,
 }
 
 // loadExecuted reads a run's executed anchor trajectories with their
-// code, holding the archive against merges while it reads.
-func loadExecuted(root, run string, stderr io.Writer) ([]archive.Row, string, error) {
+// code (of a sample of groups anchor groups, if above 0), holding the
+// archive against merges while it reads.
+func loadExecuted(root, run string, groups int, seed uint64, stderr io.Writer) ([]archive.Row, string, error) {
 	run, files, release, err := openRun(root, run)
 	if err != nil {
 		return nil, "", err
 	}
 	defer release()
 	start := time.Now()
-	rows, err := offline.Executed(files)
+	rows, err := offline.Executed(files, groups, seed)
 	if err != nil {
 		return nil, "", err
 	}
 	if len(rows) == 0 {
 		return nil, "", fmt.Errorf("run %s in %s: %w", run, root, offline.ErrNoCode)
 	}
-	fmt.Fprintf(stderr, "read %d executed anchor trajectories with their code, of run %s, from %d files in %s\n",
-		len(rows), run, len(files), time.Since(start).Round(time.Millisecond))
+	of := "of run " + run
+	if groups > 0 {
+		of = fmt.Sprintf("of the %d anchor groups drawn (--groups) of run %s", groups, run)
+	}
+	fmt.Fprintf(stderr, "read %d executed anchor trajectories with their code, %s, from %d files in %s\n",
+		len(rows), of, len(files), time.Since(start).Round(time.Millisecond))
 	return rows, run, nil
 }
 

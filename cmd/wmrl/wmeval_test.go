@@ -90,7 +90,7 @@ func simulatedArchive(t *testing.T, ctx context.Context, code bool) string {
 func executedTruth(t *testing.T, root string) ([]archive.Row, map[string]float64) {
 	t.Helper()
 	files, _ := archive.Files(root, "default")
-	executed, err := offline.Executed(files)
+	executed, err := offline.Executed(files, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,24 @@ import (
 // that was executed and scored and whose code the archive holds, with its
 // true score: a late anchor's code is on its world-model row and its score
 // on its late_anchor row. Only anchor rows are kept in memory.
-func Executed(files []string) ([]archive.Row, error) {
+//
+// groups, if above 0, keeps those of a sample of that many anchor groups
+// alone, drawn with seed as EvaluateWorldModel draws it: the archive is
+// read twice, first for which groups have such trajectories, and only the
+// sample's code is kept (a run of days has gigabytes of it).
+func Executed(files []string, groups int, seed uint64) ([]archive.Row, error) {
+	var keep func(anchorGroup) bool
+	if groups > 0 {
+		all, err := executedGroups(files)
+		if err != nil {
+			return nil, err
+		}
+		chosen := map[anchorGroup]bool{}
+		for _, g := range sample(all, groups, seed) {
+			chosen[g] = true
+		}
+		keep = func(g anchorGroup) bool { return chosen[g] }
+	}
 	var code []archive.Row
 	late := map[trajKey]float64{}
 	err := archive.Scan(files, func(rows []archive.Row) error {
@@ -34,7 +51,7 @@ func Executed(files []string) ([]archive.Row, error) {
 				if r.TrueScore != nil {
 					late[missKey(r)] = *r.TrueScore
 				}
-			case r.Response != nil:
+			case r.Response != nil && (keep == nil || keep(groupOf(r))):
 				code = append(code, r.Detached())
 			}
 		}
@@ -55,6 +72,75 @@ func Executed(files []string) ([]archive.Row, error) {
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// executedGroups lists, in no order, the anchor groups that Executed
+// would read a trajectory of, reading the columns that say which alone
+// and keeping none of the code.
+func executedGroups(files []string) ([]anchorGroup, error) {
+	type traj struct {
+		key trajKey
+		g   anchorGroup
+	}
+	var waiting []traj // code without a true score on its row: a late anchor's, whose late row may come after
+	scored := map[trajKey]bool{}
+	seen := map[anchorGroup]bool{}
+	var out []anchorGroup
+	add := func(g anchorGroup) {
+		if !seen[g] {
+			seen[g] = true
+			out = append(out, g)
+		}
+	}
+	columns := []string{"step", "group_id", "traj_id", "is_anchor", "source", "true_score", "response"}
+	err := archive.ScanColumns(files, columns, func(rows []archive.Row) error {
+		for _, r := range rows {
+			switch {
+			case !r.IsAnchor:
+			case r.Source == archive.SourceLateAnchor:
+				if r.TrueScore != nil {
+					scored[missKey(r)] = true
+				}
+			case r.Response != nil && r.TrueScore != nil:
+				add(groupOf(r))
+			case r.Response != nil:
+				waiting = append(waiting, traj{missKey(r), groupOf(r)})
+			}
+		}
+		return nil
+	})
+	for _, w := range waiting {
+		if scored[w.key] {
+			add(w.g)
+		}
+	}
+	return out, err
+}
+
+// anchorGroup names an anchor group of the archive.
+type anchorGroup struct {
+	run   string
+	step  int64
+	group string
+}
+
+func groupOf(r archive.Row) anchorGroup { return anchorGroup{r.Run, r.Step, r.GroupID} }
+
+func inRunOrder(a, b anchorGroup) int {
+	return cmp.Or(cmp.Compare(a.run, b.run), cmp.Compare(a.step, b.step), cmp.Compare(a.group, b.group))
+}
+
+// sample is n of groups (all of them if n is 0 or not fewer), drawn with
+// seed, in run order.
+func sample(groups []anchorGroup, n int, seed uint64) []anchorGroup {
+	groups = slices.SortedFunc(slices.Values(groups), inRunOrder)
+	if n > 0 && n < len(groups) {
+		rng := rand.New(rand.NewPCG(seed, 0x77656d6c))
+		rng.Shuffle(len(groups), func(i, j int) { groups[i], groups[j] = groups[j], groups[i] })
+		groups = groups[:n]
+		slices.SortFunc(groups, inRunOrder)
+	}
+	return groups
 }
 
 // EvalOptions configure EvaluateWorldModel.
@@ -185,35 +271,25 @@ var ErrNoCode = errors.New("no executed anchor trajectory with its code in the a
 // call that fails as a whole leaves its group's trajectories ungraded and
 // is counted; every call failing is an error.
 func EvaluateWorldModel(ctx context.Context, rows []archive.Row, wm predict.WorldModel, opt EvalOptions) (*Eval, error) {
-	type group struct {
-		key  [2]string
-		step int64
-		rows []archive.Row
-	}
-	var groups []*group
-	byKey := map[string]*group{}
+	type group struct{ rows []archive.Row }
+	var keys []anchorGroup
+	byKey := map[anchorGroup]*group{}
 	for _, r := range rows {
-		k := fmt.Sprintf("%s/%d/%s", r.Run, r.Step, r.GroupID)
+		k := groupOf(r)
 		g := byKey[k]
 		if g == nil {
-			g = &group{step: r.Step, key: [2]string{r.Run, r.GroupID}}
+			g = &group{}
 			byKey[k] = g
-			groups = append(groups, g)
+			keys = append(keys, k)
 		}
 		g.rows = append(g.rows, r)
 	}
-	if len(groups) == 0 {
+	if len(keys) == 0 {
 		return nil, ErrNoCode
 	}
-	inRunOrder := func(a, b *group) int {
-		return cmp.Or(cmp.Compare(a.key[0], b.key[0]), cmp.Compare(a.step, b.step), cmp.Compare(a.key[1], b.key[1]))
-	}
-	slices.SortFunc(groups, inRunOrder)
-	if opt.Groups > 0 && opt.Groups < len(groups) {
-		rng := rand.New(rand.NewPCG(opt.Seed, 0x77656d6c))
-		rng.Shuffle(len(groups), func(i, j int) { groups[i], groups[j] = groups[j], groups[i] })
-		groups = groups[:opt.Groups]
-		slices.SortFunc(groups, inRunOrder)
+	var groups []*group
+	for _, k := range sample(keys, opt.Groups, opt.Seed) {
+		groups = append(groups, byKey[k])
 	}
 	workers := opt.Concurrency
 	if workers <= 0 {

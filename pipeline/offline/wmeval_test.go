@@ -115,12 +115,82 @@ func TestExecutedJoinsLateAnchors(t *testing.T) {
 		t.Fatal(err)
 	}
 	files, _ := archive.Files(dir, "r")
-	got, err := Executed(files)
+	got, err := Executed(files, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 1 || got[0].TrajID != "late" || *got[0].TrueScore != truth || *got[0].Response != code {
 		t.Fatalf("executed %+v, want the late anchor with its code and its late true score", got)
+	}
+}
+
+// Executed of a sample of the groups keeps those rows alone, and the
+// sample is the one EvaluateWorldModel draws with the same seed from all
+// the rows: a late anchor's group counts once its late row has come, a
+// group whose code never scored does not.
+func TestExecutedKeepsTheSampleEvaluateDraws(t *testing.T) {
+	dir := t.TempDir()
+	w, err := archive.OpenWriter(archive.WriterConfig{Dir: dir, Run: "r", MaxAge: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, late := "0.5", archive.ExecLate
+	for step := range int64(6) {
+		var rows []archive.Row
+		for g := range 3 {
+			for i := range 2 {
+				truth := 0.25 * float64(i+1)
+				r := archive.Row{Step: step, GroupID: fmt.Sprint("g", g), TrajID: fmt.Sprint(step, g, i), IsAnchor: true, Source: archive.SourceAnchor,
+					TrueScore: &truth, Response: &code, Predicted: &truth}
+				switch g {
+				case 1: // late: its truth on a late row, below
+					r.Source, r.TrueScore, r.ExecStatus = archive.SourceWorldModel, nil, &late
+				case 2: // never scored
+					r.TrueScore = nil
+				}
+				rows = append(rows, r)
+			}
+		}
+		if _, err := w.Add(archive.UpdateKey(step), rows, nil); err != nil {
+			t.Fatal(err)
+		}
+		var lateRows []archive.Row
+		for _, r := range rows[2:4] {
+			truth := 0.5
+			r.Source, r.TrueScore, r.ExecStatus, r.Response = archive.SourceLateAnchor, &truth, nil, nil
+			lateRows = append(lateRows, r)
+		}
+		if _, err := w.Add(archive.LateKey(step, "g1"), lateRows, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := archive.Files(dir, "r")
+	all, err := Executed(files, 0, 0)
+	if err != nil || len(all) != 6*2*2 {
+		t.Fatalf("%d executed trajectories (%v); want the 24 of groups g0 and g1", len(all), err)
+	}
+	for seed := range uint64(8) {
+		got, err := Executed(files, 3, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := EvaluateWorldModel(context.Background(), all, groupWM{}, EvalOptions{Groups: 3, Seed: seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want, kept []string
+		for _, it := range e.Items {
+			want = append(want, it.TrajID)
+		}
+		for _, r := range got {
+			kept = append(kept, r.TrajID)
+		}
+		if len(kept) != 6 || !slices.Equal(kept, want) {
+			t.Errorf("seed %d: kept %v; the evaluation of every row draws %v", seed, kept, want)
+		}
 	}
 }
 
