@@ -356,30 +356,13 @@ func auditCommand() *cobra.Command {
 			if expect.Seeds == 1 || expect.Seeds < 0 {
 				return fmt.Errorf("audit: --expect-seeds %d: intervals need at least 2 (0 skips what to expect)", expect.Seeds)
 			}
-			if steps != "" && last != 0 {
-				return errors.New("audit: --steps and --last both say which steps: give one")
-			}
-			if last < 0 {
-				return fmt.Errorf("audit: --last %s: want a span of time, such as 6h", last)
-			}
-			if steps != "" {
-				r, err := offline.ParseStepRange(steps)
-				if err != nil {
-					return fmt.Errorf("audit: --%w", err)
-				}
-				opt.Steps = &r
-			}
 			src, settings, run, _, release, err := streamRun(root, run, "auditing", stderr)
 			if err != nil {
 				return err
 			}
 			defer release()
-			if last > 0 {
-				r, err := offline.LastSteps(src, last)
-				if err != nil {
-					return fmt.Errorf("audit: --last %s: %w", last, err)
-				}
-				opt.Steps = &r
+			if opt.Steps, err = pickSteps("audit", steps, last, src); err != nil {
+				return err
 			}
 			if deadline > 0 {
 				opt.AnchorDeadline = deadline.Seconds()
@@ -469,8 +452,7 @@ func auditCommand() *cobra.Command {
 	archiveFlag(fs, &root)
 	fs.StringVar(&run, "run", "", "run to audit (default: the only one)")
 	fs.StringVar(&out, "out", "", "report directory (index.html, PNG plots, summary.json; default: audit-<run>)")
-	fs.StringVar(&steps, "steps", "", "audit these steps alone: FROM-TO, FROM- (and after), -TO, or one step; an anchor late for its step counts with its step (default: every step)")
-	fs.DurationVar(&last, "last", 0, "audit the steps fused in this span up to the run's newest step alone, such as 6h (default: every step)")
+	stepFlags(fs, &steps, &last, "audit")
 	fs.IntVar(&opt.Bins, "bins", 10, "score bins")
 	fs.Float64Var(&opt.Tolerance, "tolerance", 0.05, "a level's mean residual within this counts as unbiased")
 	fs.IntVar(&opt.MinBinPairs, "min-bin-pairs", 10, "levels with fewer anchor pairs are not judged")
@@ -646,4 +628,35 @@ func printExecTimes(w io.Writer, e *offline.ExecTimes) {
 			seconds(q.Median), seconds(q.P90), seconds(q.Max), seconds(q.P90))
 	}
 	fmt.Fprintln(w)
+}
+
+// stepFlags adds --steps and --last, which pick the steps a command
+// (what it does: "audit") reads.
+func stepFlags(fs *pflag.FlagSet, steps *string, last *time.Duration, what string) {
+	fs.StringVar(steps, "steps", "", what+" these steps alone: FROM-TO, FROM- (and after), -TO, or one step; an anchor late for its step counts with its step (default: every step)")
+	fs.DurationVar(last, "last", 0, what+" the steps fused in this span up to the run's newest step alone, such as 6h (default: every step)")
+}
+
+// pickSteps is the steps --steps or --last name (nil: every step), --last
+// read from src.
+func pickSteps(command, steps string, last time.Duration, src offline.Rows) (*offline.StepRange, error) {
+	switch {
+	case steps != "" && last != 0:
+		return nil, fmt.Errorf("%s: --steps and --last both say which steps: give one", command)
+	case last < 0:
+		return nil, fmt.Errorf("%s: --last %s: want a span of time, such as 6h", command, last)
+	case steps != "":
+		r, err := offline.ParseStepRange(steps)
+		if err != nil {
+			return nil, fmt.Errorf("%s: --%w", command, err)
+		}
+		return &r, nil
+	case last > 0:
+		r, err := offline.LastSteps(src, last)
+		if err != nil {
+			return nil, fmt.Errorf("%s: --last %s: %w", command, last, err)
+		}
+		return &r, nil
+	}
+	return nil, nil
 }

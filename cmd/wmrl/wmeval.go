@@ -21,8 +21,9 @@ import (
 
 func wmEvalCommand() *cobra.Command {
 	var (
-		root, run, out, pic string
-		opt                 offline.EvalOptions
+		root, run, out, pic, steps string
+		last                       time.Duration
+		opt                        offline.EvalOptions
 	)
 	cfg := pipeline.DefaultConfig()
 	cfg.WorldModel = "openai"
@@ -56,7 +57,7 @@ within-group Spearman buys.`,
 			if err := cfg.Validate(); err != nil { // the world model's settings (--wm-retries -1 was taken as none)
 				return fmt.Errorf("wm-eval: %w", err)
 			}
-			rows, run, err := loadExecuted(root, run, opt.Groups, opt.Seed, stderr)
+			rows, run, picked, err := loadExecuted(root, run, steps, last, opt, stderr)
 			if err != nil {
 				return err
 			}
@@ -72,7 +73,11 @@ within-group Spearman buys.`,
 			if err != nil {
 				return err
 			}
-			writeEval(stdout, e, run, cfg.WMModel, time.Since(start))
+			which := run
+			if picked != nil {
+				which += ", " + picked.String()
+			}
+			writeEval(stdout, e, which, cfg.WMModel, time.Since(start))
 			writeClaims(stdout, e.Claims)
 			if out != "" {
 				if err := writeEvalCSV(out, e); err != nil {
@@ -102,6 +107,7 @@ within-group Spearman buys.`,
 	archiveFlag(fs, &root)
 	fs.StringVar(&run, "run", "", "run to evaluate on (default: the only one)")
 	fs.StringVar(&out, "out", "", "CSV file of every trajectory: its true score, the recorded and the new prediction, the new verdict and rationale")
+	stepFlags(fs, &steps, &last, "evaluate on")
 	fs.StringVar(&pic, "plot", "", "PNG of each anchor group's within-group Spearman under both world models, their reliability curves, and with --claim-probe the scores with the claim against without (default: --out's name, .png, or wm-eval-<run>.png)")
 	fs.IntVar(&opt.Groups, "groups", 0, "evaluate a sample of this many anchor groups (0: all)")
 	fs.Uint64Var(&opt.Seed, "seed", 1, "seed of the sample")
@@ -115,29 +121,42 @@ within-group Spearman buys.`,
 }
 
 // loadExecuted reads a run's executed anchor trajectories with their
-// code (of a sample of groups anchor groups, if above 0), holding the
-// archive against merges while it reads.
-func loadExecuted(root, run string, groups int, seed uint64, stderr io.Writer) ([]archive.Row, string, error) {
+// code, of the steps --steps or --last name and of opt's sample of anchor
+// groups, holding the archive against merges while it reads; picked is
+// the steps (nil: every step).
+func loadExecuted(root, run, steps string, last time.Duration, opt offline.EvalOptions, stderr io.Writer) (rows []archive.Row, name string, picked *offline.StepRange, err error) {
 	run, files, release, err := openRun(root, run)
 	if err != nil {
-		return nil, "", err
+		return nil, "", nil, err
 	}
 	defer release()
 	start := time.Now()
-	rows, err := offline.Executed(files, groups, seed)
+	picked, err = pickSteps("wm-eval", steps, last, func(columns []string, fn func([]archive.Row) error) error {
+		return archive.ScanColumns(files, columns, fn)
+	})
 	if err != nil {
-		return nil, "", err
+		return nil, "", nil, err
 	}
-	if len(rows) == 0 {
-		return nil, "", fmt.Errorf("run %s in %s: %w", run, root, offline.ErrNoCode)
+	rows, err = offline.Executed(files, offline.ExecutedOptions{Steps: picked, Groups: opt.Groups, Seed: opt.Seed})
+	if err != nil {
+		return nil, "", nil, err
 	}
 	of := "of run " + run
-	if groups > 0 {
-		of = fmt.Sprintf("of the %d anchor groups drawn (--groups) of run %s", groups, run)
+	if picked != nil {
+		of = fmt.Sprintf("of run %s, %s", run, picked)
+	}
+	switch {
+	case len(rows) == 0 && picked != nil:
+		return nil, "", nil, fmt.Errorf("%s in %s: no executed anchor trajectory with its code in those steps (past the run's newest, or archived without code)", of, root)
+	case len(rows) == 0:
+		return nil, "", nil, fmt.Errorf("%s in %s: %w", of, root, offline.ErrNoCode)
+	}
+	if opt.Groups > 0 {
+		of = fmt.Sprintf("of the %d anchor groups drawn (--groups) %s", opt.Groups, of)
 	}
 	fmt.Fprintf(stderr, "read %d executed anchor trajectories with their code, %s, from %d files in %s\n",
 		len(rows), of, len(files), time.Since(start).Round(time.Millisecond))
-	return rows, run, nil
+	return rows, run, picked, nil
 }
 
 // writeEval prints the two world models side by side, then the paired

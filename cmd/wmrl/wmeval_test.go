@@ -90,7 +90,7 @@ func simulatedArchive(t *testing.T, ctx context.Context, code bool) string {
 func executedTruth(t *testing.T, root string) ([]archive.Row, map[string]float64) {
 	t.Helper()
 	files, _ := archive.Files(root, "default")
-	executed, err := offline.Executed(files, 0, 0)
+	executed, err := offline.Executed(files, offline.ExecutedOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,6 +167,15 @@ func TestWMEvalSetsAWorldModelAgainstTheRecordedOne(t *testing.T) {
 		t.Errorf("wm-eval with scores by hash on a sample of 20 groups:\n%s", out)
 	}
 	checkPNG(t, pic, 2)
+
+	out, err = wmrl(ctx, "wm-eval", "--archive", root, "--wm-url", oracle.URL+"/v1", "--wm-model", "oracle", "--steps", "6-", "--groups", "5", "--plot", pic)
+	if err != nil || !strings.Contains(out, "evaluated oracle on 5 anchor groups of run default, steps 6 and after (") {
+		t.Errorf("wm-eval --steps 6- --groups 5 (%v):\n%s", err, out)
+	}
+	if _, err := wmrl(ctx, "wm-eval", "--archive", root, "--wm-url", oracle.URL+"/v1", "--wm-model", "oracle", "--steps", "90-"); err == nil ||
+		!strings.Contains(err.Error(), "of run default, steps 90 and after in "+root) {
+		t.Errorf("wm-eval --steps 90- past the run: %v", err)
+	}
 
 	if _, err := wmrl(ctx, "wm-eval", "--archive", root); err == nil || !strings.Contains(err.Error(), "--wm-url and --wm-model") {
 		t.Errorf("without a world model: %v", err)

@@ -19,24 +19,20 @@ import (
 	"github.com/wmrl/wmrl/stages/predict"
 )
 
-// Executed reads, from a run's archive files, every anchor trajectory
-// that was executed and scored and whose code the archive holds, with its
-// true score: a late anchor's code is on its world-model row and its score
-// on its late_anchor row. Only anchor rows are kept in memory.
-//
-// groups, if above 0, keeps those of a sample of that many anchor groups
-// alone, drawn with seed as EvaluateWorldModel draws it: the archive is
-// read twice, first for which groups have such trajectories, and only the
-// sample's code is kept (a run of days has gigabytes of it).
-func Executed(files []string, groups int, seed uint64) ([]archive.Row, error) {
-	var keep func(anchorGroup) bool
-	if groups > 0 {
-		all, err := executedGroups(files)
+// Executed reads, from a run's archive files, the anchor trajectories
+// that were executed and scored and whose code the archive holds, of the
+// steps and groups opt picks, each with its true score: a late anchor's
+// code is on its world-model row and its score on its late_anchor row.
+// Only those trajectories' rows are kept in memory.
+func Executed(files []string, opt ExecutedOptions) ([]archive.Row, error) {
+	keep := func(g anchorGroup) bool { return opt.Steps == nil || opt.Steps.Has(g.step) }
+	if opt.Groups > 0 {
+		all, err := executedGroups(files, keep)
 		if err != nil {
 			return nil, err
 		}
 		chosen := map[anchorGroup]bool{}
-		for _, g := range sample(all, groups, seed) {
+		for _, g := range sample(all, opt.Groups, opt.Seed) {
 			chosen[g] = true
 		}
 		keep = func(g anchorGroup) bool { return chosen[g] }
@@ -51,7 +47,7 @@ func Executed(files []string, groups int, seed uint64) ([]archive.Row, error) {
 				if r.TrueScore != nil {
 					late[missKey(r)] = *r.TrueScore
 				}
-			case r.Response != nil && (keep == nil || keep(groupOf(r))):
+			case r.Response != nil && keep(groupOf(r)):
 				code = append(code, r.Detached())
 			}
 		}
@@ -74,10 +70,23 @@ func Executed(files []string, groups int, seed uint64) ([]archive.Row, error) {
 	return out, nil
 }
 
-// executedGroups lists, in no order, the anchor groups that Executed
-// would read a trajectory of, reading the columns that say which alone
-// and keeping none of the code.
-func executedGroups(files []string) ([]anchorGroup, error) {
+// ExecutedOptions pick the executed anchor trajectories Executed reads.
+type ExecutedOptions struct {
+	// Steps, if set, reads those steps' alone (nil: every step's).
+	Steps *StepRange
+	// Groups, if above 0, keeps those of a sample of that many anchor
+	// groups alone, drawn with Seed as EvaluateWorldModel draws it: the
+	// archive is read twice, first for which groups have such
+	// trajectories, and only the sample's code is kept (a run of days has
+	// gigabytes of it).
+	Groups int
+	Seed   uint64
+}
+
+// executedGroups lists, in no order, the anchor groups keep takes that
+// Executed would read a trajectory of, reading the columns that say which
+// alone and keeping none of the code.
+func executedGroups(files []string, keep func(anchorGroup) bool) ([]anchorGroup, error) {
 	type traj struct {
 		key trajKey
 		g   anchorGroup
@@ -87,7 +96,7 @@ func executedGroups(files []string) ([]anchorGroup, error) {
 	seen := map[anchorGroup]bool{}
 	var out []anchorGroup
 	add := func(g anchorGroup) {
-		if !seen[g] {
+		if keep(g) && !seen[g] {
 			seen[g] = true
 			out = append(out, g)
 		}

@@ -115,7 +115,7 @@ func TestExecutedJoinsLateAnchors(t *testing.T) {
 		t.Fatal(err)
 	}
 	files, _ := archive.Files(dir, "r")
-	got, err := Executed(files, 0, 0)
+	got, err := Executed(files, ExecutedOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,28 +168,50 @@ func TestExecutedKeepsTheSampleEvaluateDraws(t *testing.T) {
 		t.Fatal(err)
 	}
 	files, _ := archive.Files(dir, "r")
-	all, err := Executed(files, 0, 0)
+	all, err := Executed(files, ExecutedOptions{})
 	if err != nil || len(all) != 6*2*2 {
 		t.Fatalf("%d executed trajectories (%v); want the 24 of groups g0 and g1", len(all), err)
 	}
-	for seed := range uint64(8) {
-		got, err := Executed(files, 3, seed)
+	// The sample Executed keeps is the one EvaluateWorldModel draws from
+	// rows, as trajectory IDs.
+	drawn := func(rows []archive.Row, opt ExecutedOptions) (kept, want []string) {
+		t.Helper()
+		got, err := Executed(files, opt)
 		if err != nil {
 			t.Fatal(err)
 		}
-		e, err := EvaluateWorldModel(context.Background(), all, groupWM{}, EvalOptions{Groups: 3, Seed: seed})
+		e, err := EvaluateWorldModel(context.Background(), rows, groupWM{}, EvalOptions{Groups: opt.Groups, Seed: opt.Seed})
 		if err != nil {
 			t.Fatal(err)
-		}
-		var want, kept []string
-		for _, it := range e.Items {
-			want = append(want, it.TrajID)
 		}
 		for _, r := range got {
 			kept = append(kept, r.TrajID)
 		}
-		if len(kept) != 6 || !slices.Equal(kept, want) {
+		for _, it := range e.Items {
+			want = append(want, it.TrajID)
+		}
+		return kept, want
+	}
+	for seed := range uint64(8) {
+		if kept, want := drawn(all, ExecutedOptions{Groups: 3, Seed: seed}); len(kept) != 6 || !slices.Equal(kept, want) {
 			t.Errorf("seed %d: kept %v; the evaluation of every row draws %v", seed, kept, want)
+		}
+	}
+	// Of steps 4 and 5 alone, every group's, or a sample of one group
+	// drawn among theirs.
+	from := StepRange{From: 4}
+	var recent []archive.Row
+	for _, r := range all {
+		if r.Step >= 4 {
+			recent = append(recent, r)
+		}
+	}
+	if got, err := Executed(files, ExecutedOptions{Steps: &from}); err != nil || !slices.EqualFunc(got, recent, func(a, b archive.Row) bool { return a.TrajID == b.TrajID }) {
+		t.Errorf("steps 4 and after: %d rows (%v); want the %d of steps 4 and 5", len(got), err, len(recent))
+	}
+	for seed := range uint64(4) {
+		if kept, want := drawn(recent, ExecutedOptions{Steps: &from, Groups: 1, Seed: seed}); len(kept) != 2 || !slices.Equal(kept, want) {
+			t.Errorf("seed %d, steps 4 and after: kept %v; the evaluation of those steps' rows draws %v", seed, kept, want)
 		}
 	}
 }
