@@ -77,8 +77,8 @@ type ExecutedOptions struct {
 	// Groups, if above 0, keeps those of a sample of that many anchor
 	// groups alone, drawn with Seed as EvaluateWorldModel draws it: the
 	// archive is read twice, first for which groups have such
-	// trajectories, and only the sample's code is kept (a run of days has
-	// gigabytes of it).
+	// trajectories, and only the sample's code is kept, not every
+	// group's.
 	Groups int
 	Seed   uint64
 }
@@ -280,23 +280,19 @@ var ErrNoCode = errors.New("no executed anchor trajectory with its code in the a
 // call that fails as a whole leaves its group's trajectories ungraded and
 // is counted; every call failing is an error.
 func EvaluateWorldModel(ctx context.Context, rows []archive.Row, wm predict.WorldModel, opt EvalOptions) (*Eval, error) {
-	type group struct{ rows []archive.Row }
 	var keys []anchorGroup
-	byKey := map[anchorGroup]*group{}
+	byKey := map[anchorGroup][]archive.Row{}
 	for _, r := range rows {
 		k := groupOf(r)
-		g := byKey[k]
-		if g == nil {
-			g = &group{}
-			byKey[k] = g
+		if byKey[k] == nil {
 			keys = append(keys, k)
 		}
-		g.rows = append(g.rows, r)
+		byKey[k] = append(byKey[k], r)
 	}
 	if len(keys) == 0 {
 		return nil, ErrNoCode
 	}
-	var groups []*group
+	var groups [][]archive.Row
 	for _, k := range sample(keys, opt.Groups, opt.Seed) {
 		groups = append(groups, byKey[k])
 	}
@@ -320,7 +316,7 @@ func EvaluateWorldModel(ctx context.Context, rows []archive.Row, wm predict.Worl
 	for range min(workers, len(groups)) {
 		wg.Go(func() {
 			for i := range next {
-				items[i], errs[i] = evalGroup(asking, wm, groups[i].rows, opt.Claim)
+				items[i], errs[i] = evalGroup(asking, wm, groups[i], opt.Claim)
 				mu.Lock()
 				done++
 				if opt.Progress != nil {
