@@ -2,7 +2,6 @@ package offline
 
 import (
 	"cmp"
-	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -88,10 +87,10 @@ func quantiles(xs []float64) Quantiles {
 
 // execAcc measures the anchors' execution times over a stream of rows.
 type execAcc struct {
-	groups       map[string]map[string]*traj // "step/group" of anchor groups: trajectory ID to its time
-	late         map[string]bool
+	groups       map[groupKey]map[string]*traj // anchor groups: trajectory ID to its time
+	late         map[groupKey]bool
 	fusedAt      map[int64]time.Time // each step's update
-	calibratedAt map[string]stamp    // each late group's calibration, by "step/group"
+	calibratedAt map[groupKey]stamp  // each late group's calibration
 	byStatus     map[string][]float64
 	e            ExecTimes
 }
@@ -107,21 +106,21 @@ type stamp struct {
 }
 
 func newExecAcc() *execAcc {
-	return &execAcc{groups: map[string]map[string]*traj{}, late: map[string]bool{}, fusedAt: map[int64]time.Time{},
-		calibratedAt: map[string]stamp{}, byStatus: map[string][]float64{}}
+	return &execAcc{groups: map[groupKey]map[string]*traj{}, late: map[groupKey]bool{}, fusedAt: map[int64]time.Time{},
+		calibratedAt: map[groupKey]stamp{}, byStatus: map[string][]float64{}}
 }
 
 func (x *execAcc) add(r archive.Row) {
 	e := &x.e
 	if r.Source == archive.SourceLateAnchor {
-		x.calibratedAt[fmt.Sprintf("%d/%s", r.Step, r.GroupID)] = stamp{r.Step, r.TS}
+		x.calibratedAt[groupKey{r.Step, r.GroupID}] = stamp{r.Step, r.TS}
 	} else if _, ok := x.fusedAt[r.Step]; !ok {
 		x.fusedAt[r.Step] = r.TS
 	}
 	if !r.IsAnchor {
 		return
 	}
-	key := fmt.Sprintf("%d/%s", r.Step, r.GroupID)
+	key := groupKey{r.Step, r.GroupID}
 	t := x.member(key, r.TrajID) // a late anchor's world-model row and its late row: one trajectory
 	if r.ExecStatus != nil && *r.ExecStatus == archive.ExecLate {
 		x.late[key] = true
@@ -143,7 +142,7 @@ func (x *execAcc) add(r archive.Row) {
 	}
 }
 
-func (x *execAcc) member(key, id string) *traj {
+func (x *execAcc) member(key groupKey, id string) *traj {
 	g := x.groups[key]
 	if g == nil {
 		g = map[string]*traj{}

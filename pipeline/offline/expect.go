@@ -80,8 +80,7 @@ func Expect(a *Audit, s archive.Settings, o ExpectOptions) (*rl.Expectation, err
 // group size, over its updates' rows (late anchor pairs repeat groups
 // already counted).
 type shapeAcc struct {
-	perGroup map[groupKey]int
-	perStep  map[int64]map[string]bool
+	perGroup map[groupKey]int // trajectories
 }
 
 func (sh *shapeAcc) add(r archive.Row) {
@@ -89,22 +88,21 @@ func (sh *shapeAcc) add(r archive.Row) {
 		return
 	}
 	if sh.perGroup == nil {
-		sh.perGroup, sh.perStep = map[groupKey]int{}, map[int64]map[string]bool{}
+		sh.perGroup = map[groupKey]int{}
 	}
 	sh.perGroup[groupKey{r.Step, r.GroupID}]++
-	if sh.perStep[r.Step] == nil {
-		sh.perStep[r.Step] = map[string]bool{}
-	}
-	sh.perStep[r.Step][r.GroupID] = true
 }
 
 func (sh *shapeAcc) result() (groups, size int) {
-	var gs, ss []int
-	for _, g := range sh.perStep {
-		gs = append(gs, len(g))
-	}
-	for _, n := range sh.perGroup {
+	perStep := map[int64]int{}
+	var ss []int
+	for g, n := range sh.perGroup {
+		perStep[g.step]++
 		ss = append(ss, n)
+	}
+	var gs []int
+	for _, n := range perStep {
+		gs = append(gs, n)
 	}
 	return median(gs), median(ss)
 }

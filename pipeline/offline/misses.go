@@ -110,7 +110,7 @@ func (m *missAcc) add(r archive.Row) {
 	switch {
 	case r.ExecStatus == nil:
 	case s.verdict != "":
-		m.count(s.verdict, *r.ExecStatus)
+		m.counts[[2]string{s.verdict, *r.ExecStatus}]++
 	case !settled:
 		m.pending = append(m.pending, pendingPair{missKey(r), *r.ExecStatus})
 	}
@@ -129,18 +129,12 @@ func (m *missAcc) add(r archive.Row) {
 	m.top.add(c)
 }
 
-// count counts a pair the world model said would end as verdict and that
-// ended as status.
-func (m *missAcc) count(verdict, status string) {
-	m.counts[[2]string{verdict, status}]++
-}
-
 // result is the largest misses, largest first, and the verdicts counted
 // (nil when the world model predicted none).
 func (m *missAcc) result() ([]Miss, []VerdictCount) {
 	for _, p := range m.pending {
 		if s := m.said[p.key]; s.verdict != "" {
-			m.count(s.verdict, p.status)
+			m.counts[[2]string{s.verdict, p.status}]++
 		}
 	}
 	var verdicts []VerdictCount

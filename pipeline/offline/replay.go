@@ -145,7 +145,7 @@ func ReplayRows(src Rows, opt ReplayOptions, report func(StepReport)) (ReplaySum
 					groups[key] = a
 				}
 				// Copies: a row's scores point into its row group's column.
-				a.items = append(a.items, pairItem{traj: r.TrajID, predicted: clone(r.Predicted), trueScore: clone(r.TrueScore)})
+				a.items = append(a.items, pairItem{traj: r.TrajID, predicted: archive.Detach(r.Predicted), trueScore: archive.Detach(r.TrueScore)})
 			}
 			if r.Source == archive.SourceLateAnchor {
 				if r.Predicted != nil && r.TrueScore != nil { // a pair, not an ungraded trajectory's execution
@@ -297,14 +297,6 @@ func ReplayRows(src Rows, opt ReplayOptions, report func(StepReport)) (ReplaySum
 		sum.SignAgreement = float64(agree) / float64(total)
 	}
 	return sum, nil
-}
-
-func clone(x *float64) *float64 {
-	if x == nil {
-		return nil
-	}
-	v := *x
-	return &v
 }
 
 // replayStep rebuilds a step's plan, predictions and executions from its

@@ -41,15 +41,11 @@ func Executed(files []string, opt ExecutedOptions) ([]archive.Row, error) {
 	late := map[trajKey]float64{}
 	err := archive.Scan(files, func(rows []archive.Row) error {
 		for _, r := range rows {
-			switch {
-			case !r.IsAnchor:
-			case r.Source == archive.SourceLateAnchor:
-				if r.TrueScore != nil {
-					late[missKey(r)] = *r.TrueScore
+			sortExecuted(r, late, func(r archive.Row) {
+				if keep(groupOf(r)) {
+					code = append(code, r.Detached())
 				}
-			case r.Response != nil && keep(groupOf(r)):
-				code = append(code, r.Detached())
-			}
+			})
 		}
 		return nil
 	})
@@ -92,7 +88,7 @@ func executedGroups(files []string, keep func(anchorGroup) bool) ([]anchorGroup,
 		g   anchorGroup
 	}
 	var waiting []traj // code without a true score on its row: a late anchor's, whose late row may come after
-	scored := map[trajKey]bool{}
+	late := map[trajKey]float64{}
 	seen := map[anchorGroup]bool{}
 	var out []anchorGroup
 	add := func(g anchorGroup) {
@@ -104,26 +100,38 @@ func executedGroups(files []string, keep func(anchorGroup) bool) ([]anchorGroup,
 	columns := []string{"step", "group_id", "traj_id", "is_anchor", "source", "true_score", "response"}
 	err := archive.ScanColumns(files, columns, func(rows []archive.Row) error {
 		for _, r := range rows {
-			switch {
-			case !r.IsAnchor:
-			case r.Source == archive.SourceLateAnchor:
+			sortExecuted(r, late, func(r archive.Row) {
 				if r.TrueScore != nil {
-					scored[missKey(r)] = true
+					add(groupOf(r))
+				} else {
+					waiting = append(waiting, traj{missKey(r), groupOf(r)})
 				}
-			case r.Response != nil && r.TrueScore != nil:
-				add(groupOf(r))
-			case r.Response != nil:
-				waiting = append(waiting, traj{missKey(r), groupOf(r)})
-			}
+			})
 		}
 		return nil
 	})
 	for _, w := range waiting {
-		if scored[w.key] {
+		if _, ok := late[w.key]; ok {
 			add(w.g)
 		}
 	}
 	return out, err
+}
+
+// sortExecuted sorts an archive row for Executed: a late anchor's true
+// score goes into late, an anchor trajectory with its code to code (its
+// score on it, or on a late row that may come after it); other rows are
+// passed over.
+func sortExecuted(r archive.Row, late map[trajKey]float64, code func(archive.Row)) {
+	switch {
+	case !r.IsAnchor:
+	case r.Source == archive.SourceLateAnchor:
+		if r.TrueScore != nil {
+			late[missKey(r)] = *r.TrueScore
+		}
+	case r.Response != nil:
+		code(r)
+	}
 }
 
 // anchorGroup names an anchor group of the archive.

@@ -119,16 +119,18 @@ type Row struct {
 // wants only those.
 func (r Row) Detached() Row {
 	for _, p := range []**float64{&r.Predicted, &r.TrueScore, &r.Calibrated, &r.Reward, &r.ExecSeconds} {
-		*p = detach(*p)
+		*p = Detach(*p)
 	}
 	for _, p := range []**string{&r.ExecStatus, &r.ExecDetail, &r.WMVerdict, &r.WMRationale, &r.Prompt, &r.Response, &r.ExecCopyOf, &r.ExecCopyGroup} {
-		*p = detach(*p)
+		*p = Detach(*p)
 	}
-	r.ResponseBytes, r.ExecCopyStep = detach(r.ResponseBytes), detach(r.ExecCopyStep)
+	r.ResponseBytes, r.ExecCopyStep = Detach(r.ResponseBytes), Detach(r.ExecCopyStep)
 	return r
 }
 
-func detach[T any](p *T) *T {
+// Detach is a copy of what p points to (nil for nil): one field of a
+// decoded row, kept without its row group's column.
+func Detach[T any](p *T) *T {
 	if p == nil {
 		return nil
 	}
