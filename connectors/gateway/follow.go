@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -57,8 +58,9 @@ func (u *updates) add(rec natsjs.Record) {
 	delete(u.waiters, up.Step)
 }
 
-// get returns the update of step, or a channel closed when it arrives.
-func (u *updates) get(step int64) (data json.RawMessage, seq uint64, wait <-chan struct{}) {
+// get returns the update of step, or, if wait, a channel closed when it
+// arrives: a caller that stops waiting before gives it back (forget).
+func (u *updates) get(step int64, wait bool) (data json.RawMessage, seq uint64, arrived <-chan struct{}) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if d, ok := u.recent[step]; ok {
@@ -67,9 +69,28 @@ func (u *updates) get(step int64) (data json.RawMessage, seq uint64, wait <-chan
 	if s, ok := u.seq[step]; ok {
 		return nil, s, nil
 	}
+	if !wait {
+		return nil, 0, nil
+	}
 	c := make(chan struct{})
 	u.waiters[step] = append(u.waiters[step], c)
 	return nil, 0, c
+}
+
+// forget gives back a channel of get's that is no longer waited on (the
+// step's update came, or the wait ended without it). A trainer that polls
+// for a step no update will come for (a step it never sent, or one held
+// for good) would otherwise leave one a request for the life of the
+// process.
+func (u *updates) forget(step int64, arrived <-chan struct{}) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	ws := slices.DeleteFunc(u.waiters[step], func(c chan struct{}) bool { return c == arrived })
+	if len(ws) == 0 {
+		delete(u.waiters, step)
+		return
+	}
+	u.waiters[step] = ws
 }
 
 func (u *updates) newest() (schemas.Update, bool) {

@@ -390,6 +390,87 @@ func TestTruthsStayBounded(t *testing.T) {
 	}
 }
 
+// TestAPollLeavesNoWaiterBehind: a trainer that polls for a step whose
+// update does not come (one it never sent, or one held for good) leaves
+// nothing behind, with a wait or without, whether the wait ran out or the
+// trainer went away; one still waiting gets the update when it comes.
+// Before, every such request left a channel for the life of the process.
+func TestAPollLeavesNoWaiterBehind(t *testing.T) {
+	g, url := newGateway(t, "http://127.0.0.1:1", nil)
+	waiting := func(step int64) int {
+		g.updates.mu.Lock()
+		defer g.updates.mu.Unlock()
+		if step < 0 {
+			return len(g.updates.waiters)
+		}
+		return len(g.updates.waiters[step])
+	}
+	get := func(ctx context.Context, query string) (int, string, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+query, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), nil
+	}
+	for _, q := range []string{"/steps/7/update?wait=0.01", "/steps/7/update", "/steps/9/update?wait=0"} {
+		for range 5 {
+			if code, body, err := get(context.Background(), q); err != nil || code != http.StatusNotFound {
+				t.Fatalf("GET %s: %d %s %v; want 404", q, code, body, err)
+			}
+		}
+	}
+	if n := waiting(-1); n != 0 {
+		t.Fatalf("%d steps still have waiters after polls that ended", n)
+	}
+
+	// A trainer that goes away in the middle of a long poll.
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := make(chan error, 1)
+	go func() { _, _, err := get(ctx, "/steps/7/update?wait=30"); gone <- err }()
+	until(t, "the long poll waits", func() bool { return waiting(7) == 1 })
+	cancel()
+	if err := <-gone; err == nil {
+		t.Fatal("a cancelled request ended without an error")
+	}
+	until(t, "the cancelled poll's waiter is given back", func() bool { return waiting(-1) == 0 })
+
+	// Two waiting, one of them gone: the other gets the update.
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() { _, _, err := get(ctx, "/steps/8/update?wait=30"); gone <- err }()
+	type answer struct {
+		code int
+		body string
+		err  error
+	}
+	got := make(chan answer, 1)
+	go func() { c, b, err := get(context.Background(), "/steps/8/update?wait=30"); got <- answer{c, b, err} }()
+	until(t, "both long polls wait", func() bool { return waiting(8) == 2 })
+	cancel()
+	<-gone
+	until(t, "the cancelled one is given back", func() bool { return waiting(8) == 1 })
+	g.updates.add(natsjs.Record{Data: []byte(`{"step":8,"rho":1.5}`), Seq: 3})
+	a := <-got
+	if a.err != nil || a.code != http.StatusOK || !strings.Contains(a.body, `"rho":1.5`) {
+		t.Fatalf("the poll still waiting: %d %s %v; want step 8's update", a.code, a.body, a.err)
+	}
+	if n := waiting(-1); n != 0 {
+		t.Fatalf("%d steps still have waiters after the update came", n)
+	}
+}
+
+// until polls cond every 5 ms for up to 10 s.
+func until(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10s: not yet: %s", what)
+		}
+	}
+}
+
 // A trainer may name its trajectories alike every step: an execution is
 // the score of its own step's trajectory, not of another step's of the
 // same id that came in between.

@@ -30,13 +30,14 @@ func (g *Gateway) getUpdate(w http.ResponseWriter, r *http.Request) {
 		}
 		wait = min(time.Duration(secs*float64(time.Second)), g.cfg.MaxWait)
 	}
-	data, seq, ready := g.updates.get(step)
-	if ready != nil && wait > 0 {
+	data, seq, arrived := g.updates.get(step, wait > 0)
+	if arrived != nil {
+		defer g.updates.forget(step, arrived)
 		t := time.NewTimer(wait)
 		defer t.Stop()
 		select {
-		case <-ready:
-			data, seq, _ = g.updates.get(step)
+		case <-arrived:
+			data, seq, _ = g.updates.get(step, false)
 		case <-t.C:
 		case <-r.Context().Done():
 			return
