@@ -307,7 +307,8 @@ func TestFollowOutlivesARestartOfTheRun(t *testing.T) {
 	}
 	waitUntil(t, 30*time.Second, func() bool { return strings.Contains(said.String(), "dlq: lost the connection to "+url) })
 	time.Sleep(3 * time.Second) // reconnects failing meanwhile
-	p = start()
+	// The same server again, at the same URL (stopped when the test ends).
+	start()
 	waitUntil(t, 30*time.Second, func() bool { return strings.Contains(said.String(), "dlq: connected to "+url+" again") })
 
 	nc, err := nats.Connect(url)

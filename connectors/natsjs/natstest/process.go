@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"runtime/debug"
 	"sync"
 	"syscall"
@@ -45,7 +44,9 @@ func Binary(t testing.TB) string {
 		// Built under a name of its own, then renamed: test processes of
 		// other packages may be building it at the same time.
 		tmp := fmt.Sprintf("%s.%d", binary, os.Getpid())
-		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", tmp, "github.com/nats-io/nats-server/v2")
+		// The go on the PATH, as the other tests' builds: a test built
+		// with -trimpath has no GOROOT of its own (runtime.GOROOT is "").
+		cmd := exec.Command("go", "build", "-o", tmp, "github.com/nats-io/nats-server/v2")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build nats-server: %v\n%s", err, out)
 			return
