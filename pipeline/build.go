@@ -226,6 +226,13 @@ func (p *Pipeline) buildCalibrate(ctx context.Context) error {
 		return err
 	}
 	st.Skip, st.Panicked = sk.has, sk.panicked
+	st.FirstRetained = func(ctx context.Context) (uint64, error) {
+		info, err := p.tr.info(ctx)
+		if err != nil {
+			return 0, err
+		}
+		return info.State.FirstSeq, nil
+	}
 	p.go_(func() error { defer r.Close(); return st.Run(ctx, readerSource{r}) })
 	return nil
 }

@@ -375,3 +375,89 @@ func TestARestartAfterACrashDoesNotWaitOutAckWait(t *testing.T) {
 		t.Fatalf("step %d fused with %d of the %d trajectories (skipped %v): those the crashed process held did not come back", u.Step, len(u.Items), len(trajs), u.Skipped)
 	}
 }
+
+// A running calibrate stage forgets the anchor groups whose pair groups
+// the stream aged out (--retention), as its restart would: a copy of one
+// is absorbed again, a copy of one the stream holds is not. Before, it
+// remembered every anchor group of the run for as long as it ran.
+func TestCalibrateForgetsWhatTheStreamAgedOut(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Source = SourceExternal
+	cfg.CheckpointEvery = 4 // calibrate asks the stream what it holds every 4 groups read
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, _, js := startClient(t, ctx, cfg)
+	pol := sim.Policy{Run: "default", Tasks: 4, Groups: 4, GroupSize: 4} // one anchor group a step
+	stored := func(subject string) []natsjs.Record {
+		var out []natsjs.Record
+		if err := natsjs.Scan(ctx, js, StreamName("wmrl"), subject, false, func(r natsjs.Record) error {
+			out = append(out, r)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	calibrations := func() map[string][]int64 { // by step/group, their seqs
+		out := map[string][]int64{}
+		for _, r := range stored("wmrl.default.calibration") {
+			var c schemas.Calibration
+			if err := json.Unmarshal(r.Data, &c); err != nil {
+				t.Fatal(err)
+			}
+			key := fmt.Sprintf("%d/%s", c.Step, c.GroupID)
+			out[key] = append(out[key], c.Seq)
+		}
+		return out
+	}
+	absorbed := func(seq int64) func() bool {
+		return func() bool {
+			for _, seqs := range calibrations() {
+				if slices.Contains(seqs, seq) {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	for n := range int64(6) {
+		publishStep(t, ctx, js, pol, n)
+	}
+	waitFor(t, time.Minute, absorbed(6))
+	pairs := stored("wmrl.default.pairs")
+	if len(pairs) != 6 {
+		t.Fatalf("%d pair groups in 6 steps of one anchor group", len(pairs))
+	}
+	s, err := js.Stream(ctx, StreamName("wmrl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Purge(ctx, jetstream.WithPurgeSequence(pairs[2].Seq)); err != nil { // the first two anchor groups age out
+		t.Fatal(err)
+	}
+	for n := int64(6); n < 14; n++ {
+		publishStep(t, ctx, js, pol, n)
+	}
+	waitFor(t, time.Minute, absorbed(14))
+
+	keyOf := func(r natsjs.Record) string {
+		var pg schemas.PairGroup
+		if err := json.Unmarshal(r.Data, &pg); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("%d/%s", pg.Step, pg.GroupID)
+	}
+	for _, r := range []natsjs.Record{pairs[4], pairs[0]} { // calibrate reads them in this order
+		if _, err := js.Publish(ctx, "wmrl.default.pairs", r.Data, jetstream.WithMsgID(fmt.Sprintf("copy/%d", r.Seq))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, time.Minute, absorbed(15))
+	cals := calibrations()
+	if seqs := cals[keyOf(pairs[0])]; fmt.Sprint(seqs) != "[15]" {
+		t.Errorf("the copy of anchor group %s, aged out of the stream: calibrations %v, want [15] (absorbed again, as after a restart)", keyOf(pairs[0]), seqs)
+	}
+	if seqs := cals[keyOf(pairs[4])]; fmt.Sprint(seqs) != "[5]" {
+		t.Errorf("anchor group %s, still in the stream, and its copy: calibrations %v, want [5] (the copy refused)", keyOf(pairs[4]), seqs)
+	}
+}

@@ -82,11 +82,20 @@ type Stage struct {
 	// error at once, with no checkpoint (the state may be half-changed;
 	// a restart rebuilds it). Unset, the panic goes on.
 	Panicked func(in Input, v any, stack []byte) error
+	// FirstRetained, if set, is the stream sequence of the oldest message
+	// the stream still holds, asked every CheckpointEvery groups read. A
+	// pair group before it cannot come again (the executions and
+	// predictions it was paired from are older still, and gone too), so
+	// the stage forgets that it absorbed it, as a restart, which reads the
+	// retained groups alone, does. Unset, that record grows by an entry an
+	// anchor group for as long as the process runs.
+	FirstRetained func(ctx context.Context) (uint64, error)
 
 	seq    int64
-	seen   map[string]bool
-	stored uint64 // stream sequence of the last group whose calibration is stored
-	saved  uint64 // ... as of the last checkpoint
+	seen   map[string]uint64 // by groupKey, the pair groups absorbed or remembered: the stream sequence each came at (0: not from a stream)
+	oldest uint64            // the lowest sequence in seen but 0 (0: none)
+	stored uint64            // stream sequence of the last group whose calibration is stored
+	saved  uint64            // ... as of the last checkpoint
 }
 
 // Seq is the number of anchor groups absorbed.
@@ -94,9 +103,6 @@ func (s *Stage) Seq() int64 { return s.seq }
 
 // Run consumes src until ctx is done.
 func (s *Stage) Run(ctx context.Context, src Source) error {
-	if s.seen == nil {
-		s.seen = map[string]bool{}
-	}
 	exact := false
 	if cp := s.Resume; cp != nil {
 		if exact = s.Resumes(*cp); exact {
@@ -112,7 +118,10 @@ func (s *Stage) Run(ctx context.Context, src Source) error {
 	if every <= 0 {
 		every = DefaultCheckpointEvery
 	}
-	for {
+	for read := 1; ; read++ {
+		if read%every == 0 {
+			s.forgetAgedOut(ctx)
+		}
 		in, err := src.Next(ctx)
 		if err != nil {
 			// Every group absorbed so far has its calibration stored.
@@ -157,15 +166,15 @@ func (s *Stage) take(ctx context.Context, in Input, exact bool, every int) error
 	if cp := s.Resume; cp != nil {
 		if in.Seq <= cp.StreamSeq {
 			if exact {
-				s.remember(in.Data)
+				s.remember(in)
 			} else {
-				_, _ = s.Absorb(in.Data) // rebuilding the map: published (or dead-lettered) before
+				_, _ = s.absorb(in.Data, in.Seq) // rebuilding the map: published (or dead-lettered) before
 			}
 			return nil
 		}
 		s.seq = max(s.seq, cp.Seq) // the groups after the checkpoint are numbered after it
 	}
-	c, err := s.Absorb(in.Data)
+	c, err := s.absorb(in.Data, in.Seq)
 	if errors.Is(err, schemas.ErrInvalid) {
 		if s.DeadLetter != nil {
 			s.DeadLetter(in, err)
@@ -200,10 +209,46 @@ func (s *Stage) Resumes(cp Checkpoint) bool {
 }
 
 // remember marks a pair group as seen without absorbing it.
-func (s *Stage) remember(data []byte) {
+func (s *Stage) remember(in Input) {
 	var pg schemas.PairGroup
-	if schemas.Decode(data, s.RunID, &pg) == nil {
-		s.seen[groupKey(pg)] = true
+	if schemas.Decode(in.Data, s.RunID, &pg) == nil {
+		s.see(groupKey(pg), in.Seq)
+	}
+}
+
+// see records the pair group key, read at stream sequence seq.
+func (s *Stage) see(key string, seq uint64) {
+	if s.seen == nil {
+		s.seen = map[string]uint64{}
+	}
+	s.seen[key] = seq
+	if seq > 0 && (s.oldest == 0 || seq < s.oldest) {
+		s.oldest = seq
+	}
+}
+
+// forgetAgedOut forgets the pair groups read before the oldest message
+// the stream still holds. It looks through the record only once the
+// stream has aged out one of them; an error asking leaves it as it is.
+func (s *Stage) forgetAgedOut(ctx context.Context) {
+	if s.FirstRetained == nil || s.oldest == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	first, err := s.FirstRetained(ctx)
+	if err != nil || first <= s.oldest {
+		return
+	}
+	s.oldest = 0
+	for key, seq := range s.seen {
+		switch {
+		case seq == 0:
+		case seq < first:
+			delete(s.seen, key)
+		case s.oldest == 0 || seq < s.oldest:
+			s.oldest = seq
+		}
 	}
 }
 
@@ -230,19 +275,19 @@ func (s *Stage) checkpoint(ctx context.Context) {
 
 // Absorb feeds one encoded PairGroup to the debiaser and returns the
 // resulting Calibration, or nil for a group seen before.
-func (s *Stage) Absorb(data []byte) (*schemas.Calibration, error) {
+func (s *Stage) Absorb(data []byte) (*schemas.Calibration, error) { return s.absorb(data, 0) }
+
+// absorb is Absorb of a pair group read at stream sequence seq.
+func (s *Stage) absorb(data []byte, seq uint64) (*schemas.Calibration, error) {
 	var pg schemas.PairGroup
 	if err := schemas.Decode(data, s.RunID, &pg); err != nil {
 		return nil, fmt.Errorf("calibrate: %w", err)
 	}
 	key := groupKey(pg)
-	if s.seen == nil {
-		s.seen = map[string]bool{}
-	}
-	if s.seen[key] {
+	if _, again := s.seen[key]; again {
 		return nil, nil
 	}
-	s.seen[key] = true
+	s.see(key, seq)
 	c := schemas.Calibration{Schema: schemas.Version, Run: s.RunID, Step: pg.Step, GroupID: pg.GroupID,
 		Pairs: make([]schemas.CalibratedPair, 0, len(pg.Pairs))}
 	for _, p := range pg.Pairs {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,9 +85,15 @@ func (r *recorder) stored() []schemas.Calibration {
 // with want < 0, until the source is drained and a moment has passed).
 func runStage(t *testing.T, st *Stage, in []Input, pub *recorder, want int) {
 	t.Helper()
+	runStageOn(t, st, &listSource{in: in}, pub, want)
+}
+
+// runStageOn is runStage on the inputs of src.
+func runStageOn(t *testing.T, st *Stage, src Source, pub *recorder, want int) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
-	go func() { errc <- st.Run(ctx, &listSource{in: in}) }()
+	go func() { errc <- st.Run(ctx, src) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for want >= 0 && len(pub.stored()) < want && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
@@ -164,6 +171,69 @@ func TestStageResumesFromItsCheckpoint(t *testing.T) {
 	runStage(t, st3, append(in[10:16:16], again), dup, -1)
 	if n := len(dup.stored()); n != 0 {
 		t.Fatalf("a copy of a checkpointed group was absorbed again (%d calibrations)", n)
+	}
+}
+
+// agingSource is a stream that keeps the newest `keep` pair groups it
+// gave out (10 sequences apart, as pairGroups numbers them): its
+// FirstRetained is the oldest of those.
+type agingSource struct {
+	listSource
+	keep int
+	last atomic.Uint64
+}
+
+func (s *agingSource) Next(ctx context.Context) (Input, error) {
+	in, err := s.listSource.Next(ctx)
+	if err == nil {
+		s.last.Store(in.Seq)
+	}
+	return in, err
+}
+
+func (s *agingSource) FirstRetained(context.Context) (uint64, error) {
+	return uint64(max(1, int64(s.last.Load())-10*int64(s.keep-1))), nil
+}
+
+// The stage remembers the pair groups it absorbed, to refuse a copy. A
+// copy comes only while the stream still holds the original (the
+// executions and predictions it was paired from are older, and go
+// first), so the stage forgets a group the stream aged out, as a restart,
+// which reads the retained groups alone, does. Before, the record grew by
+// an entry an anchor group for the life of the process.
+func TestTheStageForgetsTheGroupsTheStreamAgedOut(t *testing.T) {
+	in := pairGroups(40)
+	copyOf := func(i int, seq uint64) Input { c := in[i]; c.Seq = seq; return c }
+	retained, forgotten := copyOf(35, 410), copyOf(2, 420)
+	for _, aging := range []bool{true, false} {
+		pub := &recorder{}
+		src := &agingSource{listSource: listSource{in: append(slices.Clone(in), retained, forgotten)}, keep: 10}
+		st := &Stage{RunID: "r", Pub: pub, Deb: mustDebiaser(t, testDebiaserConfig()), CheckpointEvery: 8}
+		if aging {
+			st.FirstRetained = src.FirstRetained
+		}
+		runStageOn(t, st, src, pub, -1)
+		got := pub.stored()
+		if !aging {
+			if len(st.seen) != 40 || len(got) != 40 {
+				t.Fatalf("without FirstRetained: %d groups remembered and %d calibrations; want 40 and 40 (both copies refused)", len(st.seen), len(got))
+			}
+			continue
+		}
+		// Looked at before groups 8, 16, ..., 40 were read: the last time
+		// the stream held groups 30 to 39 (sequences 300 to 390).
+		for key, seq := range st.seen {
+			if seq < 300 {
+				t.Errorf("group %s (stream sequence %d) still remembered, aged out of the stream", key, seq)
+			}
+		}
+		if len(st.seen) != 12 {
+			t.Errorf("%d groups remembered; want 12 (the 10 the stream held when last asked, group 40, and the copy absorbed again)", len(st.seen))
+		}
+		if len(got) != 41 || got[40].Step != 1 || got[40].GroupID != "g0" {
+			t.Fatalf("%d calibrations (the last of step %d, group %s); want 41: every group, the copy of a retained one refused, "+
+				"and the copy of one aged out (step 1, g0) absorbed again, as a restart would", len(got), got[len(got)-1].Step, got[len(got)-1].GroupID)
+		}
 	}
 }
 
