@@ -58,7 +58,17 @@ func (s StreamSource) open(ctx context.Context, follow bool) (*streamConn, error
 	var srv *natsjs.Server
 	var err error
 	if s.NATSURL == "" {
-		srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(s.DataDir, "nats"), MaxStore: readStoreBound(s.DataDir)})
+		// A server started on a directory makes its store there: a reader
+		// given a --data no run had (a typo, or the default in another
+		// directory) would leave an empty store behind.
+		store := filepath.Join(s.DataDir, "nats")
+		if fi, err := os.Stat(store); err != nil || !fi.IsDir() {
+			if err == nil {
+				err = fmt.Errorf("%s is not a directory", store)
+			}
+			return nil, fmt.Errorf("pipeline: no pipeline's store in %s (%w): give the --data of a stopped run, or --nats URL for a running one", s.DataDir, err)
+		}
+		srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: store, MaxStore: readStoreBound(s.DataDir)})
 		if err != nil {
 			return nil, err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -21,6 +22,32 @@ import (
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/execute"
 )
+
+// TestAReaderWhereNoRunRanSaysWhatToGiveAndMakesNothing: status and dlq
+// read a stopped run's store by starting a server on it, and a server
+// makes a store where it is started. Run where no run ran (the default
+// --data in another directory) or given a --data no run had, they made
+// an empty store there and said only that it held no stream; now they
+// say what to give, and leave the directory as it was.
+func TestAReaderWhereNoRunRanSaysWhatToGiveAndMakesNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, args := range [][]string{{"status"}, {"status", "--json"}, {"dlq"}, {"dlq", "--resend"}, {"status", "--data", "typo"}, {"dlq", "--data", "typo"}} {
+		data := "wmrl-data"
+		if i := slices.Index(args, "--data"); i >= 0 {
+			data = args[i+1]
+		}
+		want := "no pipeline's store in " + data + " (stat " + filepath.Join(data, "nats") + ": no such file or directory): give the --data of a stopped run, or --nats URL for a running one"
+		if out, err := wmrl(ctx, args...); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("wmrl %s (%v):\n%s\nwant it to say %q", strings.Join(args, " "), err, out, want)
+		}
+	}
+	if left, err := os.ReadDir(dir); err != nil || len(left) != 0 {
+		t.Errorf("the readers left %v in their directory (%v); want nothing", left, err)
+	}
+}
 
 // TestStatusShowsWhereTheRunIs: wmrl status shows the last step received
 // and fused, the dead letters and every stage consumer of a live run, and
