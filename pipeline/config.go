@@ -616,8 +616,47 @@ func (c *Config) Validate() error {
 	if _, _, err := c.gpuSets(); err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
+	if err := c.validateCorrections(); err != nil {
+		return err
+	}
 	if err := c.Anchors.Validate(); err != nil {
 		return err
+	}
+	return nil
+}
+
+// validateCorrections checks the anchors', the calibration's and rho's
+// settings by their flags' names, before anything starts: the stages'
+// own checks name their fields (min_per_step, buffer_size) and came, for
+// the calibration and rho, once the server and the other stages were up.
+func (c *Config) validateCorrections() error {
+	a, d := c.Anchors, c.Debiaser.Effective()
+	switch {
+	case !(a.Fraction >= 0 && a.Fraction <= 1):
+		return fmt.Errorf("%w: --anchor-fraction %v: want the share of a step's groups to execute, from 0 to 1", ErrConfig, a.Fraction)
+	case a.MinPerStep < 0:
+		return fmt.Errorf("%w: --anchor-min %d: want >= 0 anchor groups a step", ErrConfig, a.MinPerStep)
+	case a.MaxInFlight < 0:
+		return fmt.Errorf("%w: --anchor-max-in-flight %d: want >= 0 anchor groups in flight (0: no cap)", ErrConfig, a.MaxInFlight)
+	case a.Rounding != "" && !slices.Contains(route.Roundings, a.Rounding):
+		return fmt.Errorf("%w: --anchor-rounding %q: want %s", ErrConfig, a.Rounding, strings.Join(route.Roundings, " or "))
+	case d.MinPairs < 0:
+		return fmt.Errorf("%w: --min-pairs %d: want >= 0 (0: the reference's %d)", ErrConfig, d.MinPairs, calibrate.DefaultMinPairs)
+	case d.RefitEvery < 0:
+		return fmt.Errorf("%w: --refit-every %d: want >= 0 (0: the reference's %d)", ErrConfig, d.RefitEvery, calibrate.DefaultRefitEvery)
+	case d.BufferSize < 2:
+		return fmt.Errorf("%w: --buffer %d: want at least 2 anchor pairs", ErrConfig, d.BufferSize)
+	case d.BufferSize < d.MinPairs:
+		return fmt.Errorf("%w: --buffer %d is under --min-pairs %d: the isotonic map would never be fitted", ErrConfig, d.BufferSize, d.MinPairs)
+	case d.Bins < 0 || d.Bins == 1:
+		return fmt.Errorf("%w: --bins %d: want 0 (the raw pairs) or at least 2", ErrConfig, d.Bins)
+	case d.BeforeFit != "" && d.BeforeFit != calibrate.BeforeFitMean && d.BeforeFit != calibrate.BeforeFitIdentity:
+		return fmt.Errorf("%w: --before-fit %q: want %s or %s", ErrConfig, d.BeforeFit, calibrate.BeforeFitMean, calibrate.BeforeFitIdentity)
+	}
+	switch c.Denoiser.Estimator {
+	case "", fuse.EstimatorReference, fuse.EstimatorRatio, fuse.EstimatorAdvantage, fuse.EstimatorOff:
+	default:
+		return fmt.Errorf("%w: --rho %q: want reference, ratio, advantage or off", ErrConfig, c.Denoiser.Estimator)
 	}
 	return nil
 }

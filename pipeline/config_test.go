@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/wmrl/wmrl/connectors/sandbox"
+	"github.com/wmrl/wmrl/stages/fuse"
 	"github.com/wmrl/wmrl/stages/route"
 )
 
@@ -25,7 +26,19 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 		{"window above retention", func(c *Config) { c.MaxAge, c.Duplicates = time.Minute, time.Hour }, "dedup window 1h0m0s and retention 1m0s"},
 		{"negative retention", func(c *Config) { c.MaxAge = -time.Hour }, "retention -1h0m0s"},
 		{"negative checkpoint cadence", func(c *Config) { c.CheckpointEvery = -1 }, "checkpoint every -1 groups"},
-		{"in-flight cap", func(c *Config) { c.Anchors.MaxInFlight = -2 }, "max_in_flight -2"},
+		{"in-flight cap", func(c *Config) { c.Anchors.MaxInFlight = -2 }, "--anchor-max-in-flight -2: want >= 0"},
+		{"anchor minimum", func(c *Config) { c.Anchors.MinPerStep = -1 }, "--anchor-min -1: want >= 0"},
+		{"fraction of NaN", func(c *Config) { c.Anchors.Fraction = math.NaN() }, "--anchor-fraction NaN"},
+		{"pairs before the first fit", func(c *Config) { c.Debiaser.MinPairs = -1 }, "--min-pairs -1: want >= 0 (0: the reference's 200)"},
+		{"the reference's pairs before the first fit", func(c *Config) { c.Debiaser.MinPairs = 0 }, ""},
+		{"refit cadence", func(c *Config) { c.Debiaser.RefitEvery = -64 }, "--refit-every -64"},
+		{"buffer", func(c *Config) { c.Debiaser.BufferSize = 1 }, "--buffer 1: want at least 2"},
+		{"buffer under the first fit", func(c *Config) { c.Debiaser.MinPairs, c.Debiaser.BufferSize = 300, 250 }, "--buffer 250 is under --min-pairs 300"},
+		{"one bin", func(c *Config) { c.Debiaser.Bins = 1 }, "--bins 1: want 0 (the raw pairs) or at least 2"},
+		{"raw pairs", func(c *Config) { c.Debiaser.Bins = 0 }, ""},
+		{"map before the fit", func(c *Config) { c.Debiaser.BeforeFit = "flat" }, `--before-fit "flat": want mean or identity`},
+		{"rho estimator", func(c *Config) { c.Denoiser.Estimator = "median" }, `--rho "median": want reference, ratio, advantage or off`},
+		{"rho off", func(c *Config) { c.Denoiser.Estimator = fuse.EstimatorOff }, ""},
 		{"replicas on the embedded server", func(c *Config) { c.Replicas = 3 }, "--replicas 3 needs a JetStream cluster"},
 		{"replicas on a cluster", func(c *Config) { c.Replicas, c.NATSURL = 3, "nats://a:4222,nats://b:4222" }, ""},
 		{"too many replicas", func(c *Config) { c.Replicas, c.NATSURL = 7, "nats://a:4222" }, "replicas 7: want 1 to 5"},
