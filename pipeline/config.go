@@ -630,7 +630,7 @@ func (c *Config) Validate() error {
 // own checks name their fields (min_per_step, buffer_size) and came, for
 // the calibration and rho, once the server and the other stages were up.
 func (c *Config) validateCorrections() error {
-	a, d := c.Anchors, c.Debiaser.Effective()
+	a := c.Anchors
 	switch {
 	case !(a.Fraction >= 0 && a.Fraction <= 1):
 		return fmt.Errorf("%w: --anchor-fraction %v: want the share of a step's groups to execute, from 0 to 1", ErrConfig, a.Fraction)
@@ -640,6 +640,16 @@ func (c *Config) validateCorrections() error {
 		return fmt.Errorf("%w: --anchor-max-in-flight %d: want >= 0 anchor groups in flight (0: no cap)", ErrConfig, a.MaxInFlight)
 	case a.Rounding != "" && !slices.Contains(route.Roundings, a.Rounding):
 		return fmt.Errorf("%w: --anchor-rounding %q: want %s", ErrConfig, a.Rounding, strings.Join(route.Roundings, " or "))
+	}
+	return CheckCalibration(c.Debiaser, c.Denoiser.Estimator)
+}
+
+// CheckCalibration checks the calibration's settings and rho's estimator
+// ("": the default) by their flags' names (--min-pairs, --buffer, --rho,
+// ...), as run, stage and replay take them.
+func CheckCalibration(deb calibrate.DebiaserConfig, rho fuse.Estimator) error {
+	d := deb.Effective()
+	switch {
 	case d.MinPairs < 0:
 		return fmt.Errorf("%w: --min-pairs %d: want >= 0 (0: the reference's %d)", ErrConfig, d.MinPairs, calibrate.DefaultMinPairs)
 	case d.RefitEvery < 0:
@@ -653,10 +663,10 @@ func (c *Config) validateCorrections() error {
 	case d.BeforeFit != "" && d.BeforeFit != calibrate.BeforeFitMean && d.BeforeFit != calibrate.BeforeFitIdentity:
 		return fmt.Errorf("%w: --before-fit %q: want %s or %s", ErrConfig, d.BeforeFit, calibrate.BeforeFitMean, calibrate.BeforeFitIdentity)
 	}
-	switch c.Denoiser.Estimator {
+	switch rho {
 	case "", fuse.EstimatorReference, fuse.EstimatorRatio, fuse.EstimatorAdvantage, fuse.EstimatorOff:
 	default:
-		return fmt.Errorf("%w: --rho %q: want reference, ratio, advantage or off", ErrConfig, c.Denoiser.Estimator)
+		return fmt.Errorf("%w: --rho %q: want reference, ratio, advantage or off", ErrConfig, rho)
 	}
 	return nil
 }

@@ -101,6 +101,14 @@ func TestReplayUnderOtherSettingsDrawsWhatChanged(t *testing.T) {
 	if out, err := wmrl(ctx, "replay", "--archive", cfg.ArchiveRoot(), "--plot", filepath.Join(dir, "same.png")); err == nil || !strings.Contains(err.Error(), "--plot draws what other settings changed") {
 		t.Errorf("wmrl replay --plot with the recorded settings (%v):\n%s\nwant it refused, saying why", err, out)
 	}
+	// Other settings that cannot be are refused by their flags' names,
+	// before the archive is read (they were by the stages' field names).
+	for _, bad := range [][]string{{"--rho", "median", `--rho "median": want reference, ratio, advantage or off`},
+		{"--buffer", "1", "--buffer 1: want at least 2 anchor pairs"}, {"--min-pairs", "9000", "--buffer 5000 is under --min-pairs 9000"}} {
+		if out, err := wmrl(ctx, "replay", "--archive", cfg.ArchiveRoot(), bad[0], bad[1]); err == nil || !strings.Contains(err.Error(), bad[2]) {
+			t.Errorf("wmrl replay %s %s (%v):\n%s\nwant it refused, saying %q", bad[0], bad[1], err, out, bad[2])
+		}
+	}
 	out, err = wmrl(ctx, "replay", "--archive", cfg.ArchiveRoot(), "--rho", "reference", "--out", filepath.Join(dir, "ref.parquet"), "--steps")
 	if err != nil || strings.Count(out, "\n      19  ") != 1 {
 		t.Errorf("wmrl replay --steps (%v) said:\n%s\nwant a line for step 19", err, out)

@@ -224,6 +224,9 @@ func replayCommand() *cobra.Command {
 					changed = append(changed, fmt.Sprintf("%s %d", o.flag, o.v))
 				}
 			}
+			if err := pipeline.CheckCalibration(opt.Settings.Debiaser, opt.Settings.Denoiser.Estimator); err != nil {
+				return err
+			}
 			if fs.Changed("anchor-fraction") {
 				if fraction <= 0 || fraction > recorded.AnchorFraction {
 					return fmt.Errorf("--anchor-fraction %v: replays can only subsample the recorded anchors (recorded fraction %v)", fraction, recorded.AnchorFraction)
