@@ -59,7 +59,7 @@ var unmarshal = json.Unmarshal
 
 func decodeJSON(data []byte, v any) error {
 	if err := unmarshal(data, v); err != nil {
-		return invalid("malformed JSON: %v", err)
+		return invalid("malformed JSON: %v", ReadableJSON(err))
 	}
 	return nil
 }
@@ -89,7 +89,7 @@ func CheckRun(got, want string) error {
 func SplitTrajectories(data []byte) ([]json.RawMessage, error) {
 	var items []json.RawMessage
 	if err := unmarshal(data, &items); err != nil {
-		return nil, invalid("malformed JSON: want an array of trajectories: %v", err)
+		return nil, invalid("malformed JSON: want an array of trajectories: %v", ReadableJSON(err))
 	}
 	if len(items) == 0 {
 		return nil, invalid("no trajectories: want a non-empty JSON array")

@@ -326,7 +326,7 @@ func readBody(w http.ResponseWriter, r *http.Request, v any) bool {
 		fail(w, http.StatusRequestEntityTooLarge, "request body over %d bytes", tooBig.Limit)
 		return false
 	case err != nil:
-		fail(w, http.StatusBadRequest, "malformed JSON body: %v", err)
+		fail(w, http.StatusBadRequest, "malformed JSON body: %v", schemas.ReadableJSON(err))
 		return false
 	}
 	return true
