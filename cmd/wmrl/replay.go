@@ -252,6 +252,7 @@ func replayCommand() *cobra.Command {
 				if w, err = archive.CreateFile(out); err != nil {
 					return err
 				}
+				defer w.Abort() // a replay that fails leaves no part of its file
 			}
 			bar := newProgressBar(stderr)
 			show := bar.set("replay")

@@ -320,9 +320,10 @@ func ReadRun(root, run string) ([]Row, Settings, error) {
 // RowWriter writes rows to one zstd Parquet file (replays, tests), made
 // visible under path only by Close.
 type RowWriter struct {
-	f    *os.File
-	w    *parquet.GenericWriter[Row]
-	path string
+	f      *os.File
+	w      *parquet.GenericWriter[Row]
+	path   string
+	closed bool
 }
 
 // CreateFile starts a file at path.
@@ -343,9 +344,22 @@ func (w *RowWriter) Write(rows []Row) error {
 
 // Close finishes the file and moves it into place (see commitFile).
 func (w *RowWriter) Close() error {
+	w.closed = true
 	if err := commitFile(w.w, w.f, w.path); err != nil {
 		_ = os.Remove(w.f.Name())
 		return fmt.Errorf("archive: %s: %w", w.path, err)
 	}
 	return nil
+}
+
+// Abort drops a file that was not closed: nothing is left at its path or
+// beside it (its writer stopped half-way, say by an error). After Close
+// it does nothing, so that it can be deferred.
+func (w *RowWriter) Abort() {
+	if w.closed {
+		return
+	}
+	w.closed = true
+	_ = w.f.Close()
+	_ = os.Remove(w.f.Name())
 }

@@ -2,6 +2,7 @@ package archive_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -97,4 +98,45 @@ func TestScanReadsAheadInOrderAndStopsWithItsReader(t *testing.T) {
 		t.Fatalf("a damaged file after one of 256 rows: %v, %d rows read", err, read)
 	}
 	decoderGone()
+}
+
+// A RowWriter aborted half-way leaves nothing, at its path or beside it
+// (a replay that failed left a hidden .replay-<run>.parquet.tmp); one
+// closed keeps its file, whatever an Abort deferred after it does.
+func TestAnAbortedFileLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	rows := archivetest.Rows(64)
+	for _, closeFirst := range []bool{false, true} {
+		path := filepath.Join(dir, "replay.parquet")
+		w, err := archive.CreateFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Write(rows); err != nil {
+			t.Fatal(err)
+		}
+		if closeFirst {
+			if err := w.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		w.Abort()
+		left, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range left {
+			names = append(names, e.Name())
+		}
+		if want := map[bool]string{false: "[]", true: "[replay.parquet]"}[closeFirst]; fmt.Sprint(names) != want {
+			t.Errorf("closed first %v: the directory holds %v, want %s", closeFirst, names, want)
+		}
+		if closeFirst {
+			got, err := archive.Read([]string{path}, nil)
+			if err != nil || len(got) != len(rows) {
+				t.Errorf("the closed file read back %d rows (%v), want %d", len(got), err, len(rows))
+			}
+		}
+	}
 }
