@@ -64,6 +64,9 @@ func simCommand() *cobra.Command {
 			if !(cfg.ExecNoise > 0) {
 				return fmt.Errorf("sim: --exec-noise %v: want a standard deviation > 0 (for executions that all but never vary, a tiny one such as 1e-9)", cfg.ExecNoise)
 			}
+			if err := cfg.Check(); err != nil { // by the settings' names, before the anchor scheduler refuses one by its own
+				return fmt.Errorf("sim: %w", err)
+			}
 			anchors, err := cfg.AnchorGroups()
 			if err != nil {
 				return fmt.Errorf("sim: %w", err)

@@ -90,3 +90,13 @@ func TestSimAtARankCorrelation(t *testing.T) {
 		}
 	}
 }
+
+// TestSimRefusesASettingByItsName: a share of anchors outside [0, 1] was
+// refused by the anchor scheduler, as "route: invalid config: fraction
+// 3", before the benchmark's own check could name it.
+func TestSimRefusesASettingByItsName(t *testing.T) {
+	out, err := wmrl(context.Background(), "sim", "--out", t.TempDir(), "--anchor-fraction", "3")
+	if want := "sim: rl: anchor fraction 3: want [0, 1]"; err == nil || err.Error() != want {
+		t.Errorf("sim --anchor-fraction 3: %v; want %q\n%s", err, want, out)
+	}
+}
