@@ -251,10 +251,11 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	bin := func(x float64) int { return min(int(float64(opt.Bins)*(x-lo)/(hi-lo)), opt.Bins-1) }
 
 	type acc struct {
-		pairs       []pairRow
+		pairs       []pairRow // the run's; a task's only while it is summed up
+		of          []int32   // a task's: its pairs' places in the run's, in the order they came
 		predictions []int
-		groups      map[string]*groupAcc
-		order       []*groupAcc // groups as they first came: means sum in it, the same every time
+		groups      map[string]*groupAcc // a group's accumulator is its task's and the run's
+		order       []*groupAcc          // groups as they first came: means sum in it, the same every time
 	}
 	newAcc := func() *acc { return &acc{predictions: make([]int, opt.Bins), groups: map[string]*groupAcc{}} }
 	all := newAcc()
@@ -343,20 +344,16 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 					causes.add(r, p.pred)
 				}
 			}
+			t.of = append(t.of, int32(len(all.pairs)))
 			all.pairs = append(all.pairs, p)
-			t.pairs = append(t.pairs, p)
-			for _, c := range []*acc{all, t} {
-				g := c.groups[key]
-				if g == nil {
-					g = &groupAcc{}
-					c.groups[key] = g
-					c.order = append(c.order, g)
-				}
-				g.pred, g.truth = append(g.pred, p.pred), append(g.truth, p.truth)
-			}
-			if g := all.groups[key]; len(g.pred) == 1 { // the group's first pair
+			g := all.groups[key]
+			if g == nil { // a group is of one task (route refuses one whose task disagrees)
+				g = &groupAcc{}
+				all.groups[key], t.groups[key] = g, g
+				all.order, t.order = append(all.order, g), append(t.order, g)
 				s.groups = append(s.groups, g)
 			}
+			g.pred, g.truth = append(g.pred, p.pred), append(g.truth, p.truth)
 			s.n++
 			s.before += p.pred - p.truth
 			if p.hasCal {
@@ -497,7 +494,12 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	}
 	a.Overall = summarize("(all tasks)", all, crossMaps{})
 	for name, c := range tasks {
+		c.pairs = make([]pairRow, len(c.of))
+		for i, at := range c.of {
+			c.pairs[i] = all.pairs[at]
+		}
 		a.Tasks = append(a.Tasks, summarize(name, c, crossFit(c.pairs)))
+		c.pairs = nil
 	}
 	slices.SortFunc(a.Tasks, func(x, y TaskAudit) int { return naturalCompare(x.Task, y.Task) })
 	for n, s := range steps {
