@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"image/png"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/pipeline/offline/offlinetest"
 	"github.com/wmrl/wmrl/stages/archive"
 )
 
@@ -90,14 +90,7 @@ func TestReplayUnderOtherSettingsDrawsWhatChanged(t *testing.T) {
 	if !strings.Contains(out, "what changed, step by step: "+pic) || strings.Contains(out, "max|dfused|") {
 		t.Errorf("wmrl replay --rho reference said:\n%s\nwant the plot named, %s, and no table of steps", out, pic)
 	}
-	f, err := os.Open(pic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := png.Decode(f); err != nil {
-		t.Errorf("%s: %v", pic, err)
-	}
+	offlinetest.DecodePNG(t, pic)
 	if out, err := wmrl(ctx, "replay", "--archive", cfg.ArchiveRoot(), "--plot", filepath.Join(dir, "same.png")); err == nil || !strings.Contains(err.Error(), "--plot draws what other settings changed") {
 		t.Errorf("wmrl replay --plot with the recorded settings (%v):\n%s\nwant it refused, saying why", err, out)
 	}

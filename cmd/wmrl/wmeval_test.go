@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
-	"image/png"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/pipeline/offline"
+	"github.com/wmrl/wmrl/pipeline/offline/offlinetest"
 	"github.com/wmrl/wmrl/stages/archive"
 )
 
@@ -259,16 +259,7 @@ func TestWMEvalMeasuresWhatAClaimInTheCodeBuys(t *testing.T) {
 // each.
 func checkPNG(t *testing.T, path string, panels int) {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatalf("%s is no PNG: %v", path, err)
-	}
-	if b := img.Bounds(); b.Dx() < 600 || math.Abs(float64(b.Dy())/float64(b.Dx())-float64(panels)*4.5/8) > 0.01 {
+	if b := offlinetest.DecodePNG(t, path).Bounds(); b.Dx() < 600 || math.Abs(float64(b.Dy())/float64(b.Dx())-float64(panels)*4.5/8) > 0.01 {
 		t.Errorf("%s is %dx%d; want %d panels of 8 by 4.5 stacked", path, b.Dx(), b.Dy(), panels)
 	}
 }

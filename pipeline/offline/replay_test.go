@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
-	"image"
-	"image/png"
 	"math"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -16,6 +13,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/pipeline/offline/offlinetest"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
@@ -408,7 +406,7 @@ func TestReplayCurvesFollowTheReplay(t *testing.T) {
 	if err := WriteReplayPlot(&curves, "debias off", path); err != nil {
 		t.Fatal(err)
 	}
-	if b := decodePNG(t, path).Bounds(); b.Dx() < 600 || b.Dy() < 3*b.Dx()/2 {
+	if b := offlinetest.DecodePNG(t, path).Bounds(); b.Dx() < 600 || b.Dy() < 3*b.Dx()/2 {
 		t.Errorf("the plot is %dx%d; want three panels stacked, 600 wide or more", b.Dx(), b.Dy())
 	}
 }
@@ -442,19 +440,4 @@ func TestReplayCurvesSampleEveryStepAlike(t *testing.T) {
 			t.Errorf("step %d has %d of the %d rows kept; want about %d each: %v", step, n, SampleRows, want, per)
 		}
 	}
-}
-
-// decodePNG reads the PNG at path.
-func decodePNG(t *testing.T, path string) image.Image {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatalf("%s is no PNG: %v", path, err)
-	}
-	return img
 }

@@ -14,6 +14,7 @@ import (
 
 	"gonum.org/v1/plot/plotter"
 
+	"github.com/wmrl/wmrl/pipeline/offline/offlinetest"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/predict"
@@ -354,7 +355,7 @@ func TestTheEvalPlotDrawsEachGroupAndBothReliabilityCurves(t *testing.T) {
 		if c != nil {
 			panels = 3
 		}
-		if b := decodePNG(t, path).Bounds(); math.Abs(float64(b.Dy())/float64(b.Dx())-float64(panels)*4.5/8) > 0.01 {
+		if b := offlinetest.DecodePNG(t, path).Bounds(); math.Abs(float64(b.Dy())/float64(b.Dx())-float64(panels)*4.5/8) > 0.01 {
 			t.Errorf("the plot is %dx%d; want %d panels stacked", b.Dx(), b.Dy(), panels)
 		}
 	}
