@@ -616,13 +616,7 @@ func (c *Config) Validate() error {
 	if _, _, err := c.gpuSets(); err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
-	if err := c.validateCorrections(); err != nil {
-		return err
-	}
-	if err := c.Anchors.Validate(); err != nil {
-		return err
-	}
-	return nil
+	return c.validateCorrections() // route's scheduler checks its own settings again, by their fields' names, for the Go API
 }
 
 // validateCorrections checks the anchors', the calibration's and rho's
