@@ -229,6 +229,7 @@ func TestGatewayRejectsBadRequestsAndChangesNothing(t *testing.T) {
 	h.want(http.StatusBadRequest, "POST", "/trajectories", []byte(`[{"schema":1,`), token, "malformed JSON")
 	h.want(http.StatusBadRequest, "POST", "/trajectories", oneBad, token, "trajectory 1: invalid message: missing field(s): traj_id")
 	h.want(http.StatusBadRequest, "POST", "/trajectories", []byte(`[]`), token, "no trajectories")
+	h.want(http.StatusBadRequest, "POST", "/trajectories", []byte(`{"schema":1}`), token, "malformed JSON body: want an array of trajectories, got an object")
 	h.want(http.StatusBadRequest, "POST", "/trajectories", twins, token, "trajectory 2: invalid message: trajectory id \\\"s0-g0-t0\\\" of group other is taken by group s0-g0 of step 0: trajectory ids must be unique within a step")
 	h.want(http.StatusRequestEntityTooLarge, "POST", "/trajectories", bytes.Repeat([]byte(" "), 17<<20), token, "over")
 	h.want(http.StatusBadRequest, "POST", "/steps/x/close", []byte(`{"groups":1}`), token, "want a non-negative integer")
@@ -245,7 +246,7 @@ func TestGatewayRejectsBadRequestsAndChangesNothing(t *testing.T) {
 	for _, c := range []struct {
 		endpoint, code string
 		n              float64
-	}{{"trajectories", "401", 2}, {"trajectories", "400", 4}, {"trajectories", "413", 1}, {"trajectories", "200", 0},
+	}{{"trajectories", "401", 2}, {"trajectories", "400", 5}, {"trajectories", "413", 1}, {"trajectories", "200", 0},
 		{"close_step", "400", 2}, {"update", "404", 1}, {"update", "400", 1}, {"rewards_openrlhf", "400", 1},
 		{"rewards_slime", "400", 1}, {"calibration", "404", 1}} {
 		if got := testutil.ToFloat64(p.Metrics().HTTPRequests.WithLabelValues(c.endpoint, c.code)); got != c.n {

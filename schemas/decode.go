@@ -86,10 +86,10 @@ func CheckRun(got, want string) error {
 // a trajectory's JSON for DecodeTrajectory: the message must be a JSON
 // array of at least one object. The items are not checked here, so that a
 // bad one can be refused alone.
-func SplitTrajectories(data []byte) ([]json.RawMessage, error) {
-	var items []json.RawMessage
+func SplitTrajectories(data []byte) (RawTrajectories, error) {
+	var items RawTrajectories
 	if err := unmarshal(data, &items); err != nil {
-		return nil, invalid("malformed JSON: want an array of trajectories: %v", ReadableJSON(err))
+		return nil, invalid("malformed JSON: %v", ReadableJSON(err))
 	}
 	if len(items) == 0 {
 		return nil, invalid("no trajectories: want a non-empty JSON array")

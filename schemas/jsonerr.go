@@ -33,6 +33,11 @@ func ReadableJSON(err error) error {
 	return fmt.Errorf("field %s: want %s, got %s", where, writtenAs(want), article(got))
 }
 
+// RawTrajectories is a JSON array of trajectories, each kept as it was
+// written so that a bad one is refused alone. Either decoder takes it, and
+// ReadableJSON names it: "want an array of trajectories, got an object".
+type RawTrajectories []json.RawMessage
+
 // writtenAs says in JSON's words how a value of Go type t is written: "an
 // object", "an array of strings".
 func writtenAs(t reflect.Type) string {
@@ -40,6 +45,8 @@ func writtenAs(t reflect.Type) string {
 		t = t.Elem()
 	}
 	switch {
+	case t == reflect.TypeFor[RawTrajectories]():
+		return "an array of trajectories"
 	case t.Kind() == reflect.Slice && !isRaw(t):
 		return "an array of " + pluralOf(t.Elem())
 	case t.Kind() == reflect.Struct || t.Kind() == reflect.Map:

@@ -25,8 +25,12 @@ func TestAValueOfTheWrongKindIsSaidInJSONsWords(t *testing.T) {
 			t.Errorf("%s: %v; want it to end %q", payload, err, want)
 		}
 	}
-	if _, err := SplitTrajectories([]byte(`{"step":1}`)); err == nil || !strings.HasSuffix(err.Error(), "want an array of trajectories: want an array of JSON values, got an object") {
+	if _, err := SplitTrajectories([]byte(`{"step":1}`)); err == nil || !strings.HasSuffix(err.Error(), "malformed JSON: want an array of trajectories, got an object") {
 		t.Errorf("a trajs message that is an object: %v", err)
+	}
+	var trajs RawTrajectories // as the gateway reads a request's body
+	if err := ReadableJSON(stdjson.Unmarshal([]byte(`"x"`), &trajs)); err == nil || err.Error() != "want an array of trajectories, got a string" {
+		t.Errorf("a body that is a string: %v", err)
 	}
 	// encoding/json's errors, as the gateway's request bodies give them.
 	var body struct {

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
@@ -17,7 +16,7 @@ import (
 // postTrajectories validates every trajectory first and publishes only if
 // all are valid: a bad request changes nothing.
 func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
-	var raw []json.RawMessage
+	var raw schemas.RawTrajectories
 	if !readBody(w, r, &raw) {
 		return
 	}
