@@ -237,6 +237,10 @@ func (p *Pipeline) buildCalibrate(ctx context.Context) error {
 	return nil
 }
 
+// UpdateBytesPerTrajectory is about what a trajectory adds to its step's
+// update (386 on the housing task's real run; IDs of other lengths move it).
+const UpdateBytesPerTrajectory = 400
+
 func (p *Pipeline) buildFuse(ctx context.Context) error {
 	cfg := &p.cfg
 	out := p.topo.Out(StageFuse, schemas.KindUpdate)

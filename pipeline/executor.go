@@ -1,12 +1,14 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -162,4 +164,49 @@ func (p *Pipeline) noteLimits(executor string, tasks []*sandbox.Task, limits map
 		more += "; each trajectory on the task its task_id names"
 	}
 	p.notef("execute: %s on %s, each execution: %s%s", executor, sandbox.TaskNames(tasks), each, more)
+}
+
+// execLimits are a real execution's limits on task as flags set them (the
+// task's fill in the rest: sandbox.Limits.For). With GPUs shared out, the
+// address space is unlimited unless the flag or the task says otherwise:
+// CUDA's driver reserves far more of it than it uses, and a solution
+// given a GPU under the default 1 GiB could not start CUDA at all.
+func (c *Config) execLimits(task *sandbox.Task) sandbox.Limits {
+	l := sandbox.Limits{Timeout: c.ExecTimeout, MemoryBytes: int64(c.ExecMemoryMB) << 20, CPUSeconds: c.ExecCPUSeconds,
+		Processes: cmp.Or(c.ExecProcesses, sandbox.DefaultProcesses(c.ExecSlots)), DiskBytes: int64(c.ExecDiskMB) << 20,
+		SubmissionBytes: int64(c.ExecSubmissionMB) << 20}
+	if c.ExecGPUs != "" && l.MemoryBytes == 0 && (task == nil || task.MemoryMB == 0) {
+		l.MemoryBytes = -1
+	}
+	return l
+}
+
+// gpuSets is ExecGPUs in sets of ExecGPUsEach, in the order given, and
+// the GPUs left over, fewer than a set, which are not used.
+func (c *Config) gpuSets() (sets [][]string, unused []string, err error) {
+	each := cmp.Or(c.ExecGPUsEach, 1)
+	if c.ExecGPUs == "" {
+		if c.ExecGPUsEach != 0 {
+			return nil, nil, fmt.Errorf("--exec-gpus-each %d: without --exec-gpus, there are no GPUs to share out", c.ExecGPUsEach)
+		}
+		return nil, nil, nil
+	}
+	var gpus []string
+	for g := range strings.SplitSeq(c.ExecGPUs, ",") {
+		g = strings.TrimSpace(g)
+		switch {
+		case g == "" || strings.ContainsAny(g, " \t\n="):
+			return nil, nil, fmt.Errorf("--exec-gpus %q: want GPUs as nvidia-smi lists them, indexes or UUIDs, separated by commas (0,1,2,3)", c.ExecGPUs)
+		case slices.Contains(gpus, g):
+			return nil, nil, fmt.Errorf("--exec-gpus %q: GPU %s is given twice", c.ExecGPUs, g)
+		}
+		gpus = append(gpus, g)
+	}
+	if each < 1 || each > len(gpus) {
+		return nil, nil, fmt.Errorf("--exec-gpus-each %d: want 1 to the %d GPUs of --exec-gpus", each, len(gpus))
+	}
+	for len(gpus) >= each {
+		sets, gpus = append(sets, gpus[:each:each]), gpus[each:]
+	}
+	return sets, gpus, nil
 }

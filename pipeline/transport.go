@@ -302,3 +302,22 @@ func (s readerSource) Next(ctx context.Context) (calibrate.Input, error) {
 	rec, err := s.r.Next(ctx)
 	return calibrate.Input{Data: rec.Data, Seq: rec.Seq}, err
 }
+
+// tlsHint adds to a connection's error the flag that its TLS failure
+// asks for, when the client did not give it: a server that requires a
+// client certificate closes the connection just after the handshake (the
+// client may see only that), and a server certificate of a private CA
+// is unknown to the system's.
+func tlsHint(err error, a natsjs.Auth) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	switch {
+	case a.Cert == "" && (strings.Contains(msg, "certificate required") || strings.Contains(msg, "closed by remote after TLS handshake")):
+		return fmt.Errorf("%w (the server asks every client for a certificate: give --nats-cert and --nats-key)", err)
+	case a.CA == "" && strings.Contains(msg, "certificate signed by unknown authority"):
+		return fmt.Errorf("%w (give --nats-ca with the CA that signed the server's certificate)", err)
+	}
+	return err
+}

@@ -147,3 +147,14 @@ func NewWorldModel(cfg Config, onAttempt func(error), onRequest func(openai.Requ
 	}
 	return wm, nil
 }
+
+// openaiConfig is the OpenAI-compatible world model's client config.
+func (c *Config) openaiConfig() openai.Config {
+	retries := c.WMRetries
+	if retries == 0 {
+		retries = -1 // the client's 0 is its default
+	}
+	return openai.Config{BaseURL: c.WMURL, Model: c.WMModel, APIKey: c.WMAPIKey, Samples: c.WMSamples,
+		Temperature: c.WMTemperature, MaxTokens: c.WMMaxTokens, Concurrency: c.WMConcurrency,
+		Timeout: c.WMTimeout, Retries: retries}
+}
