@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
-	"slices"
 	"strings"
 
 	"gonum.org/v1/gonum/stat"
 
 	"github.com/wmrl/wmrl/connectors/sim/rl"
-	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/fuse"
@@ -209,9 +207,8 @@ func RunAudit(rows []archive.Row, opt AuditOptions) (*Audit, error) {
 }
 
 // RunAuditRows is RunAudit over rows read twice: once for the range of
-// the predictions (the score levels' bounds), once to measure. It keeps
-// the anchor pairs' scores, each anchor execution's time, the largest
-// misses so far and the measures' sums, not the rows.
+// the predictions (the score levels' bounds), once to measure (auditPass),
+// keeping the sums and the anchor pairs' scores, not the rows.
 func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	opt.setDefaults()
 	a := &Audit{Options: opt}
@@ -248,285 +245,20 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	if hi == lo {
 		hi = lo + 1
 	}
-	bin := func(x float64) int { return min(int(float64(opt.Bins)*(x-lo)/(hi-lo)), opt.Bins-1) }
-
-	type acc struct {
-		pairs       []pairRow // the run's; a task's only while it is summed up
-		of          []int32   // a task's: its pairs' places in the run's, in the order they came
-		predictions []int
-		groups      map[string]*groupAcc // a group's accumulator is its task's and the run's
-		order       []*groupAcc          // groups as they first came: means sum in it, the same every time
-	}
-	newAcc := func() *acc { return &acc{predictions: make([]int, opt.Bins), groups: map[string]*groupAcc{}} }
-	all := newAcc()
-	tasks := map[string]*acc{}
-	type stepAcc struct {
-		n                     int
-		before, after, d, rho float64
-		seen                  bool
-		groups                []*groupAcc
-	}
-	steps := map[int64]*stepAcc{}
-	outcomes := map[string]*Outcome{}
-	var causes causeCounter
-	var failPred []float64
-	var failed []bool
-	type latePair struct {
-		i   int // in all.pairs
-		key trajKey
-	}
-	var latePairs []latePair
-	lateLength := map[trajKey]int64{} // late anchors' lengths, from their world-model rows
-	misses, execs := newMissAcc(), newExecAcc()
-	var shape shapeAcc
-	read := 0
+	pass := newAuditPass(a, levels{lo: lo, hi: hi, n: opt.Bins})
 	err = src(nil, func(rows []archive.Row) error {
-		read += len(rows)
 		for _, r := range rows {
-			misses.add(r)
-			execs.add(r)
-			shape.add(r)
-			if r.ResponseBytes != nil && r.Source == archive.SourceWorldModel && r.IsAnchor {
-				lateLength[missKey(r)] = *r.ResponseBytes
-			}
-			t := tasks[r.TaskID]
-			if t == nil {
-				t = newAcc()
-				tasks[r.TaskID] = t
-			}
-			s := steps[r.Step]
-			if s == nil {
-				s = &stepAcc{}
-				steps[r.Step] = s
-			}
-			if r.Source != archive.SourceLateAnchor && !s.seen {
-				s.d, s.rho, s.seen = r.D, r.Rho, true
-			}
-			if r.Predicted == nil {
-				if r.Source != archive.SourceLateAnchor { // else counted on its world-model row
-					a.Ungraded++
-				}
-				continue
-			}
-			if r.Source != archive.SourceLateAnchor {
-				b := bin(*r.Predicted)
-				all.predictions[b]++
-				t.predictions[b]++
-			}
-			if r.TrueScore == nil || !r.IsAnchor || r.Source == archive.SourceWorldModel {
-				continue
-			}
-			key := fmt.Sprintf("%d/%s", r.Step, r.GroupID)
-			p := pairRow{pred: *r.Predicted, truth: *r.TrueScore, fold: fold(key), group: key, bytes: -1}
-			if r.ResponseBytes != nil {
-				p.bytes = *r.ResponseBytes
-			} else if r.Source == archive.SourceLateAnchor { // its length is on its world-model row
-				latePairs = append(latePairs, latePair{len(all.pairs), missKey(r)})
-			}
-			if r.Calibrated != nil {
-				p.cal, p.hasCal = *r.Calibrated, true
-			}
-			a.Pairs++
-			if r.Source == archive.SourceLateAnchor {
-				a.LatePairs++
-			}
-			if r.ExecStatus != nil {
-				o := outcomes[*r.ExecStatus]
-				if o == nil {
-					o = &Outcome{Status: *r.ExecStatus}
-					outcomes[o.Status] = o
-				}
-				o.Pairs++
-				o.MeanPredicted += Num(p.pred)
-				o.MeanTrue += Num(p.truth)
-				failPred, failed = append(failPred, p.pred), append(failed, *r.ExecStatus != schemas.ExecScored)
-				if *r.ExecStatus != schemas.ExecScored {
-					causes.add(r, p.pred)
-				}
-			}
-			t.of = append(t.of, int32(len(all.pairs)))
-			all.pairs = append(all.pairs, p)
-			g := all.groups[key]
-			if g == nil { // a group is of one task (route refuses one whose task disagrees)
-				g = &groupAcc{}
-				all.groups[key], t.groups[key] = g, g
-				all.order, t.order = append(all.order, g), append(t.order, g)
-				s.groups = append(s.groups, g)
-			}
-			g.pred, g.truth = append(g.pred, p.pred), append(g.truth, p.truth)
-			s.n++
-			s.before += p.pred - p.truth
-			if p.hasCal {
-				s.after += p.cal - p.truth
-			}
+			pass.add(r)
 		}
 		return nil
 	})
-	if err == nil && read != a.Rows {
-		err = fmt.Errorf("audit: %d rows read the second time, %d the first: was the archive written to meanwhile?", read, a.Rows)
+	if err == nil && pass.read != a.Rows {
+		err = fmt.Errorf("audit: %d rows read the second time, %d the first: was the archive written to meanwhile?", pass.read, a.Rows)
 	}
 	if err != nil {
 		return nil, err
 	}
-	a.groups, a.size = shape.result()
-	a.Steps = len(steps)
-	for _, s := range []string{schemas.ExecScored, schemas.ExecInvalid, schemas.ExecCrashed, schemas.ExecTimedOut} {
-		if o := outcomes[s]; o != nil {
-			n := float64(o.Pairs)
-			o.Share, o.MeanPredicted, o.MeanTrue = n/float64(len(failed)), o.MeanPredicted/Num(n), o.MeanTrue/Num(n)
-			a.Outcomes = append(a.Outcomes, *o)
-		}
-	}
-	// Failures are the positives: a world model that sees them coming
-	// scores them lower, so the AUC is of the negated score.
-	neg := make([]float64, len(failPred))
-	for i, x := range failPred {
-		neg[i] = -x
-	}
-	a.FailureAUC = Num(fuse.AUC(neg, failed))
-	a.Causes, a.OtherCauses = causes.result()
-	a.Misses, a.Verdicts = misses.result()
-	a.Executions = execs.result(opt.AnchorDeadline)
-	a.FailuresWithoutDetail = causes.noDetail
-	// The run-wide map, cross-fitted on the anchor groups, and each task's
-	// own map likewise on its pairs alone.
-	runMaps := crossFit(all.pairs)
-	summarize := func(name string, c *acc, own crossMaps) TaskAudit {
-		ta := TaskAudit{Task: name, Pairs: len(c.pairs), Levels: make([]Level, opt.Bins)}
-		sums := make([]struct {
-			n, ncal            int
-			p, t               float64
-			rb, ra, rm, ro     float64
-			rb2, ra2, rm2, ro2 float64
-		}, opt.Bins)
-		x, y := make([]float64, len(c.pairs)), make([]float64, len(c.pairs))
-		var biasedBefore, biasedMono, biasedOwn bool
-		fitted, ownFitted := runMaps.ok(), own.ok()
-		for i, p := range c.pairs {
-			x[i], y[i] = p.pred, p.truth
-			b := &sums[bin(p.pred)]
-			b.n++
-			b.p += p.pred
-			b.t += p.truth
-			b.rb += p.pred - p.truth
-			b.rb2 += (p.pred - p.truth) * (p.pred - p.truth)
-			if fitted {
-				e := runMaps.at(p) - p.truth
-				b.rm, b.rm2 = b.rm+e, b.rm2+e*e
-			}
-			if ownFitted {
-				e := own.at(p) - p.truth
-				b.ro, b.ro2 = b.ro+e, b.ro2+e*e
-			}
-			if p.hasCal {
-				b.ncal++
-				b.ra += p.cal - p.truth
-				b.ra2 += (p.cal - p.truth) * (p.cal - p.truth)
-			}
-		}
-		for i := range ta.Levels {
-			l := &ta.Levels[i]
-			l.Lo, l.Hi = lo+(hi-lo)*float64(i)/float64(opt.Bins), lo+(hi-lo)*float64(i+1)/float64(opt.Bins)
-			l.Range = [2]float64{l.Lo, l.Hi}
-			s := sums[i]
-			l.Pairs, l.Predictions = s.n, c.predictions[i]
-			if l.Predictions > 0 {
-				l.Coverage = float64(l.Pairs) / float64(l.Predictions)
-			}
-			nan := Num(math.NaN())
-			l.MeanPredicted, l.MeanTrue, l.ResidualBefore, l.ResidualAfter, l.ResidualMonotone = nan, nan, nan, nan, nan
-			if s.n > 0 {
-				n := float64(s.n)
-				l.MeanPredicted, l.MeanTrue, l.ResidualBefore = Num(s.p/n), Num(s.t/n), Num(s.rb/n)
-				if fitted {
-					l.ResidualMonotone = Num(s.rm / n)
-				}
-			}
-			if s.ncal > 0 {
-				l.ResidualAfter = Num(s.ra / float64(s.ncal))
-			}
-			if s.n >= opt.MinBinPairs {
-				ta.MaxBefore = max(ta.MaxBefore, math.Abs(float64(l.ResidualBefore)))
-				biasedBefore = biasedBefore || clearly(s.rb, s.rb2, s.n, opt.Tolerance)
-				if fitted {
-					ta.MaxMonotone = max(ta.MaxMonotone, math.Abs(float64(l.ResidualMonotone)))
-					biasedMono = biasedMono || clearly(s.rm, s.rm2, s.n, opt.Tolerance)
-				}
-				if ownFitted {
-					ta.MaxOwn = max(ta.MaxOwn, math.Abs(s.ro/float64(s.n)))
-					biasedOwn = biasedOwn || clearly(s.ro, s.ro2, s.n, opt.Tolerance)
-				}
-				if s.ncal >= opt.MinBinPairs {
-					ta.MaxAfter = max(ta.MaxAfter, math.Abs(float64(l.ResidualAfter)))
-				}
-			}
-		}
-		ta.Ranks = Ranks{Spearman: Num(fuse.Spearman(x, y)), Kendall: Num(fuse.Kendall(x, y))}
-		var ws, wk float64
-		for _, g := range c.order {
-			s, k := fuse.Spearman(g.pred, g.truth), fuse.Kendall(g.pred, g.truth)
-			if math.IsNaN(s) || math.IsNaN(k) {
-				continue
-			}
-			ws += s
-			wk += k
-			ta.Ranks.Groups++
-		}
-		ta.Ranks.WithinSpearman, ta.Ranks.WithinKendall = Num(math.NaN()), Num(math.NaN())
-		if ta.Ranks.Groups > 0 {
-			ta.Ranks.WithinSpearman, ta.Ranks.WithinKendall = Num(ws/float64(ta.Ranks.Groups)), Num(wk/float64(ta.Ranks.Groups))
-		}
-		switch {
-		case ta.Pairs < opt.MinTaskPairs:
-			ta.Verdict = VerdictTooFewAnchor
-		case !biasedBefore:
-			ta.Verdict = VerdictCalibrated
-		case !fitted:
-			ta.Verdict = VerdictTooFewAnchor
-		case !biasedMono:
-			ta.Verdict = VerdictCorrected
-		case ownFitted && !biasedOwn:
-			ta.Verdict = VerdictTaskSpecific
-		default:
-			ta.Verdict = VerdictNonMonotone
-		}
-		return ta
-	}
-	a.Overall = summarize("(all tasks)", all, crossMaps{})
-	for name, c := range tasks {
-		c.pairs = make([]pairRow, len(c.of))
-		for i, at := range c.of {
-			c.pairs[i] = all.pairs[at]
-		}
-		a.Tasks = append(a.Tasks, summarize(name, c, crossFit(c.pairs)))
-		c.pairs = nil
-	}
-	slices.SortFunc(a.Tasks, func(x, y TaskAudit) int { return naturalCompare(x.Task, y.Task) })
-	for n, s := range steps {
-		p := StepPoint{Step: n, Pairs: s.n, D: s.d, Rho: s.rho, ResidualBefore: Num(math.NaN()), ResidualAfter: Num(math.NaN())}
-		if s.n > 0 {
-			p.ResidualBefore, p.ResidualAfter = Num(s.before/float64(s.n)), Num(s.after/float64(s.n))
-		}
-		p.WithinSpearman = Num(meanWithinSpearman(s.groups))
-		a.Drift = append(a.Drift, p)
-	}
-	slices.SortFunc(a.Drift, func(x, y StepPoint) int { return cmp.Compare(x.Step, y.Step) })
-	a.pairs = all.pairs
-	for _, lp := range latePairs {
-		if n, ok := lateLength[lp.key]; ok {
-			all.pairs[lp.i].bytes = n
-		}
-	}
-	a.Length = lengthBias(all.pairs, runMaps)
-	if len(all.pairs) >= 2 {
-		x, y := make([]float64, len(all.pairs)), make([]float64, len(all.pairs))
-		for i, p := range all.pairs {
-			x[i], y[i] = p.pred, p.truth
-		}
-		if m, err := calibrate.FitIsotonic(x, y, nil); err == nil {
-			a.MapX, a.MapY = m.Thresholds()
-		}
-	}
+	pass.finish()
 	return a, nil
 }
 
