@@ -121,182 +121,219 @@ func Replay(rows []archive.Row, opt ReplayOptions, report func(StepReport)) (Rep
 // not the archive's: over an archive read whole, a replay held about
 // 1.4 kB a row.
 func ReplayRows(src Rows, opt ReplayOptions, report func(StepReport)) (ReplaySummary, error) {
-	var sum ReplaySummary
-	steps := map[int64]*stepRows{}
-	groups := map[groupKey]*absorption{} // anchor groups with a seq
-	read := 0
-	err := src(planColumns, func(rows []archive.Row) error {
-		for i := range rows {
-			r := &rows[i]
-			if read == 0 {
-				sum.Run = r.Run
-			}
-			read++
-			if r.Run != sum.Run {
-				return fmt.Errorf("replay: rows of two runs (%s, %s): replay one run at a time", sum.Run, r.Run)
-			}
-			// Anchor groups absorbed in time (used, or executed with too few
-			// scores and fused on the world model) and late ones' pairs.
-			if r.AbsorbedSeq > 0 && (r.IsAnchor || r.Source == archive.SourceLateAnchor) {
-				key := groupKey{r.Step, r.GroupID}
-				a := groups[key]
-				if a == nil {
-					a = &absorption{seq: r.AbsorbedSeq, step: r.Step, group: r.GroupID}
-					groups[key] = a
-				}
-				// Copies: a row's scores point into its row group's column.
-				a.items = append(a.items, pairItem{traj: r.TrajID, predicted: archive.Detach(r.Predicted), trueScore: archive.Detach(r.TrueScore)})
-			}
-			if r.Source == archive.SourceLateAnchor {
-				if r.Predicted != nil && r.TrueScore != nil { // a pair, not an ungraded trajectory's execution
-					sum.LatePairs++
-				}
-				continue
-			}
-			s := steps[r.Step]
-			if s == nil {
-				s = &stepRows{step: r.Step, cseq: r.CalibrationSeq, ts: r.TS}
-				steps[r.Step] = s
-			}
-			s.n++
-			sum.Rows++
-		}
-		return nil
-	})
-	if err != nil {
-		return sum, err
+	r := &replayer{opt: opt, report: report, steps: map[int64]*stepRows{}, groups: map[groupKey]*absorption{}}
+	if err := src(planColumns, r.plan); err != nil {
+		return r.sum, err
 	}
-	if read == 0 {
-		return sum, fmt.Errorf("replay: no rows")
+	if r.read == 0 {
+		return r.sum, fmt.Errorf("replay: no rows")
 	}
-	recorded := opt.Settings.AnchorFraction
-	keep := func(step int64, group string) bool {
-		if opt.AnchorFraction <= 0 || recorded <= 0 || opt.AnchorFraction >= recorded {
-			return true
-		}
-		h := fnv.New64a()
-		fmt.Fprintf(h, "%s/%d/%s", sum.Run, step, group)
-		return float64(h.Sum64()>>11)/(1<<53) < opt.AnchorFraction/recorded
+	if err := r.sequence(); err != nil {
+		return r.sum, err
 	}
-	var events []*absorption
-	for _, a := range groups {
-		events = append(events, a)
-	}
-	slices.SortFunc(events, func(x, y *absorption) int { return cmp.Compare(x.seq, y.seq) })
-	for i, a := range events {
-		if i > 0 && a.seq == events[i-1].seq {
-			return sum, fmt.Errorf("replay: groups %d/%s and %d/%s both absorbed at seq %d", a.step, a.group, events[i-1].step, events[i-1].group, a.seq)
-		}
-		for gap := int64(1); i == 0 && gap < a.seq || i > 0 && events[i-1].seq+gap < a.seq; gap++ {
-			prev := int64(0)
-			if i > 0 {
-				prev = events[i-1].seq
-			}
-			sum.Gaps = append(sum.Gaps, prev+gap)
-		}
-	}
-	order := make([]*stepRows, 0, len(steps))
-	for _, s := range steps {
-		order = append(order, s)
-	}
-	slices.SortFunc(order, func(x, y *stepRows) int {
-		return cmp.Or(cmp.Compare(x.cseq, y.cseq), cmp.Compare(x.step, y.step))
-	})
-
 	deb, err := calibrate.NewDebiaser(opt.Settings.Debiaser)
 	if err != nil {
-		return sum, fmt.Errorf("replay: %w", err)
+		return r.sum, fmt.Errorf("replay: %w", err)
 	}
-	cal := &calibrate.Stage{RunID: sum.Run, Deb: deb}
-	asm, err := fuse.NewSteps(fuse.StepsConfig{Run: sum.Run, Debias: opt.Settings.Debias, Denoiser: opt.Settings.Denoiser, AnchorDeadline: time.Hour})
+	r.cal = &calibrate.Stage{RunID: r.sum.Run, Deb: deb}
+	r.asm, err = fuse.NewSteps(fuse.StepsConfig{Run: r.sum.Run, Debias: opt.Settings.Debias, Denoiser: opt.Settings.Denoiser, AnchorDeadline: time.Hour})
 	if err != nil {
-		return sum, fmt.Errorf("replay: %w", err)
+		return r.sum, fmt.Errorf("replay: %w", err)
 	}
-	absorb := func(a *absorption) error {
-		if !keep(a.step, a.group) {
-			sum.DroppedAnchors++
-			return nil
-		}
-		sum.AnchorGroups++
-		p := schemas.Prediction{Schema: schemas.Version, Run: sum.Run, Step: a.step, GroupID: a.group, Anchor: true}
-		e := schemas.Execution{Schema: schemas.Version, Run: sum.Run, Step: a.step, GroupID: a.group}
-		for _, it := range a.items {
-			p.Items = append(p.Items, schemas.PredItem{TrajID: it.traj, Score: it.predicted})
-			e.Items = append(e.Items, schemas.ExecItem{TrajID: it.traj, Score: it.trueScore})
-		}
-		data, err := json.Marshal(pair.Pairs(p, e))
-		if err != nil {
-			return err
-		}
-		c, err := cal.Absorb(data)
-		if err != nil || c == nil {
-			return fmt.Errorf("replay: absorb %d/%s: %v", a.step, a.group, err)
-		}
-		return asm.AddCalibration(*c)
+	if err := src(nil, r.take); err != nil {
+		return r.sum, err
 	}
-	next, nextEvent := 0, 0
-	var agree, total int
-	// replayReady replays, in order, the steps whose rows have all come.
-	replayReady := func() error {
-		for ; next < len(order) && len(order[next].rows) == order[next].n; next++ {
-			s := order[next]
-			for nextEvent < len(events) && events[nextEvent].seq <= s.cseq {
-				if err := absorb(events[nextEvent]); err != nil {
-					return err
-				}
-				nextEvent++
-			}
-			rep := replayStep(asm, sum.Run, s, keep)
-			s.rows, s.done = nil, true
-			for _, it := range rep.Items {
-				if math.Signbit(it.FusedAdvantage) == math.Signbit(it.Row.FusedAdvantage) || it.FusedAdvantage == it.Row.FusedAdvantage {
-					agree++
-				}
-				total++
-			}
-			sum.MaxFusedDiff = max(sum.MaxFusedDiff, rep.MaxFusedDiff)
-			sum.MaxCalibratedDiff = max(sum.MaxCalibratedDiff, rep.MaxCalibratedDiff)
-			sum.Steps++
-			if report != nil {
-				report(rep)
-			}
+	if r.next < len(r.order) {
+		return r.sum, r.changed(r.order[r.next].step)
+	}
+	for ; r.nextEvent < len(r.events); r.nextEvent++ {
+		if err := r.absorb(r.events[r.nextEvent]); err != nil {
+			return r.sum, err
 		}
+	}
+	if r.total > 0 {
+		r.sum.SignAgreement = float64(r.agree) / float64(r.total)
+	}
+	return r.sum, nil
+}
+
+// replayer is one replay: the plan its first read makes, and the
+// calibration and fusion its second read drives.
+type replayer struct {
+	opt    ReplayOptions
+	report func(StepReport)
+	sum    ReplaySummary
+	read   int                      // rows the plan read
+	steps  map[int64]*stepRows      // by step
+	groups map[groupKey]*absorption // anchor groups with a seq
+	events []*absorption            // those groups in the order the run absorbed them
+	order  []*stepRows              // the steps in the order the run fused them
+	cal    *calibrate.Stage
+	asm    *fuse.Steps
+	// next is the next step of order to replay, nextEvent the next group
+	// of events to absorb; agree of total fused advantages kept their sign.
+	next, nextEvent int
+	agree, total    int
+}
+
+// plan is the first read: each step's calibration seq and row count, and
+// the anchor groups' pairs.
+func (r *replayer) plan(rows []archive.Row) error {
+	for i := range rows {
+		row := &rows[i]
+		if r.read == 0 {
+			r.sum.Run = row.Run
+		}
+		r.read++
+		if row.Run != r.sum.Run {
+			return fmt.Errorf("replay: rows of two runs (%s, %s): replay one run at a time", r.sum.Run, row.Run)
+		}
+		// Anchor groups absorbed in time (used, or executed with too few
+		// scores and fused on the world model) and late ones' pairs.
+		if row.AbsorbedSeq > 0 && (row.IsAnchor || row.Source == archive.SourceLateAnchor) {
+			key := groupKey{row.Step, row.GroupID}
+			a := r.groups[key]
+			if a == nil {
+				a = &absorption{seq: row.AbsorbedSeq, step: row.Step, group: row.GroupID}
+				r.groups[key] = a
+			}
+			// Copies: a row's scores point into its row group's column.
+			a.items = append(a.items, pairItem{traj: row.TrajID, predicted: archive.Detach(row.Predicted), trueScore: archive.Detach(row.TrueScore)})
+		}
+		if row.Source == archive.SourceLateAnchor {
+			if row.Predicted != nil && row.TrueScore != nil { // a pair, not an ungraded trajectory's execution
+				r.sum.LatePairs++
+			}
+			continue
+		}
+		s := r.steps[row.Step]
+		if s == nil {
+			s = &stepRows{step: row.Step, cseq: row.CalibrationSeq, ts: row.TS}
+			r.steps[row.Step] = s
+		}
+		s.n++
+		r.sum.Rows++
+	}
+	return nil
+}
+
+// sequence puts the anchor groups in the order the run absorbed them,
+// noting the seqs missing between them, and the steps in the order it
+// fused them.
+func (r *replayer) sequence() error {
+	for _, a := range r.groups {
+		r.events = append(r.events, a)
+	}
+	slices.SortFunc(r.events, func(x, y *absorption) int { return cmp.Compare(x.seq, y.seq) })
+	for i, a := range r.events {
+		if i > 0 && a.seq == r.events[i-1].seq {
+			return fmt.Errorf("replay: groups %d/%s and %d/%s both absorbed at seq %d", a.step, a.group, r.events[i-1].step, r.events[i-1].group, a.seq)
+		}
+		for gap := int64(1); i == 0 && gap < a.seq || i > 0 && r.events[i-1].seq+gap < a.seq; gap++ {
+			prev := int64(0)
+			if i > 0 {
+				prev = r.events[i-1].seq
+			}
+			r.sum.Gaps = append(r.sum.Gaps, prev+gap)
+		}
+	}
+	r.order = make([]*stepRows, 0, len(r.steps))
+	for _, s := range r.steps {
+		r.order = append(r.order, s)
+	}
+	slices.SortFunc(r.order, func(x, y *stepRows) int {
+		return cmp.Or(cmp.Compare(x.cseq, y.cseq), cmp.Compare(x.step, y.step))
+	})
+	return nil
+}
+
+// keep says whether an anchor group stays one: all of them, unless
+// AnchorFraction keeps fewer than were recorded.
+func (r *replayer) keep(step int64, group string) bool {
+	recorded := r.opt.Settings.AnchorFraction
+	if r.opt.AnchorFraction <= 0 || recorded <= 0 || r.opt.AnchorFraction >= recorded {
+		return true
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%d/%s", r.sum.Run, step, group)
+	return float64(h.Sum64()>>11)/(1<<53) < r.opt.AnchorFraction/recorded
+}
+
+// absorb gives an anchor group's pairs to the calibration, as pair made
+// them, and its calibration to fusion.
+func (r *replayer) absorb(a *absorption) error {
+	if !r.keep(a.step, a.group) {
+		r.sum.DroppedAnchors++
 		return nil
 	}
-	changed := func(step int64) error {
-		return fmt.Errorf("replay: the rows changed between the two reads (step %d's): was the archive written to meanwhile?", step)
+	r.sum.AnchorGroups++
+	p := schemas.Prediction{Schema: schemas.Version, Run: r.sum.Run, Step: a.step, GroupID: a.group, Anchor: true}
+	e := schemas.Execution{Schema: schemas.Version, Run: r.sum.Run, Step: a.step, GroupID: a.group}
+	for _, it := range a.items {
+		p.Items = append(p.Items, schemas.PredItem{TrajID: it.traj, Score: it.predicted})
+		e.Items = append(e.Items, schemas.ExecItem{TrajID: it.traj, Score: it.trueScore})
 	}
-	err = src(nil, func(rows []archive.Row) error {
-		for _, r := range rows {
-			if r.Source == archive.SourceLateAnchor {
-				continue
-			}
-			s := steps[r.Step]
-			if s == nil || s.done || len(s.rows) == s.n {
-				return changed(r.Step)
-			}
-			if s.rows == nil {
-				s.rows = make([]archive.Row, 0, s.n)
-			}
-			s.rows = append(s.rows, r)
-		}
-		return replayReady()
-	})
+	data, err := json.Marshal(pair.Pairs(p, e))
 	if err != nil {
-		return sum, err
+		return err
 	}
-	if next < len(order) {
-		return sum, changed(order[next].step)
+	c, err := r.cal.Absorb(data)
+	if err != nil || c == nil {
+		return fmt.Errorf("replay: absorb %d/%s: %v", a.step, a.group, err)
 	}
-	for ; nextEvent < len(events); nextEvent++ {
-		if err := absorb(events[nextEvent]); err != nil {
-			return sum, err
+	return r.asm.AddCalibration(*c)
+}
+
+// take is the second read: it holds each step's rows until they have all
+// come, then replays the steps ready.
+func (r *replayer) take(rows []archive.Row) error {
+	for _, row := range rows {
+		if row.Source == archive.SourceLateAnchor {
+			continue
+		}
+		s := r.steps[row.Step]
+		if s == nil || s.done || len(s.rows) == s.n {
+			return r.changed(row.Step)
+		}
+		if s.rows == nil {
+			s.rows = make([]archive.Row, 0, s.n)
+		}
+		s.rows = append(s.rows, row)
+	}
+	return r.replayReady()
+}
+
+// replayReady replays, in order, the steps whose rows have all come, each
+// once the groups absorbed before its calibration are.
+func (r *replayer) replayReady() error {
+	for ; r.next < len(r.order) && len(r.order[r.next].rows) == r.order[r.next].n; r.next++ {
+		s := r.order[r.next]
+		for r.nextEvent < len(r.events) && r.events[r.nextEvent].seq <= s.cseq {
+			if err := r.absorb(r.events[r.nextEvent]); err != nil {
+				return err
+			}
+			r.nextEvent++
+		}
+		rep := replayStep(r.asm, r.sum.Run, s, r.keep)
+		s.rows, s.done = nil, true
+		for _, it := range rep.Items {
+			if math.Signbit(it.FusedAdvantage) == math.Signbit(it.Row.FusedAdvantage) || it.FusedAdvantage == it.Row.FusedAdvantage {
+				r.agree++
+			}
+			r.total++
+		}
+		r.sum.MaxFusedDiff = max(r.sum.MaxFusedDiff, rep.MaxFusedDiff)
+		r.sum.MaxCalibratedDiff = max(r.sum.MaxCalibratedDiff, rep.MaxCalibratedDiff)
+		r.sum.Steps++
+		if r.report != nil {
+			r.report(rep)
 		}
 	}
-	if total > 0 {
-		sum.SignAgreement = float64(agree) / float64(total)
-	}
-	return sum, nil
+	return nil
+}
+
+func (r *replayer) changed(step int64) error {
+	return fmt.Errorf("replay: the rows changed between the two reads (step %d's): was the archive written to meanwhile?", step)
 }
 
 // replayStep rebuilds a step's plan, predictions and executions from its
