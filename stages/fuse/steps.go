@@ -304,85 +304,13 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 	// By group and trajectory: what the numbers came from. Route keeps
 	// trajectory ids unique within a step; a plan made before it did
 	// still gives each item its own record.
-	type trajKey struct{ group, traj string }
-	record := map[trajKey]schemas.UpdateItem{}
+	record := map[recordKey]schemas.UpdateItem{}
 	dropped := map[string]string{} // group to why it was not sent
 	for _, pg := range a.plan.Groups {
-		g := Group{ID: pg.GroupID}
-		preds := map[string]schemas.PredItem{}
 		if pg.Dropped != "" {
 			dropped[pg.GroupID] = pg.Dropped
-		} else {
-			for _, it := range a.preds[pg.GroupID].Items {
-				preds[it.TrajID] = it
-			}
 		}
-		// An anchor group counts as one once executed and calibrated; at
-		// its deadline without both it is late: world-model rewards here,
-		// and its pairs reach the calibration (and the archive) later. One
-		// executed with fewer than two scores cannot be ranked on them:
-		// world-model rewards too, rather than dropping the group.
-		execs := map[string]schemas.ExecItem{}
-		e := a.execs[pg.GroupID]
-		cal := s.absorbed[fmt.Sprintf("%d/%s", n, pg.GroupID)]
-		executed := pg.Anchor && e != nil && cal.seq > 0
-		g.Anchor = executed && scored(e) >= 2
-		switch {
-		case executed && !g.Anchor:
-			u.FailedAnchors = append(u.FailedAnchors, pg.GroupID)
-		case pg.Anchor && !g.Anchor:
-			u.LateAnchors = append(u.LateAnchors, pg.GroupID)
-		}
-		if executed {
-			for _, it := range e.Items {
-				execs[it.TrajID] = it
-			}
-		}
-		for i, id := range pg.TrajIDs {
-			rec := schemas.UpdateItem{TaskID: pg.TaskID, WMStatus: schemas.PredUngraded}
-			if pg.Dropped != "" {
-				rec.WMStatus = schemas.PredNotSent
-			}
-			if i < len(pg.PolicyVersions) {
-				rec.PolicyVersion = pg.PolicyVersions[i]
-			}
-			p, predicted := preds[id]
-			if predicted {
-				rec.Predicted, rec.WMStatus = p.Score, p.Status
-				if pg.Anchor { // where a truth is, to set them against
-					rec.WMVerdict, rec.WMRationale = p.Verdict, p.Rationale
-				}
-			}
-			item := Item{TrajID: id}
-			if executed {
-				if x, ok := execs[id]; ok {
-					sec := x.Seconds
-					rec.TrueScore, rec.ExecStatus, rec.ExecSeconds, rec.ExecDetail = x.Score, x.Status, &sec, x.Detail
-					rec.ExecCopyOf, rec.ExecCopyStep, rec.ExecCopyGroup = x.CopyOf, x.CopyStep, x.CopyGroup
-				}
-				rec.AbsorbedSeq = cal.seq
-			}
-			if g.Anchor {
-				item.Graded = rec.TrueScore != nil
-				if b, ok := cal.before[id]; ok {
-					rec.Calibrated = &b
-				}
-			} else if predicted && p.Score != nil {
-				item.Graded = true
-				c := s.calibrate(*p.Score)
-				rec.Calibrated = &c
-			}
-			switch {
-			case !item.Graded:
-			case g.Anchor:
-				item.Reward = *rec.TrueScore
-			default:
-				item.Reward = *rec.Calibrated
-			}
-			record[trajKey{pg.GroupID, id}] = rec
-			g.Items = append(g.Items, item)
-		}
-		groups = append(groups, g)
+		groups = append(groups, s.group(n, a, pg, &u, record))
 	}
 	res := Fuse(groups, rho, s.norm)
 	u.Groups, u.Anchors = res.Groups, res.Anchors
@@ -390,7 +318,7 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 		u.Skipped = append(u.Skipped, schemas.SkippedGroup{GroupID: sk.GroupID, Reason: cmp.Or(dropped[sk.GroupID], sk.Reason)})
 	}
 	for _, it := range res.Items {
-		ui := record[trajKey{it.GroupID, it.TrajID}]
+		ui := record[recordKey{it.GroupID, it.TrajID}]
 		ui.TrajID, ui.GroupID, ui.Source = it.TrajID, it.GroupID, it.Source
 		ui.Advantage, ui.Weight, ui.FusedAdvantage = it.Advantage, it.Weight, it.FusedAdvantage
 		if it.Graded {
@@ -400,6 +328,89 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 		u.Items = append(u.Items, ui)
 	}
 	return u
+}
+
+// recordKey is a trajectory of a step's update: its group and its ID.
+type recordKey struct{ group, traj string }
+
+// group is planned group pg of step n as Fuse takes it: each trajectory's
+// reward, the truth where it was executed in time, else the calibrated
+// prediction. It records in record what each trajectory's numbers came
+// from, and in u the group if it is a late or failed anchor group.
+func (s *Steps) group(n int64, a *stepAsm, pg schemas.PlanGroup, u *schemas.Update, record map[recordKey]schemas.UpdateItem) Group {
+	g := Group{ID: pg.GroupID}
+	preds := map[string]schemas.PredItem{}
+	if pg.Dropped == "" {
+		for _, it := range a.preds[pg.GroupID].Items {
+			preds[it.TrajID] = it
+		}
+	}
+	// An anchor group counts as one once executed and calibrated; at its
+	// deadline without both it is late: world-model rewards here, and its
+	// pairs reach the calibration (and the archive) later. One executed
+	// with fewer than two scores cannot be ranked on them: world-model
+	// rewards too, rather than dropping the group.
+	execs := map[string]schemas.ExecItem{}
+	e := a.execs[pg.GroupID]
+	cal := s.absorbed[fmt.Sprintf("%d/%s", n, pg.GroupID)]
+	executed := pg.Anchor && e != nil && cal.seq > 0
+	g.Anchor = executed && scored(e) >= 2
+	switch {
+	case executed && !g.Anchor:
+		u.FailedAnchors = append(u.FailedAnchors, pg.GroupID)
+	case pg.Anchor && !g.Anchor:
+		u.LateAnchors = append(u.LateAnchors, pg.GroupID)
+	}
+	if executed {
+		for _, it := range e.Items {
+			execs[it.TrajID] = it
+		}
+	}
+	for i, id := range pg.TrajIDs {
+		rec := schemas.UpdateItem{TaskID: pg.TaskID, WMStatus: schemas.PredUngraded}
+		if pg.Dropped != "" {
+			rec.WMStatus = schemas.PredNotSent
+		}
+		if i < len(pg.PolicyVersions) {
+			rec.PolicyVersion = pg.PolicyVersions[i]
+		}
+		p, predicted := preds[id]
+		if predicted {
+			rec.Predicted, rec.WMStatus = p.Score, p.Status
+			if pg.Anchor { // where a truth is, to set them against
+				rec.WMVerdict, rec.WMRationale = p.Verdict, p.Rationale
+			}
+		}
+		item := Item{TrajID: id}
+		if executed {
+			if x, ok := execs[id]; ok {
+				sec := x.Seconds
+				rec.TrueScore, rec.ExecStatus, rec.ExecSeconds, rec.ExecDetail = x.Score, x.Status, &sec, x.Detail
+				rec.ExecCopyOf, rec.ExecCopyStep, rec.ExecCopyGroup = x.CopyOf, x.CopyStep, x.CopyGroup
+			}
+			rec.AbsorbedSeq = cal.seq
+		}
+		if g.Anchor {
+			item.Graded = rec.TrueScore != nil
+			if b, ok := cal.before[id]; ok {
+				rec.Calibrated = &b
+			}
+		} else if predicted && p.Score != nil {
+			item.Graded = true
+			c := s.calibrate(*p.Score)
+			rec.Calibrated = &c
+		}
+		switch {
+		case !item.Graded:
+		case g.Anchor:
+			item.Reward = *rec.TrueScore
+		default:
+			item.Reward = *rec.Calibrated
+		}
+		record[recordKey{pg.GroupID, id}] = rec
+		g.Items = append(g.Items, item)
+	}
+	return g
 }
 
 // scored counts the trajectories of e with a score.
