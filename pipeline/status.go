@@ -225,8 +225,41 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 	if st.StoreLimit == 0 && c.srv != nil {
 		st.StoreLimit = c.srv.StoreLimit()
 	}
+	if err := readNewest(ctx, stream, st, src.Prefix, run); err != nil {
+		return nil, err
+	}
+	var highest natsjs.Record
+	if st.Unfused, st.Anchors, highest, err = readUnfused(ctx, c, stream, st, src.Prefix, run); err != nil {
+		return nil, err
+	}
+	if step, ok := msgIDStep(highest.MsgID); ok && st.LastUpdate != nil && step > st.LastUpdate.Step {
+		m, err := stream.GetMsg(ctx, highest.Seq)
+		if err != nil {
+			return nil, fmt.Errorf("pipeline: status: update of step %d (stream seq %d): %w", step, highest.Seq, err)
+		}
+		var u schemas.Update
+		if err := json.Unmarshal(m.Data, &u); err != nil {
+			return nil, fmt.Errorf("pipeline: status: update of step %d (stream seq %d): %w", step, highest.Seq, err)
+		}
+		st.LastUpdate, st.LastUpdateAt = &u, m.Time
+	}
+	if st.Consumers, err = readConsumers(ctx, stream, prefix); err != nil {
+		return nil, err
+	}
+	if st.Executions, err = readExecutions(ctx, c, stream, st, schemas.Subject(src.Prefix, run, schemas.KindExecution)); err != nil {
+		return nil, err
+	}
+	if st.Runners, err = readRunners(ctx, c, src.Prefix, run); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// readNewest reads the run's newest watermark, trajectory, update,
+// calibration and dead letter, each by its subject.
+func readNewest(ctx context.Context, stream jetstream.Stream, st *Status, prefix, run string) error {
 	last := func(kind schemas.Kind, v any) (time.Time, bool, error) {
-		m, err := stream.GetLastMsgForSubject(ctx, schemas.Subject(src.Prefix, run, kind))
+		m, err := stream.GetLastMsgForSubject(ctx, schemas.Subject(prefix, run, kind))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return time.Time{}, false, nil
 		}
@@ -244,9 +277,10 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 		cal  schemas.Calibration
 		dl   schemas.DeadLetter
 		ok   bool
+		err  error
 	)
 	if st.LastStepAt, ok, err = last(schemas.KindStep, &step); err != nil {
-		return nil, err
+		return err
 	} else if ok {
 		st.LastStep = &step
 	}
@@ -254,46 +288,38 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 	// then dead-lettered): it says nothing of the step then. It came alone
 	// or in a trajs message, whose newest step it gives.
 	for _, kind := range []schemas.Kind{schemas.KindTraj, schemas.KindTrajs} {
-		m, err := stream.GetLastMsgForSubject(ctx, schemas.Subject(src.Prefix, run, kind))
+		m, err := stream.GetLastMsgForSubject(ctx, schemas.Subject(prefix, run, kind))
 		if errors.Is(err, jetstream.ErrMsgNotFound) || err == nil && st.LastTrajStep != nil && m.Time.Before(st.LastTrajAt) {
 			continue
 		} else if err != nil {
-			return nil, fmt.Errorf("pipeline: status: last %s: %w", kind, err)
+			return fmt.Errorf("pipeline: status: last %s: %w", kind, err)
 		}
 		if step, ok := schemas.NewestStep(kind, m.Data); ok {
 			st.LastTrajStep, st.LastTrajAt = &step, m.Time
 		}
 	}
 	if st.LastUpdateAt, ok, err = last(schemas.KindUpdate, &up); err != nil {
-		return nil, err
+		return err
 	} else if ok {
 		st.LastUpdate = &up
 	}
 	if st.LastCalibAt, ok, err = last(schemas.KindCalibration, &cal); err != nil {
-		return nil, err
+		return err
 	} else if ok {
 		st.LastCalibration = &cal
 	}
 	if st.LastDeadLetterAt, ok, err = last(schemas.KindDLQ, &dl); err != nil {
-		return nil, err
+		return err
 	} else if ok {
 		st.LastDeadLetter = &dl
 	}
-	var highest natsjs.Record
-	if st.Unfused, st.Anchors, highest, err = readUnfused(ctx, c, stream, st, src.Prefix, run); err != nil {
-		return nil, err
-	}
-	if step, ok := msgIDStep(highest.MsgID); ok && st.LastUpdate != nil && step > st.LastUpdate.Step {
-		m, err := stream.GetMsg(ctx, highest.Seq)
-		if err != nil {
-			return nil, fmt.Errorf("pipeline: status: update of step %d (stream seq %d): %w", step, highest.Seq, err)
-		}
-		var u schemas.Update
-		if err := json.Unmarshal(m.Data, &u); err != nil {
-			return nil, fmt.Errorf("pipeline: status: update of step %d (stream seq %d): %w", step, highest.Seq, err)
-		}
-		st.LastUpdate, st.LastUpdateAt = &u, m.Time
-	}
+	return nil
+}
+
+// readConsumers lists the durable consumers of the run's subjects (those
+// whose subjects start with prefix), by name.
+func readConsumers(ctx context.Context, stream jetstream.Stream, prefix string) ([]ConsumerStatus, error) {
+	var out []ConsumerStatus
 	consumers := stream.ListConsumers(ctx)
 	for ci := range consumers.Info() {
 		subject := ci.Config.FilterSubject
@@ -303,20 +329,14 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 		if ci.Config.Durable == "" || !strings.HasPrefix(subject, prefix) {
 			continue // readers (ordered, ephemeral) and other runs'
 		}
-		st.Consumers = append(st.Consumers, ConsumerStatus{Name: ci.Name, Subject: subject, Backlog: ci.NumPending,
+		out = append(out, ConsumerStatus{Name: ci.Name, Subject: subject, Backlog: ci.NumPending,
 			InFlight: ci.NumAckPending, Redelivered: ci.NumRedelivered, Waiting: ci.NumWaiting, LastDelivery: ci.Delivered.Last})
 	}
 	if err := consumers.Err(); err != nil {
 		return nil, fmt.Errorf("pipeline: status: consumers: %w", err)
 	}
-	slices.SortFunc(st.Consumers, func(a, b ConsumerStatus) int { return strings.Compare(a.Name, b.Name) })
-	if st.Executions, err = readExecutions(ctx, c, stream, st, schemas.Subject(src.Prefix, run, schemas.KindExecution)); err != nil {
-		return nil, err
-	}
-	if st.Runners, err = readRunners(ctx, c, src.Prefix, run); err != nil {
-		return nil, err
-	}
-	return st, nil
+	slices.SortFunc(out, func(a, b ConsumerStatus) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
 }
 
 // readRunners reads the leases of the run's one-per-run stages.
