@@ -49,7 +49,7 @@ func simCommand() *cobra.Command {
 				for _, name := range strings.Split(scenarios, ",") {
 					sc, err := rl.ScenarioByName(strings.TrimSpace(name))
 					if err != nil {
-						return err
+						return fmt.Errorf("sim: --scenario: %w", err)
 					}
 					scs = append(scs, sc)
 				}
@@ -202,7 +202,7 @@ func pickMethods(list string) ([]rl.Method, error) {
 			for k, m := range rl.Methods {
 				names[k] = m.Name
 			}
-			return nil, fmt.Errorf("sim: unknown method %q (have %s)", name, strings.Join(names, ", "))
+			return nil, fmt.Errorf("sim: --methods: unknown method %q (have %s)", name, strings.Join(names, ", "))
 		}
 		want[name] = true
 	}

@@ -96,7 +96,19 @@ func TestSimAtARankCorrelation(t *testing.T) {
 // 3", before the benchmark's own check could name it.
 func TestSimRefusesASettingByItsName(t *testing.T) {
 	out, err := wmrl(context.Background(), "sim", "--out", t.TempDir(), "--anchor-fraction", "3")
-	if want := "sim: rl: anchor fraction 3: want [0, 1]"; err == nil || err.Error() != want {
+	if want := "sim: rl: --anchor-fraction 3: want [0, 1]"; err == nil || err.Error() != want {
 		t.Errorf("sim --anchor-fraction 3: %v; want %q\n%s", err, want, out)
+	}
+	for _, c := range []struct{ args, want []string }{
+		{[]string{"--group-size", "1", "--cost-exec", "-1"}, []string{"sim: rl: --group-size 1: want at least 2\n--cost-exec -1: want a finite number, 0 or more"}},
+		{[]string{"--scenario", "monotone,mono"}, []string{"sim: --scenario: ", `unknown scenario "mono"`}},
+		{[]string{"--methods", "grpo,wmlr"}, []string{"sim: --methods: ", `unknown method "wmlr"`}},
+	} {
+		out, err := wmrl(context.Background(), append([]string{"sim", "--out", t.TempDir()}, c.args...)...)
+		for _, w := range c.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("sim %s: %v; want it to say %q\n%s", strings.Join(c.args, " "), err, w, out)
+			}
+		}
 	}
 }

@@ -430,14 +430,14 @@ func TestAConfigThatCannotTrainIsRefused(t *testing.T) {
 		set  func(*Config)
 		want string
 	}{
-		{func(c *Config) { c.Steps = 0 }, "steps 0: want at least 1"},
-		{func(c *Config) { c.Tasks = 0 }, "tasks 0: want at least 1"},
+		{func(c *Config) { c.Steps = 0 }, "--steps 0: want at least 1"},
+		{func(c *Config) { c.Tasks = 0 }, "--tasks 0: want at least 1"},
 		{func(c *Config) { c.Styles = 0 }, "styles 0: want at least 1"},
-		{func(c *Config) { c.Groups = -1 }, "groups -1: want at least 1"},
-		{func(c *Config) { c.GroupSize = 1 }, "group size 1: want at least 2"},
-		{func(c *Config) { c.AnchorFraction = math.NaN() }, "anchor fraction NaN: want [0, 1]"},
-		{func(c *Config) { c.Costs.Execute = math.Inf(1) }, "execution cost +Inf: want a finite number, 0 or more"},
-		{func(c *Config) { c.ExecNoise = -0.1 }, "execution noise -0.1: want a finite number, 0 or more"},
+		{func(c *Config) { c.Groups = -1 }, "--groups -1: want at least 1"},
+		{func(c *Config) { c.GroupSize = 1 }, "--group-size 1: want at least 2"},
+		{func(c *Config) { c.AnchorFraction = math.NaN() }, "--anchor-fraction NaN: want [0, 1]"},
+		{func(c *Config) { c.Costs.Execute = math.Inf(1) }, "--cost-exec +Inf: want a finite number, 0 or more"},
+		{func(c *Config) { c.ExecNoise = -0.1 }, "--exec-noise -0.1: want a finite number, 0 or more"},
 	} {
 		cfg := DefaultConfig()
 		cfg.Steps = 5

@@ -123,24 +123,25 @@ func DefaultConfig() Config {
 // Check names what in c cannot make a training run: a problem without
 // tasks or styles, a step without groups, a group of one (its
 // group-relative advantage is 0 whatever it scores), no steps, a share of
-// anchors outside [0, 1], a negative or non-finite noise or cost.
+// anchors outside [0, 1], a negative or non-finite noise or cost. It names
+// a setting by wmrl sim's flag for it, where there is one.
 func (c Config) Check() error {
 	var errs []error
 	for _, n := range []struct {
 		name     string
 		v, least int
-	}{{"tasks", c.Tasks, 1}, {"styles", c.Styles, 1}, {"groups", c.Groups, 1}, {"group size", c.GroupSize, 2}, {"steps", c.Steps, 1}} {
+	}{{"--tasks", c.Tasks, 1}, {"styles", c.Styles, 1}, {"--groups", c.Groups, 1}, {"--group-size", c.GroupSize, 2}, {"--steps", c.Steps, 1}} {
 		if n.v < n.least {
 			errs = append(errs, fmt.Errorf("%s %d: want at least %d", n.name, n.v, n.least))
 		}
 	}
 	if !(c.AnchorFraction >= 0 && c.AnchorFraction <= 1) {
-		errs = append(errs, fmt.Errorf("anchor fraction %v: want [0, 1]", c.AnchorFraction))
+		errs = append(errs, fmt.Errorf("--anchor-fraction %v: want [0, 1]", c.AnchorFraction))
 	}
 	for _, x := range []struct {
 		name string
 		v    float64
-	}{{"execution noise", c.ExecNoise}, {"generation cost", c.Costs.Generate}, {"world-model call cost", c.Costs.WorldModel}, {"execution cost", c.Costs.Execute}} {
+	}{{"--exec-noise", c.ExecNoise}, {"generation cost", c.Costs.Generate}, {"--cost-wm", c.Costs.WorldModel}, {"--cost-exec", c.Costs.Execute}} {
 		if !(x.v >= 0) || math.IsInf(x.v, 0) {
 			errs = append(errs, fmt.Errorf("%s %v: want a finite number, 0 or more", x.name, x.v))
 		}
