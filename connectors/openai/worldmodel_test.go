@@ -44,9 +44,10 @@ func newServer(t *testing.T, reply func(n int64, req map[string]any, w http.Resp
 				break
 			}
 		}
-		var req map[string]any
+		req := map[string]any{}
 		json.NewDecoder(r.Body).Decode(&req)
 		req["_auth"] = r.Header.Get("Authorization")
+		req["_gone"] = r.Context().Done() // the client went away
 		s.mu.Lock()
 		s.last = req
 		s.mu.Unlock()
@@ -268,15 +269,30 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 	}
 }
 
+// TestSlowServerTimesOut: a server that never answers is given up on
+// after the retries. The timeout leaves a loaded machine time to deliver
+// each request (at 20 ms, the second one sometimes never reached the
+// server); the server answers only once the client has gone.
 func TestSlowServerTimesOut(t *testing.T) {
-	s := newServer(t, func(_ int64, _ map[string]any, w http.ResponseWriter) {
-		time.Sleep(300 * time.Millisecond) // longer than the client's timeout
-		choices(w, `{"status":"scored","score":0.5,"rationale":"late"}`)
+	gone := make(chan struct{}, 2)
+	s := newServer(t, func(_ int64, req map[string]any, _ http.ResponseWriter) {
+		<-req["_gone"].(<-chan struct{})
+		gone <- struct{}{}
 	})
-	_, err := wm(t, s.URL, func(c *Config) { c.Timeout = 20 * time.Millisecond; c.Retries = 1 }).
+	_, err := wm(t, s.URL, func(c *Config) { c.Timeout = 300 * time.Millisecond; c.Retries = 1 }).
 		Predict(context.Background(), []schemas.Trajectory{traj("t", "x")})
-	if err == nil || !strings.Contains(err.Error(), "gave up after 2 attempts") || s.calls.Load() != 2 {
-		t.Fatalf("slow server: %v after %d calls", err, s.calls.Load())
+	if err == nil || !strings.Contains(err.Error(), "gave up after 2 attempts") {
+		t.Fatalf("slow server: %v, want it given up after 2 attempts", err)
+	}
+	for range 2 {
+		select {
+		case <-gone:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the server saw %d requests, want 2", s.calls.Load())
+		}
+	}
+	if n := s.calls.Load(); n != 2 {
+		t.Fatalf("the server saw %d requests, want 2", n)
 	}
 }
 
