@@ -25,6 +25,7 @@ import (
 // and never acknowledges it; a route started after that has a step
 // timeout of 1 s and an AckWait of 6 s.
 func TestAStepWaitsForAGroupDeliveredAgain(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	srv, _, js := startServer(t, ctx, natsjs.ServerConfig{})

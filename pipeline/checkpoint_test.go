@@ -337,6 +337,7 @@ func TestARestartWithOtherSettingsIsSaid(t *testing.T) {
 // data gets them at once, though the consumers' AckWait is an hour here:
 // the step is fused whole, not closed short without them.
 func TestARestartAfterACrashDoesNotWaitOutAckWait(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := testConfig(t)

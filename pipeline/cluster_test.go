@@ -214,6 +214,7 @@ func TestClusterSurvivesTheLossOfTheStreamLeader(t *testing.T) {
 // A pipeline started before its cluster (a machine's services coming up
 // together) waits for JetStream, saying so, and then runs.
 func TestPipelineWaitsForItsCluster(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	opts := natstest.Options(t, "late", 3)
 	var urls []string
 	for _, o := range opts {

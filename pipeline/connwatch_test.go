@@ -107,6 +107,7 @@ func TestALostServerIsSaidAndSoIsItsReturn(t *testing.T) {
 // nats.go close the connection for good: the pipeline stops, saying why,
 // instead of waiting on a connection that will never come back.
 func TestAConnectionClosedForGoodStopsThePipeline(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	ext := newExternalServer(t)
 	cfg := testConfig(t)
 	cfg.NATSURL, cfg.Steps = ext.url(), 100000
@@ -201,6 +202,7 @@ func TestGatewayErrorsArePrintedOnceAMinuteAHost(t *testing.T) {
 // naming the reconnection while its server is away, and 200 again once
 // it is back.
 func TestHealthFollowsTheServer(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	ext := newExternalServer(t)
 	cfg := testConfig(t)
 	cfg.NATSURL, cfg.Source = ext.url(), SourceExternal

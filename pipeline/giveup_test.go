@@ -336,6 +336,7 @@ func TestPipelineGivesUpOnADownExecutorUntilItIsBack(t *testing.T) {
 // waiting for their pairs, in silence, until stopped (it waited out its
 // 20 s context before).
 func TestARunOfStepsEndsWhenItsLateGroupsPairsAreDeadLettered(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	cfg := testConfig(t)
 	cfg.Steps = 2
 	cfg.Stages = slices.DeleteFunc(slices.Clone(AllStages), func(s string) bool { return s == StageExecute })

@@ -432,6 +432,7 @@ func TestAGatewayOnABusyAddressFailsTheStart(t *testing.T) {
 // and their holders stopped, "lease lost"; standbys that had not read the
 // bucket gone took theirs too (a rehearsal, seed 36).
 func TestAProcessStartedWhileTheLeaseBucketIsGoneLeavesLiveStagesToTheirHolders(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const ttl = 4 * time.Second
@@ -512,6 +513,7 @@ func (l *unansweredList) Err() error { return l.ctx.Err() }
 // deadline, and four processes of a rehearsal (seed 41) ended at their
 // start, "bucket WMRL_LEASES_...: context deadline exceeded".
 func TestTheLookForLiveReadersGivesUpOnAClusterThatDoesNotAnswer(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	ctx, cancel := context.WithTimeout(context.Background(), 20*leaseCheckWait)
 	defer cancel()
 	p := &Pipeline{cfg: testConfig(t), tr: &transport{js: unansweredJS{}, stream: "WMRL_TEST"}}

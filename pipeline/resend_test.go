@@ -82,6 +82,7 @@ func resendAll(t *testing.T, ctx context.Context, p *Pipeline) map[Resend]int {
 // fused whole, while it keeps rejected input and a dead letter of a step
 // fused already.
 func TestAStepHeldByAPredictionGivenUpIsFusedOnceItIsSentAgain(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	cfg := testConfig(t)
 	cfg.Steps = 4
 	cfg.StuckAfter = time.Second

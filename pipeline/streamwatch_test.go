@@ -19,6 +19,7 @@ import (
 // Each input says "not found" once while the process makes sure, not at
 // each read (28 lines in the 5 s of a try by hand).
 func TestAStreamOrConsumerGoneStopsTheProcess(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	defer func(every, again time.Duration) { streamEvery, goneAgain = every, again }(streamEvery, goneAgain)
 	streamEvery, goneAgain = 200*time.Millisecond, 2*time.Second
 	for _, consumer := range []bool{false, true} {
@@ -75,6 +76,7 @@ func TestAStreamOrConsumerGoneStopsTheProcess(t *testing.T) {
 // process says so, counts it, and holds its stages' leases again (the
 // store's mechanics are natsjs's tests; this is the pipeline's wiring).
 func TestADeletedLeaseBucketIsMadeAnewSaidAndCounted(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := testConfig(t)

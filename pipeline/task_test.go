@@ -193,6 +193,7 @@ func housingTask(t *testing.T) (dir string, solutions []string) {
 // the real executions, --exec-python and --exec-env run them, and the run
 // says what each gets.
 func TestExecutionSettingsReachTheExecutor(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	dir, files := housingTask(t)
 	for _, f := range files {
 		os.Remove(filepath.Join(dir, "solutions", filepath.Base(f)))

@@ -651,6 +651,7 @@ func TestTheNextStepCountsTrajsMessages(t *testing.T) {
 // and route, which hears of them through another gateway, refuses all but
 // the first to reach it, naming its group.
 func TestATrajectoryIdTwoGroupsOfAStepShareIsRefused(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	cfg := testConfig(t)
 	cfg.Source, cfg.HTTPAddr, cfg.StepTimeout = SourceExternal, "127.0.0.1:0", 2*time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

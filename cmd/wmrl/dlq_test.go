@@ -273,6 +273,7 @@ func TestResendSendsBackWhatAnOutageGaveUp(t *testing.T) {
 // after 2 minutes), says when it is back, and shows what is
 // dead-lettered after the restart.
 func TestFollowOutlivesARestartOfTheRun(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := pipeline.DefaultConfig()

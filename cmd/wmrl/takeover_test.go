@@ -37,6 +37,7 @@ func TestAStageKilledIsTakenOverAtOnceOnItsMachine(t *testing.T) {
 // held is given again at once. Status, from another machine, says the
 // holder answers no request.
 func TestAStageKilledIsTakenOverOnAnotherMachineOnceSilent(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	killedAndTakenOver(t, true)
 }
 
