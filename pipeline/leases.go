@@ -103,8 +103,31 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 			}
 		}
 	}
-	// All or none: a process waiting for one lease holds no other, so
-	// that status does not name it for stages it does not run yet.
+	if err := p.waitForLeases(ctx, ls, me, mine, &full); err != nil {
+		return err
+	}
+	if len(ended) > 0 {
+		p.expireHeld(ctx, ended, "the process that ran them before")
+	}
+	for i, le := range p.leases {
+		p.go_(func() error {
+			select {
+			case <-le.Lost():
+				p.leaseLost.Store(mine[i], true)
+				return fmt.Errorf("pipeline: stage %s: %w; this process stops, handing back what it holds (start it again: it waits for the holder)", mine[i], le.Err())
+			case <-ctx.Done():
+				return nil
+			}
+		})
+	}
+	return nil
+}
+
+// waitForLeases takes the leases of the stages mine, waiting while another
+// process holds one of them (and while the store is full), and says so.
+// All or none: a process waiting for one lease holds no other, so that
+// status does not name it for stages it does not run yet.
+func (p *Pipeline) waitForLeases(ctx context.Context, ls *natsjs.Leases, me natsjs.Holder, mine []string, full *roomWaiter) error {
 	var told string
 	for {
 		stage, holder, err := p.tryLeases(ctx, ls, me, mine)
@@ -148,20 +171,6 @@ func (p *Pipeline) takeLeases(ctx context.Context) error {
 			what = mine[0] + " stage"
 		}
 		p.notef("took over run %s's %s", p.cfg.Run, what)
-	}
-	if len(ended) > 0 {
-		p.expireHeld(ctx, ended, "the process that ran them before")
-	}
-	for i, le := range p.leases {
-		p.go_(func() error {
-			select {
-			case <-le.Lost():
-				p.leaseLost.Store(mine[i], true)
-				return fmt.Errorf("pipeline: stage %s: %w; this process stops, handing back what it holds (start it again: it waits for the holder)", mine[i], le.Err())
-			case <-ctx.Done():
-				return nil
-			}
-		})
 	}
 	return nil
 }
