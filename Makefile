@@ -15,10 +15,10 @@ build:
 # marked t.Parallel run 4 at a time, not GOMAXPROCS (2) at a time: they wait
 # far more than they compute, on leases' TTLs, ack waits, reconnects and
 # servers that do not answer. natsjs's lease, bucket and checkpoint tests
-# took 169 s for 38 s of CPU; pipeline's 13 (and cmd/wmrl's 2) under 40% of
-# a core each took 85 s for 19 s of CPU, one after another. A test that
-# sets a package variable or the environment stays serial: go runs the
-# parallel ones once every serial one of the package has ended.
+# took 169 s for 38 s of CPU; pipeline's 13 that use under 40% of a core
+# took 85 s for 19 s one after another, and cmd/wmrl's 2, 27 s for 5 s. A
+# test that sets a package variable or the environment stays serial: go
+# runs the parallel ones once every serial one of the package has ended.
 #
 # go test starts packages in the order named, two at a time; ./... names
 # them alphabetically, and pipeline's tests (5 minutes) began once three
