@@ -161,9 +161,13 @@ func (p *Pipeline) sayDone() {
 	if p.archived != nil {
 		archived = " and archived"
 	}
+	steps := fmt.Sprintf("steps 0-%d", p.progress.target-1)
+	if p.progress.target == 1 {
+		steps = "step 0"
+	}
 	fused, seen := p.seen()
-	fmt.Fprintf(p.cfg.Out, "done: steps 0-%d fused%s, %d of them by this process in %s, %s\n",
-		p.progress.target-1, archived, fused, time.Since(p.started).Round(100*time.Millisecond), seen)
+	fmt.Fprintf(p.cfg.Out, "done: %s fused%s, %d of them by this process in %s, %s\n",
+		steps, archived, fused, time.Since(p.started).Round(100*time.Millisecond), seen)
 	if p.archived == nil {
 		return
 	}

@@ -183,3 +183,19 @@ func TestAStepSummaryLine(t *testing.T) {
 		t.Errorf("the next line, which owes nothing to the one before:\n%q\nwant\n%q", b.String(), want)
 	}
 }
+
+// A run of one step closes on "step 0", not on a range of one.
+func TestARunOfOneStepSaysSo(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Quiet, cfg.Steps = false, 1
+	out := &syncBuffer{}
+	cfg.Out = out
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "done: step 0 fused and archived, 1 of them by this process in ") {
+		t.Errorf("a run of one step closed with:\n%s\nwant \"done: step 0 fused and archived, 1 of them ...\"", out.String())
+	}
+}
