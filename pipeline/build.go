@@ -82,7 +82,7 @@ func (p *Pipeline) build(ctx context.Context) error {
 			err = p.subscribe(stage, schemas.KindExec, h.Handle)
 		case StagePair:
 			h := pair.NewHandler(cfg.Run, p.topo.Out(StagePair, schemas.KindPairs), p.stagePublisher(stage))
-			h.Wait = cfg.PairWait
+			h.Wait, h.Redelivered, h.Stored = cfg.PairWait, redelivered, p.pairsStored
 			if err = p.subscribe(stage, schemas.KindPred, h.HandlePred); err == nil {
 				err = p.subscribe(stage, schemas.KindExecution, h.HandleExecution)
 			}
@@ -116,9 +116,7 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 	var subs []*natsjs.Subscriber // route's, once subscribed
 	h, err := route.NewHandler(route.Config{
 		Run: cfg.Run, Scheduler: cfg.Anchors, StepTimeout: cfg.StepTimeout,
-		Redelivered: func(m *message.Message) bool {
-			return m.Metadata.Get(natsjs.MetaDeliveries) > "1" || len(m.Metadata.Get(natsjs.MetaDeliveries)) > 1
-		},
+		Redelivered: redelivered,
 		Seq: natsjs.StreamSeq,
 		Out: route.Topics{
 			Group: p.topo.Out(StageRoute, schemas.KindGroup),

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -12,12 +13,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/execute"
+	"github.com/wmrl/wmrl/stages/pair"
 	"github.com/wmrl/wmrl/stages/predict"
 	"github.com/wmrl/wmrl/stages/route"
 )
@@ -169,6 +173,113 @@ func TestOrphanedAnchorSideIsDeadLetteredAfterPairWait(t *testing.T) {
 	}
 	if err := p.Stop(); err != nil {
 		t.Fatalf("pipeline: %v", err)
+	}
+}
+
+// A pair process that stopped after storing a group's pairs and
+// acknowledging its execution, but before its acknowledgement of the
+// prediction reached the server, leaves the prediction to come again to
+// the next, alone: its execution will not. It is let go, not held for
+// --pair-wait and dead-lettered as "no execution within"; a prediction
+// whose pairs were never stored still waits, and is.
+func TestAPredictionDeliveredAgainAfterItsPairsIsLetGo(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
+	pol, _, cfg := oneBrokenGroup(t, 2)
+	cfg.Stages = slices.DeleteFunc(slices.Clone(AllStages), func(s string) bool { return s == StagePair })
+	cfg.Anchors = route.SchedulerConfig{Fraction: 1, MinPerStep: 1}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	a, nc, js := startClient(t, ctx, cfg)
+	publishStep(t, ctx, js, pol, 0)
+	waitFor(t, 60*time.Second, func() bool { return len(scanAll(t, nc, "wmrl.default.execution")) == 2 })
+
+	// The pair process that stopped: it paired the first group only.
+	gone, err := natsjs.NewSubscriber(natsjs.SubscriberConfig{Conn: nc, ConsumerGroup: consumerName(StagePair, "default", schemas.KindPred),
+		Stream: func(string) jetstream.StreamConfig { return StreamConfig(&cfg) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	preds, err := gone.Subscribe(ctx, "wmrl.default.pred")
+	if err != nil {
+		t.Fatal(err)
+	}
+	goneExec, err := natsjs.NewSubscriber(natsjs.SubscriberConfig{Conn: nc, ConsumerGroup: consumerName(StagePair, "default", schemas.KindExecution),
+		Stream: func(string) jetstream.StreamConfig { return StreamConfig(&cfg) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	execs, err := goneExec.Subscribe(ctx, "wmrl.default.execution")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byGroup := map[string]schemas.Prediction{}
+	for range 2 {
+		m := <-preds
+		var p schemas.Prediction
+		if err := json.Unmarshal(m.Payload, &p); err != nil {
+			t.Fatal(err)
+		}
+		byGroup[p.GroupID] = p
+		m.Nack()
+	}
+	groups := slices.Sorted(maps.Keys(byGroup))
+	paired, alone := groups[0], groups[1]
+	for range 2 {
+		m := <-execs
+		var e schemas.Execution
+		if err := json.Unmarshal(m.Payload, &e); err != nil {
+			t.Fatal(err)
+		}
+		if e.GroupID == paired {
+			b, _ := json.Marshal(pair.Pairs(byGroup[paired], e))
+			if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "wmrl.default.pairs", Data: b,
+				Header: nats.Header{jetstream.MsgIDHeader: {"default/pairs/0/" + paired}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m.Ack()
+	}
+	gone.Close()
+	goneExec.Close()
+
+	letters := make(chan *nats.Msg, 16)
+	sub, err := nc.ChanSubscribe("wmrl.default.dlq", letters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	next := testConfig(t)
+	next.NATSURL, next.Source, next.Stages, next.PairWait = a.URL(), SourceExternal, []string{StagePair}, 3*time.Second
+	started(t, ctx, next)
+
+	select {
+	case m := <-letters:
+		var d schemas.DeadLetter
+		var p schemas.Prediction
+		json.Unmarshal(m.Data, &d)
+		json.Unmarshal([]byte(d.Payload), &p)
+		if d.Stage != StagePair || p.GroupID != alone || !strings.Contains(d.Reason, "no execution within 3s") {
+			t.Fatalf("dead letter of %s: %+v; want only %s's prediction, for want of its execution", p.GroupID, d, alone)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("no dead letter after 60s; want %s's prediction, never paired, after --pair-wait", alone)
+	}
+	cons, err := js.Consumer(ctx, "WMRL_WMRL", consumerName(StagePair, "default", schemas.KindPred))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	nc.Flush()
+	select {
+	case m := <-letters:
+		t.Errorf("a second dead letter: %s; want none for %s, whose pairs were stored", m.Data, paired)
+	default:
+	}
+	if n := len(scanAll(t, nc, "wmrl.default.pairs")); n != 1 {
+		t.Errorf("%d pair groups stored; want the one the stopped process stored", n)
 	}
 }
 

@@ -35,6 +35,16 @@ type Handler struct {
 	// every restart, for good: the other side was dead-lettered itself (an
 	// executor that kept failing).
 	Wait time.Duration
+	// Redelivered, if set, says whether a message was delivered before.
+	Redelivered func(*message.Message) bool
+	// Stored, if set, says whether a message of de-duplication ID id
+	// (the pairs of a group) was stored on Out since side was. A side
+	// delivered again after its group's pairs were stored (the process
+	// that paired them stopped, or lost its connection, before its
+	// acknowledgement reached the server) has no other side to come: it is
+	// asked as it comes when it was delivered before, and by any side
+	// before it goes to the dead letters, so that it is let go instead.
+	Stored func(ctx context.Context, side *message.Message, id string) (bool, error)
 
 	mu    sync.Mutex
 	slots map[key]*slot
@@ -67,7 +77,7 @@ func (h *Handler) HandlePred(msg *message.Message) error {
 	s := h.slot(key{p.Step, p.GroupID})
 	s.pred = &p
 	h.mu.Unlock()
-	return h.join(msg.Context(), key{p.Step, p.GroupID}, s)
+	return h.join(msg, key{p.Step, p.GroupID}, s)
 }
 
 // HandleExecution takes an Execution.
@@ -80,12 +90,13 @@ func (h *Handler) HandleExecution(msg *message.Message) error {
 	s := h.slot(key{e.Step, e.GroupID})
 	s.exec = &e
 	h.mu.Unlock()
-	return h.join(msg.Context(), key{e.Step, e.GroupID}, s)
+	return h.join(msg, key{e.Step, e.GroupID}, s)
 }
 
 // join publishes the pairs once both sides are in, then releases both
 // inputs; the first to arrive waits for that.
-func (h *Handler) join(ctx context.Context, k key, s *slot) error {
+func (h *Handler) join(msg *message.Message, k key, s *slot) error {
+	ctx := msg.Context()
 	h.mu.Lock()
 	ready := s.pred != nil && s.exec != nil && h.slots[k] == s
 	if ready {
@@ -93,7 +104,7 @@ func (h *Handler) join(ctx context.Context, k key, s *slot) error {
 	}
 	h.mu.Unlock()
 	if ready {
-		out, err := schemas.NewMessage(fmt.Sprintf("%s/pairs/%d/%s", h.Run, k.step, k.group), Pairs(*s.pred, *s.exec))
+		out, err := schemas.NewMessage(h.id(k), Pairs(*s.pred, *s.exec))
 		if err == nil {
 			err = h.Pub.Publish(h.Out, out)
 		}
@@ -108,6 +119,11 @@ func (h *Handler) join(ctx context.Context, k key, s *slot) error {
 		close(s.done)
 		return nil
 	}
+	if h.Redelivered != nil && h.Redelivered(msg) {
+		if stored, err := h.stored(msg, k); err == nil && stored {
+			return h.letGo(ctx, k, s, nil)
+		}
+	}
 	var expired <-chan time.Time
 	if h.Wait > 0 {
 		t := time.NewTimer(h.Wait)
@@ -121,23 +137,54 @@ func (h *Handler) join(ctx context.Context, k key, s *slot) error {
 		return fmt.Errorf("pair: gave up waiting for the other side of %d/%s: %w", k.step, k.group, ctx.Err())
 	case <-expired:
 	}
-	h.mu.Lock()
-	alone := h.slots[k] == s && (s.pred == nil || s.exec == nil)
-	if alone {
-		delete(h.slots, k)
+	stored, err := h.stored(msg, k)
+	if err != nil {
+		// Handed back, to be asked again when redelivered: a side whose
+		// pairs were stored is not to be dead-lettered for want of its
+		// other side.
+		return h.letGo(ctx, k, s, fmt.Errorf("pair: anchor group %d/%s: alone for %v, and whether its pairs were stored cannot be told: %w", k.step, k.group, h.Wait, err))
 	}
+	if stored {
+		return h.letGo(ctx, k, s, nil)
+	}
+	h.mu.Lock()
 	missing := "execution"
 	if s.pred == nil {
 		missing = "prediction"
 	}
 	h.mu.Unlock()
-	if !alone { // the other side came just now and is storing the pairs
-		select {
-		case <-s.done:
-			return nil
-		case <-ctx.Done():
-			return fmt.Errorf("pair: gave up waiting for the other side of %d/%s: %w", k.step, k.group, ctx.Err())
-		}
+	return h.letGo(ctx, k, s, fmt.Errorf("pair: %w: anchor group %d/%s: no %s within %v (see the dead letters for it)", schemas.ErrUnusable, k.step, k.group, missing, h.Wait))
+}
+
+// letGo ends a side's wait with outcome: its slot is taken back while the
+// side is alone in it; when the other side came just now and is storing
+// the pairs, the side waits for that instead.
+func (h *Handler) letGo(ctx context.Context, k key, s *slot, outcome error) error {
+	h.mu.Lock()
+	alone := h.slots[k] == s && (s.pred == nil || s.exec == nil)
+	if alone {
+		delete(h.slots, k)
 	}
-	return fmt.Errorf("pair: %w: anchor group %d/%s: no %s within %v (see the dead letters for it)", schemas.ErrUnusable, k.step, k.group, missing, h.Wait)
+	h.mu.Unlock()
+	if alone {
+		return outcome
+	}
+	select {
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("pair: gave up waiting for the other side of %d/%s: %w", k.step, k.group, ctx.Err())
+	}
+}
+
+// id is the de-duplication ID of a group's pairs.
+func (h *Handler) id(k key) string { return fmt.Sprintf("%s/pairs/%d/%s", h.Run, k.step, k.group) }
+
+// stored says whether the pairs of k were stored since side was (false
+// when Stored is not set).
+func (h *Handler) stored(side *message.Message, k key) (bool, error) {
+	if h.Stored == nil {
+		return false, nil
+	}
+	return h.Stored(side.Context(), side, h.id(k))
 }
