@@ -1,10 +1,15 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
@@ -99,6 +104,10 @@ func TestTheCheckNamesWhatARunLostOrDoubled(t *testing.T) {
 			rep.deadLetters["pair: waited 10m0s"]++
 			return u, r
 		}, "1 dead letters"},
+		{"a message left held", func(rep *report, u []schemas.Update, r []archive.Row) ([]schemas.Update, []archive.Row) {
+			rep.left["pair_r_pred"] = 1
+			return u, r
+		}, "consumer pair_r_pred still has 1 messages"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep, updates, rows := cleanRun()
@@ -135,5 +144,55 @@ func TestRowsInBothRootsAreCountedRowsTwiceInOneFail(t *testing.T) {
 		return strings.Contains(s, "1 trajectories have more than one row of their step in one archive root")
 	}) {
 		t.Fatalf("problems %q", p)
+	}
+}
+
+// What the run's durable consumers still have once every process stopped
+// is read: a message delivered and not acknowledged, or not delivered yet.
+// Other runs' consumers, and consumers with nothing left, are not named.
+func TestTheCheckReadsWhatTheRunsConsumersStillHave(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, tr := rehearsalServer(t, ctx)
+	stream, err := tr.js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName("rehearse"), Subjects: []string{"rehearse.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer := func(name, subject string) jetstream.Consumer {
+		c, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: name, FilterSubject: subject, AckPolicy: jetstream.AckExplicitPolicy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	held, acked := consumer("pair_r_pred", "rehearse.r.pred"), consumer("fuse_r_pred", "rehearse.r.pred")
+	consumer("pair_other_pred", "rehearse.other.pred")
+	consumer("route_r_step", "rehearse.r.step")
+	for _, subject := range []string{"rehearse.r.pred", "rehearse.other.pred", "rehearse.r.step"} {
+		if _, err := tr.js.Publish(ctx, subject, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []jetstream.Consumer{held, acked} {
+		batch, err := c.Fetch(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := <-batch.Messages()
+		if msg == nil {
+			t.Fatal("no message fetched")
+		}
+		if c == acked {
+			if err := msg.DoubleAck(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	rep := newReport(0, 1, 2)
+	if err := tr.readLeft(ctx, rep); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]uint64{"pair_r_pred": 1, "route_r_step": 1}; !maps.Equal(rep.left, want) {
+		t.Errorf("left %v; want %v (delivered and not acknowledged, not delivered)", rep.left, want)
 	}
 }
