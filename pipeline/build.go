@@ -117,7 +117,7 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 	h, err := route.NewHandler(route.Config{
 		Run: cfg.Run, Scheduler: cfg.Anchors, StepTimeout: cfg.StepTimeout,
 		Redelivered: redelivered,
-		Seq: natsjs.StreamSeq,
+		Seq:         natsjs.StreamSeq,
 		Out: route.Topics{
 			Group: p.topo.Out(StageRoute, schemas.KindGroup),
 			Exec:  p.topo.Out(StageRoute, schemas.KindExec),
