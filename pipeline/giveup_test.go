@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -144,10 +145,7 @@ func TestOrphanedAnchorSideIsDeadLetteredAfterPairWait(t *testing.T) {
 	for len(orphans) < 2 {
 		select {
 		case m := <-letters:
-			var d schemas.DeadLetter
-			var pred schemas.Prediction
-			json.Unmarshal(m.Data, &d)
-			json.Unmarshal([]byte(d.Payload), &pred)
+			d, pred := predictionLetter(m)
 			if d.Stage != StagePair || d.Subject != "wmrl.default.pred" || !strings.Contains(d.Reason, "no execution within 2s") {
 				t.Fatalf("dead letter %+v; want the pair stage's, for a prediction without an execution", d)
 			}
@@ -158,14 +156,7 @@ func TestOrphanedAnchorSideIsDeadLetteredAfterPairWait(t *testing.T) {
 	}
 
 	// Nothing is held any more; the step is fused on the world model.
-	cons, err := js.Consumer(ctx, "WMRL_WMRL", consumerName(StagePair, "default", schemas.KindPred))
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 30*time.Second, func() bool {
-		info, err := cons.Info(ctx)
-		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
-	})
+	waitEmpty(t, ctx, js, StagePair, schemas.KindPred)
 	var raw [][]byte
 	waitFor(t, 30*time.Second, func() bool { raw = scanAll(t, nc, "wmrl.default.update"); return len(raw) == 1 })
 	if u := decodeUpdates(t, raw)[0]; len(u.LateAnchors) != 2 || u.Anchors != 0 {
@@ -174,6 +165,13 @@ func TestOrphanedAnchorSideIsDeadLetteredAfterPairWait(t *testing.T) {
 	if err := p.Stop(); err != nil {
 		t.Fatalf("pipeline: %v", err)
 	}
+}
+
+// predictionLetter is a dead letter and the prediction it holds.
+func predictionLetter(m *nats.Msg) (d schemas.DeadLetter, p schemas.Prediction) {
+	json.Unmarshal(m.Data, &d)
+	json.Unmarshal([]byte(d.Payload), &p)
+	return d, p
 }
 
 // A pair process that stopped after storing a group's pairs and
@@ -194,24 +192,21 @@ func TestAPredictionDeliveredAgainAfterItsPairsIsLetGo(t *testing.T) {
 	waitFor(t, 60*time.Second, func() bool { return len(scanAll(t, nc, "wmrl.default.execution")) == 2 })
 
 	// The pair process that stopped: it paired the first group only.
-	gone, err := natsjs.NewSubscriber(natsjs.SubscriberConfig{Conn: nc, ConsumerGroup: consumerName(StagePair, "default", schemas.KindPred),
-		Stream: func(string) jetstream.StreamConfig { return StreamConfig(&cfg) }})
-	if err != nil {
-		t.Fatal(err)
+	var gone []*natsjs.Subscriber
+	read := func(kind schemas.Kind) <-chan *message.Message {
+		sub, err := natsjs.NewSubscriber(natsjs.SubscriberConfig{Conn: nc, ConsumerGroup: consumerName(StagePair, "default", kind),
+			Stream: func(string) jetstream.StreamConfig { return StreamConfig(&cfg) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs, err := sub.Subscribe(ctx, "wmrl.default."+string(kind))
+		if err != nil {
+			t.Fatal(err)
+		}
+		gone = append(gone, sub)
+		return msgs
 	}
-	preds, err := gone.Subscribe(ctx, "wmrl.default.pred")
-	if err != nil {
-		t.Fatal(err)
-	}
-	goneExec, err := natsjs.NewSubscriber(natsjs.SubscriberConfig{Conn: nc, ConsumerGroup: consumerName(StagePair, "default", schemas.KindExecution),
-		Stream: func(string) jetstream.StreamConfig { return StreamConfig(&cfg) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	execs, err := goneExec.Subscribe(ctx, "wmrl.default.execution")
-	if err != nil {
-		t.Fatal(err)
-	}
+	preds, execs := read(schemas.KindPred), read(schemas.KindExecution)
 	byGroup := map[string]schemas.Prediction{}
 	for range 2 {
 		m := <-preds
@@ -239,8 +234,9 @@ func TestAPredictionDeliveredAgainAfterItsPairsIsLetGo(t *testing.T) {
 		}
 		m.Ack()
 	}
-	gone.Close()
-	goneExec.Close()
+	for _, sub := range gone {
+		sub.Close()
+	}
 
 	letters := make(chan *nats.Msg, 16)
 	sub, err := nc.ChanSubscribe("wmrl.default.dlq", letters)
@@ -254,24 +250,14 @@ func TestAPredictionDeliveredAgainAfterItsPairsIsLetGo(t *testing.T) {
 
 	select {
 	case m := <-letters:
-		var d schemas.DeadLetter
-		var p schemas.Prediction
-		json.Unmarshal(m.Data, &d)
-		json.Unmarshal([]byte(d.Payload), &p)
+		d, p := predictionLetter(m)
 		if d.Stage != StagePair || p.GroupID != alone || !strings.Contains(d.Reason, "no execution within 3s") {
 			t.Fatalf("dead letter of %s: %+v; want only %s's prediction, for want of its execution", p.GroupID, d, alone)
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatalf("no dead letter after 60s; want %s's prediction, never paired, after --pair-wait", alone)
 	}
-	cons, err := js.Consumer(ctx, "WMRL_WMRL", consumerName(StagePair, "default", schemas.KindPred))
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 30*time.Second, func() bool {
-		info, err := cons.Info(ctx)
-		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
-	})
+	waitEmpty(t, ctx, js, StagePair, schemas.KindPred)
 	nc.Flush()
 	select {
 	case m := <-letters:

@@ -81,14 +81,7 @@ func TestAHandlerThatPanicsStopsTheRunWithItsMessageDeadLettered(t *testing.T) {
 	// the same panic, had the message been handed back); the step waits
 	// for the group dead-lettered.
 	p, nc, js := startClient(t, ctx, cfg)
-	cons, err := js.Consumer(ctx, StreamName("wmrl"), consumerName(StagePredict, "default", schemas.KindGroup))
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 30*time.Second, func() bool {
-		info, err := cons.Info(ctx)
-		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
-	})
+	waitEmpty(t, ctx, js, StagePredict, schemas.KindGroup)
 	if n := len(scanAll(t, nc, "wmrl.default.update")); n != 0 {
 		t.Fatalf("%d updates without group %s's prediction", n, bad)
 	}

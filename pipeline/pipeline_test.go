@@ -468,6 +468,20 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 	}
 }
 
+// waitEmpty waits until stage's consumer of kind has nothing left,
+// undelivered or unacknowledged.
+func waitEmpty(t *testing.T, ctx context.Context, js jetstream.JetStream, stage string, kind schemas.Kind) {
+	t.Helper()
+	cons, err := js.Consumer(ctx, StreamName("wmrl"), consumerName(stage, "default", kind))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	})
+}
+
 func TestMetricsEndpoint(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 	cfg := testConfig(t)
