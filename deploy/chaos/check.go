@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -44,6 +46,11 @@ type report struct {
 	left map[string]uint64
 
 	archive archiveCounts
+	// replay: `wmrl replay`'s verdict on the archive with the recorded
+	// settings, or why it was not replayed; reproduced: the verdict is
+	// REPRODUCED, or the archive was not replayed.
+	replay     string
+	reproduced bool
 }
 
 // stepCounts counts a subject's messages per step.
@@ -89,7 +96,8 @@ func newReport(steps int64, groups, size int) *report {
 		updates: stepCounts{}, watermarks: stepCounts{},
 		anchors: map[string]bool{}, late: map[string]bool{}, failed: map[string]bool{},
 		calibrations: map[string]int{}, seqs: map[int64]int{}, deadLetters: map[string]int{}, left: map[string]uint64{},
-		archive: archiveCounts{perStep: map[int64]int{}, lateRows: map[string]int{}, seen: map[string]uint64{}},
+		archive:    archiveCounts{perStep: map[int64]int{}, lateRows: map[string]int{}, seen: map[string]uint64{}},
+		reproduced: true,
 	}
 }
 
@@ -223,6 +231,38 @@ func (rep *report) addRows(root int, rows []archive.Row) {
 	}
 }
 
+// replayArchive replays the run's archive with its recorded settings
+// (`wmrl replay`), which must give what the run fused under the faults to
+// the last digit. Archives apart (--archive-apart) are not replayed: each
+// root holds part of the run, and a file written again in a second root.
+func (rep *report) replayArchive(ctx context.Context, o options) error {
+	roots, err := filepath.Glob(filepath.Join(o.dir, "archive*"))
+	if err != nil {
+		return err
+	}
+	if len(roots) != 1 {
+		rep.replay = fmt.Sprintf("not replayed: the run's rows are in %d archive roots", len(roots))
+		return nil
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, o.wmrl, "replay", "--archive", roots[0], "--run", o.run)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	for line := range strings.Lines(stdout.String()) {
+		if strings.HasPrefix(line, "REPRODUCED") || strings.HasPrefix(line, "NOT REPRODUCED") {
+			rep.replay = strings.TrimSpace(line)
+		}
+	}
+	rep.reproduced = err == nil && strings.HasPrefix(rep.replay, "REPRODUCED")
+	if rep.replay == "" {
+		rep.replay = fmt.Sprintf("wmrl replay: %v: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
+
 // readLeft reads what the run's durable consumers still have, undelivered
 // or unacknowledged.
 func (r *runConn) readLeft(ctx context.Context, rep *report) error {
@@ -310,6 +350,9 @@ func (rep *report) problems() []string {
 	if n := total(rep.deadLetters); n > 0 {
 		add("%d dead letters: each a message that needs `wmrl dlq`", n)
 	}
+	if !rep.reproduced {
+		add("the archive, replayed with the recorded settings, is not what the run fused: %s", rep.replay)
+	}
 	for _, name := range slices.Sorted(maps.Keys(rep.left)) {
 		add("consumer %s still has %d messages, undelivered or unacknowledged, once every step was fused and archived", name, rep.left[name])
 	}
@@ -337,13 +380,16 @@ func (rep *report) print(w io.Writer) {
 	if n := rep.archive.inBothRoots; n > 0 {
 		fmt.Fprintf(w, "  %d rows are in both roots: the rows of a file the holder closed and was killed before the server had its acknowledgements, which its successor wrote again in its own root\n", n)
 	}
+	if rep.replay != "" {
+		fmt.Fprintf(w, "replay: %s\n", rep.replay)
+	}
 	fmt.Fprintf(w, "dead letters: %d\n", total(rep.deadLetters))
 	for _, k := range slices.Sorted(maps.Keys(rep.deadLetters)) {
 		fmt.Fprintf(w, "  %5d  %s\n", rep.deadLetters[k], k)
 	}
 	p := rep.problems()
 	if len(p) == 0 {
-		fmt.Fprintln(w, "PASS: every step's update and watermark stored once, every trajectory archived once, every anchor group absorbed once, nothing left held")
+		fmt.Fprintln(w, "PASS: every step's update and watermark stored once, every trajectory archived once, every anchor group absorbed once, nothing left held, the archive replays to what was fused")
 		return
 	}
 	for i, s := range p {

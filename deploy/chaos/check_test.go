@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -104,6 +106,10 @@ func TestTheCheckNamesWhatARunLostOrDoubled(t *testing.T) {
 			rep.deadLetters["pair: waited 10m0s"]++
 			return u, r
 		}, "1 dead letters"},
+		{"an archive that does not replay", func(rep *report, u []schemas.Update, r []archive.Row) ([]schemas.Update, []archive.Row) {
+			rep.replay, rep.reproduced = "NOT REPRODUCED (recorded settings; max |d fused| 0.5, max |d calibrated| 0)", false
+			return u, r
+		}, "is not what the run fused: NOT REPRODUCED"},
 		{"a message left held", func(rep *report, u []schemas.Update, r []archive.Row) ([]schemas.Update, []archive.Row) {
 			rep.left["pair_r_pred"] = 1
 			return u, r
@@ -194,5 +200,54 @@ func TestTheCheckReadsWhatTheRunsConsumersStillHave(t *testing.T) {
 	}
 	if want := map[string]uint64{"pair_r_pred": 1, "route_r_step": 1}; !maps.Equal(rep.left, want) {
 		t.Errorf("left %v; want %v (delivered and not acknowledged, not delivered)", rep.left, want)
+	}
+}
+
+// The archive is replayed by the wmrl binary given: its verdict is read
+// from what it prints, and a replay that fails without one is a problem
+// too, with what it said. Rows in two roots are not replayed.
+func TestTheArchiveIsReplayedByTheBinaryGiven(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name, script string
+		roots        []string
+		want         string
+		reproduced   bool
+	}{
+		{"reproduced", "echo 'replayed run r: 3 steps'; echo 'REPRODUCED: identical to the archive within 1e-9 (recorded settings)'",
+			[]string{"archive"}, "REPRODUCED: identical to the archive within 1e-9 (recorded settings)", true},
+		{"not reproduced", "echo 'NOT REPRODUCED (recorded settings; max |d fused| 0.5)'; exit 1",
+			[]string{"archive"}, "NOT REPRODUCED (recorded settings; max |d fused| 0.5)", false},
+		{"no verdict", "echo 'wmrl: no run r in archive' >&2; exit 1",
+			[]string{"archive"}, "wmrl replay: exit status 1: wmrl: no run r in archive", false},
+		{"two roots", "exit 1", []string{"archive-1", "archive-2"}, "not replayed: the run's rows are in 2 archive roots", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			bin := filepath.Join(dir, "wmrl")
+			args := filepath.Join(dir, "args")
+			script := fmt.Sprintf("#!/bin/sh\necho \"$@\" > %s\n%s\n", args, c.script)
+			if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range c.roots {
+				if err := os.Mkdir(filepath.Join(dir, r), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rep := newReport(0, 1, 2)
+			if err := rep.replayArchive(ctx, options{dir: dir, wmrl: bin, run: "r"}); err != nil {
+				t.Fatal(err)
+			}
+			if rep.replay != c.want || rep.reproduced != c.reproduced {
+				t.Errorf("replay %q, reproduced %v; want %q, %v", rep.replay, rep.reproduced, c.want, c.reproduced)
+			}
+			if got, _ := os.ReadFile(args); len(c.roots) == 1 && string(got) != "replay --archive "+filepath.Join(dir, "archive")+" --run r\n" {
+				t.Errorf("wmrl was given %q", got)
+			}
+			if named := slices.ContainsFunc(rep.problems(), func(s string) bool { return strings.Contains(s, c.want) }); named == c.reproduced {
+				t.Errorf("problems %q: the replay's %q named %v", rep.problems(), c.want, named)
+			}
+		})
 	}
 }

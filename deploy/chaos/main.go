@@ -12,8 +12,10 @@
 // run stored: every step's update once, with every trajectory; every
 // watermark once; every anchor group absorbed by the calibration once;
 // every trajectory in the Parquet archives once (a late anchor group's
-// once more, as its late rows); and which dead letters there are. It
-// prints PASS or FAIL and exits 1 on FAIL.
+// once more, as its late rows); which dead letters there are; that no
+// consumer of the run still holds a message; and that the archive,
+// replayed with the recorded settings (`wmrl replay`), gives what the run
+// fused. It prints PASS or FAIL and exits 1 on FAIL.
 //
 //	go run ./deploy/chaos                 # 5 minutes of kills on an embedded server
 //	go run ./deploy/chaos --for 20m --nats nats://10.0.0.5:4222
@@ -308,6 +310,10 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	say("every process stopped; checking what the run stored")
 	r, err := tr.check(ctx, o, target)
 	if err != nil {
+		return false, err
+	}
+	say("replaying the archive with the run's recorded settings")
+	if err := r.replayArchive(ctx, o); err != nil {
 		return false, err
 	}
 	r.print(os.Stdout)
