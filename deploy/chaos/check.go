@@ -42,7 +42,7 @@ type report struct {
 	// with any. A run whose steps were all fused and archived has none:
 	// one is a message a stage held for good (a side of an anchor group
 	// whose other side had been paired already, held for --pair-wait and
-	// then dead-lettered, in the rehearsal of seed 55).
+	// then dead-lettered, in the rehearsals of seeds 51 and 55).
 	left map[string]uint64
 
 	archive archiveCounts
