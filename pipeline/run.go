@@ -54,7 +54,8 @@ type Pipeline struct {
 	wm           predict.WorldModel
 	wmBreaker    *breaker.Breaker // the world model's, shared by predict and the gateway
 	wmReplies    *replies         // what its answers came to, told by predict and the gateway
-	pairsRead    sync.Mutex       // one read of the pairs stored at a time (pairsStored)
+	pairsOnce    sync.Once
+	pairs        *pairsIndex // the pairs stored, as the pair stage asks (pairsStored)
 	// httpListener is bound before the leases are taken, so Start fails
 	// on a busy address and HTTPURL is known as soon as Start returns
 	// (a standby's too, whose Start returns once it takes over).

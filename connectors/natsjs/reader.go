@@ -273,11 +273,32 @@ func ScanSince(ctx context.Context, js jetstream.JetStream, stream, subject stri
 	if err != nil {
 		return err
 	}
+	return r.scan(ctx, fn)
+}
+
+// ScanAfter is Scan of the messages after stream sequence seq: where an
+// earlier scan ended, with no message of it read again. When the subject
+// has none, it asks the stream only for the subject's newest message.
+func ScanAfter(ctx context.Context, js jetstream.JetStream, stream, subject string, seq uint64, headersOnly bool, fn func(Record) error) error {
+	r := &Reader{js: js, stream: stream, subject: subject, headersOnly: headersOnly}
+	last, err := r.last(ctx)
+	if err != nil || last <= seq {
+		return err
+	}
+	r.next = seq + 1
+	if r, err = newReader(ctx, r); err != nil {
+		return err
+	}
+	return r.scan(ctx, fn)
+}
+
+// scan reads through Last, then closes the reader.
+func (r *Reader) scan(ctx context.Context, fn func(Record) error) error {
 	defer r.Close()
 	for done := r.Last == 0; !done; {
 		rec, err := r.Next(ctx)
 		if err != nil {
-			return fmt.Errorf("natsjs: scan %s: %w", subject, err)
+			return fmt.Errorf("natsjs: scan %s: %w", r.subject, err)
 		}
 		if err := fn(rec); err != nil {
 			return err

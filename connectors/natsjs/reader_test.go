@@ -63,6 +63,51 @@ func TestReaderSinceStartsAtItsTime(t *testing.T) {
 	}
 }
 
+// ScanAfter reads a subject's messages after a stream sequence, headers
+// only when asked, and reads nothing (at once) when none came after it.
+func TestScanAfterReadsOnWhereAScanEnded(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js, _ := streamS(t, ctx)
+	var seqs []uint64 // on s.a
+	for i := range 5 {
+		ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: "s.a", Data: fmt.Appendf(nil, "%d", i), Header: nats.Header{HeaderMsgID: {fmt.Sprint("a", i)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, ack.Sequence)
+		js.Publish(ctx, "s.b", []byte("other subject"))
+	}
+	scan := func(after uint64) (ids []string) {
+		t.Helper()
+		if err := ScanAfter(ctx, js, "S", "s.a", after, true, func(r Record) error {
+			if len(r.Data) != 0 {
+				t.Errorf("%s read with its payload %q; want its headers only", r.MsgID, r.Data)
+			}
+			ids = append(ids, r.MsgID)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	if got := fmt.Sprint(scan(seqs[2])); got != "[a3 a4]" {
+		t.Errorf("after a2's sequence: %s; want [a3 a4]", got)
+	}
+	if got := fmt.Sprint(scan(seqs[2] + 1)); got != "[a3 a4]" {
+		t.Errorf("after the s.b message after a2: %s; want [a3 a4]", got)
+	}
+	if got := fmt.Sprint(scan(0)); got != "[a0 a1 a2 a3 a4]" {
+		t.Errorf("after 0: %s; want all", got)
+	}
+	if got := scan(seqs[4]); len(got) != 0 {
+		t.Errorf("after the newest: %v; want none", got)
+	}
+	if got := scan(seqs[4] + 100); len(got) != 0 {
+		t.Errorf("after a sequence not stored yet: %v; want none", got)
+	}
+}
+
 // TestReaderEndsOnAConnectionClosedForGood: a reader whose connection was
 // closed for good (nats.go closes it once its reconnections run out)
 // says so at once, instead of retrying for ever on it: `wmrl dlq
