@@ -189,7 +189,9 @@ func TestAPredictionDeliveredAgainAfterItsPairsIsLetGo(t *testing.T) {
 	defer cancel()
 	a, nc, js := startClient(t, ctx, cfg)
 	publishStep(t, ctx, js, pol, 0)
-	waitFor(t, 60*time.Second, func() bool { return len(scanAll(t, nc, "wmrl.default.execution")) == 2 })
+	waitFor(t, 60*time.Second, func() bool {
+		return len(scanAll(t, nc, "wmrl.default.pred")) == 2 && len(scanAll(t, nc, "wmrl.default.execution")) == 2
+	})
 
 	// The pair process that stopped: it paired the first group only.
 	var gone []*natsjs.Subscriber
@@ -208,7 +210,7 @@ func TestAPredictionDeliveredAgainAfterItsPairsIsLetGo(t *testing.T) {
 	}
 	preds, execs := read(schemas.KindPred), read(schemas.KindExecution)
 	byGroup := map[string]schemas.Prediction{}
-	for range 2 {
+	for len(byGroup) < 2 { // a prediction handed back may come again first
 		m := <-preds
 		var p schemas.Prediction
 		if err := json.Unmarshal(m.Payload, &p); err != nil {
