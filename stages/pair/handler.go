@@ -24,7 +24,8 @@ type slot struct {
 
 // Handler is the pair stage. A world-model-only prediction is acknowledged
 // at once; an anchor group's prediction and execution are held until both
-// have arrived and their pairs are stored. One pair stage per run.
+// have arrived and their pairs are stored (or, for a side delivered again,
+// until it is known that they were). One pair stage per run.
 type Handler struct {
 	Run string
 	Out string // pairs subject
