@@ -49,8 +49,8 @@ var errEnough = errors.New("read enough")
 // asked and on from the newest pairs it read, and lets go of the IDs once
 // no side has asked for idle.
 type pairsIndex struct {
-	// since reads the IDs stored at or after a time, after those after a
-	// stream sequence, in order, until fn returns an error.
+	// since reads the IDs stored at or after a time, and after those
+	// stored after a stream sequence: in order, until fn returns an error.
 	since func(ctx context.Context, since time.Time, fn func(natsjs.Record) error) error
 	after func(ctx context.Context, seq uint64, fn func(natsjs.Record) error) error
 	idle  time.Duration
