@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 )
@@ -160,17 +158,7 @@ func TestTheCheckReadsWhatTheRunsConsumersStillHave(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, tr := rehearsalServer(t, ctx)
-	stream, err := tr.js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName("rehearse"), Subjects: []string{"rehearse.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	consumer := func(name, subject string) jetstream.Consumer {
-		c, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: name, FilterSubject: subject, AckPolicy: jetstream.AckExplicitPolicy})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	consumer := rehearsalStream(t, ctx, tr)
 	held, acked := consumer("pair_r_pred", "rehearse.r.pred"), consumer("fuse_r_pred", "rehearse.r.pred")
 	consumer("pair_other_pred", "rehearse.other.pred")
 	consumer("route_r_step", "rehearse.r.step")
@@ -179,20 +167,9 @@ func TestTheCheckReadsWhatTheRunsConsumersStillHave(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, c := range []jetstream.Consumer{held, acked} {
-		batch, err := c.Fetch(1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		msg := <-batch.Messages()
-		if msg == nil {
-			t.Fatal("no message fetched")
-		}
-		if c == acked {
-			if err := msg.DoubleAck(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
+	fetchOne(t, held)
+	if err := fetchOne(t, acked).DoubleAck(ctx); err != nil {
+		t.Fatal(err)
 	}
 	rep := newReport(0, 1, 2)
 	if err := tr.readLeft(ctx, rep); err != nil {

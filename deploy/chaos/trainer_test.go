@@ -31,17 +31,8 @@ func TestTheArchiveIsDryOnceItsConsumersHaveNothingLeft(t *testing.T) {
 	if tr.archiveDrained(ctx) {
 		t.Fatal("dry before the stream exists")
 	}
-	stream, err := tr.js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName("rehearse"), Subjects: []string{"rehearse.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	consumer := func(stage string) jetstream.Consumer {
-		c, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: stage + "_r_update", FilterSubject: "rehearse.r.update", AckPolicy: jetstream.AckExplicitPolicy})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	durable := rehearsalStream(t, ctx, tr)
+	consumer := func(stage string) jetstream.Consumer { return durable(stage+"_r_update", "rehearse.r.update") }
 	if tr.archiveDrained(ctx) {
 		t.Fatal("dry before the archive has a consumer")
 	}
@@ -56,14 +47,7 @@ func TestTheArchiveIsDryOnceItsConsumersHaveNothingLeft(t *testing.T) {
 	if tr.archiveDrained(ctx) {
 		t.Fatal("dry with an update not yet delivered")
 	}
-	batch, err := archive.Fetch(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg := <-batch.Messages()
-	if msg == nil {
-		t.Fatal("no message fetched")
-	}
+	msg := fetchOne(t, archive)
 	if tr.archiveDrained(ctx) {
 		t.Fatal("dry with an update delivered and not acknowledged")
 	}
@@ -163,6 +147,38 @@ func TestTheTrainerWaitsAsLongAsTheGatewaysAsk(t *testing.T) {
 	if want := []time.Duration{100 * time.Millisecond}; !slices.Equal(waited, want) {
 		t.Errorf("with no Retry-After, the trainer waited %v; want %v", waited, want)
 	}
+}
+
+// rehearsalStream makes the stream of prefix rehearse, and returns a
+// maker of its durable consumers (by name, of a subject).
+func rehearsalStream(t *testing.T, ctx context.Context, tr *runConn) func(name, subject string) jetstream.Consumer {
+	t.Helper()
+	stream, err := tr.js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName("rehearse"), Subjects: []string{"rehearse.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(name, subject string) jetstream.Consumer {
+		t.Helper()
+		c, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: name, FilterSubject: subject, AckPolicy: jetstream.AckExplicitPolicy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+}
+
+// fetchOne is c's next message, delivered and not acknowledged.
+func fetchOne(t *testing.T, c jetstream.Consumer) jetstream.Msg {
+	t.Helper()
+	batch, err := c.Fetch(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := <-batch.Messages()
+	if msg == nil {
+		t.Fatal("no message fetched")
+	}
+	return msg
 }
 
 // rehearsalServer is an embedded server and a connection to run r of
