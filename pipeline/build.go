@@ -83,6 +83,10 @@ func (p *Pipeline) build(ctx context.Context) error {
 		case StagePair:
 			h := pair.NewHandler(cfg.Run, p.topo.Out(StagePair, schemas.KindPairs), p.stagePublisher(stage))
 			h.Wait, h.Redelivered, h.Stored = cfg.PairWait, redelivered, p.pairsStored
+			h.LetGo = func(step int64, group, side string) {
+				p.metrics.PairSidesLetGo.WithLabelValues(side).Inc()
+				p.notef("pair: the %s of anchor group %d/%s came again after its pairs were stored (a pair process stopped before the server had its acknowledgement): let go", side, step, group)
+			}
 			if err = p.subscribe(stage, schemas.KindPred, h.HandlePred); err == nil {
 				err = p.subscribe(stage, schemas.KindExecution, h.HandleExecution)
 			}

@@ -248,7 +248,7 @@ func TestAPredictionDeliveredAgainAfterItsPairsIsLetGo(t *testing.T) {
 	defer sub.Unsubscribe()
 	next := testConfig(t)
 	next.NATSURL, next.Source, next.Stages, next.PairWait = a.URL(), SourceExternal, []string{StagePair}, 3*time.Second
-	started(t, ctx, next)
+	p := started(t, ctx, next)
 
 	select {
 	case m := <-letters:
@@ -268,6 +268,10 @@ func TestAPredictionDeliveredAgainAfterItsPairsIsLetGo(t *testing.T) {
 	}
 	if n := len(scanAll(t, nc, "wmrl.default.pairs")); n != 1 {
 		t.Errorf("%d pair groups stored; want the one the stopped process stored", n)
+	}
+	let := p.Metrics().PairSidesLetGo
+	if pred, exec := testutil.ToFloat64(let.WithLabelValues("prediction")), testutil.ToFloat64(let.WithLabelValues("execution")); pred != 1 || exec != 0 {
+		t.Errorf("wmrl_pair_sides_let_go_total: prediction %v, execution %v; want 1 (%s's), 0", pred, exec, paired)
 	}
 }
 

@@ -74,6 +74,11 @@ type Metrics struct {
 	// ExecutionsShared counts the anchor trajectories that took the
 	// execution of a copy of their solution (--exec-copies-once).
 	ExecutionsShared prometheus.Counter
+	// PairSidesLetGo counts, by side (prediction, execution), the sides
+	// of anchor groups the pair stage let go because their group's pairs
+	// were stored: each is a side delivered again after a pair process
+	// stopped, or lost its connection, before its acknowledgement.
+	PairSidesLetGo *prometheus.CounterVec
 	// ExecutionsWaiting are the executions waiting, by what for: a slot
 	// (--exec-slots all busy), a user (--exec-uids) or a set of GPUs
 	// (--exec-gpus); ExecutionSlots and ExecutionSlotsBusy, the slots
@@ -268,6 +273,14 @@ func NewMetrics() *Metrics {
 	m.ExecutionSlotsBusy = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "wmrl", Name: "execution_slots_busy",
 		Help: "Of those, the ones taken: an execution under way, or waiting for a user or a set of GPUs."})
 	r.MustRegister(m.ExecutionsWaiting, m.ExecutionSlots, m.ExecutionSlotsBusy)
+	m.PairSidesLetGo = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "pair_sides_let_go_total",
+		Help: "Sides of anchor groups (prediction, execution) this process's pair stage let go, not held or dead-lettered, because their group's pairs were already stored: " +
+			"each came again after a pair process stopped, or lost its connection, before the server had its acknowledgement."},
+		[]string{"side"})
+	for _, side := range []string{"prediction", "execution"} {
+		m.PairSidesLetGo.WithLabelValues(side)
+	}
+	r.MustRegister(m.PairSidesLetGo)
 	r.MustRegister(m.Latency, m.StepLatency, m.NATSReconnects, m.ShortSteps, m.AstraySteps, m.CertNotAfter, m.Standby, m.Archived, m.ArchiveMerged, m.Lost, m.WithinSpearman, m.HTTPRequests, m.HTTPSeconds,
 		m.RewardAnswers, m.WMRequests, m.WMRequestSeconds, m.WMTokens, m.Executions, m.ExecutionSeconds, m.ExecutionsShared)
 	return m

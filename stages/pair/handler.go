@@ -46,6 +46,9 @@ type Handler struct {
 	// asked as it comes when it was delivered before, and by any side
 	// before it goes to the dead letters, so that it is let go instead.
 	Stored func(ctx context.Context, side *message.Message, id string) (bool, error)
+	// LetGo, if set, is told of each side let go because its group's pairs
+	// were stored (side is "prediction" or "execution").
+	LetGo func(step int64, group, side string)
 
 	mu    sync.Mutex
 	slots map[key]*slot
@@ -78,7 +81,7 @@ func (h *Handler) HandlePred(msg *message.Message) error {
 	s := h.slot(key{p.Step, p.GroupID})
 	s.pred = &p
 	h.mu.Unlock()
-	return h.join(msg, key{p.Step, p.GroupID}, s)
+	return h.join(msg, key{p.Step, p.GroupID}, s, "prediction")
 }
 
 // HandleExecution takes an Execution.
@@ -91,12 +94,12 @@ func (h *Handler) HandleExecution(msg *message.Message) error {
 	s := h.slot(key{e.Step, e.GroupID})
 	s.exec = &e
 	h.mu.Unlock()
-	return h.join(msg, key{e.Step, e.GroupID}, s)
+	return h.join(msg, key{e.Step, e.GroupID}, s, "execution")
 }
 
 // join publishes the pairs once both sides are in, then releases both
-// inputs; the first to arrive waits for that.
-func (h *Handler) join(msg *message.Message, k key, s *slot) error {
+// inputs; the first to arrive waits for that. side names msg's kind.
+func (h *Handler) join(msg *message.Message, k key, s *slot, side string) error {
 	ctx := msg.Context()
 	h.mu.Lock()
 	ready := s.pred != nil && s.exec != nil && h.slots[k] == s
@@ -122,7 +125,7 @@ func (h *Handler) join(msg *message.Message, k key, s *slot) error {
 	}
 	if h.Redelivered != nil && h.Redelivered(msg) {
 		if stored, err := h.stored(msg, k); err == nil && stored {
-			return h.letGo(ctx, k, s, nil)
+			return h.letGo(ctx, k, s, side, nil)
 		}
 	}
 	var expired <-chan time.Time
@@ -143,24 +146,23 @@ func (h *Handler) join(msg *message.Message, k key, s *slot) error {
 		// Handed back, to be asked again when redelivered: a side whose
 		// pairs were stored is not to be dead-lettered for want of its
 		// other side.
-		return h.letGo(ctx, k, s, fmt.Errorf("pair: anchor group %d/%s: alone for %v, and whether its pairs were stored cannot be told: %w", k.step, k.group, h.Wait, err))
+		return h.letGo(ctx, k, s, side, fmt.Errorf("pair: anchor group %d/%s: alone for %v, and whether its pairs were stored cannot be told: %w", k.step, k.group, h.Wait, err))
 	}
 	if stored {
-		return h.letGo(ctx, k, s, nil)
+		return h.letGo(ctx, k, s, side, nil)
 	}
-	h.mu.Lock()
 	missing := "execution"
-	if s.pred == nil {
+	if side == "execution" {
 		missing = "prediction"
 	}
-	h.mu.Unlock()
-	return h.letGo(ctx, k, s, fmt.Errorf("pair: %w: anchor group %d/%s: no %s within %v (see the dead letters for it)", schemas.ErrUnusable, k.step, k.group, missing, h.Wait))
+	return h.letGo(ctx, k, s, side, fmt.Errorf("pair: %w: anchor group %d/%s: no %s within %v (see the dead letters for it)", schemas.ErrUnusable, k.step, k.group, missing, h.Wait))
 }
 
-// letGo ends a side's wait with outcome: its slot is taken back while the
-// side is alone in it; when the other side came just now and is storing
-// the pairs, the side waits for that instead.
-func (h *Handler) letGo(ctx context.Context, k key, s *slot, outcome error) error {
+// letGo ends a side's wait with outcome (nil: its group's pairs were
+// stored, which LetGo is told): its slot is taken back while the side is
+// alone in it; when the other side came just now and is storing the
+// pairs, the side waits for that instead.
+func (h *Handler) letGo(ctx context.Context, k key, s *slot, side string, outcome error) error {
 	h.mu.Lock()
 	alone := h.slots[k] == s && (s.pred == nil || s.exec == nil)
 	if alone {
@@ -168,6 +170,9 @@ func (h *Handler) letGo(ctx context.Context, k key, s *slot, outcome error) erro
 	}
 	h.mu.Unlock()
 	if alone {
+		if outcome == nil && h.LetGo != nil {
+			h.LetGo(k.step, k.group, side)
+		}
 		return outcome
 	}
 	select {

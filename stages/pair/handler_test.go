@@ -3,6 +3,7 @@ package pair
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -60,12 +61,25 @@ func TestWaitBoundsALoneSide(t *testing.T) {
 }
 
 // storedPairs answers Stored for the IDs in ids, or with err, counting
-// what it was asked.
+// what it was asked, and what LetGo was told.
 type storedPairs struct {
 	ids   map[string]bool
 	err   error
 	mu    sync.Mutex
 	asked []string
+	let   []string
+}
+
+func (s *storedPairs) letGo(step int64, group, side string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.let = append(s.let, fmt.Sprintf("%d/%s %s", step, group, side))
+}
+
+func (s *storedPairs) letOf() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.let)
 }
 
 func (s *storedPairs) stored(_ context.Context, _ *message.Message, id string) (bool, error) {
@@ -100,7 +114,7 @@ func TestASideDeliveredAgainAfterItsPairsIsLetGo(t *testing.T) {
 	h.Wait = time.Hour
 	h.Redelivered = func(m *message.Message) bool { return m.Metadata.Get("again") == "1" }
 	s := &storedPairs{ids: map[string]bool{"r/pairs/3/g1": true}}
-	h.Stored = s.stored
+	h.Stored, h.LetGo = s.stored, s.letGo
 
 	_, exec := sides("g1")
 	done := make(chan error, 1)
@@ -115,6 +129,9 @@ func TestASideDeliveredAgainAfterItsPairsIsLetGo(t *testing.T) {
 	}
 	if len(h.slots) != 0 || pub.Count() != 0 || !slices.Equal(s.askedOf(), []string{"r/pairs/3/g1"}) {
 		t.Errorf("%d slots held, %d pairs published, asked %v; want none, none, the group's pairs", len(h.slots), pub.Count(), s.askedOf())
+	}
+	if !slices.Equal(s.letOf(), []string{"3/g1 execution"}) {
+		t.Errorf("LetGo told %v; want the execution of 3/g1", s.letOf())
 	}
 
 	// Delivered again but not paired yet (both sides come again after a
@@ -133,6 +150,9 @@ func TestASideDeliveredAgainAfterItsPairsIsLetGo(t *testing.T) {
 	if err := <-done; err != nil || pub.Count() != 1 || !slices.Equal(s.askedOf(), []string{"r/pairs/3/g1", "r/pairs/3/g2"}) {
 		t.Errorf("pairing after a redelivery: %v, %d pairs published, asked %v; want the pairs once, g2 asked once", err, pub.Count(), s.askedOf())
 	}
+	if len(s.letOf()) != 1 {
+		t.Errorf("LetGo told %v; want nothing of g2, which was paired", s.letOf())
+	}
 }
 
 // A side alone until Wait is dead-lettered only when its group's pairs
@@ -145,26 +165,30 @@ func TestASideAloneIsAskedAboutBeforeTheDeadLetters(t *testing.T) {
 		stored bool
 		err    error
 		want   func(error) bool
+		let    int // sides LetGo is told of
 	}{
-		{"stored", true, nil, func(err error) bool { return err == nil }},
+		{"stored", true, nil, func(err error) bool { return err == nil }, 1},
 		{"not stored", false, nil, func(err error) bool {
 			return errors.Is(err, schemas.ErrUnusable) && strings.Contains(err.Error(), "3/g1: no execution within 50ms")
-		}},
+		}, 0},
 		{"cannot tell", false, errors.New("nats: timeout"), func(err error) bool {
 			return err != nil && !errors.Is(err, schemas.ErrUnusable) && strings.Contains(err.Error(), "cannot be told: nats: timeout")
-		}},
+		}, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := NewHandler("r", "pairs", &stagetest.Recorder{})
 			h.Wait = 50 * time.Millisecond
 			s := &storedPairs{ids: map[string]bool{"r/pairs/3/g1": c.stored}, err: c.err}
-			h.Stored = s.stored
+			h.Stored, h.LetGo = s.stored, s.letGo
 			pred, _ := sides("g1")
 			if err := h.HandlePred(stagetest.Message(t, ctx, pred)); !c.want(err) {
 				t.Errorf("a side alone past Wait: %v", err)
 			}
 			if len(h.slots) != 0 || !slices.Equal(s.askedOf(), []string{"r/pairs/3/g1"}) {
 				t.Errorf("%d slots held, asked %v; want none, the group's pairs once", len(h.slots), s.askedOf())
+			}
+			if len(s.letOf()) != c.let {
+				t.Errorf("LetGo told %v; want %d side(s)", s.letOf(), c.let)
 			}
 		})
 	}
