@@ -70,9 +70,10 @@ type Config struct {
 	// MaxPayloadMB is the embedded server's max_payload in MiB (0: 8).
 	MaxPayloadMB int
 	// MaxStoreGB bounds the embedded server's JetStream store, in GiB
-	// (0: nats-server's own bound, 75% of the disk's free room at its
-	// start). A store at its bound is full: every stage waits until room
-	// is made (--retention ages messages out).
+	// (0: three quarters of what its disk gives it, what it holds and the
+	// free room, followed every 30 s as other writers fill the disk or
+	// make room). A store at its bound is full: every stage waits until
+	// room is made (--retention ages messages out).
 	MaxStoreGB float64
 	// Stages run in this process: nil means all, an empty slice none (a
 	// gateway alone).
@@ -378,7 +379,7 @@ func (c *Config) runs(stage string) bool { return slices.Contains(c.Stages, stag
 
 func (c *Config) storeDir() string { return filepath.Join(c.DataDir, "nats") }
 
-// maxStore is MaxStoreGB in bytes (0: nats-server's own bound).
+// maxStore is MaxStoreGB in bytes (0: the store follows its disk).
 func (c *Config) maxStore() int64 { return int64(c.MaxStoreGB * (1 << 30)) }
 
 // ArchiveRoot is the archive stage's root directory: ArchiveDir, else

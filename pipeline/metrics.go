@@ -172,7 +172,7 @@ func NewMetrics() *Metrics {
 			"A prediction has no deadline: a step whose group a stage between predict and fuse dead-lettered waits until it is sent again (wmrl dlq --resend)."),
 		StreamBytes: g("stream_bytes", "Bytes the run's JetStream stream holds: every message for its retention (--retention)."),
 		StoreBytes:  g("jetstream_store_bytes", "Bytes of file storage the JetStream account uses (every stream of it, this run's among them)."),
-		StoreLimit: g("jetstream_store_limit_bytes", "The JetStream account's file storage limit, or the embedded server's (75% of its disk's free space at its start); 0 when none is known. "+
+		StoreLimit: g("jetstream_store_limit_bytes", "The JetStream account's file storage limit, or the embedded server's (--nats-max-store-gb, else three quarters of what its disk gives the store, what it holds and the free room, read every 30 s); 0 when none is known. "+
 			"At it, the server refuses to store, and every stage stops until room is made."),
 		StoreDiskFree: g("store_disk_free_bytes", "Free bytes of the disk under the embedded server's store (0 with an external server)."),
 		NATSConnected: g("nats_connected", "1 while this process's connection to its NATS server is up, 0 while it is lost and reconnecting (its stages wait meanwhile)."),

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -15,6 +14,16 @@ import (
 // storeEvery is how often the store's use is read for the metrics (a
 // variable for tests).
 var storeEvery = 30 * time.Second
+
+// followEvery is how often the embedded server's store, given no bound,
+// follows its disk's room: often, since another writer may fill the disk
+// within seconds, and reading the room costs microseconds (a variable
+// for tests).
+var followEvery = time.Second
+
+// diskRoom reads the free room and the size of a disk (a variable for
+// tests, which cannot fill the machine's).
+var diskRoom = natsjs.DiskRoom
 
 // watchStore keeps the metrics of what the stream and the JetStream store
 // hold, and how much room is left, until ctx is done: a run of days with
@@ -53,12 +62,71 @@ func (p *Pipeline) readStore(ctx context.Context) {
 		if limit <= 0 {
 			limit = p.tr.srv.StoreLimit()
 		}
-		var fs syscall.Statfs_t
-		if syscall.Statfs(p.cfg.storeDir(), &fs) == nil {
-			m.StoreDiskFree.Set(float64(fs.Bavail) * float64(fs.Bsize))
+		if free, _, err := diskRoom(p.cfg.storeDir()); err == nil {
+			m.StoreDiskFree.Set(float64(free))
 		}
 	}
 	m.StoreLimit.Set(float64(max(limit, 0)))
+}
+
+// followDisk has the embedded server's store, given no bound, follow the
+// room its disk gives it (natsjs.Server.FollowDisk) until ctx is done, and
+// says when that leaves the store full, and when it has room again: so the
+// store stops taking messages before a disk that others fill (a trainer's
+// checkpoints) is full, which nats-server meets by storing nothing more
+// until a restart (tried on a small disk: a run whose disk was filled
+// under it had "timeout waiting for ack" for every write, and still after
+// room was made).
+func (p *Pipeline) followDisk(ctx context.Context) {
+	t := time.NewTicker(followEvery)
+	defer t.Stop()
+	short, failed := false, false
+	for {
+		if free, _, err := diskRoom(p.cfg.storeDir()); err == nil {
+			limit, _, err := p.tr.srv.FollowDisk(free)
+			if err != nil && !failed {
+				p.notef("nats: the embedded server's store could not follow its disk's room: %v", err)
+			}
+			failed = err != nil
+			p.sayRoom(&short, p.tr.srv.StoreUsed(), limit, free)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// roomShort is how close to its limit a store counts as full: the
+// largest message it may be sent (a step's update) no longer fits.
+const roomShort = 8 << 20
+
+// sayRoom says when the embedded server's store, following its disk, has
+// no room left, and when it has again; short is what was said last.
+func (p *Pipeline) sayRoom(short *bool, used, limit, free int64) {
+	now := used+roomShort > limit
+	switch {
+	case now && !*short:
+		p.notef("nats: the embedded server's store holds %s, and may hold %s: three quarters of what its disk gives it (%s free on %s). "+
+			"Every stage waits for room until some is made on that disk (or give --nats-max-store-gb, or a shorter --retention)",
+			FormatBytes(used), FormatBytes(limit), FormatBytes(free), p.cfg.storeDir())
+	case !now && *short:
+		p.notef("nats: room on the disk of the embedded server's store (%s free on %s): it may hold %s, and holds %s",
+			FormatBytes(free), p.cfg.storeDir(), FormatBytes(limit), FormatBytes(used))
+	}
+	*short = now
+}
+
+// FormatBytes writes a byte count in the unit that suits it.
+func FormatBytes(n int64) string {
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%.1f GB", float64(n)/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.1f MB", float64(n)/1e6)
+	}
+	return fmt.Sprintf("%.0f kB", float64(n)/1e3)
 }
 
 // boundBeyondDisk says, when --nats-max-store-gb is more than the disk
@@ -67,11 +135,13 @@ func (p *Pipeline) readStore(ctx context.Context) {
 // than refuse messages for want of room, and may turn JetStream off.
 func (p *Pipeline) boundBeyondDisk(ctx context.Context) {
 	bound := p.cfg.maxStore()
-	var fs syscall.Statfs_t
-	if bound <= 0 || syscall.Statfs(p.cfg.storeDir(), &fs) != nil {
+	if bound <= 0 {
 		return
 	}
-	free := int64(fs.Bavail) * fs.Bsize
+	free, _, err := diskRoom(p.cfg.storeDir())
+	if err != nil {
+		return
+	}
 	ai, err := p.tr.js.AccountInfo(ctx)
 	if err != nil {
 		return

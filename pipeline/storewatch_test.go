@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/sim"
 )
 
@@ -68,7 +70,7 @@ func TestStoreMetricsFollowTheStream(t *testing.T) {
 // (wmrl status --data), which starts a server of its own on it, and a
 // client of the running server (wmrl status --nats), which reads its
 // account's limit, not the server's. A run
-// without the bound leaves its readers nats-server's own. A bound beyond
+// without the bound leaves its readers the disk's. A bound beyond
 // what the disk gives the store is pointed out.
 func TestTheEmbeddedStoreKeepsItsBound(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -110,7 +112,7 @@ func TestTheEmbeddedStoreKeepsItsBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := limit(); got == 1<<28 || got == 0 {
-		t.Errorf("after a run without a bound, the stopped store read with a limit of %d; want nats-server's own", got)
+		t.Errorf("after a run without a bound, the stopped store read with a limit of %d; want three quarters of the disk's room", got)
 	}
 
 	var out syncBuffer
@@ -148,5 +150,90 @@ func TestTheStoresLimitIsTheStreamsTiers(t *testing.T) {
 		if used, limit := accountStore(&ai, tc.replicas); used != tc.used || limit != tc.limit {
 			t.Errorf("%s: use %d of %d; want %d of %d", tc.name, used, limit, tc.used, tc.limit)
 		}
+	}
+}
+
+// fakeDisk stands for the embedded server's disk in diskRoom: its free
+// room is what the test sets.
+func fakeDisk(t *testing.T, free int64) *atomic.Int64 {
+	var room atomic.Int64
+	room.Store(free)
+	before := diskRoom
+	diskRoom = func(string) (int64, int64, error) { return room.Load(), 1 << 40, nil }
+	t.Cleanup(func() { diskRoom = before })
+	return &room
+}
+
+// The embedded server's store, given no bound, follows what its disk gives
+// it: when other writers (a trainer's checkpoints) leave the disk little
+// room, the store stops taking messages before the disk fills, and the run
+// says so; once room is made there, it takes them again and the run goes
+// on. nats-server's own limit is three quarters of the disk's free room at
+// its start, for good: a run started on a disk short of room stayed full
+// after room was made, until a restart (a rehearsal, seed 64), and one
+// whose disk filled under it could not write its files.
+func TestTheEmbeddedStoreFollowsItsDisk(t *testing.T) {
+	defer func(store, follow time.Duration) { storeEvery, followEvery = store, follow }(storeEvery, followEvery)
+	storeEvery, followEvery = 20*time.Millisecond, 20*time.Millisecond
+	askForRoomOften(t)
+	room := fakeDisk(t, 1<<30)
+	cfg := testConfig(t)
+	var out syncBuffer
+	cfg.Source, cfg.Quiet, cfg.Out = SourceExternal, false, &out
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, nc, js := startClient(t, ctx, cfg)
+	defer nc.Close()
+	limitNow := func() (used uint64, limit int64) {
+		ai, err := js.AccountInfo(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ai.Store, ai.Limits.MaxStore
+	}
+	pol := sim.Policy{Run: "default", Tasks: 4, Groups: 4, GroupSize: 4}
+	publishStep(t, ctx, js, pol, 0)
+	fused := func(n int) func() bool {
+		return func() bool { return len(scanAll(t, nc, "wmrl.default.update")) == n }
+	}
+	waitFor(t, 20*time.Second, fused(1))
+	used, limit := limitNow()
+	if want := (int64(1<<30) + int64(used)) / 4 * 3; limit < want-(1<<20) || limit > want+(1<<20) {
+		t.Errorf("the store's limit with 1 GiB free: %d; want three quarters of that and what it holds (%d), %d", limit, used, want)
+	}
+
+	// Step 1's trajectories are stored; the disk then fills, and its
+	// watermark is refused.
+	trajs, wm := pol.Step(1)
+	for _, tr := range trajs {
+		b, _ := json.Marshal(tr)
+		if _, err := js.Publish(ctx, "wmrl.default.traj", b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	room.Store(0)
+	waitFor(t, 20*time.Second, func() bool { return strings.Contains(out.String(), "Every stage waits for room") })
+	if used, limit := limitNow(); limit >= int64(used) {
+		t.Errorf("with the disk full, the store's limit is %d, holding %d; want it below", limit, used)
+	}
+	b, _ := json.Marshal(wm)
+	if _, err := js.Publish(ctx, "wmrl.default.step", b); !natsjs.StoreFull(err) {
+		t.Fatalf("a watermark sent with the disk full: %v; want it refused for want of room", err)
+	}
+	if got := testutil.ToFloat64(p.Metrics().StoreLimit); got >= testutil.ToFloat64(p.Metrics().StoreBytes) {
+		t.Errorf("wmrl_jetstream_store_limit_bytes %v with the disk full; want it below wmrl_jetstream_store_bytes, %v", got, testutil.ToFloat64(p.Metrics().StoreBytes))
+	}
+
+	room.Store(1 << 30)
+	waitFor(t, 20*time.Second, func() bool {
+		return strings.Contains(out.String(), "nats: room on the disk of the embedded server's store")
+	})
+	if _, err := js.Publish(ctx, "wmrl.default.step", b); err != nil {
+		t.Fatalf("the watermark once room was made: %v", err)
+	}
+	waitFor(t, 20*time.Second, fused(2))
+	u := decodeUpdates(t, scanAll(t, nc, "wmrl.default.update"))[1]
+	if len(u.Items) != len(trajs) || u.Groups != pol.Groups {
+		t.Errorf("step 1's update: %d items of %d groups; want its %d trajectories, %d groups", len(u.Items), u.Groups, len(trajs), pol.Groups)
 	}
 }

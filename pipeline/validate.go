@@ -36,7 +36,7 @@ func (c *Config) Validate() error {
 	case c.MaxPayloadMB < 0 || c.MaxPayloadMB > 64:
 		return fmt.Errorf("%w: nats-max-payload-mb %d: want 1 to 64 (MiB; NATS takes no larger messages)", ErrConfig, c.MaxPayloadMB)
 	case !(c.MaxStoreGB >= 0) || math.IsInf(c.MaxStoreGB, 1):
-		return fmt.Errorf("%w: --nats-max-store-gb %v: want GiB > 0, or 0 for 75%% of the disk's free room", ErrConfig, c.MaxStoreGB)
+		return fmt.Errorf("%w: --nats-max-store-gb %v: want GiB > 0, or 0 for three quarters of what the disk gives the store", ErrConfig, c.MaxStoreGB)
 	case c.MaxStoreGB > 0 && c.NATSURL != "":
 		return fmt.Errorf("%w: --nats-max-store-gb bounds the embedded server's store; with --nats, the server's max_file_store (or its account's max_file) does", ErrConfig)
 	case c.Groups < 1 || c.GroupSize < 2 || c.Tasks < 1:

@@ -181,7 +181,7 @@ func embeddedServerFlags(fs *pflag.FlagSet, cfg *pipeline.Config) {
 	fs.StringVar(&cfg.ListenTLS.Key, "listen-key", "", "key (PEM) of --listen-cert")
 	fs.StringVar(&cfg.ListenTLS.ClientCA, "listen-client-ca", "", "PEM file of the CA whose certificates the embedded server requires of every client over the network (with --listen-cert)")
 	fs.IntVar(&cfg.MaxPayloadMB, "nats-max-payload-mb", 8, "largest message the embedded server takes, in MiB (1-64): a step's update is one message, about 400 bytes a trajectory")
-	fs.Float64Var(&cfg.MaxStoreGB, "nats-max-store-gb", 0, "most the embedded server's store holds, in GiB (0: 75% of the disk's free room at its start); a full store stops every stage until room is made, so leave the disk what the trainer needs")
+	fs.Float64Var(&cfg.MaxStoreGB, "nats-max-store-gb", 0, "most the embedded server's store holds, in GiB (0: three quarters of what the disk gives it, what it holds and the free room, followed as other writers fill the disk or make room); a full store stops every stage until room is made, so leave the disk what the trainer needs")
 	positive(fs, "nats-max-payload-mb")
 	mark(fs, embeddedMark, "listen", "listen-cert", "listen-key", "listen-client-ca", "nats-max-payload-mb", "nats-max-store-gb")
 }

@@ -289,15 +289,7 @@ func cut(s string, n int) string {
 }
 
 // gb writes a byte count in the unit that suits it.
-func gb(n float64) string {
-	switch {
-	case n >= 1e9:
-		return fmt.Sprintf("%.1f GB", n/1e9)
-	case n >= 1e6:
-		return fmt.Sprintf("%.1f MB", n/1e6)
-	}
-	return fmt.Sprintf("%.0f kB", n/1e3)
-}
+func gb(n float64) string { return pipeline.FormatBytes(int64(n)) }
 
 // nextStep is one past the newest step closed, fused or sent a
 // trajectory, as the gateway's GET .../steps gives it; ok is false before

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,8 +33,10 @@ type ServerConfig struct {
 	// MaxPayload is the largest message it takes (0: DefaultMaxPayload;
 	// NATS allows up to 64 MiB).
 	MaxPayload int
-	// MaxStore bounds the JetStream file store in bytes (0: the server's
-	// default, 75% of the store disk's free space at its start).
+	// MaxStore bounds the JetStream file store in bytes. 0 leaves it to
+	// the disk: three quarters of what the disk gives the store (what it
+	// holds and the free room), as nats-server sets once at its start,
+	// here set at the start and again at each FollowDisk.
 	MaxStore int64
 	// Auth's user and password, or token, when set, are required of every
 	// client, the embedded one's own connections included. Its other
@@ -91,6 +94,11 @@ type Server struct {
 	lock  *os.File // holds the store's lock until Shutdown
 	auth  Auth     // what its own connections present
 	certs *tlsfiles.Reloader
+	// follows: started without MaxStore, its store's limit follows the
+	// disk (followed: the limit FollowDisk set last).
+	follows  bool
+	storeDir string
+	followed atomic.Int64
 }
 
 // StartServer starts an embedded server and waits until it accepts clients.
@@ -227,6 +235,14 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		}
 		opts.TLS, opts.TLSConfig, opts.TLSVerify = true, tc, cfg.TLS.ClientCA != ""
 	}
+	// Without a bound, the server's own limit is the disk's size, a
+	// ceiling, and the account's the one enforced (FollowDisk): the
+	// server's cannot be raised once derived from the disk.
+	_, size, serr := DiskRoom(cfg.StoreDir)
+	follows := cfg.MaxStore == 0 && serr == nil && size > 0
+	if follows {
+		opts.JetStreamMaxStore = size
+	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: embedded server: %w", err)
@@ -247,13 +263,20 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("natsjs: embedded server not ready after %v (is %s:%d in use? choose another with --listen)", wait, host, port)
 	}
-	srv := &Server{ns: ns, auth: Auth{User: cfg.Auth.User, Password: cfg.Auth.Password, Token: cfg.Auth.Token}, certs: certs}
+	srv := &Server{ns: ns, auth: Auth{User: cfg.Auth.User, Password: cfg.Auth.Password, Token: cfg.Auth.Token}, certs: certs,
+		follows: follows, storeDir: cfg.StoreDir}
 	// A client reads the store's limit in its account's info, never the
-	// server's: the account takes the server's as its own, so that wmrl
-	// status --nats, an outside stage or the nats CLI knows it. Refused
-	// (streams of fixed size hold part of the store), the account stays
-	// unlimited: the limit is the server's all the same.
-	_ = srv.LimitAccountStore(srv.StoreLimit())
+	// server's: the account takes the store's limit as its own, so that
+	// wmrl status --nats, an outside stage or the nats CLI knows it.
+	// Refused (streams of fixed size hold part of the store), the account
+	// stays unlimited: a bound given is the server's all the same.
+	if follows {
+		if free, _, err := DiskRoom(cfg.StoreDir); err == nil {
+			_, _, _ = srv.FollowDisk(free)
+		}
+	} else {
+		_ = srv.LimitAccountStore(srv.StoreLimit())
+	}
 	return srv, nil
 }
 
@@ -282,35 +305,6 @@ func Loopback(listen string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
-}
-
-// StoreLimit is the most file storage the server's JetStream takes
-// (nats-server sets it to 75% of the store disk's free space at start).
-func (s *Server) StoreLimit() int64 { return s.ns.JetStreamConfig().MaxStore }
-
-// LimitAccountStore sets the JetStream file store limit of the account
-// the server's clients use to bytes, -1 for none, as an operator's
-// account limit (`max_file`) does on a shared server: writes past it are
-// refused ("resource limits exceeded for account") until it is raised.
-// Clients read it in their account's info, where the server's own limit
-// does not show: StartServer sets it to the server's. It also rehearses a
-// full store (deploy/chaos) without filling a disk.
-func (s *Server) LimitAccountStore(bytes int64) error {
-	set := func(bytes int64) error {
-		limits := server.JetStreamAccountLimits{MaxMemory: -1, MaxStore: bytes, MaxStreams: -1, MaxConsumers: -1,
-			MaxAckPending: -1, MemoryMaxStreamBytes: -1, StoreMaxStreamBytes: -1} // the server's dynamic limits, but the store's
-		return s.ns.GlobalAccount().UpdateJetStreamLimits(map[string]server.JetStreamAccountLimits{"": limits})
-	}
-	// From unlimited (-1) the server counts a change to the whole store as
-	// one byte more than there is, and refuses it; from 0 it does not.
-	err := set(0)
-	if err == nil && bytes != 0 {
-		err = set(bytes)
-	}
-	if err != nil {
-		return fmt.Errorf("natsjs: account store limit %d: %w", bytes, err)
-	}
-	return nil
 }
 
 // URL is the address clients in other processes connect to.
