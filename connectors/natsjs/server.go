@@ -97,7 +97,6 @@ type Server struct {
 	// follows: started without MaxStore, its store's limit follows the
 	// disk (followed: the limit FollowDisk set last).
 	follows  bool
-	storeDir string
 	followed atomic.Int64
 }
 
@@ -263,8 +262,7 @@ func runServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("natsjs: embedded server not ready after %v (is %s:%d in use? choose another with --listen)", wait, host, port)
 	}
-	srv := &Server{ns: ns, auth: Auth{User: cfg.Auth.User, Password: cfg.Auth.Password, Token: cfg.Auth.Token}, certs: certs,
-		follows: follows, storeDir: cfg.StoreDir}
+	srv := &Server{ns: ns, auth: Auth{User: cfg.Auth.User, Password: cfg.Auth.Password, Token: cfg.Auth.Token}, certs: certs, follows: follows}
 	// A client reads the store's limit in its account's info, never the
 	// server's: the account takes the store's limit as its own, so that
 	// wmrl status --nats, an outside stage or the nats CLI knows it.

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
 )
 
 // A process that ends as it starts (a wrong flag, a missing binary) is
@@ -67,4 +69,22 @@ func TestASecondRehearsalOnTheSameDirRefuses(t *testing.T) {
 		t.Fatalf("after the first let go: %v", err)
 	}
 	again()
+}
+
+// A rehearsal refuses to start on a disk with less room than it keeps,
+// naming the directory and what it needs: one that fills the disk fails
+// for that alone.
+func TestARehearsalWantsRoomOnItsDisk(t *testing.T) {
+	dir := t.TempDir()
+	err := roomFor(dir, 100_000*time.Hour) // 3 PB
+	if err == nil || !strings.Contains(err.Error(), "the disk of "+dir+" has") || !strings.Contains(err.Error(), "give --dir on another disk") {
+		t.Errorf("a rehearsal of 100000 hours: %v; want it refused for want of room, naming %s", err, dir)
+	}
+	free, _, err := natsjs.DiskRoom(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := roomFor(dir, time.Minute); (err == nil) != (free >= 2*roomPerMinute) {
+		t.Errorf("a rehearsal of a minute with %d bytes free: %v; want it refused below %d only", free, err, 2*roomPerMinute)
+	}
 }

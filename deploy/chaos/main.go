@@ -133,6 +133,9 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 		return false, err
 	}
 	defer unlock()
+	if err := roomFor(o.dir, o.dur); err != nil {
+		return false, err
+	}
 	if o.wmrl == "" {
 		o.wmrl = filepath.Join(o.dir, "wmrl")
 		say("building ./cmd/wmrl")
@@ -468,6 +471,26 @@ func progress(ctx context.Context, o options) (stop func(), err error) {
 
 func say(format string, args ...any) {
 	fmt.Printf("%s %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+// roomPerMinute is what a rehearsal keeps in its directory for each
+// minute of it, about: those of seeds 47 to 63 kept 1.2 to 4.3 GB over 8
+// and 15 minutes (the servers' stores, the archives, the logs).
+const roomPerMinute = 512 << 20
+
+// roomFor refuses a rehearsal whose directory's disk has less room than
+// it keeps for dur: a disk that fills under it stops its servers, and the
+// rehearsal fails for that alone (seed 64 did, on this machine's disk).
+func roomFor(dir string, dur time.Duration) error {
+	free, _, err := natsjs.DiskRoom(dir)
+	if err != nil {
+		return err
+	}
+	if need := int64(max(dur.Minutes(), 2) * roomPerMinute); free < need {
+		return fmt.Errorf("the disk of %s has %.1f GB free; a rehearsal of %v keeps about %.1f GB there: make room, or give --dir on another disk",
+			dir, float64(free)/1e9, dur, float64(need)/1e9)
+	}
+	return nil
 }
 
 // sleepCtx waits d, or less when ctx ends.
