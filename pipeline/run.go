@@ -426,8 +426,8 @@ func (p *Pipeline) start(ctx context.Context) {
 	if p.tr.srv != nil || p.cfg.runs(StageRoute) {
 		p.go_(func() error { p.watchStore(ctx); return nil })
 	}
-	if p.tr.srv != nil && p.cfg.MaxStoreGB == 0 {
-		p.go_(func() error { p.followDisk(ctx); return nil })
+	if p.tr.srv != nil {
+		p.go_(func() error { return p.watchServer(ctx) })
 	}
 	p.go_(func() error { return p.watchStream(ctx) })
 	p.go_(func() error {

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -16,9 +17,9 @@ import (
 var storeEvery = 30 * time.Second
 
 // followEvery is how often the embedded server's store, given no bound,
-// follows its disk's room: often, since another writer may fill the disk
-// within seconds, and reading the room costs microseconds (a variable
-// for tests).
+// follows its disk's room, and the server is asked whether it can still
+// store: often, since another writer may fill the disk within seconds,
+// and both cost microseconds (a variable for tests).
 var followEvery = time.Second
 
 // diskRoom reads the free room and the size of a disk (a variable for
@@ -69,20 +70,32 @@ func (p *Pipeline) readStore(ctx context.Context) {
 	m.StoreLimit.Set(float64(max(limit, 0)))
 }
 
-// followDisk has the embedded server's store, given no bound, follow the
-// room its disk gives it (natsjs.Server.FollowDisk) until ctx is done, and
-// says when that leaves the store full, and when it has room again: so the
-// store stops taking messages before a disk that others fill (a trainer's
-// checkpoints) is full, which nats-server meets by storing nothing more
-// until a restart (tried on a small disk: a run whose disk was filled
-// under it had "timeout waiting for ack" for every write, and still after
-// room was made).
-func (p *Pipeline) followDisk(ctx context.Context) {
+// watchServer watches the embedded server until ctx is done. Its store,
+// given no bound, follows the room its disk gives it
+// (natsjs.Server.FollowDisk), and the run says when that leaves the store
+// full, and when it has room again: so the store stops taking messages
+// before a disk that others fill (a trainer's checkpoints) is full. A
+// server that met a full disk anyway (a bound beyond it, a writer faster
+// than a second) stores nothing more until it is started again: the run
+// then ends, saying so (ErrStoreBroken), where every write timed out,
+// room made or not, until it was stopped (tried on a small disk).
+func (p *Pipeline) watchServer(ctx context.Context) error {
 	t := time.NewTicker(followEvery)
 	defer t.Stop()
-	short, failed := false, false
+	short, failed, broken := false, false, 0
 	for {
-		if free, _, err := diskRoom(p.cfg.storeDir()); err == nil {
+		free, _, err := diskRoom(p.cfg.storeDir())
+		if why := p.tr.srv.Broken(); why == "" || ctx.Err() != nil {
+			broken = 0
+		} else if broken++; broken == brokenFor {
+			room := "its disk's room could not be read"
+			if err == nil {
+				room = FormatBytes(free) + " free on " + p.cfg.storeDir()
+			}
+			return fmt.Errorf("%w: %s (%s). Nothing is lost: make room there, and start wmrl again on the same --data "+
+				"(a supervisor's restart waits for room)", ErrStoreBroken, why, room)
+		}
+		if err == nil && p.cfg.MaxStoreGB == 0 {
 			limit, _, err := p.tr.srv.FollowDisk(free)
 			if err != nil && !failed {
 				p.notef("nats: the embedded server's store could not follow its disk's room: %v", err)
@@ -92,11 +105,20 @@ func (p *Pipeline) followDisk(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		}
 	}
 }
+
+// ErrStoreBroken ends a run whose embedded server can store nothing more
+// until it is started again.
+var ErrStoreBroken = errors.New("nats: the embedded server can store nothing more until it is started again, as nats-server does after a write found its disk full")
+
+// brokenFor is how many checks in a row a server must be found broken
+// before the run ends: a write error does not pass, and a moment of a
+// stream's deletion (a bucket deleted by hand) must not end a run.
+const brokenFor = 3
 
 // roomShort is how close to its limit a store counts as full: the
 // largest message it may be sent (a step's update) no longer fits.

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -235,5 +236,37 @@ func TestTheEmbeddedStoreFollowsItsDisk(t *testing.T) {
 	u := decodeUpdates(t, scanAll(t, nc, "wmrl.default.update"))[1]
 	if len(u.Items) != len(trajs) || u.Groups != pol.Groups {
 		t.Errorf("step 1's update: %d items of %d groups; want its %d trajectories, %d groups", len(u.Items), u.Groups, len(trajs), pol.Groups)
+	}
+}
+
+// A run whose embedded server can store nothing more until it is started
+// again (a stream's write error, or JetStream off, after its disk filled)
+// ends, saying so and what to do, where every write timed out for as long
+// as it ran, room made or not.
+func TestARunWhoseServerCanStoreNothingMoreEnds(t *testing.T) {
+	defer func(every time.Duration) { followEvery = every }(followEvery)
+	followEvery = 20 * time.Millisecond
+	cfg := testConfig(t)
+	cfg.Source = SourceExternal
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	time.Sleep(5 * followEvery) // not broken: the run goes on
+	select {
+	case <-p.done:
+		t.Fatalf("the run ended on a server that stores: %v", p.Wait())
+	default:
+	}
+	if err := p.tr.srv.NATS().DisableJetStream(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		t.Fatal("the run goes on with its server's JetStream off")
+	}
+	if err := p.Wait(); !errors.Is(err, ErrStoreBroken) || !strings.Contains(err.Error(), "JetStream is off") ||
+		!strings.Contains(err.Error(), "start wmrl again on the same --data") {
+		t.Errorf("the run ended with %v; want ErrStoreBroken, why, and what to do", err)
 	}
 }

@@ -2,6 +2,7 @@ package natsjs
 
 import (
 	"fmt"
+	"strings"
 	"syscall"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -50,6 +51,27 @@ func (s *Server) FollowDisk(free int64) (limit, before int64, err error) {
 	s.followed.Store(limit)
 	return limit, before, nil
 }
+
+// Broken says why the server can store nothing more until it is started
+// again, or "" while it can: a stream that met a write error (a single
+// node's answer to a full disk: every write after it goes unanswered, room
+// made or not), or JetStream turned off (a cluster node's).
+func (s *Server) Broken() string {
+	if !s.ns.JetStreamEnabled() {
+		return "JetStream is off"
+	}
+	for _, e := range s.ns.Healthz(&server.HealthzOptions{Details: true}).Errors {
+		if strings.Contains(e.Error, "write error") {
+			return e.Error
+		}
+	}
+	return ""
+}
+
+// NATS is the nats-server the Server runs, for what this package does not
+// wrap (a test turning JetStream off, as a cluster node does on a full
+// disk).
+func (s *Server) NATS() *server.Server { return s.ns }
 
 // StoreUsed is what the store holds, in bytes, as the account's use.
 func (s *Server) StoreUsed() int64 { return int64(s.ns.GlobalAccount().JetStreamUsage().Store) }

@@ -75,3 +75,31 @@ func TestAStoreWithoutABoundFollowsItsDisk(t *testing.T) {
 		t.Errorf("FollowDisk on a server bounded at 64 MiB: %d (before %d, %v), its limit %d; want the bound kept", now, before, err, bounded.StoreLimit())
 	}
 }
+
+// A server says it can store nothing more once JetStream is off (a
+// cluster node's answer to a full disk; a single node's, a stream's write
+// error, is tried on a small disk in the README), and nothing before.
+func TestABrokenServerSaysWhy(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc := connect(t, srv)
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}}); err != nil {
+		t.Fatal(err)
+	}
+	if why := srv.Broken(); why != "" {
+		t.Fatalf("a server that stores says it is broken: %s", why)
+	}
+	if err := srv.NATS().DisableJetStream(); err != nil {
+		t.Fatal(err)
+	}
+	if why := srv.Broken(); why != "JetStream is off" {
+		t.Errorf("a server with JetStream off says %q", why)
+	}
+}
