@@ -120,8 +120,9 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 	var subs []*natsjs.Subscriber // route's, once subscribed
 	h, err := route.NewHandler(route.Config{
 		Run: cfg.Run, Scheduler: cfg.Anchors, StepTimeout: cfg.StepTimeout,
-		Redelivered: redelivered,
-		Seq:         natsjs.StreamSeq,
+		Redelivered:   redelivered,
+		Seq:           natsjs.StreamSeq,
+		PlannedBefore: p.plannedBefore,
 		Out: route.Topics{
 			Group: p.topo.Out(StageRoute, schemas.KindGroup),
 			Exec:  p.topo.Out(StageRoute, schemas.KindExec),

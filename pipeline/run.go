@@ -56,6 +56,8 @@ type Pipeline struct {
 	wmReplies    *replies         // what its answers came to, told by predict and the gateway
 	pairsOnce    sync.Once
 	pairs        *pairsIndex // the pairs stored, as the pair stage asks (pairsStored)
+	plansOnce    sync.Once
+	plans        *plans // the plans stored, as route asks (plannedBefore)
 	// httpListener is bound before the leases are taken, so Start fails
 	// on a busy address and HTTPURL is known as soon as Start returns
 	// (a standby's too, whose Start returns once it takes over).

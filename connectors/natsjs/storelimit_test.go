@@ -8,6 +8,24 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// serverWithAStream starts a server without a bound on a store in dir,
+// with a stream S of subject s; both go when the test ends.
+func serverWithAStream(t *testing.T, ctx context.Context, dir string) (*Server, jetstream.JetStream) {
+	t.Helper()
+	srv, err := StartServer(ctx, ServerConfig{StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc := connect(t, srv)
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}}); err != nil {
+		t.Fatal(err)
+	}
+	return srv, js
+}
+
 // A server started without a bound takes three quarters of its disk's free
 // room as its store's limit, as nats-server does, but as the account's,
 // which FollowDisk moves: down below what the store holds when the disk
@@ -18,14 +36,7 @@ func TestAStoreWithoutABoundFollowsItsDisk(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	srv, err := StartServer(ctx, ServerConfig{StoreDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc := connect(t, srv)
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	srv, js := serverWithAStream(t, ctx, dir)
 	limit := func() (used uint64, limit int64) {
 		ai, err := js.AccountInfo(ctx)
 		if err != nil {
@@ -41,9 +52,6 @@ func TestAStoreWithoutABoundFollowsItsDisk(t *testing.T) {
 	// The machine is shared: others write to the disk meanwhile.
 	if _, got := limit(); got != srv.StoreLimit() || got < free/4*3*95/100 || got > free/4*3*105/100 {
 		t.Errorf("a client reads the store's limit as %d, the server says %d; want both three quarters of the disk's %d free", got, srv.StoreLimit(), free)
-	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}}); err != nil {
-		t.Fatal(err)
 	}
 	for range 10 {
 		if _, err := js.Publish(ctx, "s", make([]byte, 10<<10)); err != nil {
@@ -82,17 +90,7 @@ func TestAStoreWithoutABoundFollowsItsDisk(t *testing.T) {
 func TestABrokenServerSaysWhy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc := connect(t, srv)
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}}); err != nil {
-		t.Fatal(err)
-	}
+	srv, _ := serverWithAStream(t, ctx, t.TempDir())
 	if why := srv.Broken(); why != "" {
 		t.Fatalf("a server that stores says it is broken: %s", why)
 	}

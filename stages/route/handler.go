@@ -34,6 +34,7 @@ type Handler struct {
 
 	redelivered func(*message.Message) bool
 	seq         func(*message.Message) uint64
+	askPlanned  func(*message.Message, schemas.Trajectory) (bool, error)
 	inFlight    func(context.Context) (int, error)
 	maxPayload  int
 	size        func(*message.Message) int
@@ -95,6 +96,16 @@ type Config struct {
 	// had planned (Redelivered tells only steps planned before this
 	// process started, or long ago).
 	Seq func(*message.Message) uint64
+	// PlannedBefore, if set, says whether the plan of a step planned
+	// before, stored after msg, took t. It is asked of a trajectory
+	// delivered as new of a step whose plan this process does not hold
+	// (planned before it started, or long ago): a server that
+	// crashed with its process (a run killed, a disk that filled) can have
+	// lost what it had counted of its deliveries and acknowledgements,
+	// and deliver as new what was planned. A trajectory it took is a copy;
+	// without PlannedBefore, or when it did not, the trajectory is late
+	// (schemas.ErrInvalid).
+	PlannedBefore func(msg *message.Message, t schemas.Trajectory) (bool, error)
 	// InFlight counts anchor groups sent for execution and not executed
 	// yet. With Scheduler.MaxInFlight > 0 it is asked before each step is
 	// planned, and the cap lowers that step's anchors; a failed count
@@ -213,7 +224,7 @@ func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
 		cfg.AstrayWait = time.Minute
 	}
 	return &Handler{
-		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, seq: cfg.Seq, inFlight: cfg.InFlight, maxPayload: cfg.MaxPayload, size: cfg.Size, onShort: cfg.OnShort,
+		run: cfg.Run, out: cfg.Out, pub: pub, sched: sched, now: cfg.Now, redelivered: cfg.Redelivered, seq: cfg.Seq, askPlanned: cfg.PlannedBefore, inFlight: cfg.InFlight, maxPayload: cfg.MaxPayload, size: cfg.Size, onShort: cfg.OnShort,
 		onDropped: cfg.OnDropped, reject: cfg.Reject, onTaken: cfg.OnTaken,
 		onNoWatermark: cfg.OnNoWatermark, watermarkWait: cfg.WatermarkWait,
 		astray: cfg.Astray, astrayWait: cfg.AstrayWait, onAstray: cfg.OnAstray, astraySaid: map[int64]bool{},
@@ -331,7 +342,31 @@ func (h *Handler) take(msg *message.Message, data []byte) (<-chan struct{}, bool
 	if err := schemas.CheckRun(t.Run, h.run); err != nil {
 		return nil, false, err
 	}
+	if copied, err := h.copyOfPlanned(msg, t); err != nil || copied {
+		return nil, false, err
+	}
 	return h.addTraj(msg, t)
+}
+
+// copyOfPlanned says whether t, delivered as new, is a copy of a
+// trajectory that the plan of a step planned before took, when this
+// process does not hold that plan (Config.PlannedBefore).
+func (h *Handler) copyOfPlanned(msg *message.Message, t schemas.Trajectory) (bool, error) {
+	if h.askPlanned == nil {
+		return false, nil
+	}
+	h.mu.Lock()
+	_, here := h.planned[t.Step]
+	ask := h.asm.IsClosed(t.Step) && !here && !h.redelivered(msg)
+	h.mu.Unlock()
+	if !ask {
+		return false, nil
+	}
+	copied, err := h.askPlanned(msg, t)
+	if err != nil {
+		return false, fmt.Errorf("trajectory %s of step %d, planned before: whether its plan took it cannot be told: %w", t.TrajID, t.Step, err)
+	}
+	return copied, nil
 }
 
 // addTraj records t and returns what its step's plan closes, or nil for a
