@@ -14,9 +14,10 @@ import (
 )
 
 // plannedBefore says whether the stored plan of t's step took t: route
-// asks it of a trajectory delivered as new of a step it did not plan
-// itself, which a server that crashed with its process delivers when it
-// lost its count of deliveries and acknowledgements.
+// asks it of a trajectory delivered as new of a step whose plan it does
+// not hold (planned before it started, or long ago), which a server that
+// crashed with its process delivers when it lost its count of deliveries
+// and acknowledgements.
 func (p *Pipeline) plannedBefore(msg *message.Message, t schemas.Trajectory) (bool, error) {
 	p.plansOnce.Do(func() {
 		subject := p.topo.Out(StageRoute, schemas.KindPlan)
