@@ -285,6 +285,11 @@ type Config struct {
 	gatewayConnState func(net.Conn, http.ConnState)
 	// leaseTTL, when set, replaces LeaseTTL: tests of a lapsed lease.
 	leaseTTL time.Duration
+	// streamCheck and streamRecheck, when set, replace how often the
+	// process checks that its stream and consumers are on the server, and
+	// how long after one is found gone it looks again: tests of a stream
+	// deleted, which run beside others.
+	streamCheck, streamRecheck time.Duration
 }
 
 // DefaultConfig is `wmrl run` with no flags.

@@ -350,7 +350,7 @@ func (p *Pipeline) inputError(stage, what string, err error) {
 	// Asked again every few hundred milliseconds until watchStream
 	// knows: said once, not for each read.
 	if _, told := p.notFoundTold.LoadOrStore(stage+" "+what, true); !told {
-		p.notef("%s: %s: %v (reading on; checking whether it was deleted: if it is still gone %v from now, the process stops)", stage, what, err, goneAgain)
+		p.notef("%s: %s: %v (reading on; checking whether it was deleted: if it is still gone %v from now, the process stops)", stage, what, err, p.cfg.goneAgain())
 	}
 }
 

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,12 +12,11 @@ import (
 
 // streamEvery is how often a process checks that its stream and its
 // durable consumers are still on the server, and goneAgain how long after
-// a first reading of one gone it reads again before it stops (variables
-// for tests).
-var (
-	streamEvery = 30 * time.Second
-	goneAgain   = 5 * time.Second
-)
+// a first reading of one gone it reads again before it stops (each
+// replaced by Config's, a test's, when set).
+func (c *Config) streamEvery() time.Duration { return cmp.Or(c.streamCheck, 30*time.Second) }
+
+func (c *Config) goneAgain() time.Duration { return cmp.Or(c.streamRecheck, 5*time.Second) }
 
 // watchStream stops the process once its stream, or one of its stages'
 // durable consumers, is no longer on the server: deleted by hand, or by a
@@ -30,7 +30,7 @@ func (p *Pipeline) watchStream(ctx context.Context) error {
 		return nil
 	case <-p.router.Running(): // the consumers are made as the router subscribes
 	}
-	t := time.NewTicker(streamEvery)
+	t := time.NewTicker(p.cfg.streamEvery())
 	defer t.Stop()
 	for {
 		select {
@@ -46,7 +46,7 @@ func (p *Pipeline) watchStream(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(goneAgain):
+		case <-time.After(p.cfg.goneAgain()):
 		}
 		if err := p.gone(ctx); err != nil {
 			return err

@@ -20,15 +20,13 @@ import (
 // each read (28 lines in the 5 s of a try by hand).
 func TestAStreamOrConsumerGoneStopsTheProcess(t *testing.T) {
 	t.Parallel() // waits far more than it computes: see the Makefile
-	defer func(every, again time.Duration) { streamEvery, goneAgain = every, again }(streamEvery, goneAgain)
-	streamEvery, goneAgain = 200*time.Millisecond, 2*time.Second
 	for _, consumer := range []bool{false, true} {
 		name := map[bool]string{false: "the stream", true: "a consumer"}[consumer]
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			cfg := testConfig(t)
-			cfg.Source = SourceExternal
+			cfg.Source, cfg.streamCheck, cfg.streamRecheck = SourceExternal, 200*time.Millisecond, 2*time.Second
 			var out syncBuffer
 			cfg.Quiet, cfg.Out = false, &out
 			p, _, js := startClient(t, ctx, cfg)
@@ -65,7 +63,7 @@ func TestAStreamOrConsumerGoneStopsTheProcess(t *testing.T) {
 			}
 			for input, n := range told {
 				if n > 1 {
-					t.Errorf("%s said it was not found %d times in the %v before the process stopped; want once", input, n, goneAgain)
+					t.Errorf("%s said it was not found %d times in the %v before the process stopped; want once", input, n, cfg.goneAgain())
 				}
 			}
 		})
