@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -65,6 +66,10 @@ type Handler struct {
 	astrayN    int
 	astrayErr  error
 	astraySaid map[int64]bool
+	// againInHand counts the messages delivered again that a handler has
+	// and has not taken yet: an input astray, just come, that the count
+	// of those astray no longer counts (this process holds it).
+	againInHand atomic.Int64
 	// taken: the stream sequences of the trajectories an open step took;
 	// planned: those of the newest keepPlanned steps planned, sorted, in
 	// the order plannedOrder; with Seq, what tells a trajectory delivered
@@ -268,7 +273,9 @@ func (h *Handler) doneFor(step int64) chan struct{} {
 
 // HandleTraj takes one trajectory message.
 func (h *Handler) HandleTraj(msg *message.Message) error {
+	leave := h.inHand(msg)
 	done, fresh, err := h.take(msg, msg.Payload)
+	leave()
 	if err != nil {
 		return fmt.Errorf("route: %w", err)
 	}
@@ -295,6 +302,8 @@ func (h *Handler) HandleTrajs(msg *message.Message) error {
 	var dones []<-chan struct{}
 	taken := 0
 	defer func() { h.tellTaken(schemas.KindTrajs, taken) }()
+	leave := h.inHand(msg)
+	defer leave()
 	for i, item := range items {
 		done, fresh, err := h.take(msg, item)
 		if fresh {
@@ -314,12 +323,24 @@ func (h *Handler) HandleTrajs(msg *message.Message) error {
 			dones = append(dones, done)
 		}
 	}
+	leave() // taken: held now until the steps are planned
 	for _, done := range dones {
 		if err := h.hold(msg.Context(), done); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// inHand counts msg among againInHand, when it was delivered again, until
+// the function it returns is called (more than once is as once).
+func (h *Handler) inHand(msg *message.Message) func() {
+	if !h.redelivered(msg) {
+		return func() {}
+	}
+	h.againInHand.Add(1)
+	var once sync.Once
+	return func() { once.Do(func() { h.againInHand.Add(-1) }) }
 }
 
 // tellTaken tells OnTaken of n trajectories new to route from a message on
@@ -521,7 +542,7 @@ func (h *Handler) waitsForAstray(step int64, now time.Time) bool {
 		cancel()
 		h.astrayAt = now
 	}
-	if h.astrayErr == nil && h.astrayN <= 0 {
+	if h.astrayErr == nil && h.astrayN <= 0 && h.againInHand.Load() == 0 {
 		return false
 	}
 	if h.onAstray != nil && !h.astraySaid[step] {

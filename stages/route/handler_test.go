@@ -835,3 +835,54 @@ func TestACopyOfAStepPlannedBeforeARestartIsKnownByItsPlan(t *testing.T) {
 		t.Errorf("a copy was taken into its step again")
 	}
 }
+
+// An input astray that comes again is held by this process, and so no
+// longer counted astray, before its handler has taken it: a step short on
+// its timeout then waits for that handler, instead of being planned
+// without the group and the group dead-lettered as late a moment later
+// (TestAStepWaitsForAGroupDeliveredAgain failed so in one CI run under
+// load). A first delivery in hand is not waited for: at full rate one
+// always is.
+func TestAStepWaitsForAnInputAstrayItsHandlerHasNotTakenYet(t *testing.T) {
+	now := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+	pub := &recorder{}
+	h, err := NewHandler(Config{
+		Run: "r", Out: Topics{Group: "group", Exec: "exec", Plan: "plan"},
+		StepTimeout: 30 * time.Second, AstrayWait: time.Minute,
+		Now:         func() time.Time { return now },
+		Redelivered: func(m *message.Message) bool { return m.Metadata.Get("redelivered") != "" },
+		Astray:      func(context.Context) (int, error) { return 0, nil },
+	}, pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	for _, tr := range []schemas.Trajectory{traj(1, "a", 0, 2), traj(1, "a", 1, 2)} {
+		if err := h.asm.AddTraj(tr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.asm.AddWatermark(schemas.StepClose{Schema: 1, Run: "r", Step: 1, Groups: 2}, now); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Unlock()
+	now = now.Add(31 * time.Second)
+
+	first := h.inHand(msgOf(t, traj(1, "b", 0, 2), false))
+	again := h.inHand(msgOf(t, traj(1, "b", 0, 2), true))
+	if err := h.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if len(pub.plans) != 0 {
+		t.Fatalf("step 1 was planned short while a message delivered again was in its handler's hands")
+	}
+	again()
+	again() // as once
+	if err := h.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if len(pub.plans) != 1 || h.againInHand.Load() != 0 {
+		t.Errorf("%d plans, %d in hand once the message was taken; want step 1 planned (short), none", len(pub.plans), h.againInHand.Load())
+	}
+	first()
+}
