@@ -71,6 +71,9 @@ type options struct {
 	// deleteBuckets: delete one of the run's key-value buckets now and
 	// then, as by hand or by a tool that cleans up streams.
 	deleteBuckets bool
+	// oneProcess: the run is one `wmrl run` process, its embedded server
+	// and every stage in it, killed whole.
+	oneProcess bool
 }
 
 func main() {
@@ -101,6 +104,7 @@ func main() {
 	flag.BoolVar(&o.storeFull, "store-full", true, "every 30 to 90 s, hold the run's account at its store limit for 5 to 40 s, as a full disk or an operator's limit does: every write is refused (the embedded server's account, or with --nats-server the account its nodes give the rehearsal's user, lowered by a reload of its file; a server of your own, --nats, is left alone)")
 	flag.BoolVar(&o.deleteBuckets, "delete-buckets", true, "every 45 to 120 s, delete one of the run's key-value buckets (its leases, checkpoints or executions' outcomes), as `nats kv rm` by hand or a tool that cleans up does: the processes make it anew")
 	flag.BoolVar(&o.archiveApart, "archive-apart", false, "give each archive process an --archive of its own, as on two machines' disks, instead of one they share")
+	flag.BoolVar(&o.oneProcess, "one-process", false, "run the pipeline as one `wmrl run --source external` process, its embedded server's store and its archive in --dir, serving one trainer gateway, instead of two processes of each stage on a server apart: a kill stops the server with every stage, as on a machine that runs the main job (no full stores: the server is the killed process's own)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -115,6 +119,9 @@ func main() {
 }
 
 func rehearse(ctx context.Context, o options) (bool, error) {
+	if err := o.validate(); err != nil {
+		return false, err
+	}
 	if o.run == "" {
 		o.run = "chaos-" + time.Now().UTC().Format("20060102-150405")
 	}
@@ -147,13 +154,15 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	var servers []string // the processes that are NATS servers
 	var embedded *natsjs.Server
 	var acct *accountFile // with --nats-server --store-full
+	var listen string     // with --one-process: its server's client address
 	switch {
-	case o.natsServer != "" && o.nats != "":
-		return false, fmt.Errorf("--nats and --nats-server: give one")
-	case o.cluster < 1 || o.cluster > 5:
-		return false, fmt.Errorf("--cluster %d: want 1 to 5 nodes (JetStream's replicas)", o.cluster)
-	case o.cluster > 1 && o.natsServer == "":
-		return false, fmt.Errorf("--cluster %d needs --nats-server: the embedded server is a single node", o.cluster)
+	case o.oneProcess:
+		ports, err := freePorts(1)
+		if err != nil {
+			return false, err
+		}
+		listen = fmt.Sprintf("127.0.0.1:%d", ports[0])
+		o.nats = "nats://" + listen
 	case o.natsServer != "":
 		if o.storeFull {
 			if acct, err = newAccountFile(o.dir); err != nil {
@@ -185,6 +194,9 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	// Each route process serves a trainer gateway, the standby's too, and
 	// the trainer posts odd steps through both in turn.
 	gatewayPorts, err := freePorts(2)
+	if o.oneProcess {
+		gatewayPorts, err = freePorts(1)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -201,9 +213,15 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 		common = append(slices.Clip(run), "--replicas", fmt.Sprint(o.cluster))
 	}
 	c.add("trainer", trainer(1<<40))
+	if o.oneProcess {
+		c.add(runProcess, oneProcessArgs(o, listen, gatewayPorts[0]))
+	}
 	// Two processes of each stage: the one-per-run stages' second waits as
 	// a standby, predict's and execute's share the work.
 	for _, s := range pipeline.AllStages {
+		if o.oneProcess {
+			break
+		}
 		for i := 1; i <= 2; i++ {
 			args := append([]string{o.wmrl, "stage", s}, common...)
 			if s == pipeline.StageArchive {
@@ -237,6 +255,9 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 		go func() { fills <- fillStore(ctx, embeddedLimit{embedded}, o.dur, rand.New(rand.NewPCG(o.seed, 1))) }()
 	case o.storeFull && acct != nil:
 		go func() { fills <- fillStore(ctx, acct, o.dur, rand.New(rand.NewPCG(o.seed, 1))) }()
+	case o.storeFull && o.oneProcess:
+		say("no full stores: the server is the killed process's own")
+		fills <- 0
 	case o.storeFull:
 		say("no full stores: a server of your own (--nats) is left alone")
 		fills <- 0
@@ -310,6 +331,17 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	}
 	stopProgress()
 	c.stopAll(servers...)
+	if o.oneProcess {
+		// The server stopped with the run: its store is read by one of
+		// this process's own.
+		srv, conn, err := openStore(ctx, o)
+		if err != nil {
+			return false, err
+		}
+		defer srv.Shutdown()
+		defer conn.close()
+		tr = conn
+	}
 	say("every process stopped; checking what the run stored")
 	r, err := tr.check(ctx, o, target)
 	if err != nil {
@@ -355,6 +387,53 @@ func deleteBuckets(ctx context.Context, o options, rng *rand.Rand) int {
 		n++
 		say("bucket %s deleted (%d)", b, n)
 	}
+}
+
+// validate refuses options that do not go together, before anything is
+// started or built.
+func (o options) validate() error {
+	switch {
+	case o.natsServer != "" && o.nats != "":
+		return fmt.Errorf("--nats and --nats-server: give one")
+	case o.cluster < 1 || o.cluster > 5:
+		return fmt.Errorf("--cluster %d: want 1 to 5 nodes (JetStream's replicas)", o.cluster)
+	case o.cluster > 1 && o.natsServer == "":
+		return fmt.Errorf("--cluster %d needs --nats-server: the embedded server is a single node", o.cluster)
+	case o.oneProcess && (o.nats != "" || o.natsServer != ""):
+		return fmt.Errorf("--one-process runs the server in the wmrl process it kills: give neither --nats nor --nats-server")
+	case o.oneProcess && o.archiveApart:
+		return fmt.Errorf("--one-process has one archive process: --archive-apart needs two")
+	}
+	return nil
+}
+
+// runProcess names the `wmrl run` process of --one-process.
+const runProcess = "wmrl-run"
+
+// oneProcessArgs is the command of --one-process's `wmrl run`: every stage
+// and the embedded server (client address listen, the store in o.dir/nats)
+// in one process, serving the trainer gateway on gatewayPort, waiting for
+// the trainer's trajectories, and archiving to o.dir/archive.
+func oneProcessArgs(o options, listen string, gatewayPort int) []string {
+	return []string{o.wmrl, "run", "--source", "external", "--data", o.dir, "--listen", listen,
+		"--http", fmt.Sprintf("127.0.0.1:%d", gatewayPort), "--prefix", o.prefix, "--run", o.run,
+		"--step-summary", "30s"}
+}
+
+// openStore starts a server of this process on --one-process's store,
+// which the run's own server left when it stopped, and dials the run on
+// it.
+func openStore(ctx context.Context, o options) (*natsjs.Server, *runConn, error) {
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: filepath.Join(o.dir, "nats"), MaxPayload: 8 << 20})
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening the stopped run's store to check it: %w", err)
+	}
+	conn, err := dialRun(ctx, srv.URL(), o.prefix, o.run)
+	if err != nil {
+		srv.Shutdown()
+		return nil, nil, err
+	}
+	return srv, conn, nil
 }
 
 // lockDir takes dir for this rehearsal: another one there would restart
