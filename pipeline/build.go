@@ -148,7 +148,7 @@ func (p *Pipeline) buildRoute(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	planned, err := p.tr.stepsByMsgID(ctx, p.topo.Out(StageRoute, schemas.KindPlan))
+	planned, err := p.stepsStored(ctx, StageRoute, p.topo.Out(StageRoute, schemas.KindPlan))
 	if err != nil {
 		return err
 	}
@@ -253,7 +253,7 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	published, err := p.tr.stepsByMsgID(ctx, out)
+	published, err := p.stepsStored(ctx, StageFuse, out)
 	if err != nil {
 		return err
 	}

@@ -205,14 +205,6 @@ func StreamConfig(cfg *Config) jetstream.StreamConfig {
 	}
 }
 
-// stepsByMsgID scans subject and returns the step numbers in its message
-// IDs of the form "<run>/<kind>/<step>".
-func (t *transport) stepsByMsgID(ctx context.Context, subject string) ([]int64, error) {
-	var steps []int64
-	err := t.scanMsgIDs(ctx, subject, func(step int64, _ string) { steps = append(steps, step) })
-	return steps, err
-}
-
 // groupsByMsgID lists the group IDs of the messages stored on subject by
 // step, from message IDs of the form "<run>/<kind>/<step>/<group>".
 func (t *transport) groupsByMsgID(ctx context.Context, subject string) (map[int64][]string, error) {

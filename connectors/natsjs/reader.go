@@ -67,6 +67,12 @@ func NewReaderSince(ctx context.Context, js jetstream.JetStream, stream, subject
 	return newReader(ctx, &Reader{js: js, stream: stream, subject: subject, since: since, headersOnly: headersOnly})
 }
 
+// NewReaderAfter opens a reader on subject that starts after stream
+// sequence seq (0: at the first retained); headersOnly as for NewReader.
+func NewReaderAfter(ctx context.Context, js jetstream.JetStream, stream, subject string, seq uint64, headersOnly bool) (*Reader, error) {
+	return newReader(ctx, &Reader{js: js, stream: stream, subject: subject, next: seq + 1, headersOnly: headersOnly})
+}
+
 func newReader(ctx context.Context, r *Reader) (*Reader, error) {
 	subject := r.subject
 	setUp, cancel := context.WithTimeout(ctx, ReaderSetUpWait)
