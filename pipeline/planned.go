@@ -3,9 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -22,11 +20,11 @@ func (p *Pipeline) plannedBefore(msg *message.Message, t schemas.Trajectory) (bo
 	p.plansOnce.Do(func() {
 		subject := p.topo.Out(StageRoute, schemas.KindPlan)
 		p.plans = &plans{run: p.cfg.Run, keep: keepPlans,
-			since: func(ctx context.Context, since time.Time, fn func(natsjs.Record) error) error {
-				return natsjs.ScanSince(ctx, p.tr.js, p.tr.stream, subject, since, false, fn)
+			after: func(ctx context.Context, seq uint64, fn func(natsjs.Record) error) error {
+				return natsjs.ScanAfter(ctx, p.tr.js, p.tr.stream, subject, seq, false, fn)
 			}}
 	})
-	return p.plans.took(msg.Context(), natsjs.Stored(msg), t)
+	return p.plans.took(msg.Context(), natsjs.StreamSeq(msg), t)
 }
 
 // keepPlans is how many steps' plans route keeps read: those asked about
@@ -35,30 +33,35 @@ func (p *Pipeline) plannedBefore(msg *message.Message, t schemas.Trajectory) (bo
 const keepPlans = 256
 
 // plans holds the trajectories of the steps' plans read last, each read
-// from the time of a trajectory asked about (plans are stored after their
-// trajectories), with the plans that came before it on the way.
+// from the stream sequence of a trajectory asked about: a step's plan is
+// stored after its trajectories, so the read is of the plans stored since
+// the trajectory, up to its step's, whatever the servers' clocks say. (A
+// read from the trajectory's time, a minute back for the clocks of a
+// cluster's nodes, read a minute of the stream for each step asked about:
+// 4.6 s of a restart at full speed, three steps asked.) A trajectory
+// stored after its step's plan, sent again once the stream's
+// de-duplication window had passed, is not a copy of one planned: it is
+// late.
 type plans struct {
 	run   string
 	keep  int
-	since func(ctx context.Context, since time.Time, fn func(natsjs.Record) error) error
+	after func(ctx context.Context, seq uint64, fn func(natsjs.Record) error) error
 
 	mu    sync.Mutex
 	steps map[int64]map[string]bool // step: "group/traj" of its plan
 	order []int64                   // steps in the order read, the oldest first
 }
 
-// took says whether the plan of t's step, stored after since, took t.
-func (x *plans) took(ctx context.Context, since time.Time, t schemas.Trajectory) (bool, error) {
+// took says whether the plan of t's step, stored after stream sequence
+// seq (t's; 0: from the first), took t.
+func (x *plans) took(ctx context.Context, seq uint64, t schemas.Trajectory) (bool, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.steps == nil {
 		x.steps = map[int64]map[string]bool{}
 	}
 	if _, ok := x.steps[t.Step]; !ok {
-		if !since.IsZero() {
-			since = since.Add(-clockSkew)
-		}
-		err := x.since(ctx, since, func(r natsjs.Record) error {
+		err := x.after(ctx, seq, func(r natsjs.Record) error {
 			var plan schemas.Plan
 			if err := schemas.Decode(r.Data, x.run, &plan); err != nil {
 				return nil // not route's to judge here: fuse dead-letters it
@@ -73,8 +76,11 @@ func (x *plans) took(ctx context.Context, since time.Time, t schemas.Trajectory)
 			return false, err
 		}
 	}
-	return x.steps[t.Step][t.GroupID+"/"+t.TrajID], nil
+	return x.steps[t.Step][planKey(t.GroupID, t.TrajID)], nil
 }
+
+// planKey is a trajectory's key among its plan's.
+func planKey(group, traj string) string { return group + "/" + traj }
 
 // add keeps plan's trajectories, letting go of the oldest step's beyond
 // keep.
@@ -85,7 +91,7 @@ func (x *plans) add(plan schemas.Plan) {
 	took := map[string]bool{}
 	for _, g := range plan.Groups {
 		for _, id := range g.TrajIDs {
-			took[fmt.Sprintf("%s/%s", g.GroupID, id)] = true
+			took[planKey(g.GroupID, id)] = true
 		}
 	}
 	x.steps[plan.Step] = took
