@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -522,5 +524,27 @@ func TestTheLookForLiveReadersGivesUpOnAClusterThatDoesNotAnswer(t *testing.T) {
 	}
 	if ctx.Err() != nil {
 		t.Fatal("the look for live readers held its caller until the caller's deadline")
+	}
+}
+
+// A stop (Ctrl-C, SIGTERM) while the stages read their state from the
+// stream ends the process as a stop, saying so, not as a failure.
+func TestAStopWhileTheStagesAreBuiltIsAStop(t *testing.T) {
+	cfg, _ := runToEnd(t, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out bytes.Buffer
+	cfg.Out, cfg.Quiet, cfg.Steps = &out, false, 8
+	cfg.wrapPublisher = func(stage string, pub message.Publisher) message.Publisher {
+		if stage == StageRoute {
+			cancel() // as route reads the steps it planned
+		}
+		return pub
+	}
+	if err := Run(ctx, cfg); err != nil {
+		t.Fatalf("stopped as route was built: %v; want a stop", err)
+	}
+	if !strings.Contains(out.String(), "stopped before it started: it was reading its stages' state from the stream") {
+		t.Errorf("the stop did not say so:\n%s", out.String())
 	}
 }

@@ -172,6 +172,12 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		if p.err != nil { // what stopped the start (the metrics address taken)
 			return nil, p.err
 		}
+		if ctx.Err() != nil && !errors.Is(err, errStoppedWaiting) {
+			// Stopped (Ctrl-C, SIGTERM) while its stages read their state
+			// from the stream: a stop, not a failure (a rehearsal's
+			// SIGTERM exited 1 so, "scan ...: context canceled").
+			err = fmt.Errorf("%w: it was reading its stages' state from the stream (%v)", errStoppedWaiting, err)
+		}
 		return nil, err
 	}
 	p.start(ctx)
