@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
 )
@@ -238,4 +241,89 @@ func TestARunKeepsTheIndexOfItsPlansAndUpdates(t *testing.T) {
 			t.Errorf("%s: index %+v; want steps 0-11 through sequence %d, the first run's last %s", stage, x, lastOf[kind], kind)
 		}
 	}
+}
+
+// BenchmarkAStartReadsItsStepIndex: a start finds the steps planned on a
+// stream of 40,000 trajectories (1 KiB) and 1,000 plans, with no index
+// (every plan read, as every start did before) and with one kept through
+// the 990th plan (the last 10 read), each on a server just started on the
+// store, as a restart's is (its blocks not yet read). x_full is how many
+// times longer the start without the index takes.
+func BenchmarkAStartReadsItsStepIndex(b *testing.B) {
+	ctx := context.Background()
+	dir := b.TempDir()
+	var srv *natsjs.Server
+	var nc *nats.Conn
+	var js jetstream.JetStream
+	serve := func() {
+		var err error
+		if srv, err = natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: dir}); err != nil {
+			b.Fatal(err)
+		}
+		if nc, err = srv.Connect("bench"); err != nil {
+			b.Fatal(err)
+		}
+		js, _ = jetstream.New(nc)
+	}
+	stop := func() { nc.Close(); srv.Shutdown() }
+	serve()
+	defer func() { stop() }()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "B", Subjects: []string{"b.>"}}); err != nil {
+		b.Fatal(err)
+	}
+	payload := make([]byte, 1024)
+	var kept stepIndex // through the 990th plan
+	for i := range 40_000 {
+		if _, err := js.PublishAsync("b.r.traj", payload); err != nil {
+			b.Fatal(err)
+		}
+		if i%40 == 39 {
+			step := int64(i / 40)
+			m := &nats.Msg{Subject: "b.r.plan", Data: []byte("{}"), Header: nats.Header{jetstream.MsgIDHeader: {fmt.Sprintf("r/plan/%d", step)}}}
+			ack, err := js.PublishMsg(ctx, m)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if step < 990 {
+				kept.add(step)
+				kept.Through = ack.Sequence
+			}
+		}
+	}
+	<-js.PublishAsyncComplete()
+	start := func(index *stepIndex) time.Duration {
+		stop()
+		serve()
+		ix := &stepIndexer{
+			scan: func(ctx context.Context, after uint64, fn func(natsjs.Record) error) error {
+				return natsjs.ScanAfter(ctx, js, "B", "b.r.plan", after, true, fn)
+			},
+			load: func(context.Context) (stepIndex, bool, error) {
+				if index == nil {
+					return stepIndex{}, false, nil
+				}
+				return stepIndex{Through: index.Through, Steps: slices.Clone(index.Steps)}, true, nil
+			},
+			save:  func(context.Context, stepIndex) error { return nil },
+			onErr: func(err error) { b.Fatal(err) },
+		}
+		t := time.Now()
+		x, err := ix.start(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		took := time.Since(t)
+		if got := x.all(); len(got) != 1000 || got[999] != 999 {
+			b.Fatalf("found %d steps", len(got))
+		}
+		return took
+	}
+	var full, indexed time.Duration
+	for b.Loop() {
+		full += start(nil)
+		indexed += start(&kept)
+	}
+	b.ReportMetric(float64(full.Microseconds())/1e3/float64(b.N), "ms_full")
+	b.ReportMetric(float64(indexed.Microseconds())/1e3/float64(b.N), "ms_indexed")
+	b.ReportMetric(float64(full)/float64(indexed), "x_full")
 }
