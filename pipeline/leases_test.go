@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -546,5 +547,14 @@ func TestAStopWhileTheStagesAreBuiltIsAStop(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "stopped before it started: it was reading its stages' state from the stream") {
 		t.Errorf("the stop did not say so:\n%s", out.String())
+	}
+	// A start that fails on its own, not stopped, is still a failure (the
+	// stop was first read after the start's own cancel: every failure
+	// passed as a stop).
+	dir, _ := housingTask(t)
+	bad := testConfig(t)
+	bad.TaskDir, bad.ExecPython, bad.Steps = dir, filepath.Join(t.TempDir(), "no-python"), 1
+	if err := Run(context.Background(), bad); err == nil || errors.Is(err, errStoppedWaiting) {
+		t.Errorf("a start refused (no --exec-python there): %v; want it to fail", err)
 	}
 }

@@ -121,6 +121,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	if err != nil {
 		return nil, err
 	}
+	stopped := ctx.Err // the caller's: Ctrl-C, SIGTERM
 	ctx, cancel := context.WithCancel(ctx)
 	p := &Pipeline{cfg: cfg, topo: topo, tr: tr, metrics: metrics, started: time.Now(), summary: newStepSummary(time.Now()), cancel: cancel, done: make(chan struct{}),
 		streamLost: make(chan struct{}, 1)}
@@ -172,7 +173,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 		if p.err != nil { // what stopped the start (the metrics address taken)
 			return nil, p.err
 		}
-		if ctx.Err() != nil && !errors.Is(err, errStoppedWaiting) {
+		if stopped() != nil && !errors.Is(err, errStoppedWaiting) {
 			// Stopped (Ctrl-C, SIGTERM) while its stages read their state
 			// from the stream: a stop, not a failure (a rehearsal's
 			// SIGTERM exited 1 so, "scan ...: context canceled").
