@@ -363,36 +363,32 @@ func (h *Handler) take(msg *message.Message, data []byte) (<-chan struct{}, bool
 	if err := schemas.CheckRun(t.Run, h.run); err != nil {
 		return nil, false, err
 	}
-	if copied, err := h.copyOfPlanned(msg, t); err != nil || copied {
-		return nil, false, err
+	done, fresh, err := h.addTraj(msg, t, false)
+	if !errors.Is(err, errAskPlanned) {
+		return done, fresh, err
 	}
-	return h.addTraj(msg, t)
+	// Asked outside the lock: the answer may read the stream.
+	copied, err := h.askPlanned(msg, t)
+	switch {
+	case err != nil:
+		return nil, false, fmt.Errorf("trajectory %s of step %d, planned before: whether its plan took it cannot be told: %w", t.TrajID, t.Step, err)
+	case copied:
+		return nil, false, nil
+	}
+	return h.addTraj(msg, t, true)
 }
 
-// copyOfPlanned says whether t, delivered as new, is a copy of a
-// trajectory that the plan of a step planned before took, when this
-// process does not hold that plan (Config.PlannedBefore).
-func (h *Handler) copyOfPlanned(msg *message.Message, t schemas.Trajectory) (bool, error) {
-	if h.askPlanned == nil {
-		return false, nil
-	}
-	h.mu.Lock()
-	_, here := h.planned[t.Step]
-	ask := h.asm.IsClosed(t.Step) && !here && !h.redelivered(msg)
-	h.mu.Unlock()
-	if !ask {
-		return false, nil
-	}
-	copied, err := h.askPlanned(msg, t)
-	if err != nil {
-		return false, fmt.Errorf("trajectory %s of step %d, planned before: whether its plan took it cannot be told: %w", t.TrajID, t.Step, err)
-	}
-	return copied, nil
-}
+// errAskPlanned: a trajectory delivered as new of a step planned before,
+// whose plan this process does not hold, is to be looked up in that plan
+// (Config.PlannedBefore) before it is judged late.
+var errAskPlanned = errors.New("route: ask the stored plan")
 
 // addTraj records t and returns what its step's plan closes, or nil for a
-// copy of a trajectory planned before, and whether t is new to route.
-func (h *Handler) addTraj(msg *message.Message, t schemas.Trajectory) (<-chan struct{}, bool, error) {
+// copy of a trajectory planned before, and whether t is new to route. Of a
+// trajectory delivered as new of a step planned before, whose plan this
+// process does not hold, it returns errAskPlanned unless asked says the
+// stored plan was asked already (and did not take it).
+func (h *Handler) addTraj(msg *message.Message, t schemas.Trajectory, asked bool) (<-chan struct{}, bool, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.asm.IsClosed(t.Step) {
@@ -404,6 +400,8 @@ func (h *Handler) addTraj(msg *message.Message, t schemas.Trajectory) (<-chan st
 			// Delivered before, to a route that planned its step and died
 			// before acknowledging: a duplicate, not a late trajectory.
 			return nil, false, nil
+		} else if h.askPlanned != nil && !asked {
+			return nil, false, errAskPlanned
 		}
 	}
 	fresh := !h.asm.Has(t.Step, t.TrajID)

@@ -825,8 +825,9 @@ func TestACopyOfAStepPlannedBeforeARestartIsKnownByItsPlan(t *testing.T) {
 	if err := h.HandleTraj(msgOf(t, of(3, "a", 1), true)); err != nil {
 		t.Errorf("a trajectory of a planned step delivered again: %v; want a silent ack", err)
 	}
-	if copied, err := h.copyOfPlanned(msgOf(t, of(4, "a", 0), false), of(4, "a", 0)); copied || err != nil {
-		t.Errorf("a trajectory of a step not planned: a copy %v (%v); want it taken", copied, err)
+	open4 := msgOf(t, of(4, "a", 0), false)
+	if done, fresh, err := h.take(open4, open4.Payload); done == nil || !fresh || err != nil {
+		t.Errorf("a trajectory of a step not planned: taken %v, new %v (%v); want it taken", done != nil, fresh, err)
 	}
 	if !slices.Equal(asked, []string{"a-0", "a-5", "a-9"}) {
 		t.Errorf("asked about %v; want only the three delivered as new of the step planned before", asked)
