@@ -193,10 +193,11 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	run := []string{"--nats", o.nats, "--prefix", o.prefix, "--run", o.run}
 	// Each route process serves a trainer gateway, the standby's too, and
 	// the trainer posts odd steps through both in turn.
-	gatewayPorts, err := freePorts(2)
+	routes := 2
 	if o.oneProcess {
-		gatewayPorts, err = freePorts(1)
+		routes = 1
 	}
+	gatewayPorts, err := freePorts(routes)
 	if err != nil {
 		return false, err
 	}
@@ -215,29 +216,8 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	c.add("trainer", trainer(1<<40))
 	if o.oneProcess {
 		c.add(runProcess, oneProcessArgs(o, listen, gatewayPorts[0]))
-	}
-	// Two processes of each stage: the one-per-run stages' second waits as
-	// a standby, predict's and execute's share the work.
-	for _, s := range pipeline.AllStages {
-		if o.oneProcess {
-			break
-		}
-		for i := 1; i <= 2; i++ {
-			args := append([]string{o.wmrl, "stage", s}, common...)
-			if s == pipeline.StageArchive {
-				root := filepath.Join(o.dir, "archive")
-				if o.archiveApart {
-					root += fmt.Sprint(i)
-				}
-				args = append(args, "--archive", root)
-			}
-			if s == pipeline.StageRoute {
-				args = append(args, "--http", fmt.Sprintf("127.0.0.1:%d", gatewayPorts[i-1]))
-			}
-			name := fmt.Sprintf("%s-%d", s, i)
-			c.add(name, args)
-			c.procs[name].machine = name // each process on a machine of its own
-		}
+	} else {
+		addStages(c, o, common, gatewayPorts)
 	}
 	if err := c.startAll(); err != nil {
 		return false, err
@@ -386,6 +366,31 @@ func deleteBuckets(ctx context.Context, o options, rng *rand.Rand) int {
 		}
 		n++
 		say("bucket %s deleted (%d)", b, n)
+	}
+}
+
+// addStages adds two processes of each stage, each on a machine of its
+// own: the one-per-run stages' second waits as a standby, predict's and
+// execute's share the work. Each route process serves a trainer gateway
+// on its port of gatewayPorts; common are the flags every stage gets.
+func addStages(c *cast, o options, common []string, gatewayPorts []int) {
+	for _, s := range pipeline.AllStages {
+		for i := 1; i <= 2; i++ {
+			args := append([]string{o.wmrl, "stage", s}, common...)
+			if s == pipeline.StageArchive {
+				root := filepath.Join(o.dir, "archive")
+				if o.archiveApart {
+					root += fmt.Sprint(i)
+				}
+				args = append(args, "--archive", root)
+			}
+			if s == pipeline.StageRoute {
+				args = append(args, "--http", fmt.Sprintf("127.0.0.1:%d", gatewayPorts[i-1]))
+			}
+			name := fmt.Sprintf("%s-%d", s, i)
+			c.add(name, args)
+			c.procs[name].machine = name
+		}
 	}
 }
 
