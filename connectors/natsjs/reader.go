@@ -35,6 +35,7 @@ type Reader struct {
 	subject     string
 	headersOnly bool
 	since       time.Time // the first message stored at or after it; zero: the first retained
+	after       uint64    // ... or the first after this stream sequence
 	next        uint64    // stream sequence to resume at; 0: the beginning (since)
 	mu          sync.Mutex
 	it          jetstream.MessagesContext // nil between a loss and the next open
@@ -42,7 +43,8 @@ type Reader struct {
 	closed      bool
 	// Last is the stream sequence of the subject's newest message when the
 	// reader started, as the stream's leader has it (0: there was none,
-	// or none at or after since): a caller rebuilding state is caught up
+	// none at or after since, or none after the sequence it starts
+	// after): a caller rebuilding state is caught up
 	// once it has read it. The consumer's own count of what is pending
 	// cannot say: in a cluster the server holding the consumer may be a
 	// replica still catching up with the leader (scans placed on one just
@@ -70,7 +72,7 @@ func NewReaderSince(ctx context.Context, js jetstream.JetStream, stream, subject
 // NewReaderAfter opens a reader on subject that starts after stream
 // sequence seq (0: at the first retained); headersOnly as for NewReader.
 func NewReaderAfter(ctx context.Context, js jetstream.JetStream, stream, subject string, seq uint64, headersOnly bool) (*Reader, error) {
-	return newReader(ctx, &Reader{js: js, stream: stream, subject: subject, next: seq + 1, headersOnly: headersOnly})
+	return newReader(ctx, &Reader{js: js, stream: stream, subject: subject, after: seq, next: seq + 1, headersOnly: headersOnly})
 }
 
 func newReader(ctx context.Context, r *Reader) (*Reader, error) {
@@ -94,7 +96,8 @@ func newReader(ctx context.Context, r *Reader) (*Reader, error) {
 }
 
 // last asks the stream's leader for the stream sequence of the subject's
-// newest message (0: none, or none at or after r.since). The stream's
+// newest message (0: none, none at or after r.since, or none after
+// r.after). The stream's
 // own message API answers from its leader; a direct get (AllowDirect,
 // which wmrl's streams do not set) may be answered by any replica.
 func (r *Reader) last(ctx context.Context) (uint64, error) {
@@ -108,7 +111,7 @@ func (r *Reader) last(ctx context.Context) (uint64, error) {
 		return 0, nil
 	case err != nil:
 		return 0, err
-	case !r.since.IsZero() && m.Time.Before(r.since):
+	case !r.since.IsZero() && m.Time.Before(r.since), m.Sequence <= r.after:
 		return 0, nil
 	}
 	return m.Sequence, nil

@@ -108,6 +108,52 @@ func TestScanAfterReadsOnWhereAScanEnded(t *testing.T) {
 	}
 }
 
+// A reader that starts after a stream sequence reads what came after it,
+// and its Last is 0 when nothing did: a stage resuming from a checkpoint
+// at the subject's newest message is caught up at once, not waiting for
+// a message that may not come.
+func TestAReaderAfterASequenceIsCaughtUpWhenNothingCameAfter(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js, _ := streamS(t, ctx)
+	var seqs []uint64 // on s.a
+	for i := range 3 {
+		ack, err := js.Publish(ctx, "s.a", fmt.Appendf(nil, "%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, ack.Sequence)
+		js.Publish(ctx, "s.b", []byte("other subject"))
+	}
+	r, err := NewReaderAfter(ctx, js, "S", "s.a", seqs[0], false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Last != seqs[2] {
+		t.Fatalf("Last %d after a0; want %d, a2's", r.Last, seqs[2])
+	}
+	for want := 1; want < 3; want++ {
+		rec, err := r.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(rec.Data) != fmt.Sprint(want) {
+			t.Fatalf("read %q; want %d", rec.Data, want)
+		}
+	}
+	for _, after := range []uint64{seqs[2], seqs[2] + 1} {
+		caught, err := NewReaderAfter(ctx, js, "S", "s.a", after, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if caught.Last != 0 {
+			t.Errorf("Last %d after sequence %d, with nothing on s.a after it; want 0", caught.Last, after)
+		}
+		caught.Close()
+	}
+}
+
 // TestReaderEndsOnAConnectionClosedForGood: a reader whose connection was
 // closed for good (nats.go closes it once its reconnections run out)
 // says so at once, instead of retrying for ever on it: `wmrl dlq

@@ -98,3 +98,53 @@ func (s *StateStore) Save(ctx context.Context, key string, v any) error {
 	}
 	return nil
 }
+
+// LoadAll hands fn the value of each key under prefix (keys prefix.*,
+// and deeper), read through one watch of the bucket rather than a request
+// a key. A bucket that cannot answer for the moment is waited for, up to
+// ctx; an error of fn ends it.
+func (s *StateStore) LoadAll(ctx context.Context, prefix string, fn func(key string, value []byte) error) error {
+	var got []jetstream.KeyValueEntry
+	if err := s.b.do(ctx, bucketGoneAgain, func(actx context.Context) error {
+		got = got[:0]
+		wctx, cancel := context.WithCancel(ctx) // the watch outlives its request
+		defer cancel()
+		w, err := s.b.kv.WatchFiltered(wctx, []string{prefix + ".>"}, jetstream.IgnoreDeletes())
+		if err != nil {
+			return err
+		}
+		defer w.Stop()
+		for {
+			select {
+			case <-actx.Done():
+				return actx.Err()
+			case e, ok := <-w.Updates():
+				switch {
+				case !ok:
+					return fmt.Errorf("the watch ended")
+				case e == nil:
+					return nil // every key's value as of the start is read
+				}
+				got = append(got, e)
+			}
+		}
+	}); err != nil {
+		return fmt.Errorf("natsjs: load %s.*: %w", prefix, err)
+	}
+	for _, e := range got {
+		if err := fn(e.Key(), e.Value()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Delete removes key and its value; a key with none is no error.
+func (s *StateStore) Delete(ctx context.Context, key string) error {
+	if err := s.b.do(ctx, bucketGoneAgain, func(ctx context.Context) error {
+		return s.b.kv.Purge(ctx, key)
+	}); err != nil {
+		return fmt.Errorf("natsjs: delete %s: %w", key, err)
+	}
+	return nil
+}

@@ -139,3 +139,55 @@ func TestStateStoreWaitsForItsBucketsServer(t *testing.T) {
 		t.Fatalf("load with the server gone for good: %v; want an error naming the key", err)
 	}
 }
+
+// LoadAll reads the newest value of every key under a prefix and no
+// other, none of a deleted key, and returns at once from a bucket holding
+// none.
+func TestStateStoreLoadsEveryKeyUnderAPrefix(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := StartServer(ctx, ServerConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	st, err := OpenStore(ctx, jsOn(t, srv, "state-test"), StoreConfig{Bucket: "TEST_STATE", Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func() map[string]string {
+		t.Helper()
+		got := map[string]string{}
+		if err := st.LoadAll(ctx, "run.seen", func(key string, value []byte) error {
+			got[key] = string(value)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := load(); len(got) != 0 {
+		t.Fatalf("an empty bucket gives %v", got)
+	}
+	for key, v := range map[string]int{"run.seen.1": 1, "run.seen.2": 2, "run.seen.3": 3, "run.seenx.4": 4, "run.seen": 5, "other.seen.6": 6} {
+		if err := st.Save(ctx, key, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Save(ctx, "run.seen.2", 22); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Delete(ctx, "run.seen.1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Delete(ctx, "run.seen.never"); err != nil {
+		t.Errorf("deleting a key that has no value: %v", err)
+	}
+	if got := fmt.Sprint(load()); got != "map[run.seen.2:22 run.seen.3:3]" {
+		t.Errorf("under run.seen: %s; want map[run.seen.2:22 run.seen.3:3]", got)
+	}
+	if ok, err := st.Load(ctx, "run.seen.1", new(int)); ok || err != nil {
+		t.Errorf("a deleted key loads: ok %v, err %v", ok, err)
+	}
+}
