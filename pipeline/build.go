@@ -210,22 +210,19 @@ func (p *Pipeline) buildCalibrate(ctx context.Context) error {
 			p.dl.reject(StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs), in.Seq, reason, in.Data)
 		},
 	}
-	r, err := p.reader(ctx, StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs))
-	if err != nil {
-		return err
-	}
 	retained, err := p.tr.stored(ctx, p.topo.In(StageCalibrate, schemas.KindPairs))
 	if err != nil {
-		r.Close()
 		return fmt.Errorf("calibrate: count the retained pair groups: %w", err)
 	}
 	if err := p.wireCalibrateCheckpoints(ctx, st, retained); err != nil {
-		r.Close()
 		return err
 	}
 	sk, err := p.skipsOf(ctx, StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs))
 	if err != nil {
-		r.Close()
+		return err
+	}
+	r, err := p.reader(ctx, StageCalibrate, p.topo.In(StageCalibrate, schemas.KindPairs), st.ReadsAfter())
+	if err != nil {
 		return err
 	}
 	st.Skip, st.Panicked = sk.has, sk.panicked
@@ -236,7 +233,7 @@ func (p *Pipeline) buildCalibrate(ctx context.Context) error {
 		}
 		return info.State.FirstSeq, nil
 	}
-	p.go_(func() error { defer r.Close(); return st.Run(ctx, readerSource{r}) })
+	p.go_(func() error { defer r.Close(); return st.Run(ctx, p.inputOf(StageCalibrate, r)) })
 	return nil
 }
 
@@ -299,11 +296,11 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 			return err
 		}
 	}
-	r, err := p.reader(ctx, StageFuse, in)
+	r, err := p.reader(ctx, StageFuse, in, st.ReadsAfter())
 	if err != nil {
 		return err
 	}
-	p.go_(func() error { defer r.Close(); return st.Run(ctx, readerSource{r}, r.Last) })
+	p.go_(func() error { defer r.Close(); return st.Run(ctx, p.inputOf(StageFuse, r), r.Last) })
 	if p.cfg.Steps > 0 {
 		done := slices.Clone(published)
 		if len(published) > 0 {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -128,9 +130,13 @@ func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.S
 	if err != nil {
 		return err
 	}
+	seen, err := p.loadSeen(ctx, store, cp, ok && st.Resumes(cp) && cp.SeenKept)
+	if err != nil {
+		return err
+	}
 	switch {
 	case ok && st.Resumes(cp):
-		st.Resume = &cp
+		st.Resume, st.ResumeSeen = &cp, seen
 	case ok:
 		was, _ := json.Marshal(cp.Debiaser.Config)
 		now, _ := json.Marshal(st.Deb.Config())
@@ -142,7 +148,86 @@ func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.S
 	}
 	st.Save, st.OnSaveError = saver[calibrate.Checkpoint](p, store, StageCalibrate)
 	st.CheckpointEvery = p.cfg.CheckpointEvery
+	st.SaveSeen = func(ctx context.Context, part uint64, keys map[string]uint64) error {
+		if _, lost := p.leaseLost.Load(StageCalibrate); lost {
+			return nil // as for the checkpoints: the process that took calibrate over keeps its own
+		}
+		return store.Save(ctx, seenKey(p.cfg.Run, part), keys)
+	}
+	st.DropSeen = func(ctx context.Context, part uint64) error {
+		if _, lost := p.leaseLost.Load(StageCalibrate); lost {
+			return nil
+		}
+		return store.Delete(ctx, seenKey(p.cfg.Run, part))
+	}
 	return nil
+}
+
+// seenPrefix is the prefix of the keys of the parts of calibrate's record
+// of the pair groups it absorbed, seenKey one part's, named by the highest
+// stream sequence in it.
+func seenPrefix(run string) string { return checkpointKey(run, StageCalibrate+"_seen") }
+
+func seenKey(run string, part uint64) string {
+	return seenPrefix(run) + "." + strconv.FormatUint(part, 10)
+}
+
+// loadSeen reads the parts of calibrate's record of the pair groups it
+// absorbed. With use, it returns the record that cp's parts hold, or nil
+// when one is missing (the bucket was deleted, or a part by hand): the
+// stage then reads every retained pair group to know them, and its next
+// checkpoints save a record anew. The parts no checkpoint will use (left
+// by a checkpoint that failed after them, or by the record replaced) are
+// deleted.
+func (p *Pipeline) loadSeen(ctx context.Context, store *natsjs.StateStore, cp calibrate.Checkpoint, use bool) (map[string]uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartupWait)
+	defer cancel()
+	parts := map[uint64]map[string]uint64{}
+	prefix := seenPrefix(p.cfg.Run)
+	if err := store.LoadAll(ctx, prefix, func(key string, value []byte) error {
+		part, err := strconv.ParseUint(strings.TrimPrefix(key, prefix+"."), 10, 64)
+		if err != nil {
+			return nil // not a part's key: another run's whose name begins as this one's does
+		}
+		var keys map[string]uint64
+		if err := json.Unmarshal(value, &keys); err != nil {
+			return fmt.Errorf("calibrate: key %s of bucket %s: %w", key, StateBucket(p.cfg.Prefix), err)
+		}
+		parts[part] = keys
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	var seen map[string]uint64
+	if use {
+		seen = map[string]uint64{}
+		for _, part := range cp.SeenParts {
+			keys, ok := parts[part]
+			if !ok {
+				p.notef("calibrate: part %d of the record of the anchor groups calibrated (key %s of bucket %s) is missing: "+
+					"reading every retained pair group to know them, and saving the record anew",
+					part, seenKey(p.cfg.Run, part), StateBucket(p.cfg.Prefix))
+				seen = nil
+				break
+			}
+			for key, seq := range keys {
+				if seq <= cp.StreamSeq {
+					seen[key] = seq
+				}
+			}
+		}
+	}
+	if _, lost := p.leaseLost.Load(StageCalibrate); lost {
+		return seen, nil
+	}
+	for part := range parts {
+		if seen == nil || !slices.Contains(cp.SeenParts, part) {
+			if err := store.Delete(ctx, seenKey(p.cfg.Run, part)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return seen, nil
 }
 
 // wireFuseCheckpoints does the same for fuse.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/sim"
@@ -461,4 +462,101 @@ func TestCalibrateForgetsWhatTheStreamAgedOut(t *testing.T) {
 	if seqs := cals[keyOf(pairs[4])]; fmt.Sprint(seqs) != "[5]" {
 		t.Errorf("anchor group %s, still in the stream, and its copy: calibrations %v, want [5] (the copy refused)", keyOf(pairs[4]), seqs)
 	}
+}
+
+// A restart reads what was stored after its stages' checkpoints, not the
+// run's history: calibrate knows the anchor groups it absorbed from the
+// record its checkpoint lists (a copy of an old group, stored while the
+// run was down, is still refused), fuse the calibrated groups of its
+// unfused steps from its checkpoint. Before, each read every retained
+// pair group and calibration at every start. With a part of that record
+// gone, calibrate reads them all again, and loses nothing either way.
+func TestARestartReadsOnlyWhatCameAfterItsCheckpoints(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.CheckpointEvery = 4
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	run := func(steps int64) *Metrics {
+		t.Helper()
+		cfg.Steps = steps
+		p, err := Start(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		return p.Metrics()
+	}
+	startReads := func(m *Metrics, stage string) float64 { return testutil.ToFloat64(m.StartReads.WithLabelValues(stage)) }
+	run(6)
+	first := readStored(t, cfg.DataDir, "wmrl.default.pairs")
+	if len(first) != 12 {
+		t.Fatalf("%d pair groups in 6 steps, want 12", len(first))
+	}
+	// A copy of the first anchor group's pair group (under another
+	// message ID), stored while the run is down.
+	js, closeIt := openStopped(t, ctx, cfg.DataDir)
+	if _, err := js.Publish(ctx, "wmrl.default.pairs", first[0], jetstream.WithMsgID("copy")); err != nil {
+		t.Fatal(err)
+	}
+	closeIt()
+
+	m := run(10)
+	if c, f := startReads(m, StageCalibrate), startReads(m, StageFuse); c != 1 || f != 0 {
+		t.Errorf("the restart read %v pair groups and %v calibrations at its start; want 1 (the copy) and 0: the checkpoints stand for the rest", c, f)
+	}
+	checkCalibrations := func(steps int) {
+		t.Helper()
+		seen := map[string]bool{}
+		for i, b := range readStored(t, cfg.DataDir, "wmrl.default.calibration") {
+			var c schemas.Calibration
+			if err := json.Unmarshal(b, &c); err != nil {
+				t.Fatal(err)
+			}
+			key := fmt.Sprintf("%d/%s", c.Step, c.GroupID)
+			if seen[key] || c.Seq != int64(i+1) {
+				t.Fatalf("calibration %d (%s, the %d-th stored): a group calibrated twice, or one numbered out of turn", c.Seq, key, i+1)
+			}
+			seen[key] = true
+		}
+		if len(seen) != 2*steps {
+			t.Fatalf("%d anchor groups calibrated in %d steps, want %d", len(seen), steps, 2*steps)
+		}
+		ups := decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update"))
+		for step := range int64(steps) {
+			if u := ups[step]; u.Anchors != 2 || len(u.LateAnchors) != 0 {
+				t.Fatalf("step %d: %d anchors, late %v: the restart lost calibrated anchor groups", step, u.Anchors, u.LateAnchors)
+			}
+		}
+	}
+	checkCalibrations(10)
+
+	// A part of calibrate's record lost: the next start reads every
+	// retained pair group, and refuses the copy as before.
+	js, closeIt = openStopped(t, ctx, cfg.DataDir)
+	kv, err := js.KeyValue(ctx, StateBucket(cfg.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := kv.ListKeysFiltered(ctx, seenPrefix("default")+".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts []string
+	for k := range keys.Keys() {
+		parts = append(parts, k)
+	}
+	if len(parts) == 0 {
+		t.Fatal("no part of calibrate's record in the bucket")
+	}
+	if err := kv.Purge(ctx, parts[0]); err != nil {
+		t.Fatal(err)
+	}
+	closeIt()
+	m = run(12)
+	if c := startReads(m, StageCalibrate); c != 21 {
+		t.Errorf("the start without a part of the record read %v pair groups; want all 21 (20 anchor groups and the copy)", c)
+	}
+	checkCalibrations(12)
 }

@@ -51,7 +51,7 @@ func noPairsFor(dl schemas.DeadLetter) (step int64, group string, ok bool) {
 // into p.lettered until ctx ends, checking at each whether the run is
 // complete.
 func (p *Pipeline) followLetters(ctx context.Context) error {
-	r, err := p.reader(ctx, StageArchive, p.dl.subject)
+	r, err := p.reader(ctx, StageArchive, p.dl.subject, 0)
 	if err != nil {
 		return err
 	}

@@ -35,6 +35,10 @@ type Metrics struct {
 	Checkpoints, CheckpointErrors              *prometheus.CounterVec
 	InputErrors                                *prometheus.CounterVec
 	Latency                                    *prometheus.HistogramVec
+	// StartReads counts, by stage (calibrate, fuse), the messages a stage
+	// read at its start to rebuild its state, up to its input's newest
+	// message then: what a restart costs beyond its checkpoint.
+	StartReads *prometheus.CounterVec
 
 	Rho, D, Pairs, Version, Steps prometheus.Gauge
 	// WMDown is 1 while this process gives up on the world model's groups
@@ -151,6 +155,8 @@ func NewMetrics() *Metrics {
 		Checkpoints:  cv("checkpoints_total", "Checkpoints saved, per stage (calibrate, fuse)."),
 		CheckpointErrors: cv("checkpoint_errors_total",
 			"Checkpoints not saved; a restart then rebuilds from the retained messages, which --retention ages out."),
+		StartReads: cv("start_reads_total",
+			"Messages a stage (calibrate, fuse) read at its start to rebuild its state, those on its input then; a restart from a checkpoint reads those after it alone."),
 		InputErrors: cv("input_errors_total",
 			"Errors reading a stage's input that the stage reads on after (a missed heartbeat, a consumer lost with a cluster node)."),
 		Latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{

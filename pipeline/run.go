@@ -361,10 +361,11 @@ func (p *Pipeline) inputError(stage, what string, err error) {
 	}
 }
 
-// reader opens an in-order reader of subject for stage, whose retries are
-// printed and counted like the subscribers' errors.
-func (p *Pipeline) reader(ctx context.Context, stage, subject string) (*natsjs.Reader, error) {
-	r, err := natsjs.NewReader(ctx, p.tr.js, p.tr.stream, subject, false)
+// reader opens an in-order reader of subject for stage, from the first
+// message after stream sequence after (0: the first retained), whose
+// retries are printed and counted like the subscribers' errors.
+func (p *Pipeline) reader(ctx context.Context, stage, subject string, after uint64) (*natsjs.Reader, error) {
+	r, err := natsjs.NewReaderAfter(ctx, p.tr.js, p.tr.stream, subject, after, false)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/stages/calibrate"
@@ -287,11 +288,24 @@ func (t *transport) last(ctx context.Context, subject string, v any) (ok bool, e
 }
 
 // readerSource adapts a natsjs.Reader to calibrate's and fuse's Source:
-// each message with its stream sequence.
-type readerSource struct{ r *natsjs.Reader }
+// each message with its stream sequence. Those up to the reader's Last
+// count in started.
+type readerSource struct {
+	r       *natsjs.Reader
+	started prometheus.Counter
+	last    uint64
+}
+
+// inputOf is r as stage's Source.
+func (p *Pipeline) inputOf(stage string, r *natsjs.Reader) readerSource {
+	return readerSource{r: r, started: p.metrics.StartReads.WithLabelValues(stage), last: r.Last}
+}
 
 func (s readerSource) Next(ctx context.Context) (calibrate.Input, error) {
 	rec, err := s.r.Next(ctx)
+	if err == nil && rec.Seq <= s.last {
+		s.started.Inc()
+	}
 	return calibrate.Input{Data: rec.Data, Seq: rec.Seq}, err
 }
 

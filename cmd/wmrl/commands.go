@@ -209,7 +209,7 @@ func gatewayFlags(fs *pflag.FlagSet, cfg *pipeline.Config) {
 // stageFlags binds the stages' settings (run, stage).
 func stageFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.StringVar(&cfg.DataDir, "data", cfg.DataDir, "data directory: the embedded server's store (DATA/nats) and, unless --archive says otherwise, the archive (DATA/archive)")
-	fs.IntVar(&cfg.CheckpointEvery, "checkpoint-every", 0, "calibrate and fuse checkpoint their state every this many anchor groups (0: 256) and when they stop, so that a restart does not need what --retention aged out")
+	fs.IntVar(&cfg.CheckpointEvery, "checkpoint-every", 0, "calibrate and fuse checkpoint their state every this many anchor groups (0: 256) and when they stop, so that a restart reads only what was stored after them, and does not need what --retention aged out")
 	fs.StringVar(&cfg.Executor, "executor", "", "anchor executor: sim, subprocess (real execution of the --task here) or sandbox-fusion (on --sandbox-url)")
 	fs.StringVar(&cfg.SandboxURL, "sandbox-url", "", "Sandbox Fusion server for --executor sandbox-fusion, e.g. http://127.0.0.1:8080")
 	fs.StringVar(&cfg.TaskDir, "task", "", "task directory (task.json, public/, private/, leaderboard.csv), or a directory of task directories, where each trajectory is executed on the task its task_id names (a single task takes every trajectory); implies --executor subprocess")

@@ -1,11 +1,14 @@
 package calibrate
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -34,7 +37,21 @@ type Checkpoint struct {
 	StreamSeq uint64        `json:"stream_seq"`
 	Seq       int64         `json:"seq"`
 	Debiaser  DebiaserState `json:"debiaser"`
+	// SeenParts name the parts of the record of the pair groups absorbed
+	// (Stage.SaveSeen) that together hold every one up to StreamSeq the
+	// stream still retains, saved before the checkpoint. With them
+	// (SeenKept; false in a checkpoint from before they were kept), a
+	// restart reads only the pair groups after StreamSeq; without, it
+	// reads every retained one to know them (the stream interleaves them
+	// with everything else, so that read grows with the run).
+	SeenParts []uint64 `json:"seen_parts,omitempty"`
+	SeenKept  bool     `json:"seen_kept,omitempty"`
 }
+
+// DefaultSeenPartKeys is how many pair groups a part of the record holds
+// at most unless configured: about 100 KB, well under a NATS server's
+// smallest max_payload.
+const DefaultSeenPartKeys = 4096
 
 // DefaultCheckpointEvery is how many anchor groups pass between
 // checkpoints unless configured.
@@ -60,11 +77,26 @@ type Stage struct {
 	// Resume, if set, is the checkpoint to start from; groups after its
 	// StreamSeq are numbered from its Seq. Made with Deb's configuration,
 	// it replaces Deb, and the pair groups at or before its StreamSeq are
-	// only remembered (so that a copy arriving later is known). Made with
-	// another, Deb is rebuilt from the retained pair groups under the
-	// configuration in force, those before the checkpoint absorbed without
-	// publishing (their calibrations were published before).
+	// only remembered (so that a copy arriving later is known), or not
+	// read at all with ResumeSeen. Made with another, Deb is rebuilt from
+	// the retained pair groups under the configuration in force, those
+	// before the checkpoint absorbed without publishing (their
+	// calibrations were published before).
 	Resume *Checkpoint
+	// ResumeSeen, if set, is the record of the pair groups absorbed that
+	// Resume's SeenParts hold, by key, with the stream sequence each came
+	// at: Source then starts after Resume's StreamSeq (ReadsAfter).
+	ResumeSeen map[string]uint64
+	// SaveSeen, if set, stores a part of the record of the pair groups
+	// absorbed (each group's key and the stream sequence it came at),
+	// named by the highest sequence in it, before
+	// each checkpoint; the checkpoint lists the parts. DropSeen, if set,
+	// deletes a part, once the stream has aged out every group in it and
+	// a checkpoint no longer lists it.
+	SaveSeen func(ctx context.Context, part uint64, keys map[string]uint64) error
+	DropSeen func(ctx context.Context, part uint64) error
+	// SeenPartKeys bounds a part (default DefaultSeenPartKeys).
+	SeenPartKeys int
 	// Save, if set, stores a checkpoint every CheckpointEvery groups
 	// (default DefaultCheckpointEvery) and when Run ends; its error goes
 	// to OnSaveError and the stage carries on (the stream still holds what
@@ -91,11 +123,14 @@ type Stage struct {
 	// anchor group for as long as the process runs.
 	FirstRetained func(ctx context.Context) (uint64, error)
 
-	seq    int64
-	seen   map[string]uint64 // by groupKey, the pair groups absorbed or remembered: the stream sequence each came at (0: not from a stream)
-	oldest uint64            // the lowest sequence in seen but 0 (0: none)
-	stored uint64            // stream sequence of the last group whose calibration is stored
-	saved  uint64            // ... as of the last checkpoint
+	seq     int64
+	seen    map[string]uint64 // by groupKey, the pair groups absorbed or remembered: the stream sequence each came at (0: not from a stream)
+	oldest  uint64            // the lowest sequence in seen but 0 (0: none)
+	stored  uint64            // stream sequence of the last group whose calibration is stored
+	saved   uint64            // ... as of the last checkpoint
+	pending map[string]uint64 // the part of seen in no part saved (SaveSeen)
+	parts   []uint64          // the parts saved, by name, oldest first
+	dropped []uint64          // parts aged out, deleted once a checkpoint no longer lists them
 }
 
 // Seq is the number of anchor groups absorbed.
@@ -113,6 +148,14 @@ func (s *Stage) Run(ctx context.Context, src Source) error {
 			s.Deb, s.seq = d, cp.Seq
 		}
 		s.stored, s.saved = cp.StreamSeq, cp.StreamSeq
+		if s.ReadsAfter() > 0 {
+			s.seen, s.parts = s.ResumeSeen, slices.Clone(cp.SeenParts)
+			for _, seq := range s.seen {
+				if seq > 0 && (s.oldest == 0 || seq < s.oldest) {
+					s.oldest = seq
+				}
+			}
+		}
 	}
 	every := s.CheckpointEvery
 	if every <= 0 {
@@ -208,6 +251,16 @@ func (s *Stage) Resumes(cp Checkpoint) bool {
 	return reflect.DeepEqual(cp.Debiaser.Config, s.Deb.Config())
 }
 
+// ReadsAfter is the stream sequence after which Run's Source must start
+// (0: at the first retained pair group): Resume's, when it is exact and
+// ResumeSeen holds the record of the groups up to it.
+func (s *Stage) ReadsAfter() uint64 {
+	if cp := s.Resume; cp != nil && cp.SeenKept && s.ResumeSeen != nil && s.Resumes(*cp) {
+		return cp.StreamSeq
+	}
+	return 0
+}
+
 // remember marks a pair group as seen without absorbing it.
 func (s *Stage) remember(in Input) {
 	var pg schemas.PairGroup
@@ -224,6 +277,12 @@ func (s *Stage) see(key string, seq uint64) {
 	s.seen[key] = seq
 	if seq > 0 && (s.oldest == 0 || seq < s.oldest) {
 		s.oldest = seq
+	}
+	if seq > 0 && s.SaveSeen != nil {
+		if s.pending == nil {
+			s.pending = map[string]uint64{}
+		}
+		s.pending[key] = seq
 	}
 }
 
@@ -246,10 +305,21 @@ func (s *Stage) forgetAgedOut(ctx context.Context) {
 		case seq == 0:
 		case seq < first:
 			delete(s.seen, key)
+			delete(s.pending, key)
 		case s.oldest == 0 || seq < s.oldest:
 			s.oldest = seq
 		}
 	}
+	// A part named below first holds groups aged out alone.
+	kept := s.parts[:0]
+	for _, part := range s.parts {
+		if part < first {
+			s.dropped = append(s.dropped, part)
+		} else {
+			kept = append(kept, part)
+		}
+	}
+	s.parts = kept
 }
 
 // groupKey names an anchor group within the run.
@@ -263,7 +333,14 @@ func (s *Stage) checkpoint(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	err := s.Save(ctx, Checkpoint{StreamSeq: s.stored, Seq: s.seq, Debiaser: s.Deb.Snapshot()})
+	if err := s.saveSeen(ctx); err != nil {
+		if s.OnSaveError != nil {
+			s.OnSaveError(err)
+		}
+		return // a checkpoint stands only for groups whose record is saved
+	}
+	err := s.Save(ctx, Checkpoint{StreamSeq: s.stored, Seq: s.seq, Debiaser: s.Deb.Snapshot(),
+		SeenParts: slices.Clone(s.parts), SeenKept: s.SaveSeen != nil})
 	if err != nil {
 		if s.OnSaveError != nil {
 			s.OnSaveError(err)
@@ -271,6 +348,47 @@ func (s *Stage) checkpoint(ctx context.Context) {
 		return
 	}
 	s.saved = s.stored
+	for len(s.dropped) > 0 && s.DropSeen != nil {
+		if err := s.DropSeen(ctx, s.dropped[0]); err != nil {
+			if s.OnSaveError != nil {
+				s.OnSaveError(err)
+			}
+			return // tried again after the next checkpoint
+		}
+		s.dropped = s.dropped[1:]
+	}
+	s.dropped = nil
+}
+
+// saveSeen saves the pair groups absorbed since the last part saved as
+// parts of at most SeenPartKeys, oldest first.
+func (s *Stage) saveSeen(ctx context.Context) error {
+	if s.SaveSeen == nil || len(s.pending) == 0 {
+		return nil
+	}
+	keys := slices.Collect(maps.Keys(s.pending))
+	slices.SortFunc(keys, func(a, b string) int { return cmp.Compare(s.pending[a], s.pending[b]) })
+	size := s.SeenPartKeys
+	if size <= 0 {
+		size = DefaultSeenPartKeys
+	}
+	for chunk := range slices.Chunk(keys, size) {
+		part := make(map[string]uint64, len(chunk))
+		for _, k := range chunk {
+			part[k] = s.pending[k]
+		}
+		name := s.pending[chunk[len(chunk)-1]]
+		if err := s.SaveSeen(ctx, name, part); err != nil {
+			return fmt.Errorf("calibrate: the record of the pair groups absorbed through stream sequence %d: %w", name, err)
+		}
+		if !slices.Contains(s.parts, name) {
+			s.parts = append(s.parts, name)
+		}
+		for _, k := range chunk {
+			delete(s.pending, k)
+		}
+	}
+	return nil
 }
 
 // Absorb feeds one encoded PairGroup to the debiaser and returns the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -171,6 +172,161 @@ func TestStageResumesFromItsCheckpoint(t *testing.T) {
 	runStage(t, st3, append(in[10:16:16], again), dup, -1)
 	if n := len(dup.stored()); n != 0 {
 		t.Fatalf("a copy of a checkpointed group was absorbed again (%d calibrations)", n)
+	}
+}
+
+// seenStore keeps the parts of a stage's record of the pair groups
+// absorbed, as the checkpoint bucket would.
+type seenStore struct {
+	parts   map[uint64]map[string]uint64
+	dropped []uint64
+}
+
+// wire has st save its record into the store.
+func (s *seenStore) wire(st *Stage) {
+	s.parts = map[uint64]map[string]uint64{}
+	st.SaveSeen = func(_ context.Context, part uint64, keys map[string]uint64) error {
+		s.parts[part] = maps.Clone(keys)
+		return nil
+	}
+	st.DropSeen = func(_ context.Context, part uint64) error {
+		delete(s.parts, part)
+		s.dropped = append(s.dropped, part)
+		return nil
+	}
+}
+
+// record is what a checkpoint's parts hold, or an error naming a part the
+// store lacks.
+func (s *seenStore) record(cp Checkpoint) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for _, part := range cp.SeenParts {
+		keys, ok := s.parts[part]
+		if !ok {
+			return nil, fmt.Errorf("part %d, listed, is not stored", part)
+		}
+		maps.Copy(out, keys)
+	}
+	return out, nil
+}
+
+// keysThrough are the keys of the groups in at or before stream sequence
+// seq.
+func keysThrough(t *testing.T, in []Input, seq uint64) map[string]uint64 {
+	t.Helper()
+	out := map[string]uint64{}
+	for _, g := range in {
+		var pg schemas.PairGroup
+		if err := json.Unmarshal(g.Data, &pg); err != nil {
+			t.Fatal(err)
+		}
+		if g.Seq <= seq {
+			out[groupKey(pg)] = g.Seq
+		}
+	}
+	return out
+}
+
+// Each checkpoint lists the saved parts of the record of the groups
+// absorbed, which together hold every group up to it. Resumed from it and
+// its record, the stage starts reading after it (none of the groups
+// before are read), publishes what a stage fed every group publishes, and
+// refuses a copy of a group from before it. Resumed without its record (a
+// part lost), it reads every retained group as before, and its next
+// checkpoint lists a record of them all.
+func TestAResumeFromTheSavedRecordReadsOnlyWhatCameAfter(t *testing.T) {
+	in := pairGroups(40)
+	full := &recorder{}
+	st, checkpoints := checkpointing(t, full, 8)
+	st.SeenPartKeys = 5
+	var store seenStore
+	store.wire(st)
+	runStage(t, st, in, full, 40)
+	want := full.stored()
+	for _, cp := range *checkpoints {
+		got, err := store.record(cp)
+		if err != nil {
+			t.Fatalf("checkpoint after group %d: %v", cp.Seq, err)
+		}
+		if w := keysThrough(t, in, cp.StreamSeq); !maps.Equal(got, w) || !cp.SeenKept {
+			t.Fatalf("checkpoint after group %d (kept %v): its parts hold %v; want the groups through it, %v", cp.Seq, cp.SeenKept, got, w)
+		}
+	}
+	if n := len(store.parts); n != 10 {
+		t.Errorf("%d parts for 40 groups checkpointed every 8 in parts of at most 5; want 10 (5 and 3 a checkpoint)", n)
+	}
+
+	cp := (*checkpoints)[1] // after group 16
+	seen, _ := store.record(cp)
+	resumed := &recorder{}
+	st2 := &Stage{RunID: "r", Pub: resumed, Deb: mustDebiaser(t, testDebiaserConfig()), Resume: &cp, ResumeSeen: seen, Published: 20}
+	if st2.ReadsAfter() != in[15].Seq {
+		t.Fatalf("ReadsAfter %d; want %d, the checkpoint's", st2.ReadsAfter(), in[15].Seq)
+	}
+	again := in[12]
+	again.Seq = in[39].Seq + 10
+	runStage(t, st2, append(slices.Clone(in[16:]), again), resumed, 20)
+	got := resumed.stored()
+	if len(got) != 20 {
+		t.Fatalf("resumed stage published %d calibrations, want 20 (groups 21-40; the copy of group 13 refused)", len(got))
+	}
+	for i, g := range got {
+		gb, _ := json.Marshal(g)
+		wb, _ := json.Marshal(want[20+i])
+		if string(gb) != string(wb) {
+			t.Fatalf("calibration %d after the resume:\n got %s\nwant %s", want[20+i].Seq, gb, wb)
+		}
+	}
+
+	// Without its record, the stage reads from the first retained group.
+	lost := &recorder{}
+	st3 := &Stage{RunID: "r", Pub: lost, Deb: mustDebiaser(t, testDebiaserConfig()), Resume: &cp, Published: 20, CheckpointEvery: 8}
+	var cps []Checkpoint
+	st3.Save = func(_ context.Context, c Checkpoint) error { cps = append(cps, c); return nil }
+	var anew seenStore
+	anew.wire(st3)
+	if st3.ReadsAfter() != 0 {
+		t.Fatalf("ReadsAfter %d without the record; want 0", st3.ReadsAfter())
+	}
+	runStage(t, st3, in, lost, 20)
+	if len(cps) == 0 {
+		t.Fatal("no checkpoint after the resume")
+	}
+	last := cps[len(cps)-1]
+	if rec, err := anew.record(last); err != nil || !maps.Equal(rec, keysThrough(t, in, last.StreamSeq)) {
+		t.Fatalf("the first checkpoints after a resume without the record: %v; its parts hold %d groups, want the %d through it", err, len(rec), len(keysThrough(t, in, last.StreamSeq)))
+	}
+}
+
+// A part of the record whose groups the stream aged out is dropped from
+// the next checkpoint, then deleted.
+func TestAPartOfTheRecordIsDroppedOnceItsGroupsAgedOut(t *testing.T) {
+	in := pairGroups(40)
+	pub := &recorder{}
+	src := &agingSource{listSource: listSource{in: in}, keep: 10}
+	st, checkpoints := checkpointing(t, pub, 8)
+	st.SeenPartKeys, st.FirstRetained = 5, src.FirstRetained
+	var store seenStore
+	store.wire(st)
+	runStageOn(t, st, src, pub, 40)
+	last := (*checkpoints)[len(*checkpoints)-1]
+	first, _ := src.FirstRetained(context.Background())
+	if len(store.dropped) == 0 {
+		t.Fatal("no part dropped; the stream aged out 30 of 40 groups")
+	}
+	for _, part := range store.dropped {
+		if part >= first || slices.Contains(last.SeenParts, part) {
+			t.Errorf("part %d dropped (first retained %d; the last checkpoint lists %v)", part, first, last.SeenParts)
+		}
+	}
+	rec, err := store.record(last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, seq := range keysThrough(t, in, last.StreamSeq) {
+		if _, ok := rec[key]; !ok && seq >= first {
+			t.Errorf("group %s at %d, retained, is in no part the last checkpoint lists", key, seq)
+		}
 	}
 }
 

@@ -90,6 +90,7 @@ type Stage struct {
 	broken   bool   // a panic absorbing a calibration or fusing a step: no checkpoint of this state
 	read     uint64 // stream sequence of the last calibration read (the reader's, then Run's once it stopped)
 	lettered uint64 // invalid calibrations up to this stream sequence were dead-lettered before the restart
+	after    uint64 // the restored checkpoint stands for the calibrations up to this stream sequence
 }
 
 // ErrUpdateTooLarge is a step's update over the server's max_payload. The
@@ -110,13 +111,29 @@ func NewStage(cfg StepsConfig, out string, pub message.Publisher) (*Stage, error
 // unless configured.
 const DefaultCheckpointEvery = 256
 
-// Restore starts from a checkpoint (before Run). Refused for other
-// settings, it still tells which calibrations were dead-lettered.
+// Restore starts from a checkpoint (before Run, after MarkPublished).
+// Refused for other settings, it still tells which calibrations were
+// dead-lettered.
 func (s *Stage) Restore(c Checkpoint) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.read, s.lettered = c.StreamSeq, c.StreamSeq
-	return s.steps.Restore(c)
+	if err := s.steps.Restore(c); err != nil {
+		return err
+	}
+	if c.AbsorbedKept {
+		s.after = c.StreamSeq
+	}
+	return nil
+}
+
+// ReadsAfter is the stream sequence after which Run's calibrations must
+// start (0: at the first retained): the restored checkpoint stands for
+// all those up to it.
+func (s *Stage) ReadsAfter() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.after
 }
 
 // MarkPublished records steps whose updates are stored already.
@@ -286,8 +303,9 @@ func (s *Stage) Flush(ctx context.Context) (err error) {
 
 // Run follows the calibration stream (first replaying the retained
 // calibrations, through the one at stream sequence last, to rebuild rho
-// and the map, after the restored checkpoint if any; last 0: there are
-// none) and closes steps on their deadlines, until ctx is done.
+// and the map, after the restored checkpoint if any, from ReadsAfter;
+// last 0: there are none) and closes steps on their deadlines, until ctx
+// is done.
 func (s *Stage) Run(ctx context.Context, cal Source, last uint64) error {
 	if last == 0 {
 		s.setCaughtUp()

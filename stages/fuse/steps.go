@@ -25,7 +25,7 @@ type Steps struct {
 
 	open      map[int64]*stepAsm
 	published stepset.Set
-	absorbed  map[string]absorbed // "step/group" of anchor groups calibrated
+	absorbed  map[anchorGroup]absorbed // the anchor groups calibrated, of steps not published
 	cal       *calibrate.Isotonic
 	version   int64
 	pairs     int64
@@ -47,6 +47,30 @@ type Checkpoint struct {
 	PairsTotal int64               `json:"pairs_total"`
 	Map        *schemas.Thresholds `json:"map"`
 	Denoiser   DenoiserState       `json:"denoiser"`
+	// Absorbed are the calibrations of the anchor groups of the steps
+	// not published when it was made. With them (AbsorbedKept; false in
+	// a checkpoint from before they were kept), a restart reads only the
+	// calibrations after StreamSeq; without, it reads every retained one
+	// to find those steps' (the stream interleaves them with everything
+	// else, so that read grows with the run).
+	Absorbed     []AbsorbedGroup `json:"absorbed,omitempty"`
+	AbsorbedKept bool            `json:"absorbed_kept,omitempty"`
+}
+
+// AbsorbedGroup is an anchor group's calibration as a step not yet
+// published holds it: its Seq, and its pairs' out-of-sample calibrated
+// predictions by trajectory.
+type AbsorbedGroup struct {
+	Step    int64              `json:"step"`
+	GroupID string             `json:"group_id"`
+	Seq     int64              `json:"seq"`
+	Before  map[string]float64 `json:"before"`
+}
+
+// anchorGroup names an anchor group within the run.
+type anchorGroup struct {
+	step  int64
+	group string
 }
 
 // absorbed is an anchor group's calibration: its seq and its pairs'
@@ -90,17 +114,23 @@ func NewSteps(cfg StepsConfig) (*Steps, error) {
 	}
 	return &Steps{
 		run: cfg.Run, debias: cfg.Debias, norm: cfg.Norm, deadline: cfg.AnchorDeadline, den: den,
-		open: map[int64]*stepAsm{}, absorbed: map[string]absorbed{},
+		open: map[int64]*stepAsm{}, absorbed: map[anchorGroup]absorbed{},
 	}, nil
 }
 
 // Checkpoint copies the state the calibrations built.
 func (s *Steps) Checkpoint() Checkpoint {
-	c := Checkpoint{Debias: s.debias, Seq: s.seq, Version: s.version, PairsTotal: s.pairs, Denoiser: s.den.Snapshot()}
+	c := Checkpoint{Debias: s.debias, Seq: s.seq, Version: s.version, PairsTotal: s.pairs, Denoiser: s.den.Snapshot(), AbsorbedKept: true}
 	if s.cal != nil {
 		x, y := s.cal.Thresholds()
 		c.Map = &schemas.Thresholds{X: x, Y: y}
 	}
+	for k, a := range s.absorbed {
+		c.Absorbed = append(c.Absorbed, AbsorbedGroup{Step: k.step, GroupID: k.group, Seq: a.seq, Before: a.before})
+	}
+	slices.SortFunc(c.Absorbed, func(a, b AbsorbedGroup) int {
+		return cmp.Or(cmp.Compare(a.Seq, b.Seq), cmp.Compare(a.Step, b.Step), cmp.Compare(a.GroupID, b.GroupID))
+	})
 	return c
 }
 
@@ -126,6 +156,9 @@ func (s *Steps) Restore(c Checkpoint) error {
 		}
 	}
 	s.den, s.cal, s.version, s.pairs, s.seq, s.restored = den, m, c.Version, c.PairsTotal, c.Seq, c.Seq
+	for _, a := range c.Absorbed {
+		s.markAbsorbed(anchorGroup{a.Step, a.GroupID}, absorbed{seq: a.Seq, before: a.Before})
+	}
 	return nil
 }
 
@@ -133,7 +166,13 @@ func (s *Steps) Restore(c Checkpoint) error {
 func (s *Steps) Denoiser() *Denoiser { return s.den }
 
 // MarkPublished records a step whose update is stored already.
-func (s *Steps) MarkPublished(step int64) { s.published.Add(step); delete(s.open, step) }
+func (s *Steps) MarkPublished(step int64) {
+	if len(s.open) > 0 || len(s.absorbed) > 0 {
+		s.Close(step)
+		return
+	}
+	s.published.Add(step)
+}
 
 // Published reports whether a step's update is stored.
 func (s *Steps) Published(step int64) bool { return s.published.Has(step) }
@@ -179,7 +218,7 @@ func (s *Steps) AddExecution(e schemas.Execution) bool {
 // and the anchor group's contribution to rho.
 func (s *Steps) AddCalibration(c schemas.Calibration) error {
 	if c.Seq <= s.restored {
-		s.markAbsorbed(c)
+		s.markCalibrated(c)
 		return nil
 	}
 	if c.Map != nil {
@@ -205,21 +244,25 @@ func (s *Steps) AddCalibration(c schemas.Calibration) error {
 		}
 	}
 	s.den.Observe(cal, truth)
-	s.markAbsorbed(c)
+	s.markCalibrated(c)
 	return nil
 }
 
-// markAbsorbed records an anchor group's calibration for its step, unless
-// the step is published already.
-func (s *Steps) markAbsorbed(c schemas.Calibration) {
-	if s.published.Has(c.Step) {
-		return
-	}
+// markCalibrated records an anchor group's calibration for its step.
+func (s *Steps) markCalibrated(c schemas.Calibration) {
 	before := make(map[string]float64, len(c.Pairs))
 	for _, p := range c.Pairs {
 		before[p.TrajID] = p.Before
 	}
-	s.absorbed[fmt.Sprintf("%d/%s", c.Step, c.GroupID)] = absorbed{seq: c.Seq, before: before}
+	s.markAbsorbed(anchorGroup{c.Step, c.GroupID}, absorbed{seq: c.Seq, before: before})
+}
+
+// markAbsorbed records an anchor group's calibration, unless its step is
+// published already.
+func (s *Steps) markAbsorbed(g anchorGroup, a absorbed) {
+	if !s.published.Has(g.step) {
+		s.absorbed[g] = a
+	}
 }
 
 // Waiting is a planned step that still lacks some of its groups'
@@ -275,7 +318,7 @@ func (s *Steps) Ready(now time.Time) []int64 {
 				ok = false
 				break
 			}
-			if g.Anchor && !late && (a.execs[g.GroupID] == nil || s.absorbed[fmt.Sprintf("%d/%s", n, g.GroupID)].seq == 0) {
+			if g.Anchor && !late && (a.execs[g.GroupID] == nil || s.absorbed[anchorGroup{n, g.GroupID}].seq == 0) {
 				ok = false
 				break
 			}
@@ -352,7 +395,7 @@ func (s *Steps) group(n int64, a *stepAsm, pg schemas.PlanGroup, u *schemas.Upda
 	// rewards too, rather than dropping the group.
 	execs := map[string]schemas.ExecItem{}
 	e := a.execs[pg.GroupID]
-	cal := s.absorbed[fmt.Sprintf("%d/%s", n, pg.GroupID)]
+	cal := s.absorbed[anchorGroup{n, pg.GroupID}]
 	executed := pg.Anchor && e != nil && cal.seq > 0
 	g.Anchor = executed && scored(e) >= 2
 	switch {
@@ -435,9 +478,8 @@ func (s *Steps) calibrate(x float64) float64 {
 func (s *Steps) Close(n int64) {
 	delete(s.open, n)
 	s.published.Add(n)
-	prefix := fmt.Sprintf("%d/", n)
 	for k := range s.absorbed {
-		if len(k) > len(prefix) && k[:len(prefix)] == prefix {
+		if k.step == n {
 			delete(s.absorbed, k)
 		}
 	}

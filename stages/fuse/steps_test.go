@@ -194,8 +194,34 @@ func TestStepsRestoreFromACheckpoint(t *testing.T) {
 	if w.Denoiser.Count < 20 || w.Denoiser.Rho == 1 {
 		t.Fatalf("the denoiser counted %d groups, rho %v: the comparison is vacuous", w.Denoiser.Count, w.Denoiser.Rho)
 	}
-	if _, ok := resumed.absorbed["5/g1"]; !ok {
+	if _, ok := resumed.absorbed[anchorGroup{5, "g1"}]; !ok {
 		t.Fatal("calibration 12, inside the checkpoint, did not mark its anchor group calibrated")
+	}
+
+	// The checkpoint holds the calibrated anchor groups of the steps not
+	// published, so that a restart reads none of the calibrations up to
+	// it: fed only those after, it ends as fed every one. Those of steps
+	// published by the restart are not taken back.
+	after, _ := NewSteps(cfg)
+	after.MarkPublished(0)
+	if err := after.Restore(back); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cals[12:] {
+		if err := after.AddCalibration(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	full.Close(0)
+	ab, _ := json.Marshal(after.Checkpoint())
+	if wb, _ := json.Marshal(full.Checkpoint()); string(ab) != string(wb) {
+		t.Fatalf("fed only the calibrations after the checkpoint:\n%s\nfed every calibration:\n%s", ab, wb)
+	}
+	if len(back.Absorbed) < 10 || !back.AbsorbedKept {
+		t.Fatalf("the checkpoint kept %d calibrated anchor groups (kept: %v); want those of calibrations 1-12", len(back.Absorbed), back.AbsorbedKept)
+	}
+	if _, ok := after.absorbed[anchorGroup{0, "g0"}]; ok {
+		t.Error("step 0, published, got its anchor group back from the checkpoint")
 	}
 
 	for name, other := range map[string]StepsConfig{
