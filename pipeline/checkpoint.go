@@ -33,11 +33,17 @@ func checkpointKey(run, stage string) string { return run + "." + stage }
 func (p *Pipeline) stateStore(ctx context.Context) (*natsjs.StateStore, error) {
 	if p.state == nil {
 		var st *natsjs.StateStore
+		said := p.bucketRemade(StateBucket(p.cfg.Prefix), "its stages' next checkpoints are written to it, and a restart before them rebuilds those stages from what the stream retains")
 		err := p.openWithRoom(ctx, "bucket "+StateBucket(p.cfg.Prefix), roomToMake, func(ctx context.Context) (err error) {
 			st, err = natsjs.OpenStore(ctx, p.tr.js, natsjs.StoreConfig{
 				Bucket: StateBucket(p.cfg.Prefix), Description: "wmrl stage checkpoints",
 				Replicas: p.cfg.Replicas, // the stream's, resolved at connect
-				Remade:   p.bucketRemade(StateBucket(p.cfg.Prefix), "its stages' next checkpoints are written to it, and a restart before them rebuilds those stages from what the stream retains"),
+				Remade: func(bucket string) {
+					said(bucket)
+					if st := p.calibrate.Load(); st != nil {
+						st.RecordLost() // its record's parts went with the bucket
+					}
+				},
 			})
 			return err
 		})
@@ -148,6 +154,7 @@ func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.S
 	}
 	st.Save, st.OnSaveError = saver[calibrate.Checkpoint](p, store, StageCalibrate)
 	st.CheckpointEvery = p.cfg.CheckpointEvery
+	p.calibrate.Store(st)
 	st.SaveSeen = func(ctx context.Context, part uint64, keys map[string]uint64) error {
 		if _, lost := p.leaseLost.Load(StageCalibrate); lost {
 			return nil // as for the checkpoints: the process that took calibrate over keeps its own

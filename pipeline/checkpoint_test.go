@@ -560,3 +560,76 @@ func TestARestartReadsOnlyWhatCameAfterItsCheckpoints(t *testing.T) {
 	}
 	checkCalibrations(12)
 }
+
+// The checkpoint bucket deleted under a running process takes the parts
+// of calibrate's record with it: once the bucket is made anew, calibrate
+// saves its whole record again, so that its checkpoint lists parts a
+// restart finds (rather than have the restart read every retained pair
+// group).
+func TestADeletedCheckpointBucketGetsCalibratesRecordAgain(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Source, cfg.CheckpointEvery = SourceExternal, 4
+	p, _, js := startClient(t, ctx, cfg)
+	pol := sim.Policy{Run: "default", Tasks: 4, Groups: 4, GroupSize: 4} // one anchor group a step
+	calibrated := func(n int) func() bool {
+		return func() bool {
+			var c schemas.Calibration
+			ok, err := p.tr.last(ctx, "wmrl.default.calibration", &c)
+			return err == nil && ok && c.Seq >= int64(n)
+		}
+	}
+	for n := range int64(6) {
+		publishStep(t, ctx, js, pol, n)
+	}
+	waitFor(t, time.Minute, calibrated(6))
+	bucket := StateBucket(cfg.Prefix)
+	if err := js.DeleteKeyValue(ctx, bucket); err != nil {
+		t.Fatal(err)
+	}
+	for n := int64(6); n < 14; n++ {
+		publishStep(t, ctx, js, pol, n)
+	}
+	waitFor(t, time.Minute, calibrated(14))
+	waitFor(t, 30*time.Second, func() bool { return testutil.ToFloat64(p.Metrics().BucketsRemade.WithLabelValues(bucket)) == 1 })
+	if err := p.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	js, closeIt := openStopped(t, ctx, cfg.DataDir)
+	defer closeIt()
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, checkpointKey(cfg.Run, StageCalibrate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sc storedCheckpoint[calibrate.Checkpoint]
+	if err := json.Unmarshal(e.Value(), &sc); err != nil {
+		t.Fatal(err)
+	}
+	cp := sc.Checkpoint
+	if cp.Seq != 14 || !cp.SeenKept {
+		t.Fatalf("the checkpoint at the stop: after group %d, record kept %v; want 14, kept", cp.Seq, cp.SeenKept)
+	}
+	held := map[string]bool{}
+	for _, part := range cp.SeenParts {
+		v, err := kv.Get(ctx, seenKey(cfg.Run, part))
+		if err != nil {
+			t.Fatalf("part %d of the record, which the checkpoint lists: %v", part, err)
+		}
+		var keys map[string]uint64
+		if err := json.Unmarshal(v.Value(), &keys); err != nil {
+			t.Fatal(err)
+		}
+		for k := range keys {
+			held[k] = true
+		}
+	}
+	if len(held) != 14 {
+		t.Errorf("the parts the checkpoint lists hold %d anchor groups; want all 14", len(held))
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/breaker"
+	"github.com/wmrl/wmrl/stages/calibrate"
 	"github.com/wmrl/wmrl/stages/fuse"
 	"github.com/wmrl/wmrl/stages/predict"
 )
@@ -41,6 +42,7 @@ type Pipeline struct {
 	streamLost    chan struct{}        // an input's error said the stream or a consumer is not found
 	notFoundTold  sync.Map             // stage and input told "not found" since the stream was last found whole
 	fuse          *fuse.Stage
+	calibrate     atomic.Pointer[calibrate.Stage] // told when the checkpoint bucket is made anew
 	source        *simSource
 	progress      *progress
 	archived      *progress

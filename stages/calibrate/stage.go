@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"runtime/debug"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -131,6 +132,7 @@ type Stage struct {
 	pending map[string]uint64 // the part of seen in no part saved (SaveSeen)
 	parts   []uint64          // the parts saved, by name, oldest first
 	dropped []uint64          // parts aged out, deleted once a checkpoint no longer lists them
+	lost    atomic.Bool       // the saved parts are gone (RecordLost)
 }
 
 // Seq is the number of anchor groups absorbed.
@@ -360,9 +362,22 @@ func (s *Stage) checkpoint(ctx context.Context) {
 	s.dropped = nil
 }
 
+// RecordLost says that the parts of the record saved so far are gone
+// (their bucket was deleted and made anew): the next checkpoint saves the
+// whole record again. Safe to call while Run runs.
+func (s *Stage) RecordLost() { s.lost.Store(true) }
+
 // saveSeen saves the pair groups absorbed since the last part saved as
 // parts of at most SeenPartKeys, oldest first.
 func (s *Stage) saveSeen(ctx context.Context) error {
+	if s.SaveSeen != nil && s.lost.Swap(false) {
+		s.parts, s.dropped, s.pending = nil, nil, map[string]uint64{}
+		for key, seq := range s.seen {
+			if seq > 0 {
+				s.pending[key] = seq
+			}
+		}
+	}
 	if s.SaveSeen == nil || len(s.pending) == 0 {
 		return nil
 	}

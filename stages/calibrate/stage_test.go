@@ -330,6 +330,40 @@ func TestAPartOfTheRecordIsDroppedOnceItsGroupsAgedOut(t *testing.T) {
 	}
 }
 
+// hookSource calls hook before it gives out its at-th input.
+type hookSource struct {
+	listSource
+	read, at int
+	hook     func()
+}
+
+func (s *hookSource) Next(ctx context.Context) (Input, error) {
+	if s.read++; s.read == s.at {
+		s.hook()
+	}
+	return s.listSource.Next(ctx)
+}
+
+// The parts of the record went with their bucket (deleted, made anew):
+// the next checkpoint saves the whole record again, rather than list
+// parts that a restart would not find.
+func TestARecordLostWithItsBucketIsSavedAnew(t *testing.T) {
+	in := pairGroups(24)
+	pub := &recorder{}
+	st, checkpoints := checkpointing(t, pub, 8)
+	var store seenStore
+	store.wire(st)
+	src := &hookSource{listSource: listSource{in: in}, at: 20, hook: func() { clear(store.parts); st.RecordLost() }}
+	runStageOn(t, st, src, pub, 24)
+	last := (*checkpoints)[len(*checkpoints)-1]
+	if last.Seq != 24 {
+		t.Fatalf("last checkpoint after group %d; want 24", last.Seq)
+	}
+	if rec, err := store.record(last); err != nil || !maps.Equal(rec, keysThrough(t, in, last.StreamSeq)) {
+		t.Fatalf("after the record was lost, the next checkpoint: %v; its parts hold %d groups, want all 24", err, len(rec))
+	}
+}
+
 // agingSource is a stream that keeps the newest `keep` pair groups it
 // gave out (10 sequences apart, as pairGroups numbers them): its
 // FirstRetained is the oldest of those.
