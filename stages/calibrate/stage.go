@@ -133,6 +133,10 @@ type Stage struct {
 	parts   []uint64          // the parts saved, by name, oldest first
 	dropped []uint64          // parts aged out, deleted once a checkpoint no longer lists them
 	lost    atomic.Bool       // the saved parts are gone (RecordLost)
+	// replaying: the record of the groups before Resume is rebuilt from
+	// the stream; the first checkpoint after them saves it at once, so
+	// that the next start need not read them again.
+	replaying bool
 }
 
 // Seq is the number of anchor groups absorbed.
@@ -150,6 +154,7 @@ func (s *Stage) Run(ctx context.Context, src Source) error {
 			s.Deb, s.seq = d, cp.Seq
 		}
 		s.stored, s.saved = cp.StreamSeq, cp.StreamSeq
+		s.replaying = s.ReadsAfter() == 0 && s.SaveSeen != nil
 		if s.ReadsAfter() > 0 {
 			s.seen, s.parts = s.ResumeSeen, slices.Clone(cp.SeenParts)
 			for _, seq := range s.seen {
@@ -241,7 +246,8 @@ func (s *Stage) take(ctx context.Context, in Input, exact bool, every int) error
 		s.Published = c.Seq
 	}
 	s.stored = in.Seq
-	if c.Seq%int64(every) == 0 {
+	if c.Seq%int64(every) == 0 || s.replaying {
+		s.replaying = false
 		s.checkpoint(ctx)
 	}
 	return nil
