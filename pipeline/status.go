@@ -232,7 +232,7 @@ func ReadStatus(ctx context.Context, src StreamSource, run string) (*Status, err
 	if st.Unfused, st.Anchors, highest, err = readUnfused(ctx, c, stream, st, src.Prefix, run); err != nil {
 		return nil, err
 	}
-	if step, ok := msgIDStep(highest.MsgID); ok && st.LastUpdate != nil && step > st.LastUpdate.Step {
+	if step, ok := schemas.StepOfMsgID(highest.MsgID); ok && st.LastUpdate != nil && step > st.LastUpdate.Step {
 		m, err := stream.GetMsg(ctx, highest.Seq)
 		if err != nil {
 			return nil, fmt.Errorf("pipeline: status: update of step %d (stream seq %d): %w", step, highest.Seq, err)
@@ -465,7 +465,7 @@ func readUnfused(ctx context.Context, c *streamConn, stream jetstream.Stream, st
 	top := int64(-1)
 	var bare []uint64 // updates without the anchor-group headers
 	if err := read(schemas.Subject(prefix, run, schemas.KindUpdate), func(r natsjs.Record) {
-		step, ok := msgIDStep(r.MsgID)
+		step, ok := schemas.StepOfMsgID(r.MsgID)
 		if !ok {
 			return
 		}
@@ -499,7 +499,7 @@ func readUnfused(ctx context.Context, c *streamConn, stream jetstream.Stream, st
 	}
 	var out []UnfusedStep
 	if err := read(plans, func(r natsjs.Record) {
-		if step, ok := msgIDStep(r.MsgID); ok && !fused[step] {
+		if step, ok := schemas.StepOfMsgID(r.MsgID); ok && !fused[step] {
 			out = append(out, UnfusedStep{Step: step, Planned: r.Time})
 		}
 	}); err != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/schemas"
 )
 
 // A route started again must know every step planned, and a fuse every
@@ -114,7 +115,7 @@ func (ix *stepIndexer) start(ctx context.Context) (*stepIndex, error) {
 
 // read adds the step of a message read.
 func (ix *stepIndexer) read(r natsjs.Record) {
-	if step, ok := msgIDStep(r.MsgID); ok {
+	if step, ok := schemas.StepOfMsgID(r.MsgID); ok {
 		ix.x.add(step)
 	}
 	ix.x.Through = max(ix.x.Through, r.Seq)

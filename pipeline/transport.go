@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/calibrate"
 )
 
@@ -226,7 +226,7 @@ func (t *transport) scanMsgIDs(ctx context.Context, subject string, fn func(step
 
 func scanMsgIDs(ctx context.Context, js jetstream.JetStream, stream, subject string, fn func(step int64, rest string)) error {
 	return natsjs.Scan(ctx, js, stream, subject, true, func(r natsjs.Record) error {
-		if step, ok := msgIDStep(r.MsgID); ok {
+		if step, ok := schemas.StepOfMsgID(r.MsgID); ok {
 			rest := ""
 			if parts := strings.SplitN(r.MsgID, "/", 4); len(parts) == 4 {
 				rest = parts[3]
@@ -235,16 +235,6 @@ func scanMsgIDs(ctx context.Context, js jetstream.JetStream, stream, subject str
 		}
 		return nil
 	})
-}
-
-// msgIDStep reads the step of a message ID "<run>/<kind>/<step>[/<rest>]".
-func msgIDStep(id string) (int64, bool) {
-	parts := strings.SplitN(id, "/", 4)
-	if len(parts) < 3 {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(parts[2], 10, 64)
-	return n, err == nil
 }
 
 // info is the stream's information: its state (the first sequence moves

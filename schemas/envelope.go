@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"strconv"
+	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -48,6 +49,18 @@ func NewMessage(id string, v any) (*message.Message, error) {
 		m.Metadata.Set(MsgIDKey, id)
 	}
 	return m, nil
+}
+
+// StepOfMsgID reads the step of a de-duplication ID
+// "<run>/<kind>/<step>[/<rest>]", as the stages make them for plans,
+// updates and the rest of a step's outputs.
+func StepOfMsgID(id string) (int64, bool) {
+	parts := strings.SplitN(id, "/", 4)
+	if len(parts) < 3 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(parts[2], 10, 64)
+	return n, err == nil
 }
 
 // Again is m's payload as a new message whose de-duplication ID is id: the

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -16,6 +17,10 @@ import (
 
 // updates indexes the run's retained updates by step: the newest few are
 // kept whole, every one by stream sequence, so any step can be served.
+// Those stored before the gateway started are indexed from their message
+// IDs alone (index), while those from the newest then on are read whole
+// (add): a start does not read every update of the run before it serves
+// the new ones.
 type updates struct {
 	mu      sync.Mutex
 	seq     map[int64]uint64
@@ -25,6 +30,7 @@ type updates struct {
 	waiters map[int64][]chan struct{}
 	last    schemas.Update // the newest, for rho and D
 	have    bool
+	loading bool // the updates stored before the start are being indexed
 }
 
 func newUpdates(keep int) *updates {
@@ -52,10 +58,42 @@ func (u *updates) add(rec natsjs.Record) {
 		up.Items = nil
 		u.last, u.have = up, true
 	}
-	for _, w := range u.waiters[up.Step] {
+	u.arrived(up.Step)
+}
+
+// arrived wakes the requests waiting for step's update. Callers hold u.mu.
+func (u *updates) arrived(step int64) {
+	for _, w := range u.waiters[step] {
 		close(w)
 	}
-	delete(u.waiters, up.Step)
+	delete(u.waiters, step)
+}
+
+// index records the stream sequence of step's update, stored before the
+// start.
+func (u *updates) index(step int64, seq uint64) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if _, ok := u.seq[step]; !ok {
+		u.seq[step] = seq
+		u.arrived(step)
+	}
+}
+
+// setLoading says whether the updates stored before the start are being
+// indexed: until they are, a step not found may be among them.
+func (u *updates) setLoading(loading bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.loading = loading
+}
+
+// indexing reports whether the updates stored before the start are being
+// indexed still.
+func (u *updates) indexing() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.loading
 }
 
 // get returns the update of step, or, if wait, a channel closed when it
@@ -110,16 +148,9 @@ type planned struct {
 	anyYet bool
 }
 
-func (p *planned) add(rec natsjs.Record) {
-	var plan struct {
-		Step *int64 `json:"step"`
-	}
-	if json.Unmarshal(rec.Data, &plan) != nil || plan.Step == nil {
-		return
-	}
+func (p *planned) add(n int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := *plan.Step
 	if !p.anyYet || n > p.last {
 		p.last, p.anyYet = n, true
 	}
@@ -214,10 +245,11 @@ func (t *truths) lookup(prompt, response string) (float64, bool) {
 	return s, ok
 }
 
-// follow reads subject from its first retained message and hands each to fn
-// until ctx is done.
-func follow(ctx context.Context, js jetstream.JetStream, stream, subject string, fn func(natsjs.Record)) error {
-	r, err := natsjs.NewReader(ctx, js, stream, subject, false)
+// follow reads subject from the first message after stream sequence after
+// (0: the first retained), payloads too unless headersOnly, and hands each
+// to fn until ctx is done.
+func follow(ctx context.Context, js jetstream.JetStream, stream, subject string, after uint64, headersOnly bool, fn func(natsjs.Record)) error {
+	r, err := natsjs.NewReaderAfter(ctx, js, stream, subject, after, headersOnly)
 	if err != nil {
 		return err
 	}
@@ -226,4 +258,48 @@ func follow(ctx context.Context, js jetstream.JetStream, stream, subject string,
 		return fmt.Errorf("gateway: follow %s: %w", subject, err)
 	}
 	return nil
+}
+
+// newestOn is the stream sequence and payload of subject's newest message
+// (0: none).
+func newestOn(ctx context.Context, js jetstream.JetStream, stream, subject string) (uint64, []byte, error) {
+	var m *jetstream.RawStreamMsg
+	err := natsjs.UntilAnswered(ctx, func(ctx context.Context) error {
+		st, err := js.Stream(ctx, stream)
+		if err == nil {
+			m, err = st.GetLastMsgForSubject(ctx, subject)
+		}
+		return err
+	}, nil)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, nil, nil
+	case err != nil:
+		return 0, nil, fmt.Errorf("gateway: the newest message on %s: %w", subject, err)
+	}
+	return m.Sequence, m.Data, nil
+}
+
+// stepOf reads the step of a message read without its payload from its
+// ID, or else from its payload, fetched (a stage other than wmrl's may
+// name its messages otherwise).
+func stepOf(ctx context.Context, js jetstream.JetStream, stream string, r natsjs.Record) (int64, bool) {
+	if step, ok := schemas.StepOfMsgID(r.MsgID); ok {
+		return step, true
+	}
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0, false
+	}
+	m, err := st.GetMsg(ctx, r.Seq)
+	if err != nil {
+		return 0, false
+	}
+	var v struct {
+		Step *int64 `json:"step"`
+	}
+	if json.Unmarshal(m.Data, &v) != nil || v.Step == nil {
+		return 0, false
+	}
+	return *v.Step, true
 }

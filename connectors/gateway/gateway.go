@@ -151,20 +151,25 @@ type calState struct {
 // calibrated puts a calibration's map in force. One that fuse refuses
 // (and dead-letters) is skipped here too, so that the map in force stays
 // fuse's: before, a map that goes down put the identity in force.
-func (g *Gateway) calibrated(r natsjs.Record) {
+func (g *Gateway) calibrated(r natsjs.Record) { g.calibratedBy(r.Data) }
+
+// calibratedBy is calibrated of an encoded calibration; it reports whether
+// the calibration was put in force.
+func (g *Gateway) calibratedBy(data []byte) bool {
 	var c schemas.Calibration
-	if schemas.Decode(r.Data, g.cfg.Run, &c) != nil {
-		return
+	if schemas.Decode(data, g.cfg.Run, &c) != nil {
+		return false
 	}
 	st := &calState{c: c}
 	if c.Map != nil {
 		m, err := calibrate.NewIsotonic(c.Map.X, c.Map.Y)
 		if err != nil {
-			return
+			return false
 		}
 		st.m = m
 	}
 	g.cal.Store(st)
+	return true
 }
 
 // New builds a gateway; it does no I/O.
@@ -191,13 +196,21 @@ func (g *Gateway) Close() { g.stop() }
 // needed, until Close.
 func (g *Gateway) Run(ctx context.Context) error {
 	defer g.closed()
-	errc := make(chan error, 5)
+	errc := make(chan error, 6)
 	s := g.cfg.Subjects
-	go func() { errc <- follow(ctx, g.js, g.cfg.Stream, s.Update, g.updates.add) }()
-	go func() { errc <- follow(ctx, g.js, g.cfg.Stream, s.Plan, g.planned.add) }()
-	go func() { errc <- follow(ctx, g.js, g.cfg.Stream, s.Calibration, g.calibrated) }()
+	g.updates.setLoading(true)
+	go func() { errc <- g.followUpdates(ctx, errc) }()
 	go func() {
-		errc <- follow(ctx, g.js, g.cfg.Stream, s.Exec, func(r natsjs.Record) {
+		// Only the steps, from the plans' IDs.
+		errc <- follow(ctx, g.js, g.cfg.Stream, s.Plan, 0, true, func(r natsjs.Record) {
+			if step, ok := stepOf(ctx, g.js, g.cfg.Stream, r); ok {
+				g.planned.add(step)
+			}
+		})
+	}()
+	go func() { errc <- g.followCalibrations(ctx) }()
+	go func() {
+		errc <- follow(ctx, g.js, g.cfg.Stream, s.Exec, 0, false, func(r natsjs.Record) {
 			var gr schemas.Group
 			if json.Unmarshal(r.Data, &gr) == nil {
 				g.truths.addAnchor(gr)
@@ -205,7 +218,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		})
 	}()
 	go func() {
-		errc <- follow(ctx, g.js, g.cfg.Stream, s.Execution, func(r natsjs.Record) {
+		errc <- follow(ctx, g.js, g.cfg.Stream, s.Execution, 0, false, func(r natsjs.Record) {
 			var e schemas.Execution
 			if json.Unmarshal(r.Data, &e) == nil {
 				g.truths.addExecution(e)
@@ -213,12 +226,64 @@ func (g *Gateway) Run(ctx context.Context) error {
 		})
 	}()
 	var first error
-	for range 5 {
+	for range 6 {
 		if err := <-errc; err != nil && first == nil {
 			first = err
 		}
 	}
 	return first
+}
+
+// followUpdates reads the updates from the newest stored on, whole, until
+// ctx is done. Those stored before it are indexed from their IDs alone
+// (their payloads are read when a trainer asks for one), and that read's
+// end goes to done: reading every update of a long run whole held the
+// new ones back at each start.
+func (g *Gateway) followUpdates(ctx context.Context, done chan<- error) error {
+	subject := g.cfg.Subjects.Update
+	last, _, err := newestOn(ctx, g.js, g.cfg.Stream, subject)
+	if err != nil {
+		g.updates.setLoading(false)
+		done <- nil
+		return err
+	}
+	go func() {
+		defer g.updates.setLoading(false)
+		if last <= 1 {
+			done <- nil
+			return
+		}
+		err := natsjs.ScanAfter(ctx, g.js, g.cfg.Stream, subject, 0, true, func(r natsjs.Record) error {
+			if r.Seq < last {
+				if step, ok := stepOf(ctx, g.js, g.cfg.Stream, r); ok {
+					g.updates.index(step, r.Seq)
+				}
+			}
+			return nil
+		})
+		if err != nil && ctx.Err() == nil {
+			done <- fmt.Errorf("gateway: index the updates stored before the start: %w", err)
+			return
+		}
+		done <- nil
+	}()
+	return follow(ctx, g.js, g.cfg.Stream, subject, max(last, 1)-1, false, g.updates.add)
+}
+
+// followCalibrations puts the newest calibration in force and follows
+// the new ones. Only when the newest is one fuse refuses are the earlier
+// ones read, for the last it took.
+func (g *Gateway) followCalibrations(ctx context.Context) error {
+	subject := g.cfg.Subjects.Calibration
+	last, data, err := newestOn(ctx, g.js, g.cfg.Stream, subject)
+	if err != nil {
+		return err
+	}
+	after := uint64(0)
+	if last > 0 && g.calibratedBy(data) {
+		after = last
+	}
+	return follow(ctx, g.js, g.cfg.Stream, subject, after, false, g.calibrated)
 }
 
 // Handler routes the API. Each endpoint checks the token, the run and the

@@ -60,6 +60,11 @@ func (g *Gateway) getUpdate(w http.ResponseWriter, r *http.Request) {
 		}
 		data = m.Data
 	}
+	if data == nil && g.updates.indexing() {
+		// It may be among those stored before the start, not all read yet.
+		unavailable(w, "the gateway started a moment ago and is still reading which steps were fused before: ask again for step %d's update", step)
+		return
+	}
 	if data == nil {
 		if last, ok := g.updates.newest(); ok && last.Step > step {
 			// A step behind a fused one waits for an anchor group within

@@ -1,0 +1,141 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wmrl/wmrl/connectors/natsjs"
+	"github.com/wmrl/wmrl/connectors/openai"
+	"github.com/wmrl/wmrl/schemas"
+)
+
+// A gateway that starts on a long run reads the updates from the newest
+// stored on whole, and indexes those before it from their IDs alone (a
+// trainer asking for one gets it from the stream); it puts the newest
+// calibration fuse takes in force without reading the others; it knows the
+// planned steps from the plans' IDs. Before, it read every update whole
+// before it served a new one.
+func TestAStartReadsOnlyTheNewUpdatesWhole(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := srv.Connect("gateway-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"r.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(subject, id string, v any) {
+		t.Helper()
+		b, _ := json.Marshal(v)
+		if _, err := js.Publish(ctx, subject, b, jetstream.WithMsgID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	update := func(step int64) {
+		publish("r.update", fmt.Sprintf("r/update/%d", step), schemas.Update{Schema: schemas.Version, Run: "r", Step: step, Rho: float64(step)})
+	}
+	calibration := func(version int64, y []float64) {
+		publish("r.calibration", fmt.Sprintf("r/calibration/%d", version),
+			schemas.Calibration{Schema: schemas.Version, Run: "r", Seq: version, Version: version, Map: &schemas.Thresholds{X: []float64{0, 1}, Y: y}})
+	}
+	for step := range int64(300) {
+		publish("r.plan", fmt.Sprintf("r/plan/%d", step), schemas.Plan{Schema: schemas.Version, Run: "r", Step: step})
+		update(step)
+	}
+	calibration(1, []float64{0.1, 0.5})
+	calibration(2, []float64{0.2, 0.6})
+	calibration(3, []float64{0.6, 0.2}) // a map going down: fuse refuses it
+
+	g, err := New(Config{Run: "r", Stream: "S", KeepUpdates: 16, WorldModel: &openai.WorldModel{},
+		Subjects: Subjects{Update: "r.update", Plan: "r.plan", Calibration: "r.calibration", Exec: "r.exec", Execution: "r.execution"}}, js, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(g.Handler())
+	defer hs.Close()
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(hs.URL + "/v1/runs/r" + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	until(t, "the updates stored before the start are indexed", func() bool {
+		g.updates.mu.Lock()
+		defer g.updates.mu.Unlock()
+		return !g.updates.loading && len(g.updates.seq) == 300
+	})
+	for _, step := range []int64{0, 150, 299} {
+		if code, body := get(fmt.Sprintf("/steps/%d/update", step)); code != http.StatusOK || !strings.Contains(body, fmt.Sprintf(`"step":%d,`, step)) {
+			t.Errorf("step %d's update: %d %s", step, code, body)
+		}
+	}
+	update(300)
+	if code, body := get("/steps/300/update?wait=10"); code != http.StatusOK || !strings.Contains(body, `"step":300,`) {
+		t.Errorf("step 300's update, stored after the start: %d %s", code, body)
+	}
+	g.updates.mu.Lock()
+	whole := len(g.updates.recent)
+	g.updates.mu.Unlock()
+	if whole != 2 {
+		t.Errorf("%d updates read whole; want 2 (the newest at the start, and step 300)", whole)
+	}
+	if code, body := get("/steps"); code != http.StatusOK || !strings.Contains(body, `"planned":299`) || !strings.Contains(body, `"fused":300`) {
+		t.Errorf("steps: %d %s; want planned 299, fused 300", code, body)
+	}
+	if st := g.cal.Load(); st == nil || st.c.Version != 2 {
+		t.Errorf("calibration in force: %+v; want version 2, the newest fuse takes", st)
+	}
+	calibration(4, []float64{0.3, 0.7})
+	until(t, "calibration 4 is in force", func() bool { st := g.cal.Load(); return st != nil && st.c.Version == 4 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}
+
+// While the updates stored before the start are being indexed, a step not
+// found may be among them: the answer is a 503 to ask again, not a 404.
+func TestAStepNotFoundWhileTheOldUpdatesAreReadIsA503(t *testing.T) {
+	g, url := newGateway(t, "http://127.0.0.1:1", nil)
+	g.updates.setLoading(true)
+	resp, err := http.Get(url + "/steps/5/update")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("while indexing: %d, Retry-After %q; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	g.updates.setLoading(false)
+	if resp, err = http.Get(url + "/steps/5/update"); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("once indexed: %d; want 404", resp.StatusCode)
+	}
+}
