@@ -65,17 +65,32 @@ func TestExpirePendingGivesACrashedProcesssMessagesAtOnce(t *testing.T) {
 	}
 	defer srv.Shutdown()
 	js, _ := jetstream.New(connect(t, srv))
-	got, err := ExpirePending(ctx, js, SafeName(topic), func(c string) bool { return c == "chosen" }, 300*time.Millisecond)
-	if err != nil || got != n {
-		t.Fatalf("ExpirePending: %d, %v; want the %d messages pending on the chosen consumer", got, err, n)
-	}
-	for _, name := range []string{"chosen", "other"} {
+	// What the restarted server holds pending: the n delivered, unless it
+	// did not write all of a consumer's deliveries to its store before it
+	// stopped (seen once, under a loaded CI: 2 of 50). A message whose
+	// delivery it forgot is not pending, and goes out as new.
+	pendingOn := func(name string) (time.Duration, int) {
+		t.Helper()
 		c, err := js.Consumer(ctx, SafeName(topic), name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info := c.CachedInfo(); info.Config.AckWait != time.Hour || info.NumAckPending != n {
-			t.Fatalf("consumer %s: AckWait %v, %d pending; want its hour back and the %d still pending until handled", name, info.Config.AckWait, info.NumAckPending, n)
+		info := c.CachedInfo()
+		return info.Config.AckWait, info.NumAckPending
+	}
+	before := map[string]int{}
+	for _, name := range []string{"chosen", "other"} {
+		if _, before[name] = pendingOn(name); before[name] != n {
+			t.Logf("consumer %s: %d of the %d delivered pending after the restart", name, before[name], n)
+		}
+	}
+	got, err := ExpirePending(ctx, js, SafeName(topic), func(c string) bool { return c == "chosen" }, 300*time.Millisecond)
+	if err != nil || got != before["chosen"] || got == 0 {
+		t.Fatalf("ExpirePending: %d, %v; want the %d messages pending on the chosen consumer", got, err, before["chosen"])
+	}
+	for _, name := range []string{"chosen", "other"} {
+		if ackWait, pending := pendingOn(name); ackWait != time.Hour || pending != before[name] {
+			t.Fatalf("consumer %s: AckWait %v, %d pending; want its hour back and the %d still pending until handled", name, ackWait, pending, before[name])
 		}
 	}
 
