@@ -341,19 +341,23 @@ func (s *Stage) checkpoint(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := s.saveSeen(ctx); err != nil {
-		if s.OnSaveError != nil {
-			s.OnSaveError(err)
+	// A bucket made anew while these are saved (RecordLost) took the
+	// parts the checkpoint lists: they are saved again, and it too.
+	for try := 0; try == 0 || try == 1 && s.SaveSeen != nil && s.lost.Load(); try++ {
+		if err := s.saveSeen(ctx); err != nil {
+			if s.OnSaveError != nil {
+				s.OnSaveError(err)
+			}
+			return // a checkpoint stands only for groups whose record is saved
 		}
-		return // a checkpoint stands only for groups whose record is saved
-	}
-	err := s.Save(ctx, Checkpoint{StreamSeq: s.stored, Seq: s.seq, Debiaser: s.Deb.Snapshot(),
-		SeenParts: slices.Clone(s.parts), SeenKept: s.SaveSeen != nil})
-	if err != nil {
-		if s.OnSaveError != nil {
-			s.OnSaveError(err)
+		err := s.Save(ctx, Checkpoint{StreamSeq: s.stored, Seq: s.seq, Debiaser: s.Deb.Snapshot(),
+			SeenParts: slices.Clone(s.parts), SeenKept: s.SaveSeen != nil})
+		if err != nil {
+			if s.OnSaveError != nil {
+				s.OnSaveError(err)
+			}
+			return
 		}
-		return
 	}
 	s.saved = s.stored
 	for len(s.dropped) > 0 && s.DropSeen != nil {

@@ -366,6 +366,33 @@ func TestARecordLostWithItsBucketIsSavedAnew(t *testing.T) {
 	}
 }
 
+// The bucket is made anew while a checkpoint saves its record: the
+// parts saved before went with it, and the checkpoint, which lists them,
+// is saved again after the whole record.
+func TestARecordLostWhileACheckpointIsSavedIsSavedAgainAtOnce(t *testing.T) {
+	in := pairGroups(16)
+	pub := &recorder{}
+	st, checkpoints := checkpointing(t, pub, 8)
+	var store seenStore
+	store.wire(st)
+	saved, calls := st.SaveSeen, 0
+	st.SaveSeen = func(ctx context.Context, part uint64, keys map[string]uint64) error {
+		if calls++; calls == 2 { // the second checkpoint's first part
+			clear(store.parts)
+			st.RecordLost()
+		}
+		return saved(ctx, part, keys)
+	}
+	runStage(t, st, in, pub, 16)
+	last := (*checkpoints)[len(*checkpoints)-1]
+	if last.Seq != 16 {
+		t.Fatalf("last checkpoint after group %d; want 16", last.Seq)
+	}
+	if rec, err := store.record(last); err != nil || !maps.Equal(rec, keysThrough(t, in, last.StreamSeq)) {
+		t.Fatalf("the checkpoint saved while the record was lost: %v; its parts hold %d groups, want all 16", err, len(rec))
+	}
+}
+
 // agingSource is a stream that keeps the newest `keep` pair groups it
 // gave out (10 sequences apart, as pairGroups numbers them): its
 // FirstRetained is the oldest of those.
