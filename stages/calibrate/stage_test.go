@@ -357,12 +357,19 @@ func TestARecordLostWithItsBucketIsSavedAnew(t *testing.T) {
 	store.wire(st)
 	src := &hookSource{listSource: listSource{in: in}, at: 20, hook: func() { clear(store.parts); st.RecordLost() }}
 	runStageOn(t, st, src, pub, 24)
-	last := (*checkpoints)[len(*checkpoints)-1]
-	if last.Seq != 24 {
-		t.Fatalf("last checkpoint after group %d; want 24", last.Seq)
+	store.lastHoldsEveryGroup(t, *checkpoints, in)
+}
+
+// lastHoldsEveryGroup fails t unless the last of checkpoints is after the
+// last of in and lists stored parts that hold every group.
+func (s *seenStore) lastHoldsEveryGroup(t *testing.T, checkpoints []Checkpoint, in []Input) {
+	t.Helper()
+	last := checkpoints[len(checkpoints)-1]
+	if last.Seq != int64(len(in)) {
+		t.Fatalf("last checkpoint after group %d; want %d", last.Seq, len(in))
 	}
-	if rec, err := store.record(last); err != nil || !maps.Equal(rec, keysThrough(t, in, last.StreamSeq)) {
-		t.Fatalf("after the record was lost, the next checkpoint: %v; its parts hold %d groups, want all 24", err, len(rec))
+	if rec, err := s.record(last); err != nil || !maps.Equal(rec, keysThrough(t, in, last.StreamSeq)) {
+		t.Fatalf("the last checkpoint: %v; its parts hold %d groups, want all %d", err, len(rec), len(in))
 	}
 }
 
@@ -384,13 +391,7 @@ func TestARecordLostWhileACheckpointIsSavedIsSavedAgainAtOnce(t *testing.T) {
 		return saved(ctx, part, keys)
 	}
 	runStage(t, st, in, pub, 16)
-	last := (*checkpoints)[len(*checkpoints)-1]
-	if last.Seq != 16 {
-		t.Fatalf("last checkpoint after group %d; want 16", last.Seq)
-	}
-	if rec, err := store.record(last); err != nil || !maps.Equal(rec, keysThrough(t, in, last.StreamSeq)) {
-		t.Fatalf("the checkpoint saved while the record was lost: %v; its parts hold %d groups, want all 16", err, len(rec))
-	}
+	store.lastHoldsEveryGroup(t, *checkpoints, in)
 }
 
 // agingSource is a stream that keeps the newest `keep` pair groups it
