@@ -104,11 +104,18 @@ func (p *Pipeline) bucketRemade(bucket, then string) func(string) {
 	}
 }
 
+// takenOver says whether another process took stage over from this one:
+// it keeps the stage's state, and this one writes none over it.
+func (p *Pipeline) takenOver(stage string) bool {
+	_, lost := p.leaseLost.Load(stage)
+	return lost
+}
+
 // saver stores a stage's checkpoints under its key and counts them.
 func saver[T any](p *Pipeline, st *natsjs.StateStore, stage string) (save func(context.Context, T) error, onErr func(error)) {
 	key := checkpointKey(p.cfg.Run, stage)
 	save = func(ctx context.Context, c T) error {
-		if _, lost := p.leaseLost.Load(stage); lost {
+		if p.takenOver(stage) {
 			// The process that took the stage over keeps its checkpoints;
 			// this one's, older, would replace theirs.
 			p.notef("%s: no checkpoint saved: another process runs this stage now", stage)
@@ -156,13 +163,13 @@ func (p *Pipeline) wireCalibrateCheckpoints(ctx context.Context, st *calibrate.S
 	st.CheckpointEvery = p.cfg.CheckpointEvery
 	p.calibrate.Store(st)
 	st.SaveSeen = func(ctx context.Context, part uint64, keys map[string]uint64) error {
-		if _, lost := p.leaseLost.Load(StageCalibrate); lost {
+		if p.takenOver(StageCalibrate) {
 			return nil // as for the checkpoints: the process that took calibrate over keeps its own
 		}
 		return store.Save(ctx, seenKey(p.cfg.Run, part), keys)
 	}
 	st.DropSeen = func(ctx context.Context, part uint64) error {
-		if _, lost := p.leaseLost.Load(StageCalibrate); lost {
+		if p.takenOver(StageCalibrate) {
 			return nil
 		}
 		return store.Delete(ctx, seenKey(p.cfg.Run, part))
@@ -224,7 +231,7 @@ func (p *Pipeline) loadSeen(ctx context.Context, store *natsjs.StateStore, cp ca
 			}
 		}
 	}
-	if _, lost := p.leaseLost.Load(StageCalibrate); lost {
+	if p.takenOver(StageCalibrate) {
 		return seen, nil
 	}
 	for part := range parts {

@@ -154,8 +154,9 @@ func (s *Stage) Run(ctx context.Context, src Source) error {
 			s.Deb, s.seq = d, cp.Seq
 		}
 		s.stored, s.saved = cp.StreamSeq, cp.StreamSeq
-		s.replaying = s.ReadsAfter() == 0 && s.SaveSeen != nil
-		if s.ReadsAfter() > 0 {
+		after := s.ReadsAfter()
+		s.replaying = after == 0 && s.SaveSeen != nil
+		if after > 0 {
 			s.seen, s.parts = s.ResumeSeen, slices.Clone(cp.SeenParts)
 			for _, seq := range s.seen {
 				if seq > 0 && (s.oldest == 0 || seq < s.oldest) {

@@ -166,13 +166,7 @@ func (s *Steps) Restore(c Checkpoint) error {
 func (s *Steps) Denoiser() *Denoiser { return s.den }
 
 // MarkPublished records a step whose update is stored already.
-func (s *Steps) MarkPublished(step int64) {
-	if len(s.open) > 0 || len(s.absorbed) > 0 {
-		s.Close(step)
-		return
-	}
-	s.published.Add(step)
-}
+func (s *Steps) MarkPublished(step int64) { s.Close(step) }
 
 // Published reports whether a step's update is stored.
 func (s *Steps) Published(step int64) bool { return s.published.Has(step) }
