@@ -173,14 +173,20 @@ func (p *planned) newest() (int64, bool) {
 // group was executed, for the reward endpoints. Bounded both ways for a run
 // of days: keep scores, the oldest going first, and keep anchors awaiting
 // their execution (one whose execution never comes, past its deadline or
-// dead-lettered, is forgotten in turn).
+// dead-lettered, is forgotten in turn). The anchor groups and the
+// executions are read apart, so an execution may be read first (at a
+// start, when both readers go through what was stored): its scores wait
+// for their group, as many as the scores kept.
 type truths struct {
 	mu      sync.Mutex
 	byTraj  map[trajKey]digest // trajectory -> its content's, for anchors sent to execute
 	pending []trajKey          // byTraj's keys in arrival order (some already executed)
+	early   map[trajKey]float64
+	waiting []trajKey // early's keys in arrival order (some already matched)
 	score   map[digest]float64
 	order   []digest
 	keep    int
+	groups  int // anchor groups read
 }
 
 // trajKey names a trajectory: a trainer may give its trajectories the
@@ -191,7 +197,7 @@ type trajKey struct {
 }
 
 func newTruths(keep int) *truths {
-	return &truths{byTraj: map[trajKey]digest{}, score: map[digest]float64{}, keep: keep}
+	return &truths{byTraj: map[trajKey]digest{}, early: map[trajKey]float64{}, score: map[digest]float64{}, keep: keep}
 }
 
 // contentKey names an executed solution. Not its task: an anchor's is the
@@ -201,9 +207,15 @@ func contentKey(prompt, response string) digest { return digestOf(prompt, respon
 func (t *truths) addAnchor(g schemas.Group) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.groups++
 	for _, tr := range g.Trajectories {
-		k := trajKey{g.Step, tr.TrajID}
-		t.byTraj[k] = contentKey(tr.Prompt, tr.Response)
+		k, key := trajKey{g.Step, tr.TrajID}, contentKey(tr.Prompt, tr.Response)
+		if s, ok := t.early[k]; ok {
+			delete(t.early, k)
+			t.scored(key, s)
+			continue
+		}
+		t.byTraj[k] = key
 		t.pending = append(t.pending, k)
 	}
 	for len(t.pending) > t.keep {
@@ -220,21 +232,32 @@ func (t *truths) addExecution(e schemas.Execution) {
 	for _, it := range e.Items {
 		k := trajKey{e.Step, it.TrajID}
 		key, ok := t.byTraj[k]
-		if !ok {
-			continue
+		switch {
+		case !ok && it.Score != nil:
+			t.early[k] = *it.Score
+			t.waiting = append(t.waiting, k)
+		case ok:
+			delete(t.byTraj, k)
+			if it.Score != nil {
+				t.scored(key, *it.Score)
+			}
 		}
-		delete(t.byTraj, k)
-		if it.Score == nil {
-			continue
-		}
-		if _, again := t.score[key]; !again {
-			t.order = append(t.order, key)
-		}
-		t.score[key] = *it.Score
-		if len(t.order) > t.keep {
-			delete(t.score, t.order[0])
-			t.order = t.order[1:]
-		}
+	}
+	for len(t.waiting) > t.keep {
+		delete(t.early, t.waiting[0])
+		t.waiting = t.waiting[1:]
+	}
+}
+
+// scored keeps a solution's real score, forgetting the oldest past keep.
+func (t *truths) scored(key digest, s float64) {
+	if _, again := t.score[key]; !again {
+		t.order = append(t.order, key)
+	}
+	t.score[key] = s
+	if len(t.order) > t.keep {
+		delete(t.score, t.order[0])
+		t.order = t.order[1:]
 	}
 }
 

@@ -488,6 +488,34 @@ func TestTruthsTellStepsApart(t *testing.T) {
 	}
 }
 
+// The anchor groups and their executions are read apart: an execution read
+// before its group (at a start, both readers going through what was
+// stored) still gives the group's solutions their real scores. Before,
+// it was passed over.
+func TestAnExecutionReadBeforeItsGroupScoresIt(t *testing.T) {
+	tr := newTruths(2)
+	score := func(s float64) *float64 { return &s }
+	tr.addExecution(schemas.Execution{Step: 3, Items: []schemas.ExecItem{{TrajID: "a", Score: score(0.25)}, {TrajID: "b", Score: nil}}})
+	tr.addExecution(schemas.Execution{Step: 4, Items: []schemas.ExecItem{{TrajID: "a", Score: score(0.5)}}})
+	tr.addAnchor(schemas.Group{Step: 4, Trajectories: []schemas.Trajectory{{TrajID: "a", Prompt: "p", Response: "step 4's"}}})
+	tr.addAnchor(schemas.Group{Step: 3, Trajectories: []schemas.Trajectory{{TrajID: "a", Prompt: "p", Response: "step 3's"}, {TrajID: "b", Prompt: "p", Response: "ungraded"}}})
+	for response, want := range map[string]float64{"step 3's": 0.25, "step 4's": 0.5} {
+		if s, ok := tr.lookup("p", response); !ok || s != want {
+			t.Errorf("%s solution: %v, %v; want its execution's %v", response, s, ok, want)
+		}
+	}
+	if s, ok := tr.lookup("p", "ungraded"); ok {
+		t.Errorf("a solution its execution did not score was scored %v", s)
+	}
+	// What waits for its group is bounded as the scores are.
+	for step := range int64(5) {
+		tr.addExecution(schemas.Execution{Step: 10 + step, Items: []schemas.ExecItem{{TrajID: "a", Score: score(0.75)}}})
+	}
+	if len(tr.early) != 2 || len(tr.waiting) != 2 {
+		t.Errorf("%d scores (%d keys) wait for their groups; want 2, as many as kept", len(tr.early), len(tr.waiting))
+	}
+}
+
 // TestARetriedRewardWaitsForTheCallUnderWay: a trainer whose client gave up
 // waiting for a slow world model (its timeout, a load balancer's) and asks
 // again is answered from the call it already paid for, not by a second
