@@ -139,3 +139,119 @@ func TestAStepNotFoundWhileTheOldUpdatesAreReadIsA503(t *testing.T) {
 		t.Errorf("once indexed: %d; want 404", resp.StatusCode)
 	}
 }
+
+// A gateway that starts on a long run reads the anchor groups and
+// executions of the newest steps alone, as many as the real scores it
+// keeps fill, and has their scores; one whose run is shorter reads them
+// all. Before, a start read every retained one whole.
+func TestAStartReadsTheAnchorsOfTheNewestStepsAlone(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := srv.Connect("gateway-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"r.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(subject, id string, v any) {
+		t.Helper()
+		b, _ := json.Marshal(v)
+		if _, err := js.Publish(ctx, subject, b, jetstream.WithMsgID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	solution := func(step int64, gid string, i int) (prompt, response string) {
+		return fmt.Sprintf("task of %s", gid), fmt.Sprintf("solution %d of group %s, step %d", i, gid, step)
+	}
+	score := func(step int64, i int) float64 { return float64(step%50)/100 + float64(i)/1000 }
+	known := func(tr *truths, step int64, gid string, i int) bool {
+		_, ok := tr.lookup(solution(step, gid, i))
+		return ok
+	}
+	// A step: two anchor groups of 4 and two groups for the world model
+	// alone; the anchors' executions come a step later, as they do.
+	step := func(step int64) {
+		plan := schemas.Plan{Schema: schemas.Version, Run: "r", Step: step}
+		for k := range 4 {
+			gid := fmt.Sprintf("g%d-%d", step, k)
+			pg := schemas.PlanGroup{GroupID: gid, Anchor: k < 2}
+			gr := schemas.Group{Schema: schemas.Version, Run: "r", Step: step, GroupID: gid, Anchor: true}
+			for i := range 4 {
+				id := fmt.Sprintf("%s-%d", gid, i)
+				pg.TrajIDs = append(pg.TrajIDs, id)
+				prompt, response := solution(step, gid, i)
+				gr.Trajectories = append(gr.Trajectories, schemas.Trajectory{Schema: schemas.Version, Run: "r", Step: step, GroupID: gid, TrajID: id, Prompt: prompt, Response: response})
+			}
+			plan.Groups = append(plan.Groups, pg)
+			if pg.Anchor {
+				publish("r.exec", fmt.Sprintf("r/group/%d/%s", step, gid), gr)
+			}
+		}
+		publish("r.plan", fmt.Sprintf("r/plan/%d", step), plan)
+		if step == 0 {
+			return
+		}
+		for k := range 2 {
+			gid := fmt.Sprintf("g%d-%d", step-1, k)
+			e := schemas.Execution{Schema: schemas.Version, Run: "r", Step: step - 1, GroupID: gid}
+			for i := range 4 {
+				s := score(step-1, i)
+				e.Items = append(e.Items, schemas.ExecItem{TrajID: fmt.Sprintf("%s-%d", gid, i), Score: &s, Status: "ok"})
+			}
+			publish("r.execution", fmt.Sprintf("r/execution/%d/%s", step-1, gid), e)
+		}
+	}
+	for s := range int64(200) {
+		step(s)
+	}
+	start := func(keep int) *Gateway {
+		t.Helper()
+		g, err := New(Config{Run: "r", Stream: "S", WorldModel: &openai.WorldModel{},
+			Subjects: Subjects{Update: "r.update", Plan: "r.plan", Calibration: "r.calibration", Exec: "r.exec", Execution: "r.execution"}}, js, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.truths = newTruths(keep)
+		go g.Run(ctx)
+		return g
+	}
+	read := func(g *Gateway) int {
+		g.truths.mu.Lock()
+		defer g.truths.mu.Unlock()
+		return g.truths.groups
+	}
+	// 80 scores kept, 8 anchored trajectories a step: the anchor groups
+	// of steps 188 to 199 (one step more, for a step's anchors the newest
+	// plan does not show all of; and the newest, executed later).
+	g := start(80)
+	until(t, "the newest step's anchors are read", func() bool { return read(g) > 0 && known(g.truths, 198, "g198-1", 3) })
+	if n := read(g); n != 24 {
+		t.Errorf("%d anchor groups read at the start; want 24, those of steps 188 to 199", n)
+	}
+	for _, a := range []struct {
+		step int64
+		gid  string
+		i    int
+	}{{198, "g198-0", 0}, {190, "g190-1", 2}} {
+		if got, ok := g.truths.lookup(solution(a.step, a.gid, a.i)); !ok || got != score(a.step, a.i) {
+			t.Errorf("step %d's anchor %s-%d: %v %v; want its real score %v", a.step, a.gid, a.i, got, ok, score(a.step, a.i))
+		}
+	}
+	step(200)
+	until(t, "an anchor executed after the start has its real score", func() bool { return known(g.truths, 199, "g199-0", 1) })
+
+	all := start(100_000)
+	until(t, "every anchor is read by a gateway that keeps them all", func() bool { return read(all) == 402 })
+	if !known(all.truths, 0, "g0-1", 0) {
+		t.Errorf("the first step's anchors: no real score, in a run shorter than the scores kept")
+	}
+}

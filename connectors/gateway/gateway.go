@@ -210,18 +210,19 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}()
 	go func() { errc <- g.followCalibrations(ctx) }()
 	go func() {
-		errc <- follow(ctx, g.js, g.cfg.Stream, s.Exec, 0, false, func(r natsjs.Record) {
+		after := g.truthsAfter(ctx)
+		go func() {
+			errc <- follow(ctx, g.js, g.cfg.Stream, s.Execution, after, false, func(r natsjs.Record) {
+				var e schemas.Execution
+				if json.Unmarshal(r.Data, &e) == nil {
+					g.truths.addExecution(e)
+				}
+			})
+		}()
+		errc <- follow(ctx, g.js, g.cfg.Stream, s.Exec, after, false, func(r natsjs.Record) {
 			var gr schemas.Group
 			if json.Unmarshal(r.Data, &gr) == nil {
 				g.truths.addAnchor(gr)
-			}
-		})
-	}()
-	go func() {
-		errc <- follow(ctx, g.js, g.cfg.Stream, s.Execution, 0, false, func(r natsjs.Record) {
-			var e schemas.Execution
-			if json.Unmarshal(r.Data, &e) == nil {
-				g.truths.addExecution(e)
 			}
 		})
 	}()
