@@ -338,7 +338,11 @@ func stepOf(ctx context.Context, js jetstream.JetStream, stream string, r natsjs
 // run is not that long yet, or when the newest messages cannot be read.
 // Before, a start read every retained anchor group and execution whole
 // (120 MB at 13,681 simulated steps, more with real code), to keep the
-// newest 100,000 scores.
+// newest 100,000 scores. Route stores a step's anchor groups as it plans
+// the step, so their steps rise in the stream but for a step planned
+// late (its watermark late): one older than every step kept, met by the
+// search, starts the read after it, and the scores stored before it are
+// not read; the reward endpoints then ask the world model for those.
 func (g *Gateway) truthsAfter(ctx context.Context) uint64 {
 	s := g.cfg.Subjects
 	last, data, err := newestOn(ctx, g.js, g.cfg.Stream, s.Exec)
