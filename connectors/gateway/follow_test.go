@@ -193,7 +193,7 @@ func TestAStartReadsTheAnchorsOfTheNewestStepsAlone(t *testing.T) {
 			}
 			plan.Groups = append(plan.Groups, pg)
 			if pg.Anchor {
-				publish("r.exec", fmt.Sprintf("r/group/%d/%s", step, gid), gr)
+				publish("r.exec", fmt.Sprintf("r/exec/%d/%s", step, gid), gr)
 			}
 		}
 		publish("r.plan", fmt.Sprintf("r/plan/%d", step), plan)
