@@ -19,6 +19,26 @@ func TestSeekAfterFindsTheFirstMessageOfAStepFromAFew(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	js, st := streamS(t, ctx)
+	seekSteps(t, ctx, js, st, "s")
+}
+
+// ... and on a stream replicated on three servers, whose leader answers.
+func TestSeekAfterOnAReplicatedStream(t *testing.T) {
+	t.Parallel()
+	_, _, js, ctx := replicatedStream(t, "SEEK", "seek.>")
+	st, err := js.Stream(ctx, "SEEK")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seekSteps(t, ctx, js, st, "seek")
+}
+
+// seekSteps stores 900 messages of 300 steps on <prefix>.a among others on
+// <prefix>.b, purges the stream's head, and seeks steps on <prefix>.a.
+func seekSteps(t *testing.T, ctx context.Context, js jetstream.JetStream, st jetstream.Stream, prefix string) {
+	t.Helper()
+	a, b := prefix+".a", prefix+".b"
+	name := st.CachedInfo().Config.Name
 	rng := rand.New(rand.NewPCG(5, 7))
 	type msg struct {
 		seq  uint64
@@ -27,13 +47,13 @@ func TestSeekAfterFindsTheFirstMessageOfAStepFromAFew(t *testing.T) {
 	var onA []msg
 	for i := range 900 {
 		step := i / 3
-		ack, err := js.Publish(ctx, "s.a", []byte(strconv.Itoa(step)))
+		ack, err := js.Publish(ctx, a, []byte(strconv.Itoa(step)))
 		if err != nil {
 			t.Fatal(err)
 		}
 		onA = append(onA, msg{ack.Sequence, step})
 		for range rng.IntN(4) {
-			if _, err := js.Publish(ctx, "s.b", []byte("other")); err != nil {
+			if _, err := js.Publish(ctx, b, []byte("other")); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -47,7 +67,7 @@ func TestSeekAfterFindsTheFirstMessageOfAStepFromAFew(t *testing.T) {
 	through := onA[len(onA)-1].seq
 	for _, target := range []int{-1, 0, onA[0].step, onA[0].step + 1, 150, 151, 299, 300} {
 		gets := 0
-		after, err := SeekAfter(ctx, js, "S", "s.a", through, func(r Record) bool {
+		after, err := SeekAfter(ctx, js, name, a, through, func(r Record) bool {
 			gets++
 			step, err := strconv.Atoi(string(r.Data))
 			if err != nil {
@@ -67,7 +87,7 @@ func TestSeekAfterFindsTheFirstMessageOfAStepFromAFew(t *testing.T) {
 		}
 		// Several sequences before the first message of the step are
 		// right: those of other subjects' messages between it and the one
-		// before it on s.a.
+		// before it on a.
 		first := func(after uint64) (msg, bool) {
 			for _, m := range onA {
 				if m.seq > after {
