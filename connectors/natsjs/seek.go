@@ -19,14 +19,21 @@ import (
 // first message on subject at or after a sequence as the stream's leader
 // has it: some log2(through) of them, where a scan reads every message.
 func SeekAfter(ctx context.Context, js jetstream.JetStream, stream, subject string, through uint64, past func(Record) bool) (uint64, error) {
-	st, err := js.Stream(ctx, stream)
-	if err != nil {
+	var st jetstream.Stream
+	if err := UntilAnswered(ctx, func(ctx context.Context) (err error) {
+		st, err = js.Stream(ctx, stream)
+		return err
+	}, nil); err != nil {
 		return 0, fmt.Errorf("natsjs: seek %s: %w", subject, err)
 	}
 	// first returns the first message on subject at or after seq, before
-	// end (ok false: none).
+	// end (ok false: none), asking again while a cluster elects a leader.
 	first := func(seq, end uint64) (Record, bool, error) {
-		m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		var m *jetstream.RawStreamMsg
+		err := UntilAnswered(ctx, func(ctx context.Context) (err error) {
+			m, err = st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+			return err
+		}, nil)
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			return Record{}, false, nil
