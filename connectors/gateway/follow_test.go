@@ -18,6 +18,33 @@ import (
 	"github.com/wmrl/wmrl/schemas"
 )
 
+// streamR starts a server with a stream S of subjects r.>, for one test,
+// and publishes a value to a subject with a message ID.
+func streamR(t *testing.T, ctx context.Context) (jetstream.JetStream, func(subject, id string, v any)) {
+	t.Helper()
+	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := srv.Connect("gateway-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"r.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	return js, func(subject, id string, v any) {
+		t.Helper()
+		b, _ := json.Marshal(v)
+		if _, err := js.Publish(ctx, subject, b, jetstream.WithMsgID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // A gateway that starts on a long run reads the updates from the newest
 // stored on whole, and indexes those before it from their IDs alone (a
 // trainer asking for one gets it from the stream); it puts the newest
@@ -28,27 +55,7 @@ func TestAStartReadsOnlyTheNewUpdatesWhole(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := srv.Connect("gateway-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"r.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	publish := func(subject, id string, v any) {
-		t.Helper()
-		b, _ := json.Marshal(v)
-		if _, err := js.Publish(ctx, subject, b, jetstream.WithMsgID(id)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	js, publish := streamR(t, ctx)
 	update := func(step int64) {
 		publish("r.update", fmt.Sprintf("r/update/%d", step), schemas.Update{Schema: schemas.Version, Run: "r", Step: step, Rho: float64(step)})
 	}
@@ -148,27 +155,7 @@ func TestAStartReadsTheAnchorsOfTheNewestStepsAlone(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := srv.Connect("gateway-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"r.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	publish := func(subject, id string, v any) {
-		t.Helper()
-		b, _ := json.Marshal(v)
-		if _, err := js.Publish(ctx, subject, b, jetstream.WithMsgID(id)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	js, publish := streamR(t, ctx)
 	solution := func(step int64, gid string, i int) (prompt, response string) {
 		return fmt.Sprintf("task of %s", gid), fmt.Sprintf("solution %d of group %s, step %d", i, gid, step)
 	}
