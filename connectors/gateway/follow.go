@@ -30,7 +30,8 @@ type updates struct {
 	waiters map[int64][]chan struct{}
 	last    schemas.Update // the newest, for rho and D
 	have    bool
-	loading bool // the updates stored before the start are being indexed
+	loading bool             // the updates stored before the start are being indexed
+	indexed func(step int64) // if set (tests), hears each step index records
 }
 
 func newUpdates(keep int) *updates {
@@ -77,6 +78,9 @@ func (u *updates) index(step int64, seq uint64) {
 	if _, ok := u.seq[step]; !ok {
 		u.seq[step] = seq
 		u.arrived(step)
+		if u.indexed != nil {
+			u.indexed(step)
+		}
 	}
 }
 

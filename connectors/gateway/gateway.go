@@ -200,14 +200,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	s := g.cfg.Subjects
 	g.updates.setLoading(true)
 	go func() { errc <- g.followUpdates(ctx, errc) }()
-	go func() {
-		// Only the steps, from the plans' IDs.
-		errc <- follow(ctx, g.js, g.cfg.Stream, s.Plan, 0, true, func(r natsjs.Record) {
-			if step, ok := stepOf(ctx, g.js, g.cfg.Stream, r); ok {
-				g.planned.add(step)
-			}
-		})
-	}()
+	go func() { errc <- g.followPlans(ctx) }()
 	go func() { errc <- g.followCalibrations(ctx) }()
 	go func() {
 		after := g.truthsAfter(ctx)
@@ -237,12 +230,13 @@ func (g *Gateway) Run(ctx context.Context) error {
 
 // followUpdates reads the updates from the newest stored on, whole, until
 // ctx is done. Those stored before it are indexed from their IDs alone
-// (their payloads are read when a trainer asks for one), and that read's
-// end goes to done: reading every update of a long run whole held the
-// new ones back at each start.
+// (their payloads are read when a trainer asks for one), newest first
+// (those a trainer that restarted a few steps behind asks for), and that
+// read's end goes to done: reading every update of a long run whole held
+// the new ones back at each start.
 func (g *Gateway) followUpdates(ctx context.Context, done chan<- error) error {
 	subject := g.cfg.Subjects.Update
-	last, _, err := newestOn(ctx, g.js, g.cfg.Stream, subject)
+	last, data, err := newestOn(ctx, g.js, g.cfg.Stream, subject)
 	if err != nil {
 		g.updates.setLoading(false)
 		done <- nil
@@ -254,21 +248,81 @@ func (g *Gateway) followUpdates(ctx context.Context, done chan<- error) error {
 			done <- nil
 			return
 		}
-		err := natsjs.ScanAfter(ctx, g.js, g.cfg.Stream, subject, 0, true, func(r natsjs.Record) error {
-			if r.Seq < last {
-				if step, ok := stepOf(ctx, g.js, g.cfg.Stream, r); ok {
-					g.updates.index(step, r.Seq)
-				}
-			}
-			return nil
-		})
-		if err != nil && ctx.Err() == nil {
+		if err := g.indexUpdates(ctx, subject, last, data); err != nil && ctx.Err() == nil {
 			done <- fmt.Errorf("gateway: index the updates stored before the start: %w", err)
 			return
 		}
 		done <- nil
 	}()
 	return follow(ctx, g.js, g.cfg.Stream, subject, max(last, 1)-1, false, g.updates.add)
+}
+
+// indexUpdates indexes the updates stored before the newest, at stream
+// sequence last, whose payload is newest.
+func (g *Gateway) indexUpdates(ctx context.Context, subject string, last uint64, newest []byte) error {
+	return g.newestFirst(ctx, subject, natsjs.Record{Seq: last, Data: newest}, last-1, func(r natsjs.Record) {
+		if step, ok := stepOf(ctx, g.js, g.cfg.Stream, r); ok {
+			g.updates.index(step, r.Seq)
+		}
+	})
+}
+
+// newestFirst hands fn, without their payloads, the messages on subject
+// up to stream sequence through: first those of the newest
+// Config.KeepUpdates steps back from newest's (after the sequence
+// SeekAfter finds), then those before them. Where the seek lands changes
+// only the order, not what fn is handed.
+func (g *Gateway) newestFirst(ctx context.Context, subject string, newest natsjs.Record, through uint64, fn func(natsjs.Record)) error {
+	split := uint64(0)
+	if step, ok := stepOf(ctx, g.js, g.cfg.Stream, newest); ok && step > int64(g.cfg.KeepUpdates) {
+		from := step - int64(g.cfg.KeepUpdates)
+		split, _ = natsjs.SeekAfter(ctx, g.js, g.cfg.Stream, subject, newest.Seq, func(r natsjs.Record) bool {
+			s, ok := stepOf(ctx, g.js, g.cfg.Stream, r)
+			return ok && s >= from
+		}) // 0 when it fails: everything in one read, from the first
+	}
+	split = min(split, through)
+	for _, part := range [][2]uint64{{split, through}, {0, split}} {
+		if part[0] >= part[1] {
+			continue
+		}
+		err := natsjs.ScanAfter(ctx, g.js, g.cfg.Stream, subject, part[0], true, func(r natsjs.Record) error {
+			if r.Seq > part[1] {
+				return errPartRead
+			}
+			fn(r)
+			return nil
+		})
+		if err != nil && !errors.Is(err, errPartRead) {
+			return fmt.Errorf("gateway: read %s: %w", subject, err)
+		}
+	}
+	return nil
+}
+
+// errPartRead ends a scan of newestFirst at the end of its part.
+var errPartRead = errors.New("gateway: read through the part's end")
+
+// followPlans records the steps planned, from the plans' IDs: those
+// stored before the start newest first, then the new ones as they come.
+func (g *Gateway) followPlans(ctx context.Context) error {
+	subject := g.cfg.Subjects.Plan
+	last, data, err := newestOn(ctx, g.js, g.cfg.Stream, subject)
+	if err != nil {
+		return err
+	}
+	add := func(r natsjs.Record) {
+		if step, ok := stepOf(ctx, g.js, g.cfg.Stream, r); ok {
+			g.planned.add(step)
+		}
+	}
+	if last > 0 {
+		add(natsjs.Record{Seq: last, Data: data})
+		if err := g.newestFirst(ctx, subject, natsjs.Record{Seq: last, Data: data}, last-1, add); err != nil {
+			return err
+		}
+	}
+	return follow(ctx, g.js, g.cfg.Stream, subject, last, true, add)
 }
 
 // followCalibrations puts the newest calibration in force and follows
