@@ -319,6 +319,9 @@ func (g *Gateway) followPlans(ctx context.Context) error {
 	if last > 0 {
 		add(natsjs.Record{Seq: last, Data: data})
 		if err := g.newestFirst(ctx, subject, natsjs.Record{Seq: last, Data: data}, last-1, add); err != nil {
+			if ctx.Err() != nil {
+				return nil // the gateway stops
+			}
 			return err
 		}
 	}
