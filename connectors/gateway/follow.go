@@ -150,6 +150,7 @@ type planned struct {
 	steps  stepset.Set
 	last   int64
 	anyYet bool
+	added  func(step int64) // if set (tests), hears each step added
 }
 
 func (p *planned) add(n int64) {
@@ -159,6 +160,9 @@ func (p *planned) add(n int64) {
 		p.last, p.anyYet = n, true
 	}
 	p.steps.Add(n)
+	if p.added != nil {
+		p.added(n)
+	}
 }
 
 func (p *planned) has(step int64) bool {

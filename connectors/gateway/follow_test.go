@@ -161,7 +161,40 @@ func TestTheNewestUpdatesAreIndexedFirst(t *testing.T) {
 		want = append(want, step)
 	}
 	if !slices.Equal(order, want) {
-		t.Errorf("indexed %d steps in the order %v ... %v; want steps 283 to 298, then 0 to 282", len(order), order[:min(20, len(order))], order[max(0, len(order)-3):])
+		t.Errorf("indexed %d updates in the order %v ... %v; want steps 283 to 298, then 0 to 282", len(order), order[:min(20, len(order))], order[max(0, len(order)-3):])
+	}
+
+	// The plans alike, the newest first of all; then the gateway follows
+	// the new ones, and a stop is no error.
+	added := make(chan int64, 400)
+	g.planned.added = func(step int64) { added <- step }
+	follows, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- g.followPlans(follows) }()
+	next := func() int64 {
+		t.Helper()
+		select {
+		case step := <-added:
+			return step
+		case <-ctx.Done():
+			t.Fatal("no more plans read")
+			return 0
+		}
+	}
+	var plans []int64
+	for len(plans) < 300 {
+		plans = append(plans, next())
+	}
+	if want = append([]int64{299}, want...); !slices.Equal(plans, want) {
+		t.Errorf("read %d plans in the order %v ... %v; want steps 299, 283 to 298, then 0 to 282", len(plans), plans[:min(20, len(plans))], plans[max(0, len(plans)-3):])
+	}
+	publish("r.plan", "r/plan/300", schemas.Plan{Schema: schemas.Version, Run: "r", Step: 300})
+	if step := next(); step != 300 {
+		t.Errorf("a plan stored after the start: step %d; want 300", step)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("followPlans stopped: %v; want nil", err)
 	}
 }
 
