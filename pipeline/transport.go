@@ -226,11 +226,7 @@ func (t *transport) scanMsgIDs(ctx context.Context, subject string, fn func(step
 
 func scanMsgIDs(ctx context.Context, js jetstream.JetStream, stream, subject string, fn func(step int64, rest string)) error {
 	return natsjs.Scan(ctx, js, stream, subject, true, func(r natsjs.Record) error {
-		if step, ok := schemas.StepOfMsgID(r.MsgID); ok {
-			rest := ""
-			if parts := strings.SplitN(r.MsgID, "/", 4); len(parts) == 4 {
-				rest = parts[3]
-			}
+		if step, rest, ok := schemas.SplitMsgID(r.MsgID); ok {
 			fn(step, rest)
 		}
 		return nil

@@ -55,12 +55,25 @@ func NewMessage(id string, v any) (*message.Message, error) {
 // "<run>/<kind>/<step>[/<rest>]", as the stages make them for plans,
 // updates and the rest of a step's outputs.
 func StepOfMsgID(id string) (int64, bool) {
+	step, _, ok := SplitMsgID(id)
+	return step, ok
+}
+
+// SplitMsgID reads the step of such an ID and what follows it (a group's
+// ID; "" when nothing does).
+func SplitMsgID(id string) (step int64, rest string, ok bool) {
 	parts := strings.SplitN(id, "/", 4)
 	if len(parts) < 3 {
-		return 0, false
+		return 0, "", false
 	}
 	n, err := strconv.ParseInt(parts[2], 10, 64)
-	return n, err == nil
+	if err != nil {
+		return 0, "", false
+	}
+	if len(parts) == 4 {
+		rest = parts[3]
+	}
+	return n, rest, true
 }
 
 // Again is m's payload as a new message whose de-duplication ID is id: the
