@@ -83,14 +83,15 @@ var (
 // "address already in use". Ports below the range are only ever taken by a
 // listener asking for them by number. A port is handed out once per test
 // process: two calls before either port is bound drew the same one, and a
-// node's configuration had "Duplicate route entry detected".
+// node's configuration had "Duplicate route entry detected". Nor is one
+// handed out that another test process of the run holds (reserve).
 func FreePort(t testing.TB) int {
 	t.Helper()
 	handedMu.Lock()
 	defer handedMu.Unlock()
 	for range 1000 {
 		port := 20000 + rand.IntN(12000)
-		if handed[port] {
+		if handed[port] || !reserve(port) {
 			continue
 		}
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
