@@ -293,8 +293,12 @@ func TestAStartReadsTheAnchorsOfTheNewestStepsAlone(t *testing.T) {
 	// 80 scores kept, 8 anchored trajectories a step: the anchor groups
 	// of steps 188 to 199 (one step more, for a step's anchors the newest
 	// plan does not show all of; and the newest, executed later).
+	// The groups and the executions are read apart: a step's execution
+	// may be matched before the next step's groups are read, so wait for
+	// both. A start that read older steps too would have read more than 24
+	// groups by the time step 198's last anchor is known.
 	g := start(80)
-	until(t, "the newest step's anchors are read", func() bool { return read(g) > 0 && known(g.truths, 198, "g198-1", 3) })
+	until(t, "the newest step's anchors are read", func() bool { return read(g) >= 24 && known(g.truths, 198, "g198-1", 3) })
 	if n := read(g); n != 24 {
 		t.Errorf("%d anchor groups read at the start; want 24, those of steps 188 to 199", n)
 	}
