@@ -146,11 +146,28 @@ func (u *updates) newest() (schemas.Update, bool) {
 // a run of days is held as the few ranges of consecutive steps, not a step
 // at a time.
 type planned struct {
-	mu     sync.Mutex
-	steps  stepset.Set
-	last   int64
-	anyYet bool
-	added  func(step int64) // if set (tests), hears each step added
+	mu      sync.Mutex
+	steps   stepset.Set
+	last    int64
+	anyYet  bool
+	loading bool             // the plans stored before the start are being read
+	added   func(step int64) // if set (tests), hears each step added
+}
+
+func (p *planned) setLoading(v bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.loading = v
+}
+
+// unsure reports whether step, not found planned, may be among the plans
+// stored before the start that are not read yet: one at or before the
+// newest plan. Before the newest is known (a message get after the start)
+// every step is taken, as one of a new run must be at once.
+func (p *planned) unsure(step int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.loading && p.anyYet && step <= p.last && !p.steps.Has(step)
 }
 
 func (p *planned) add(n int64) {

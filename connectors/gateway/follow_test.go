@@ -9,9 +9,11 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
@@ -168,6 +170,7 @@ func TestTheNewestUpdatesAreIndexedFirst(t *testing.T) {
 	// the new ones, and a stop is no error.
 	added := make(chan int64, 400)
 	g.planned.added = func(step int64) { added <- step }
+	g.planned.setLoading(true) // as Run does
 	follows, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- g.followPlans(follows) }()
@@ -191,6 +194,9 @@ func TestTheNewestUpdatesAreIndexedFirst(t *testing.T) {
 	publish("r.plan", "r/plan/300", schemas.Plan{Schema: schemas.Version, Run: "r", Step: 300})
 	if step := next(); step != 300 {
 		t.Errorf("a plan stored after the start: step %d; want 300", step)
+	}
+	if g.planned.unsure(-1) {
+		t.Errorf("the plans stored before the start are read, and a trajectory of a step before them is still not taken")
 	}
 	stop()
 	if err := <-done; err != nil {
@@ -219,6 +225,81 @@ func TestAStepNotFoundWhileTheOldUpdatesAreReadIsA503(t *testing.T) {
 	if resp.StatusCode != http.StatusNotFound {
 		t.Errorf("once indexed: %d; want 404", resp.StatusCode)
 	}
+}
+
+// While the plans stored before the start are read, a trajectory for a
+// step at or before the newest plan may be one of a planned step: it is
+// answered 503, to send again, not stored for route to dead-letter after a
+// 202. One past the newest plan is taken; once the plans are read, one of
+// a planned step is a 409 and of another step taken.
+func TestATrajectoryWhileThePlansAreReadIsA503(t *testing.T) {
+	t.Parallel()
+	pub := &keeping{}
+	g, err := New(Config{Run: "r", WorldModel: &openai.WorldModel{}}, nil, pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(g.Handler())
+	defer srv.Close()
+	send := func(step int64, want int) {
+		t.Helper()
+		body := fmt.Sprintf(`[{"schema":1,"run":"r","step":%d,"group_id":"g","traj_id":"t","group_size":1,"task_id":"x","prompt":"p","response":"r","policy_version":0}]`, step)
+		resp, err := http.Post(srv.URL+"/v1/runs/r/trajectories", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("a trajectory of step %d: %d %s; want %d", step, resp.StatusCode, b, want)
+		}
+		if want == http.StatusServiceUnavailable && (resp.Header.Get("Retry-After") == "" || !strings.Contains(string(b), fmt.Sprintf("step %d may be", step))) {
+			t.Errorf("a trajectory of step %d while the plans are read: Retry-After %q, %s; want a Retry-After and why", step, resp.Header.Get("Retry-After"), b)
+		}
+	}
+	g.planned.setLoading(true)
+	send(3, http.StatusAccepted) // before the newest plan is known: a new run's first step is taken at once
+	g.planned.add(10)            // the newest plan, read first
+	send(4, http.StatusServiceUnavailable)
+	send(10, http.StatusConflict)
+	send(11, http.StatusAccepted)
+	g.planned.add(4)
+	send(4, http.StatusConflict)
+	send(5, http.StatusServiceUnavailable)
+	g.planned.setLoading(false)
+	send(5, http.StatusAccepted)
+	if got := pub.steps(); !slices.Equal(got, []int64{3, 11, 5}) {
+		t.Errorf("stored trajectories of steps %v; want 3, 11, then 5", got)
+	}
+}
+
+// keeping is a publisher that keeps what it is given.
+type keeping struct {
+	mu   sync.Mutex
+	msgs []*message.Message
+}
+
+func (k *keeping) Publish(_ string, msgs ...*message.Message) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.msgs = append(k.msgs, msgs...)
+	return nil
+}
+
+func (k *keeping) Close() error { return nil }
+
+// steps are the steps of the trajectories published, in order.
+func (k *keeping) steps() []int64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var steps []int64
+	for _, m := range k.msgs {
+		var t schemas.Trajectory
+		if json.Unmarshal(m.Payload, &t) == nil {
+			steps = append(steps, t.Step)
+		}
+	}
+	return steps
 }
 
 // A gateway that starts on a long run reads the anchor groups and

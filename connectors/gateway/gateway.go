@@ -199,6 +199,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	errc := make(chan error, 6)
 	s := g.cfg.Subjects
 	g.updates.setLoading(true)
+	g.planned.setLoading(true)
 	go func() { errc <- g.followUpdates(ctx, errc) }()
 	go func() { errc <- g.followPlans(ctx) }()
 	go func() { errc <- g.followCalibrations(ctx) }()
@@ -305,10 +306,13 @@ var errPartRead = errors.New("gateway: read through the part's end")
 
 // followPlans records the steps planned, from the plans' IDs: those
 // stored before the start newest first, then the new ones as they come.
+// Until those stored are read, a trajectory for a step at or before the
+// newest plan is answered 503, not taken: its step may be planned.
 func (g *Gateway) followPlans(ctx context.Context) error {
 	subject := g.cfg.Subjects.Plan
 	last, data, err := newestOn(ctx, g.js, g.cfg.Stream, subject)
 	if err != nil {
+		g.planned.setLoading(false)
 		return err
 	}
 	add := func(r natsjs.Record) {
@@ -319,12 +323,14 @@ func (g *Gateway) followPlans(ctx context.Context) error {
 	if last > 0 {
 		add(natsjs.Record{Seq: last, Data: data})
 		if err := g.newestFirst(ctx, subject, natsjs.Record{Seq: last, Data: data}, last-1, add); err != nil {
+			g.planned.setLoading(false)
 			if ctx.Err() != nil {
 				return nil // the gateway stops
 			}
 			return err
 		}
 	}
+	g.planned.setLoading(false)
 	return follow(ctx, g.js, g.cfg.Stream, subject, last, true, add)
 }
 

@@ -49,6 +49,11 @@ func (g *Gateway) postTrajectories(w http.ResponseWriter, r *http.Request) {
 				i, t.Step, next, g.cfg.Run)
 			return
 		}
+		if g.planned.unsure(t.Step) {
+			unavailable(w, "trajectory %d: the gateway started a moment ago and is still reading which steps were planned before: "+
+				"step %d may be among them; send the request again", i, t.Step)
+			return
+		}
 		m, err := schemas.NewTrajMessage(t)
 		if err != nil {
 			fail(w, http.StatusInternalServerError, "trajectory %d: %v", i, err)
