@@ -51,6 +51,10 @@ type report struct {
 	// REPRODUCED, or the archive was not replayed.
 	replay     string
 	reproduced bool
+
+	// rewards: what the trainer gateways' reward endpoints answered for
+	// anchors, asked during the kills.
+	rewards rewardProbe
 }
 
 // stepCounts counts a subject's messages per step.
@@ -353,6 +357,7 @@ func (rep *report) problems() []string {
 	if !rep.reproduced {
 		add("the archive, replayed with the recorded settings, is not what the run fused: %s", rep.replay)
 	}
+	out = append(out, rep.rewards.wrong...)
 	for _, name := range slices.Sorted(maps.Keys(rep.left)) {
 		add("consumer %s still has %d messages, undelivered or unacknowledged, once every step was fused and archived", name, rep.left[name])
 	}
@@ -383,13 +388,16 @@ func (rep *report) print(w io.Writer) {
 	if rep.replay != "" {
 		fmt.Fprintf(w, "replay: %s\n", rep.replay)
 	}
+	rw := rep.rewards
+	fmt.Fprintf(w, "reward endpoints, asked for %d anchors' rewards during the kills (%d of them again, a minute or more later): %d answered with the real score, %d otherwise, %d not at all\n",
+		rw.asked, rw.again, rw.real, len(rw.wrong), rw.unanswered)
 	fmt.Fprintf(w, "dead letters: %d\n", total(rep.deadLetters))
 	for _, k := range slices.Sorted(maps.Keys(rep.deadLetters)) {
 		fmt.Fprintf(w, "  %5d  %s\n", rep.deadLetters[k], k)
 	}
 	p := rep.problems()
 	if len(p) == 0 {
-		fmt.Fprintln(w, "PASS: every step's update and watermark stored once, every trajectory archived once, every anchor group absorbed once, nothing left held, the archive replays to what was fused")
+		fmt.Fprintln(w, "PASS: every step's update and watermark stored once, every trajectory archived once, every anchor group absorbed once, nothing left held, the archive replays to what was fused, every anchor's reward answered was its real score")
 		return
 	}
 	for i, s := range p {

@@ -244,6 +244,17 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	default:
 		fills <- 0
 	}
+	probed := make(chan rewardProbe, 1)
+	go func() {
+		conn, err := dialRun(ctx, o.nats, o.prefix, o.run)
+		if err != nil {
+			say("reward probe: %v", err)
+			probed <- rewardProbe{}
+			return
+		}
+		defer conn.close()
+		probed <- rehearsalProber(conn, newGateways(gateways, o.run), trainerPolicy(o.run, o.groups, o.size)).run(ctx, o.dur)
+	}()
 	deleted := make(chan int, 1)
 	if o.deleteBuckets {
 		go func() { deleted <- deleteBuckets(ctx, o, rand.New(rand.NewPCG(o.seed, 2))) }()
@@ -331,6 +342,7 @@ func rehearse(ctx context.Context, o options) (bool, error) {
 	if err := r.replayArchive(ctx, o); err != nil {
 		return false, err
 	}
+	r.rewards = <-probed
 	r.print(os.Stdout)
 	return r.ok(), nil
 }

@@ -167,7 +167,7 @@ func trainerMain(args []string) error {
 		gw = newGateways(strings.Split(*gatewayURLs, ","), *run)
 	}
 	fmt.Printf("publishing steps %d to %d\n", next, *steps-1)
-	policy := &sim.Policy{Run: *run, Tasks: 32, Groups: *groups, GroupSize: *size}
+	policy := trainerPolicy(*run, *groups, *size)
 	// fused counts the updates stored, waiting out a server that does not
 	// answer (it restarts), as a trainer waits for its rewards. It counts:
 	// the newest update is not the newest step's when a step held back (a
@@ -243,6 +243,12 @@ func trainerMain(args []string) error {
 			return err
 		}
 	}
+}
+
+// trainerPolicy is the trainer's simulated policy: the reward probe makes
+// its solutions again from it.
+func trainerPolicy(run string, groups, size int) *sim.Policy {
+	return &sim.Policy{Run: run, Tasks: 32, Groups: groups, GroupSize: size}
 }
 
 // askAgain calls ask until it answers, saying why each time it did not and
