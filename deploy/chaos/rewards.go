@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
@@ -182,19 +181,7 @@ func askReward(ctx context.Context, gw *gateways, t schemas.Trajectory, real flo
 
 // ask posts body to path of the next gateway and returns its 200 answer.
 func (g *gateways) ask(ctx context.Context, path string, body []byte) ([]byte, error) {
-	url := g.bases[g.next%len(g.bases)] + path
-	g.next++
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := g.client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	url, resp, b, err := g.send(ctx, path, body)
 	if err != nil {
 		return nil, err
 	}

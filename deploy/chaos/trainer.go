@@ -348,17 +348,8 @@ func (g *gateways) postStep(ctx context.Context, step int64, trajs []schemas.Tra
 func (g *gateways) post(ctx context.Context, path string, body []byte) error {
 	var wait time.Duration // the shortest Retry-After of this round of gateways (0: none said)
 	for failed := 1; ; failed++ {
-		url := g.bases[g.next%len(g.bases)] + path
-		g.next++
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := g.client.Do(req)
+		url, resp, b, err := g.send(ctx, path, body)
 		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
 			switch {
 			case resp.StatusCode == http.StatusAccepted:
 				return nil
@@ -384,6 +375,25 @@ func (g *gateways) post(ctx context.Context, path string, body []byte) error {
 		}
 		wait = 0
 	}
+}
+
+// send posts body to path of the next gateway, in turn: it returns the
+// URL asked and the answer with its body, or why there is none.
+func (g *gateways) send(ctx context.Context, path string, body []byte) (url string, resp *http.Response, b []byte, err error) {
+	url = g.bases[g.next%len(g.bases)] + path
+	g.next++
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return url, nil, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err = g.client.Do(req)
+	if err != nil {
+		return url, nil, nil, err
+	}
+	defer resp.Body.Close()
+	b, err = io.ReadAll(resp.Body)
+	return url, resp, b, err
 }
 
 // retryAfter reads a Retry-After of seconds; its HTTP-date form, which
