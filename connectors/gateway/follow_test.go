@@ -204,6 +204,36 @@ func TestTheNewestUpdatesAreIndexedFirst(t *testing.T) {
 	}
 }
 
+// A stop while the plans stored before the start are read is a stop: no
+// error, and the gateway no longer holds trajectories back for them.
+func TestAStopWhileThePlansAreReadIsAStop(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js, publish := streamR(t, ctx)
+	for step := range int64(300) {
+		publish("r.plan", fmt.Sprintf("r/plan/%d", step), schemas.Plan{Schema: schemas.Version, Run: "r", Step: step})
+	}
+	g, err := New(Config{Run: "r", Stream: "S", KeepUpdates: 16, WorldModel: &openai.WorldModel{}, Subjects: Subjects{Plan: "r.plan"}}, js, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	follows, stop := context.WithCancel(ctx)
+	n := 0
+	g.planned.added = func(int64) {
+		if n++; n == 20 {
+			stop() // the read is under way: this runs in it
+		}
+	}
+	g.planned.setLoading(true)
+	if err := g.followPlans(follows); err != nil {
+		t.Errorf("followPlans stopped while it read the stored plans: %v; want nil", err)
+	}
+	if g.planned.unsure(-1) {
+		t.Errorf("a stopped read of the plans still holds trajectories back")
+	}
+}
+
 // While the updates stored before the start are being indexed, a step not
 // found may be among them: the answer is a 503 to ask again, not a 404.
 func TestAStepNotFoundWhileTheOldUpdatesAreReadIsA503(t *testing.T) {
