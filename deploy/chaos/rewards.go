@@ -32,7 +32,8 @@ type rewardProbe struct {
 	wrong []string
 }
 
-// prober asks the reward endpoints of gw, every round, for one anchor of
+// prober asks the reward endpoints of gw (slime's and OpenRLHF's in
+// turn), every round, for one anchor of
 // the newest update of the run (one the update names an anchor with a
 // reward, its solution made again by policy) and for one asked for before,
 // at least again ago and at most back steps behind the newest (a gateway
@@ -77,7 +78,7 @@ func (pr *prober) run(ctx context.Context, d time.Duration) rewardProbe {
 		for i, a := range pr.asked {
 			if a.t.Step >= u.Step-pr.back && time.Since(a.at) >= pr.again {
 				p.again++
-				pr.ask(ctx, &p, a, " again, "+time.Since(a.at).Round(time.Second).String()+" after its update")
+				pr.ask(ctx, &p, a, 1, " again, "+time.Since(a.at).Round(time.Second).String()+" after its update")
 				pr.asked = pr.asked[i+1:]
 				break
 			}
@@ -99,22 +100,25 @@ func (pr *prober) run(ctx context.Context, d time.Duration) rewardProbe {
 			continue
 		}
 		a := anchorAsked{t: t, real: *it.Reward, at: time.Now()}
-		pr.ask(ctx, &p, a, "")
+		pr.ask(ctx, &p, a, 0, "")
 		pr.asked = append(pr.asked, a)
 	}
 	return p
 }
 
-// ask asks for a's reward and counts the answer in p.
-func (pr *prober) ask(ctx context.Context, p *rewardProbe, a anchorAsked, when string) {
+// ask asks for a's reward, the nth time, and counts the answer in p. The
+// endpoint goes by the step and n: an anchor asked again is asked of the
+// other.
+func (pr *prober) ask(ctx context.Context, p *rewardProbe, a anchorAsked, n int, when string) {
+	endpoint := rewardEndpoints[(int(a.t.Step)+n)%len(rewardEndpoints)]
 	p.asked++
-	got, answered := askReward(ctx, pr.gw, a.t, a.real, pr.wait)
+	got, answered := askReward(ctx, pr.gw, endpoint, a.t, a.real, pr.wait)
 	switch {
 	case answered && got != nil && *got == a.real:
 		p.real++
 	case answered:
-		p.wrong = append(p.wrong, fmt.Sprintf("step %d's anchor %s, asked%s: the reward endpoint answered %s for %v, not its real score %v",
-			a.t.Step, a.t.TrajID, when, show(got), pr.wait, a.real))
+		p.wrong = append(p.wrong, fmt.Sprintf("step %d's anchor %s, asked%s: %s answered %s for %v, not its real score %v",
+			a.t.Step, a.t.TrajID, when, endpoint.path, show(got), pr.wait, a.real))
 	case ctx.Err() == nil:
 		p.unanswered++
 	}
@@ -155,17 +159,57 @@ func trajectory(policy *sim.Policy, step int64, id string) (schemas.Trajectory, 
 	return schemas.Trajectory{}, false
 }
 
-// askReward asks the gateways in turn, a second apart, for t's slime
+// rewardEndpoint is a reward endpoint the probe asks: how a solution is
+// asked for, and how its reward is read from the answer.
+type rewardEndpoint struct {
+	path string
+	body func(t schemas.Trajectory) any
+	read func(b []byte) (*float64, error)
+}
+
+// rewardEndpoints are the gateway's, asked for in turn: slime's, one
+// solution a request, and OpenRLHF's, a batch (of one here) whose queries
+// are the prompt and the solution together.
+var rewardEndpoints = []rewardEndpoint{
+	{
+		path: "/rewards/slime",
+		body: func(t schemas.Trajectory) any {
+			return map[string]string{"prompt": t.Prompt, "response": t.Response, "label": t.TaskID}
+		},
+		read: func(b []byte) (*float64, error) {
+			var v *float64
+			return v, json.Unmarshal(b, &v)
+		},
+	},
+	{
+		path: "/rewards/openrlhf",
+		body: func(t schemas.Trajectory) any {
+			return map[string][]string{"query": {t.Prompt + t.Response}, "prompts": {t.Prompt}, "labels": {t.TaskID}}
+		},
+		read: func(b []byte) (*float64, error) {
+			var v struct{ Rewards []*float64 }
+			if err := json.Unmarshal(b, &v); err != nil {
+				return nil, err
+			}
+			if len(v.Rewards) != 1 {
+				return nil, fmt.Errorf("%d rewards for one query", len(v.Rewards))
+			}
+			return v.Rewards[0], nil
+		},
+	},
+}
+
+// askReward asks the gateways' endpoint in turn, a second apart, for t's
 // reward until one answers real, or for wait. It returns the last answer,
 // and whether any came.
-func askReward(ctx context.Context, gw *gateways, t schemas.Trajectory, real float64, wait time.Duration) (last *float64, answered bool) {
-	body, _ := json.Marshal(map[string]string{"prompt": t.Prompt, "response": t.Response, "label": t.TaskID})
+func askReward(ctx context.Context, gw *gateways, endpoint rewardEndpoint, t schemas.Trajectory, real float64, wait time.Duration) (last *float64, answered bool) {
+	body, _ := json.Marshal(endpoint.body(t))
 	end := time.Now().Add(wait)
 	for {
+		b, err := gw.ask(ctx, endpoint.path, body)
 		var v *float64
-		b, err := gw.ask(ctx, "/rewards/slime", body)
 		if err == nil {
-			err = json.Unmarshal(b, &v)
+			v, err = endpoint.read(b)
 		}
 		if err == nil {
 			last, answered = v, true

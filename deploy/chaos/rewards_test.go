@@ -70,7 +70,9 @@ func TestTheRewardProbeTellsTheRealScoreFromAnother(t *testing.T) {
 	if p := probe(); p.asked != 1 || p.real != 1 || len(p.wrong) != 0 || p.unanswered != 0 {
 		t.Errorf("an anchor the gateway has the execution of: %+v; want asked once, answered with its real score", p)
 	}
-	// Step 3's anchor is asked for again, with step 4's.
+	// Step 3's anchor is asked for again, of the other endpoint, with
+	// step 4's (the endpoints go by the step: odd OpenRLHF's, even
+	// slime's, and the other when asked again).
 	anchored(4, 0)
 	if p := probe(); p.asked != 2 || p.again != 1 || p.real != 2 || len(p.wrong) != 0 {
 		t.Errorf("a new anchor and one asked before: %+v; want both asked, one again, each answered with its real score", p)
@@ -82,7 +84,7 @@ func TestTheRewardProbeTellsTheRealScoreFromAnother(t *testing.T) {
 	if p.asked != 2 || p.again != 1 || p.real != 1 || len(p.wrong) != 1 || p.unanswered != 0 {
 		t.Fatalf("an anchor whose update says other than the gateway: %+v; want two asked, one answered wrong", p)
 	}
-	if !strings.Contains(p.wrong[0], "step 5's anchor s5-g0-t") || !strings.Contains(p.wrong[0], "not its real score 0.") {
+	if !strings.Contains(p.wrong[0], "step 5's anchor s5-g0-t") || !strings.Contains(p.wrong[0], "/rewards/openrlhf answered") || !strings.Contains(p.wrong[0], "not its real score 0.") {
 		t.Errorf("the wrong answer is told as %q; want the step, the anchor and its real score", p.wrong[0])
 	}
 	// An anchor further back than back steps is not asked again.
