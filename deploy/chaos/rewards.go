@@ -135,14 +135,10 @@ func show(v *float64) string {
 // or the server does not answer (it starts again).
 func newestUpdate(ctx context.Context, tr *runConn) (schemas.Update, bool) {
 	var u schemas.Update
-	s, err := tr.streamOf(ctx)
-	if s == nil || err != nil {
-		return u, false
-	}
 	ask, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	m, err := s.GetLastMsgForSubject(ask, tr.subject(schemas.KindUpdate))
-	if err != nil || json.Unmarshal(m.Data, &u) != nil {
+	data, ok, err := tr.lastMsg(ask, schemas.KindUpdate)
+	if !ok || err != nil || json.Unmarshal(data, &u) != nil {
 		return u, false
 	}
 	return u, true

@@ -73,24 +73,34 @@ func (r *runConn) streamOf(ctx context.Context) (jetstream.Stream, error) {
 	return r.stream, nil
 }
 
-// lastStep reads the step of the newest message on the run's subject of
+// lastMsg is the payload of the newest message on the run's subject of
 // kind k; ok is false when there is none (or no stream yet).
-func (r *runConn) lastStep(ctx context.Context, k schemas.Kind) (step int64, ok bool, err error) {
+func (r *runConn) lastMsg(ctx context.Context, k schemas.Kind) (data []byte, ok bool, err error) {
 	s, err := r.streamOf(ctx)
 	if s == nil || err != nil {
-		return 0, false, err
+		return nil, false, err
 	}
 	m, err := s.GetLastMsgForSubject(ctx, r.subject(k))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, false, nil
+		return nil, false, nil
 	}
 	if err != nil {
+		return nil, false, err
+	}
+	return m.Data, true, nil
+}
+
+// lastStep reads the step of the newest message on the run's subject of
+// kind k; ok is false when there is none (or no stream yet).
+func (r *runConn) lastStep(ctx context.Context, k schemas.Kind) (step int64, ok bool, err error) {
+	data, ok, err := r.lastMsg(ctx, k)
+	if !ok || err != nil {
 		return 0, false, err
 	}
 	var v struct {
 		Step int64 `json:"step"`
 	}
-	if err := json.Unmarshal(m.Data, &v); err != nil {
+	if err := json.Unmarshal(data, &v); err != nil {
 		return 0, false, fmt.Errorf("%s: %w", r.subject(k), err)
 	}
 	return v.Step, true, nil
