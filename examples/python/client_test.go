@@ -3,6 +3,7 @@
 package pythonclient
 
 import (
+	"bufio"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -72,6 +73,17 @@ func ask(t *testing.T, url string, retryFor float64) string {
 // askTimes is ask, calls times with one client.
 func askTimes(t *testing.T, url string, retryFor float64, calls int) string {
 	t.Helper()
+	out, err := clientCommand(t, url, retryFor, calls).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// clientCommand is the Python process askTimes runs, not started; what it
+// prints and logs goes to its standard output, unbuffered.
+func clientCommand(t *testing.T, url string, retryFor float64, calls int) *exec.Cmd {
+	t.Helper()
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 not installed")
@@ -87,11 +99,7 @@ for _ in range(int(sys.argv[3])):
     except WMRLError as e:
         print("error", e.status, e.retry_after, e.message)
 `
-	out, err := exec.Command(py, "-c", script, url, strconv.FormatFloat(retryFor, 'f', -1, 64), strconv.Itoa(calls)).CombinedOutput()
-	if err != nil {
-		t.Fatalf("python: %v\n%s", err, out)
-	}
-	return strings.TrimSpace(string(out))
+	return exec.Command(py, "-u", "-c", script, url, strconv.FormatFloat(retryFor, 'f', -1, 64), strconv.Itoa(calls))
 }
 
 // A 503 is asked again after its Retry-After until an answer comes.
@@ -151,16 +159,43 @@ func freeAddr(t *testing.T) string {
 // never answers is raised as WMRLError after retry_for, with the cause.
 func TestClientWaitsForAGatewayThatIsNotUpYet(t *testing.T) {
 	addr := freeAddr(t)
+	// The gateway comes up once the client has said it waits: a fixed
+	// sleep raced Python's start on a loaded machine.
+	cmd := clientCommand(t, "http://"+addr, 30, 1)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
 	type result struct {
 		out string
 		at  time.Time
 	}
-	done := make(chan result, 1)
+	waiting, done := make(chan struct{}), make(chan result, 1)
 	go func() {
-		out := ask(t, "http://"+addr, 30)
-		done <- result{out, time.Now()}
+		var out []string
+		var said sync.Once
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			out = append(out, sc.Text())
+			if strings.Contains(sc.Text(), "asking again for up to") {
+				said.Do(func() { close(waiting) })
+			}
+		}
+		cmd.Wait()
+		done <- result{strings.Join(out, "\n"), time.Now()}
 	}()
-	time.Sleep(1500 * time.Millisecond)
+	select {
+	case <-waiting:
+	case r := <-done:
+		t.Fatalf("the client ended before it said it waits:\n%s", r.out)
+	case <-time.After(time.Minute):
+		cmd.Process.Kill()
+		t.Fatal("the client did not say it waits within a minute")
+	}
 	g := newGateway(t, "1", 200)
 	g.Close() // newGateway's listener is on another port: serve the same on addr
 	l, err := net.Listen("tcp", addr)
@@ -175,6 +210,7 @@ func TestClientWaitsForAGatewayThatIsNotUpYet(t *testing.T) {
 	select {
 	case r = <-done:
 	case <-time.After(time.Minute):
+		cmd.Process.Kill()
 		t.Fatal("the client did not answer within a minute of the gateway coming up")
 	}
 	lines := strings.Split(r.out, "\n")
