@@ -16,6 +16,7 @@ import (
 // A run stopped from outside says where it is and that starting it again
 // goes on; a run of --steps that finished says only that it is done.
 func TestAStoppedRunSaysWhereItIs(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := testConfig(t)
@@ -85,6 +86,7 @@ func TestAStoppedRunSaysWhereItIs(t *testing.T) {
 // archived says what the archive waited for: a run that does not end has
 // a reason to give.
 func TestAStoppedRunSaysWhatTheArchiveWaitedFor(t *testing.T) {
+	t.Parallel()
 	w, err := archive.OpenWriter(archive.WriterConfig{Dir: t.TempDir(), Run: "r"})
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +122,7 @@ func TestAStoppedRunSaysWhatTheArchiveWaitedFor(t *testing.T) {
 // With --step-summary, a run prints a line an interval instead of a line a
 // step, and its lines add up to every step fused, before the closing line.
 func TestAStepSummaryAddsUpEveryStep(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := testConfig(t)
@@ -132,7 +135,7 @@ func TestAStepSummaryAddsUpEveryStep(t *testing.T) {
 	if regexp.MustCompile(`(?m)^step `).MatchString(out.String()) {
 		t.Errorf("a line a step with --step-summary:\n%s", out.String())
 	}
-	line := regexp.MustCompile(`(?m)^steps (\d+)-(\d+)  fused (\d+) in [0-9.]+m?s \([0-9.]+ a second\)  groups 16  anchors 2  pairs \d+  calibration v\d+  rho [0-9.]+  D [0-9.]+  latency median \d+m?s, max \d+m?s$`)
+	line := regexp.MustCompile(`(?m)^steps (\d+)-(\d+)  fused (\d+) in [0-9.]+m?s \([0-9.]+ a second\)  groups 16  anchors 2  pairs \d+  calibration v\d+  rho [0-9.]+  D [0-9.]+  latency median [0-9.]+m?s, max [0-9.]+m?s$`)
 	lines := line.FindAllStringSubmatch(out.String(), -1)
 	if len(lines) == 0 {
 		t.Fatalf("no summary line:\n%s", out.String())
@@ -160,6 +163,7 @@ func TestAStepSummaryAddsUpEveryStep(t *testing.T) {
 // the newest's state, the median and longest latency, and the losses of
 // all of them.
 func TestAStepSummaryLine(t *testing.T) {
+	t.Parallel()
 	start := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
 	s := newStepSummary(start)
 	var b strings.Builder
@@ -186,6 +190,7 @@ func TestAStepSummaryLine(t *testing.T) {
 
 // A run of one step closes on "step 0", not on a range of one.
 func TestARunOfOneStepSaysSo(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := testConfig(t)
