@@ -83,7 +83,7 @@ func TestAnExecuteProcessWaitsForRoomToMakeItsOutcomeBucket(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	askForRoomOften(t)
-	srv, _, js := startServer(t, ctx, natsjs.ServerConfig{MaxStore: 32 << 20})
+	srv, _, js := startServer(t, ctx, natsjs.ServerConfig{MaxStore: 16 << 20})
 	cfg := testConfig(t)
 	cfg.NATSURL, cfg.Source = srv.URL(), SourceExternal
 	first, err := Start(ctx, cfg)
@@ -153,7 +153,7 @@ func startOnAFullStore(t *testing.T, deleted bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	askForRoomOften(t)
-	srv, _, js := startServer(t, ctx, natsjs.ServerConfig{MaxStore: 32 << 20})
+	srv, _, js := startServer(t, ctx, natsjs.ServerConfig{MaxStore: 16 << 20})
 	cfg := testConfig(t)
 	cfg.NATSURL, cfg.Source = srv.URL(), SourceExternal
 	first, err := Start(ctx, cfg) // the stream, consumers and lease bucket, made with room
@@ -255,6 +255,7 @@ func startOnAFullStore(t *testing.T, deleted bool) {
 // long as it takes someone to make room, and its messages must all go on
 // once there is. Another failure on the last delivery is dead-lettered.
 func TestAFullStoreIsAnOutageNotAFault(t *testing.T) {
+	t.Parallel()
 	full := fmt.Errorf("natsjs: publish to wmrl.default.pred: 1 message(s) not stored after 1 attempt(s) in 4ms: %w",
 		&jetstream.APIError{Code: 503, ErrorCode: 10023, Description: "insufficient resources"})
 	for _, c := range []struct {
@@ -292,7 +293,7 @@ func TestAStoreThatFillsMidRunLosesNothing(t *testing.T) {
 	t.Run("the server's store", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		srv, nc, js := startServer(t, ctx, natsjs.ServerConfig{MaxStore: 64 << 20})
+		srv, nc, js := startServer(t, ctx, natsjs.ServerConfig{MaxStore: 16 << 20})
 		// Full, then room for a few steps: the run fills it, whatever its pace.
 		filler, _ := fillStore(t, ctx, js)
 		st, err := js.Stream(ctx, filler)

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,15 +22,40 @@ import (
 	"github.com/wmrl/wmrl/stages/fuse"
 )
 
-// buildBinary compiles wmrl once for the test.
+// buildBinary is wmrl compiled for the package's tests, once: five tests
+// run the binary, and each link took seconds of a core.
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "wmrl")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	bin, err := built()
 	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+		t.Fatal(err)
 	}
 	return bin
+}
+
+// binDir holds the binary buildBinary compiles; TestMain makes it and
+// removes it once the tests end.
+var binDir string
+
+var built = sync.OnceValues(func() (string, error) {
+	bin := filepath.Join(binDir, "wmrl")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "wmrl-cmd-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // TestSIGKILLLosesNothing kills a running `wmrl run` at random points
@@ -38,6 +65,7 @@ func buildBinary(t *testing.T) string {
 // checkpoint and the pairs after it (the stored map versions are exactly
 // those a fresh replay of the stored pairs gives).
 func TestSIGKILLLosesNothing(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
