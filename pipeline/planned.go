@@ -9,6 +9,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/recent"
 )
 
 // plannedBefore says whether the stored plan of t's step took t: route
@@ -48,8 +49,7 @@ type plans struct {
 	after func(ctx context.Context, seq uint64, fn func(natsjs.Record) error) error
 
 	mu    sync.Mutex
-	steps map[int64]map[string]bool // step: "group/traj" of its plan
-	order []int64                   // steps in the order read, the oldest first
+	steps *recent.Map[int64, map[string]bool] // step: "group/traj" of its plan
 }
 
 // took says whether the plan of t's step, stored after stream sequence
@@ -58,9 +58,9 @@ func (x *plans) took(ctx context.Context, seq uint64, t schemas.Trajectory) (boo
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.steps == nil {
-		x.steps = map[int64]map[string]bool{}
+		x.steps = recent.New[int64, map[string]bool](x.keep)
 	}
-	if _, ok := x.steps[t.Step]; !ok {
+	if !x.steps.Has(t.Step) {
 		err := x.after(ctx, seq, func(r natsjs.Record) error {
 			var plan schemas.Plan
 			if err := schemas.Decode(r.Data, x.run, &plan); err != nil {
@@ -76,7 +76,8 @@ func (x *plans) took(ctx context.Context, seq uint64, t schemas.Trajectory) (boo
 			return false, err
 		}
 	}
-	return x.steps[t.Step][planKey(t.GroupID, t.TrajID)], nil
+	took, _ := x.steps.Get(t.Step)
+	return took[planKey(t.GroupID, t.TrajID)], nil
 }
 
 // planKey is a trajectory's key among its plan's.
@@ -85,7 +86,7 @@ func planKey(group, traj string) string { return group + "/" + traj }
 // add keeps plan's trajectories, letting go of the oldest step's beyond
 // keep.
 func (x *plans) add(plan schemas.Plan) {
-	if _, ok := x.steps[plan.Step]; ok {
+	if x.steps.Has(plan.Step) {
 		return
 	}
 	took := map[string]bool{}
@@ -94,10 +95,5 @@ func (x *plans) add(plan schemas.Plan) {
 			took[planKey(g.GroupID, id)] = true
 		}
 	}
-	x.steps[plan.Step] = took
-	x.order = append(x.order, plan.Step)
-	if len(x.order) > x.keep {
-		delete(x.steps, x.order[0])
-		x.order = x.order[1:]
-	}
+	x.steps.Put(plan.Step, took)
 }

@@ -50,24 +50,24 @@ func TestPlansAreReadUpToTheStepAskedAbout(t *testing.T) {
 	if took(2, 25, "g-7") || read != 1 {
 		t.Errorf("a trajectory step 2's plan did not take was found, or read for (%d read)", read)
 	}
-	x.steps, x.order, read = nil, nil, 0
+	x.steps, read = nil, 0
 	if !took(0, 0, "g-0") || read != 1 {
 		t.Fatalf("step 0, asked by a trajectory of no known sequence: %d read", read)
 	}
-	x.steps, x.order, read = nil, nil, 0
+	x.steps, read = nil, 0
 	if !took(5, 44, "g-5") || read != 2 || !took(4, 44, "g-4") || read != 2 {
 		t.Errorf("steps 5 then 4, asked from sequence 44: %d plans read; want 2, step 4's kept on the way", read)
 	}
 	// A trajectory stored after its step's plan (sent again after the
 	// de-duplication window) was not taken by it, whatever its IDs.
-	x.steps, x.order, read = nil, nil, 0
+	x.steps, read = nil, 0
 	if took(2, 31, "g-2") || read != 7 {
 		t.Errorf("a trajectory of step 2 stored after its plan: a copy, or %d plans read; want late, reading the 7 after it", read)
 	}
 	for step := int64(6); step < 10; step++ {
 		took(step, uint64(10*step+5), "")
 	}
-	if _, kept := x.steps[5]; kept || len(x.steps) != 4 {
-		t.Errorf("kept the plans of %d steps, step 5's among them: %v; want the newest 4", len(x.steps), x.order)
+	if x.steps.Has(5) || x.steps.Len() != 4 {
+		t.Errorf("kept the plans of %d steps, step 5's among them (%v); want the newest 4", x.steps.Len(), x.steps.Has(5))
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/recent"
 	"github.com/wmrl/wmrl/stages/stepset"
 )
 
@@ -24,9 +25,7 @@ import (
 type updates struct {
 	mu      sync.Mutex
 	seq     map[int64]uint64
-	recent  map[int64]json.RawMessage
-	order   []int64 // steps in arrival order, for evicting recent
-	keep    int
+	whole   *recent.Map[int64, json.RawMessage] // the newest few
 	waiters map[int64][]chan struct{}
 	last    schemas.Update // the newest, for rho and D
 	have    bool
@@ -35,7 +34,7 @@ type updates struct {
 }
 
 func newUpdates(keep int) *updates {
-	return &updates{seq: map[int64]uint64{}, recent: map[int64]json.RawMessage{}, keep: keep, waiters: map[int64][]chan struct{}{}}
+	return &updates{seq: map[int64]uint64{}, whole: recent.New[int64, json.RawMessage](keep), waiters: map[int64][]chan struct{}{}}
 }
 
 func (u *updates) add(rec natsjs.Record) {
@@ -49,12 +48,7 @@ func (u *updates) add(rec natsjs.Record) {
 		return
 	}
 	u.seq[up.Step] = rec.Seq
-	u.recent[up.Step] = rec.Data
-	u.order = append(u.order, up.Step)
-	if len(u.order) > u.keep {
-		delete(u.recent, u.order[0])
-		u.order = u.order[1:]
-	}
+	u.whole.Put(up.Step, rec.Data)
 	if !u.have || up.Step >= u.last.Step {
 		up.Items = nil
 		u.last, u.have = up, true
@@ -105,7 +99,7 @@ func (u *updates) indexing() bool {
 func (u *updates) get(step int64, wait bool) (data json.RawMessage, seq uint64, arrived <-chan struct{}) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if d, ok := u.recent[step]; ok {
+	if d, ok := u.whole.Get(step); ok {
 		return d, 0, nil
 	}
 	if s, ok := u.seq[step]; ok {
@@ -207,9 +201,8 @@ type truths struct {
 	byTraj  map[trajKey]digest // trajectory -> its content's, for anchors sent to execute
 	pending []trajKey          // byTraj's keys in arrival order (some already executed)
 	early   map[trajKey]float64
-	waiting []trajKey // early's keys in arrival order (some already matched)
-	score   map[digest]float64
-	order   []digest
+	waiting []trajKey                    // early's keys in arrival order (some already matched)
+	score   *recent.Map[digest, float64] // the newest keep
 	keep    int
 	groups  int // anchor groups read
 }
@@ -222,7 +215,7 @@ type trajKey struct {
 }
 
 func newTruths(keep int) *truths {
-	return &truths{byTraj: map[trajKey]digest{}, early: map[trajKey]float64{}, score: map[digest]float64{}, keep: keep}
+	return &truths{byTraj: map[trajKey]digest{}, early: map[trajKey]float64{}, score: recent.New[digest, float64](keep), keep: keep}
 }
 
 // contentKey names an executed solution. Not its task: an anchor's is the
@@ -276,20 +269,13 @@ func (t *truths) addExecution(e schemas.Execution) {
 
 // scored keeps a solution's real score, forgetting the oldest past keep.
 func (t *truths) scored(key digest, s float64) {
-	if _, again := t.score[key]; !again {
-		t.order = append(t.order, key)
-	}
-	t.score[key] = s
-	if len(t.order) > t.keep {
-		delete(t.score, t.order[0])
-		t.order = t.order[1:]
-	}
+	t.score.Put(key, s)
 }
 
 func (t *truths) lookup(prompt, response string) (float64, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s, ok := t.score[contentKey(prompt, response)]
+	s, ok := t.score.Get(contentKey(prompt, response))
 	return s, ok
 }
 

@@ -108,7 +108,7 @@ func TestAStartReadsOnlyTheNewUpdatesWhole(t *testing.T) {
 		t.Errorf("step 300's update, stored after the start: %d %s", code, body)
 	}
 	g.updates.mu.Lock()
-	whole := len(g.updates.recent)
+	whole := g.updates.whole.Len()
 	g.updates.mu.Unlock()
 	if whole != 2 {
 		t.Errorf("%d updates read whole; want 2 (the newest at the start, and step 300)", whole)

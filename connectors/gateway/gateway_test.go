@@ -369,11 +369,11 @@ func TestTruthsStayBounded(t *testing.T) {
 			}
 		} // 2: never executed
 	}
-	if len(tr.byTraj) > 10 || len(tr.pending) > 10 || len(tr.score) > 10 || len(tr.order) > 10 {
-		t.Fatalf("sizes %d awaited, %d pending, %d scores, %d ordered; want at most 10 each", len(tr.byTraj), len(tr.pending), len(tr.score), len(tr.order))
+	if len(tr.byTraj) > 10 || len(tr.pending) > 10 || tr.score.Len() > 10 {
+		t.Fatalf("sizes %d awaited, %d pending, %d scores; want at most 10 each", len(tr.byTraj), len(tr.pending), tr.score.Len())
 	}
-	if s, ok := tr.lookup("p", "t998"); ok || len(tr.score) != 10 {
-		t.Fatalf("t998 (never executed) scored %v, %v; %d scores kept", s, ok, len(tr.score))
+	if s, ok := tr.lookup("p", "t998"); ok || tr.score.Len() != 10 {
+		t.Fatalf("t998 (never executed) scored %v, %v; %d scores kept", s, ok, tr.score.Len())
 	}
 	if s, ok := tr.lookup("p", "t999"); !ok || s != 0.5 {
 		t.Fatalf("the newest graded anchor t999: %v, %v", s, ok)
@@ -385,8 +385,8 @@ func TestTruthsStayBounded(t *testing.T) {
 	again := 0.9
 	tr.addAnchor(schemas.Group{Trajectories: []schemas.Trajectory{{TrajID: "x", Prompt: "p", Response: "t999"}}})
 	tr.addExecution(schemas.Execution{Items: []schemas.ExecItem{{TrajID: "x", Score: &again}}})
-	if s, _ := tr.lookup("p", "t999"); s != 0.9 || len(tr.order) != 10 {
-		t.Fatalf("rescored content: %v with %d ordered keys", s, len(tr.order))
+	if s, _ := tr.lookup("p", "t999"); s != 0.9 || tr.score.Len() != 10 {
+		t.Fatalf("rescored content: %v with %d scores kept", s, tr.score.Len())
 	}
 }
 

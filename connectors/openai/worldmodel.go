@@ -27,6 +27,7 @@ import (
 
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/predict"
+	"github.com/wmrl/wmrl/stages/recent"
 )
 
 // DefaultConcurrency is how many requests a client has in flight unless
@@ -177,8 +178,7 @@ type WorldModel struct {
 	slots chan struct{}
 
 	mu       sync.Mutex
-	cache    map[string]predict.Score
-	order    []string
+	cache    *recent.Map[string, predict.Score]
 	inflight map[string]*asking // prompts being asked, for a copy of one to wait on
 }
 
@@ -213,7 +213,7 @@ func New(cfg Config) (*WorldModel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: prompt template: %v", ErrConfig, err)
 	}
-	return &WorldModel{cfg: cfg, tmpl: tmpl, slots: make(chan struct{}, cfg.Concurrency), cache: map[string]predict.Score{}, inflight: map[string]*asking{}}, nil
+	return &WorldModel{cfg: cfg, tmpl: tmpl, slots: make(chan struct{}, cfg.Concurrency), cache: recent.New[string, predict.Score](cfg.CacheSize), inflight: map[string]*asking{}}, nil
 }
 
 // LoadTemplate reads a prompt template file.
@@ -317,7 +317,7 @@ func (w *WorldModel) one(ctx context.Context, t schemas.Trajectory) (predict.Sco
 func (w *WorldModel) ask(key string) (a *asking, asker bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if s, ok := w.cache[key]; ok {
+	if s, ok := w.cache.Get(key); ok {
 		a = &asking{done: make(chan struct{}), s: s}
 		close(a.done)
 		return a, false
@@ -365,14 +365,8 @@ func (w *WorldModel) store(key string, s predict.Score) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, ok := w.cache[key]; ok {
-		return
-	}
-	w.cache[key] = s
-	w.order = append(w.order, key)
-	if len(w.order) > w.cfg.CacheSize {
-		delete(w.cache, w.order[0])
-		w.order = w.order[1:]
+	if !w.cache.Has(key) {
+		w.cache.Put(key, s)
 	}
 }
 

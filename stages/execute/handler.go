@@ -14,6 +14,7 @@ import (
 
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/breaker"
+	"github.com/wmrl/wmrl/stages/recent"
 )
 
 // Result is one execution's outcome.
@@ -88,10 +89,8 @@ type Handler struct {
 	// a group redelivered after one of its trajectories failed (or after
 	// its Execution could not be stored) runs only what has no outcome yet:
 	// an execution is the expensive thing this project exists to save.
-	mu    sync.Mutex
-	done  map[string]schemas.ExecItem
-	order []string
-	keep  int
+	mu   sync.Mutex
+	done *recent.Map[string, schemas.ExecItem]
 	// running holds the solutions (CopiesOnce) whose execution is under
 	// way, so that a copy in another group waits for it rather than run.
 	running map[string]chan struct{}
@@ -103,7 +102,7 @@ func NewHandler(run, out string, pub message.Publisher, exe Executor, slots int)
 		slots = 8
 	}
 	return &Handler{Run: run, Out: out, Pub: pub, Exe: exe, Slots: make(chan struct{}, slots),
-		done: map[string]schemas.ExecItem{}, keep: 8192}
+		done: recent.New[string, schemas.ExecItem](8192)}
 }
 
 // Outcomes keeps executions' outcomes by key (a trajectory's step, group
@@ -145,7 +144,7 @@ func sharedFrom(g schemas.Group, t schemas.Trajectory, it schemas.ExecItem) sche
 func (h *Handler) claim(key string) (it schemas.ExecItem, done bool, under <-chan struct{}) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if it, ok := h.done[key]; ok {
+	if it, ok := h.done.Get(key); ok {
 		return it, true, nil
 	}
 	if ch, ok := h.running[key]; ok {
@@ -169,7 +168,7 @@ func (h *Handler) release(key string) {
 // outcome is key's outcome if this process has it, or else Store has.
 func (h *Handler) outcome(ctx context.Context, key string) (schemas.ExecItem, bool) {
 	h.mu.Lock()
-	it, ok := h.done[key]
+	it, ok := h.done.Get(key)
 	h.mu.Unlock()
 	if ok || h.Store == nil {
 		return it, ok
@@ -205,14 +204,7 @@ func (h *Handler) storeError(err error) {
 func (h *Handler) keepLocal(key string, it schemas.ExecItem) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if _, again := h.done[key]; !again {
-		h.order = append(h.order, key)
-	}
-	h.done[key] = it
-	for len(h.order) > h.keep {
-		delete(h.done, h.order[0])
-		h.order = h.order[1:]
-	}
+	h.done.Put(key, it)
 }
 
 // takeSlot waits for a free slot until ctx ends.

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/recent"
 )
 
 // Topics are route's output subjects.
@@ -71,11 +72,10 @@ type Handler struct {
 	// of those astray no longer counts (this process holds it).
 	againInHand atomic.Int64
 	// taken: the stream sequences of the trajectories an open step took;
-	// planned: those of the newest keepPlanned steps planned, sorted, in
-	// the order plannedOrder; with Seq, what tells a trajectory delivered
-	// again from a late one.
-	taken, planned map[int64][]uint64
-	plannedOrder   []int64
+	// planned: those of the newest keepPlanned steps planned, sorted; with
+	// Seq, what tells a trajectory delivered again from a late one.
+	taken   map[int64][]uint64
+	planned *recent.Map[int64, []uint64]
 }
 
 // keepPlanned: how many planned steps' trajectory sequences route keeps.
@@ -235,7 +235,7 @@ func NewHandler(cfg Config, pub message.Publisher) (*Handler, error) {
 		astray: cfg.Astray, astrayWait: cfg.AstrayWait, onAstray: cfg.OnAstray, astraySaid: map[int64]bool{},
 		asm: NewAssembly(cfg.StepTimeout), done: map[int64]chan struct{}{}, sent: map[int64][]string{},
 		firstAt: map[int64]time.Time{}, noWatermarkSaid: map[int64]bool{},
-		taken: map[int64][]uint64{}, planned: map[int64][]uint64{},
+		taken: map[int64][]uint64{}, planned: recent.New[int64, []uint64](keepPlanned),
 	}, nil
 }
 
@@ -392,7 +392,7 @@ func (h *Handler) addTraj(msg *message.Message, t schemas.Trajectory, asked bool
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.asm.IsClosed(t.Step) {
-		if seqs, ok := h.planned[t.Step]; ok {
+		if seqs, ok := h.planned.Get(t.Step); ok {
 			if _, taken := slices.BinarySearch(seqs, h.seq(msg)); taken {
 				return nil, false, nil // delivered again: its step's plan took it
 			}
@@ -559,12 +559,7 @@ func (h *Handler) keepPlanned(step int64) {
 	seqs := h.taken[step]
 	delete(h.taken, step)
 	slices.Sort(seqs)
-	h.planned[step] = slices.Compact(seqs)
-	h.plannedOrder = append(h.plannedOrder, step)
-	if len(h.plannedOrder) > keepPlanned {
-		delete(h.planned, h.plannedOrder[0])
-		h.plannedOrder = h.plannedOrder[1:]
-	}
+	h.planned.Put(step, slices.Compact(seqs))
 }
 
 // shortOf is what plan lacks of its watermark's declared groups, or nil.
