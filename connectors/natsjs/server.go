@@ -115,11 +115,21 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	}
 	srv, err := runServer(ctx, cfg)
 	if err != nil {
-		lock.Close()
+		unlockStore(lock)
 		return nil, err
 	}
 	srv.lock = lock
 	return srv, nil
+}
+
+// unlockStore releases lockStore's lock and closes its file. The unlock
+// is explicit: a child process forked elsewhere in this process between
+// its fork and its exec holds a copy of the descriptor, and a close alone
+// would leave the store locked until that child execs (a run's tests,
+// each started with the data the last one stored, met that under load).
+func unlockStore(f *os.File) {
+	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	f.Close()
 }
 
 // ErrStoreInUse is the error of a store another server holds.
@@ -322,7 +332,7 @@ func (s *Server) Shutdown() {
 	s.ns.Shutdown()
 	s.ns.WaitForShutdown()
 	if s.lock != nil {
-		s.lock.Close() // closing the last descriptor releases the flock
+		unlockStore(s.lock)
 		s.lock = nil
 	}
 }

@@ -72,6 +72,33 @@ func TestASecondServerOnAStoreIsRefused(t *testing.T) {
 	}
 }
 
+// A stopped server releases its store even while a child process holds
+// a copy of the lock's descriptor: one forked elsewhere in the process,
+// not yet at its exec (here, one given the descriptor to keep). A close
+// alone left the store locked until that child exec'd or ended, and a
+// test reading the store after its run met "in use by another process".
+func TestAStoppedServerReleasesItsStoreWhateverAChildHolds(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	srv, err := StartServer(ctx, ServerConfig{StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.CommandContext(ctx, "sleep", "60")
+	child.ExtraFiles = []*os.File{srv.lock}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { child.Process.Kill(); child.Wait() }()
+	srv.Shutdown()
+	again, err := StartServer(ctx, ServerConfig{StoreDir: dir})
+	if err != nil {
+		t.Fatalf("the store, once its server stopped, with a child holding the lock's descriptor: %v", err)
+	}
+	again.Shutdown()
+}
+
 // TestAKilledProcessLeavesNoStaleLock: the lock belongs to the holding
 // process, across processes, and dies with it, so a run killed with
 // SIGKILL can be started again without cleaning anything up.

@@ -346,7 +346,7 @@ func ReadLock(root, run string) (release func(), err error) {
 	switch {
 	case err == nil:
 		if err := recoverCompaction(dir); err != nil {
-			f.Close()
+			unlock(f)
 			return nil, err
 		}
 		err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH)
@@ -357,11 +357,11 @@ func ReadLock(root, run string) (release func(), err error) {
 	}
 	if err != nil {
 		if f != nil {
-			f.Close()
+			unlock(f)
 		}
 		return nil, fmt.Errorf("archive: lock %s: %w", dir, err)
 	}
-	return func() { f.Close() }, nil
+	return func() { unlock(f) }, nil
 }
 
 // lockMerges holds dir for a merge; without wait, a reader or merge
@@ -378,7 +378,16 @@ func lockMerges(dir string, wait bool) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("archive: lock %s: %w", dir, err)
 	}
-	return func() { f.Close() }, nil
+	return func() { unlock(f) }, nil
+}
+
+// unlock releases flockAt's lock and closes its file. The unlock is
+// explicit: a child process forked elsewhere in this process (an
+// execution's sandbox) holds a copy of the descriptor until its exec,
+// and a close alone would leave the lock held until then.
+func unlock(f *os.File) {
+	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	f.Close()
 }
 
 // flockAt opens path (made if missing) with flag and takes the flock how
