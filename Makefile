@@ -12,17 +12,19 @@ build:
 	$(GO) build -o bin/wmrl ./cmd/wmrl
 
 # The whole suite with the race detector; CI runs exactly this. The tests
-# marked t.Parallel run 4 at a time, not GOMAXPROCS (2) at a time: many
-# wait far more than they compute, on leases' TTLs, ack waits, reconnects
-# and servers that do not answer, and the rest fill the cores meanwhile.
-# In pipeline and cmd/wmrl every test is parallel except those that set a
-# package variable or the environment (go runs the parallel ones once
-# every serial one of the package has ended): pipeline's tests took 166 s
-# here against 277 s one after another; make test 441 s and 471 s against
-# 475 s (it is CPU-bound now: 792 s of CPU against 693 s, the race
-# detector's contention), and CI's clean clone 530 s against 590 s.
-# natsjs's lease, bucket and checkpoint tests are parallel too; sandbox's
-# are not, as they count the work directories and processes they leave.
+# marked t.Parallel run 4 at a time, not GOMAXPROCS (2) at a time: they wait
+# far more than they compute, on leases' TTLs, ack waits, reconnects and
+# servers that do not answer. natsjs's lease, bucket and checkpoint tests
+# took 169 s for 38 s of CPU; pipeline's 13 that use under 40% of a core
+# took 85 s for 19 s one after another. Every cmd/wmrl test is parallel
+# but the 3 that set the environment or the working directory. A test
+# that sets a package variable or the environment stays serial: go runs
+# the parallel ones once every serial one of the package has ended.
+# Pipeline's other tests stay serial too: all of them 4 at a time took
+# its binary from 277 s to 166 s here, but in CI two failed on what the
+# sandbox does with four runs at once (unshare: "sigprocmask unblock
+# failed"; fewer anchor groups late than the test waited for), and the
+# cores were full anyway (make test's CPU rose from 693 s to 792 s).
 #
 # go test starts packages in the order named, two at a time; ./... names
 # them alphabetically, and pipeline's tests (the longest) began once three

@@ -77,7 +77,6 @@ func runAndReadArchive(t *testing.T, cfg Config) (map[int64]schemas.Update, []ar
 }
 
 func TestArchiveHoldsEveryItemOnce(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Steps = 10
 	ups, rows := runAndReadArchive(t, cfg)
@@ -101,7 +100,6 @@ func lateConfig(t *testing.T) Config {
 // Anchors whose execution misses the deadline are fused on world-model
 // rewards; their pairs, absorbed later, are archived as late_anchor rows.
 func TestArchiveKeepsLateAnchorPairs(t *testing.T) {
-	t.Parallel()
 	cfg := lateConfig(t)
 	// A run of fixed length ends once the late pairs are archived too.
 	ups, rows := runAndReadArchive(t, cfg)
@@ -149,7 +147,6 @@ func TestArchiveKeepsLateAnchorPairs(t *testing.T) {
 // the outcomes execute stored, so that the archive holds every true score
 // the run paid for. Before, a late group had a row per pair only.
 func TestLateRowsHoldTheExecutionsOfUngradedTrajectories(t *testing.T) {
-	t.Parallel()
 	cfg := lateConfig(t)
 	wm := sim.DefaultWorldModel()
 	wm.UngradedEvery = 3
@@ -234,7 +231,6 @@ func (e *sandboxErrors) Execute(ctx context.Context, t schemas.Trajectory) (exec
 // and how long it took. Before, they had none: their world-model row
 // (exec_status late) was all the archive had of them.
 func TestLateRowsHoldTheSandboxErrors(t *testing.T) {
-	t.Parallel()
 	cfg := lateConfig(t)
 	lost := func(traj string) bool { return crc32.ChecksumIEEE([]byte(traj))%4 == 0 }
 	cfg.ExecutorImpl = &sandboxErrors{Executor: sim.Executor{Latency: cfg.ExecLatency, Noise: 0.02}, lost: lost}
@@ -276,7 +272,6 @@ func TestLateRowsHoldTheSandboxErrors(t *testing.T) {
 // quota hit) loses nothing: its inputs are retried until it is back, never
 // dead-lettered, and the run ends with every step archived once.
 func TestArchiveWaitsOutAnOutage(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Steps = 8
 	cfg.MaxAttempts = 2 // an input failing twice would be dead-lettered
@@ -334,7 +329,6 @@ func TestArchiveWaitsOutAnOutage(t *testing.T) {
 // keeps writing: the run ends with few files, and every step's rows in
 // them exactly once.
 func TestArchiveMergesItsFilesWhileItWrites(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Steps = 30
 	cfg.ArchiveMaxAge = 5 * time.Millisecond // a file every few steps
@@ -385,7 +379,6 @@ func TestArchiveMergesItsFilesWhileItWrites(t *testing.T) {
 // prefix, so another lease) is refused at start by the root's lock, naming
 // the rule.
 func TestOneArchiveStagePerRun(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Source = SourceExternal
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -425,7 +418,6 @@ func TestOneArchiveStagePerRun(t *testing.T) {
 // prompt and response of its trajectory as the trainer published it, and
 // no other row holds any; --archive-code=false keeps none.
 func TestArchiveKeepsTheAnchorsCode(t *testing.T) {
-	t.Parallel()
 	for _, keep := range []bool{true, false} {
 		t.Run(fmt.Sprint(keep), func(t *testing.T) {
 			cfg := testConfig(t)

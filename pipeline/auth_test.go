@@ -28,7 +28,6 @@ import (
 // operator mode), the pipeline runs with its credentials, and status
 // reads the run with them.
 func TestThePipelineRunsOnALockedDownServer(t *testing.T) {
-	t.Parallel()
 	s := natstest.StartSecure(t, true)
 	cfg := testConfig(t)
 	cfg.NATSURL, cfg.Steps = s.URL, 3
@@ -61,7 +60,6 @@ func TestThePipelineRunsOnALockedDownServer(t *testing.T) {
 // stage on another machine in over TLS with a certificate of its own: the
 // run's steps are fused only when that stage predicts them.
 func TestAStageReachesTheEmbeddedServerOverTLS(t *testing.T) {
-	t.Parallel()
 	pki := natstest.NewPKI(t)
 	cfg := testConfig(t)
 	cfg.Steps, cfg.NATSAuth.Token = 3, "t0ken"
@@ -110,7 +108,6 @@ func TestAStageReachesTheEmbeddedServerOverTLS(t *testing.T) {
 // A start whose credentials the server refuses says so while it waits,
 // and never prints the password of a URL.
 func TestARefusedStartSaysWhyWithoutThePassword(t *testing.T) {
-	t.Parallel()
 	srv, err := natsjs.StartServer(context.Background(), natsjs.ServerConfig{StoreDir: t.TempDir(), Listen: "127.0.0.1:0", Auth: natsjs.Auth{User: "trainer", Password: "right"}})
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +134,6 @@ func TestARefusedStartSaysWhyWithoutThePassword(t *testing.T) {
 // An embedded server that other machines reach is named as the run starts
 // when it asks them for nothing, or asks for a secret without TLS.
 func TestAnOpenEmbeddedServerBeyondThisMachineIsNamed(t *testing.T) {
-	t.Parallel()
 	pki := natstest.NewPKI(t)
 	tls := natsjs.ServerTLS{Cert: pki.ServerCert, Key: pki.ServerKey}
 	verified := natsjs.ServerTLS{Cert: pki.ServerCert, Key: pki.ServerKey, ClientCA: pki.CA}
@@ -171,7 +167,6 @@ func TestAnOpenEmbeddedServerBeyondThisMachineIsNamed(t *testing.T) {
 // A start against an address where no server answers says that, not only
 // that its requests timed out.
 func TestAStartWithNoServerSaysSo(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.NATSURL = fmt.Sprintf("nats://127.0.0.1:%d", natstest.FreePort(t))
 	cfg.StartupWait = 2 * time.Second
@@ -184,7 +179,6 @@ func TestAStartWithNoServerSaysSo(t *testing.T) {
 // A process that waits for input from outside says, once it consumes,
 // where its server is and where trajectories go: silence would look hung.
 func TestAProcessWaitingForInputSaysWhereItListens(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := testConfig(t)
@@ -211,7 +205,6 @@ func TestAProcessWaitingForInputSaysWhereItListens(t *testing.T) {
 // out at the start when it is near, and a renewal in place is taken up by
 // the next connection, said and exported.
 func TestARenewedListenCertificateIsSaidAndExported(t *testing.T) {
-	t.Parallel()
 	pki := natstest.NewPKI(t) // certificates valid for a day: near
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -250,7 +243,6 @@ func TestARenewedListenCertificateIsSaidAndExported(t *testing.T) {
 // A gateway that other machines reach is named when it asks for no token,
 // or asks for one without TLS.
 func TestAnOpenGatewayBeyondThisMachineIsNamed(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		addr, token, cert string
 		want              string
@@ -274,7 +266,6 @@ func TestAnOpenGatewayBeyondThisMachineIsNamed(t *testing.T) {
 // The gateway's certificate, renewed in place, is presented to the next
 // trainer that connects, said and exported.
 func TestARenewedGatewayCertificateIsTakenUp(t *testing.T) {
-	t.Parallel()
 	pki := natstest.NewPKI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

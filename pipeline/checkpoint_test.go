@@ -131,7 +131,6 @@ func absorbAll(t *testing.T, cfg Config, groups [][]byte) (want map[int64]*schem
 // numbers the new groups as already stored (it publishes nothing), and
 // fuse's rho forgets the aged-out groups.
 func TestRestartAfterRetentionAgedOutTheFirstGroups(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.CheckpointEvery = 4
 	cfg.Steps = 12
@@ -255,7 +254,6 @@ func describe(c *schemas.Calibration, rho float64) string {
 // its new calibrations: it is refused at start, with the reason, instead
 // of stalling.
 func TestAgedOutRunWithoutACheckpointIsRefused(t *testing.T) {
-	t.Parallel()
 	cfg, ctx := runToEnd(t, 6)
 	ageOut(t, cfg.DataDir, "wmrl.default.calibration", func(r natsjs.Record) bool {
 		var c schemas.Calibration
@@ -283,7 +281,6 @@ func TestAgedOutRunWithoutACheckpointIsRefused(t *testing.T) {
 // apart); restoring it would give the new run the old one's map and rho.
 // Each stage refuses it, also running alone, naming the key to delete.
 func TestCheckpointOfADeletedStreamIsRefused(t *testing.T) {
-	t.Parallel()
 	cfg, ctx := runToEnd(t, 4)
 	func() {
 		js, closeIt := openStopped(t, ctx, cfg.DataDir)
@@ -305,7 +302,6 @@ func TestCheckpointOfADeletedStreamIsRefused(t *testing.T) {
 // A run restarted with other correction settings says so, as a notice
 // rather than an error, and goes on under the new ones.
 func TestARestartWithOtherSettingsIsSaid(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := testConfig(t)
@@ -387,7 +383,6 @@ func TestARestartAfterACrashDoesNotWaitOutAckWait(t *testing.T) {
 // is absorbed again, a copy of one the stream holds is not. Before, it
 // remembered every anchor group of the run for as long as it ran.
 func TestCalibrateForgetsWhatTheStreamAgedOut(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Source = SourceExternal
 	cfg.CheckpointEvery = 4 // calibrate asks the stream what it holds every 4 groups read
@@ -477,7 +472,6 @@ func TestCalibrateForgetsWhatTheStreamAgedOut(t *testing.T) {
 // pair group and calibration at every start. With a part of that record
 // gone, calibrate reads them all again, and loses nothing either way.
 func TestARestartReadsOnlyWhatCameAfterItsCheckpoints(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.CheckpointEvery = 4
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -15,7 +15,6 @@ import (
 )
 
 func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		set  func(*Config)
@@ -106,7 +105,6 @@ func TestConfigValidateNamesWhatIsWrong(t *testing.T) {
 }
 
 func TestGPUsAreSharedOutInSetsInTheOrderGiven(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		gpus   string
 		each   int
@@ -131,7 +129,6 @@ func TestGPUsAreSharedOutInSetsInTheOrderGiven(t *testing.T) {
 // start CUDA under the default 1 GiB of address space, so sharing GPUs
 // out lifts the default; the flag and the task's memory_mb still win.
 func TestGPUsLiftTheDefaultAddressSpaceLimit(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		gpus      string
 		flagMB    int
@@ -155,7 +152,6 @@ func TestGPUsLiftTheDefaultAddressSpaceLimit(t *testing.T) {
 // TestTheSubmissionLimitComesFromItsFlag: --exec-submission-mb reaches
 // the executor's limits, and 0 leaves the sandbox's default.
 func TestTheSubmissionLimitComesFromItsFlag(t *testing.T) {
-	t.Parallel()
 	for flag, want := range map[int]int64{0: sandbox.DefaultSubmissionBytes, 5: 5 << 20} {
 		c := Config{ExecSubmissionMB: flag}
 		if got := c.execLimits(nil).For(nil).SubmissionBytes; got != want {
@@ -168,7 +164,6 @@ func TestTheSubmissionLimitComesFromItsFlag(t *testing.T) {
 // client's 120 s), and no retries as no retries, not as the client's
 // default of 5.
 func TestWorldModelClientConfig(t *testing.T) {
-	t.Parallel()
 	c := DefaultConfig()
 	c.WorldModel, c.WMURL, c.WMModel = "openai", "http://wm/v1", "judge"
 	if got := c.openaiConfig(); got.Retries != 5 || got.Timeout != 0 || got.BaseURL != "http://wm/v1" || got.Model != "judge" {

@@ -56,7 +56,6 @@ func (s *externalServer) stop() {
 // A pipeline whose server goes away says so, waits, says when it is back,
 // and goes on: every step fused, the metrics showing the gap.
 func TestALostServerIsSaidAndSoIsItsReturn(t *testing.T) {
-	t.Parallel()
 	ext := newExternalServer(t)
 	cfg := testConfig(t)
 	cfg.NATSURL, cfg.Steps = ext.url(), 40 // the source keeps at most a few steps ahead: most come after the return
@@ -139,7 +138,6 @@ func TestAConnectionClosedForGoodStopsThePipeline(t *testing.T) {
 // own stop keeps the stage's error. (The test above failed once in CI on
 // the stage's error.)
 func TestAStageThatHearsOfTheCloseFirstStopsWithTheSameReason(t *testing.T) {
-	t.Parallel()
 	nc := &nats.Conn{}
 	stageErr := fmt.Errorf("calibrate: read pairs: natsjs: read wmrl.default.pairs: %w (last error: nats: Authorization Violation)", nats.ErrConnectionClosed)
 	p := &Pipeline{tr: &transport{nc: nc, watch: &connWatch{url: "nats://h:4222"}}, cancel: func() {}}
@@ -158,7 +156,6 @@ func TestAStageThatHearsOfTheCloseFirstStopsWithTheSameReason(t *testing.T) {
 // The same asynchronous error is printed once a minute at most, and none
 // while the pipeline stops.
 func TestAsyncErrorsArePrintedOnceAMinute(t *testing.T) {
-	t.Parallel()
 	var out bytes.Buffer
 	w := &connWatch{url: "nats://h:4222", out: &out}
 	t0 := time.Now()
@@ -182,7 +179,6 @@ func TestAsyncErrorsArePrintedOnceAMinute(t *testing.T) {
 // The gateway's server errors are printed once a minute at most for the
 // same error from the same host, whatever the client's port.
 func TestGatewayErrorsArePrintedOnceAMinuteAHost(t *testing.T) {
-	t.Parallel()
 	var out bytes.Buffer
 	l := &httpErrorLog{out: &out}
 	for _, line := range []string{

@@ -115,7 +115,6 @@ func checkExpr(t *testing.T, where, expr string, fams map[string]exportedFamily)
 // metrics and labels the pipeline exports; the dashboard's panels do not
 // overlap, and every alert says what it is about.
 func TestDeployMonitoringMatchesTheMetrics(t *testing.T) {
-	t.Parallel()
 	fams := exported(t)
 
 	var dash struct {
@@ -245,7 +244,6 @@ func promQuery(t *testing.T, base, path string, params url.Values, data any) err
 // A real Prometheus scraping a running pipeline evaluates every query of
 // the dashboard to a result, and every alert rule without error.
 func TestPrometheusEvaluatesTheDashboardAndAlerts(t *testing.T) {
-	t.Parallel()
 	bin := prometheusBinary(t)
 	metrics := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 	cfg := testConfig(t)
@@ -411,7 +409,6 @@ func promtool(t *testing.T) string {
 // share, and not at 1%, nor on a gateway nobody asks (promtool's rule
 // tests, against alerts.yml as it is).
 func TestRewardRequestsAlertFiresOnItsCondition(t *testing.T) {
-	t.Parallel()
 	series := func(instance string, ok, failed int) string {
 		return inputSeries(fmt.Sprintf(`wmrl_http_requests_total{instance=%q,endpoint="rewards_slime",code="200"}`, instance), fmt.Sprintf("0+%dx40", ok)) +
 			inputSeries(fmt.Sprintf(`wmrl_http_requests_total{instance=%q,endpoint="rewards_slime",code="503"}`, instance), fmt.Sprintf("0+%dx40", failed)) +
@@ -426,7 +423,6 @@ func TestRewardRequestsAlertFiresOnItsCondition(t *testing.T) {
 // all failed, and not when one of them scored, nor on an instance that
 // executed too few to say.
 func TestExecutionsAlertFiresOnItsCondition(t *testing.T) {
-	t.Parallel()
 	executions := func(instance, status, values string) string {
 		return inputSeries(fmt.Sprintf(`wmrl_executions_total{instance=%q,status=%q}`, instance, status), values)
 	}
@@ -449,7 +445,6 @@ func TestExecutionsAlertFiresOnItsCondition(t *testing.T) {
 // WMRLUpdatesNearMaxPayload fires when an instance's updates pass 80% of
 // its server's max_payload, and not below.
 func TestUpdateSizeAlertFiresOnItsCondition(t *testing.T) {
-	t.Parallel()
 	input := inputSeries(`wmrl_nats_max_payload_bytes{instance="big"}`, "8388608+0x60") +
 		inputSeries(`wmrl_update_bytes{instance="big"}`, "1000000+0x20 7000000+0x40") +
 		inputSeries(`wmrl_nats_max_payload_bytes{instance="small"}`, "8388608+0x60") +
@@ -463,7 +458,6 @@ func TestUpdateSizeAlertFiresOnItsCondition(t *testing.T) {
 // for a prediction, and not for steps that wait their two minutes and are
 // fused (the gauge falls back).
 func TestPredictionWaitAlertFiresOnItsCondition(t *testing.T) {
-	t.Parallel()
 	input := inputSeries(`wmrl_prediction_wait_seconds{instance="held"}`, "0+60x30") +
 		inputSeries(`wmrl_prediction_wait_seconds{instance="busy"}`, "0 60 120 0 60 120 0 60 120 0 60 120 0 60 120 0 60 120 0 60 120 0 60 120 0 60 120 0 60 120")
 	promtoolRuleTest(t, "WMRLStepWaitingForPredictions", input,
@@ -474,7 +468,6 @@ func TestPredictionWaitAlertFiresOnItsCondition(t *testing.T) {
 // WMRLStepsClosedShort fires for a trainer whose steps close short every
 // minute, once it has gone on for a while, and not for a few short steps.
 func TestStepsClosedShortAlertFiresOnItsCondition(t *testing.T) {
-	t.Parallel()
 	input := inputSeries(`wmrl_steps_closed_short_total{instance="dropping"}`, "0+1x90") +
 		inputSeries(`wmrl_steps_closed_short_total{instance="rare"}`, "0 0 1x30 2x30 3x27")
 	promtoolRuleTest(t, "WMRLStepsClosedShort", input,
@@ -485,7 +478,6 @@ func TestStepsClosedShortAlertFiresOnItsCondition(t *testing.T) {
 // WMRLBucketDeleted fires once a process has made a deleted bucket anew,
 // naming the bucket, and not for a process whose buckets stay.
 func TestBucketDeletedAlertFiresOnItsCondition(t *testing.T) {
-	t.Parallel()
 	input := inputSeries(`wmrl_buckets_remade_total{instance="cleaned",bucket="WMRL_LEASES_WMRL"}`, "0x10 1x20") +
 		inputSeries(`wmrl_buckets_remade_total{instance="cleaned",bucket="WMRL_STATE_WMRL"}`, "0x30") +
 		inputSeries(`wmrl_buckets_remade_total{instance="kept",bucket="WMRL_LEASES_WMRL"}`, "0x30")
@@ -497,7 +489,6 @@ func TestBucketDeletedAlertFiresOnItsCondition(t *testing.T) {
 // WMRLNATSConnectionLost fires once a process has been without its server
 // for 5 minutes, and not for a loss of two minutes that ended.
 func TestConnectionLostAlertFiresOnItsCondition(t *testing.T) {
-	t.Parallel()
 	input := inputSeries(`wmrl_nats_connected{instance="cut-off"}`, "1 1 0 0 0 0 0 0 0 0 0 0") +
 		inputSeries(`wmrl_nats_connected{instance="blip"}`, "1 1 0 0 1 1 1 1 1 1 1 1")
 	promtoolRuleTest(t, "WMRLNATSConnectionLost", input,
@@ -509,7 +500,6 @@ func TestConnectionLostAlertFiresOnItsCondition(t *testing.T) {
 // 7 days left, not before, and not without TLS (0). Rule tests start at
 // Unix time 0, so the expiry is 7 days and 10 minutes.
 func TestCertificateAlertFiresOnItsCondition(t *testing.T) {
-	t.Parallel()
 	input := inputSeries(`wmrl_tls_cert_not_after_seconds{instance="expiring",server="gateway"}`, "605400x20") +
 		inputSeries(`wmrl_tls_cert_not_after_seconds{instance="expiring",server="nats"}`, "0x20") +
 		inputSeries(`wmrl_tls_cert_not_after_seconds{instance="renewed",server="nats"}`, "605400x5 2592000x15")
@@ -523,7 +513,6 @@ func TestCertificateAlertFiresOnItsCondition(t *testing.T) {
 // and not when it levels off below. Values grow by 10 MB a minute (14.4 GB
 // a day) from 10 GB.
 func TestStoreAlertFiresOnItsCondition(t *testing.T) {
-	t.Parallel()
 	input := inputSeries(`wmrl_jetstream_store_bytes{instance="filling"}`, "10e9+10e6x120") +
 		inputSeries(`wmrl_jetstream_store_limit_bytes{instance="filling"}`, "20e9x120") +
 		inputSeries(`wmrl_jetstream_store_bytes{instance="roomy"}`, "10e9+10e6x120") +
@@ -547,7 +536,6 @@ func TestStoreAlertFiresOnItsCondition(t *testing.T) {
 // 5 minutes, not for one half full, nor for one whose limit is not known
 // (0).
 func TestStoreFullAlertFiresOnItsCondition(t *testing.T) {
-	t.Parallel()
 	input := inputSeries(`wmrl_jetstream_store_bytes{instance="full"}`, "90e9 97e9x20") +
 		inputSeries(`wmrl_jetstream_store_limit_bytes{instance="full"}`, "100e9x20") +
 		inputSeries(`wmrl_jetstream_store_bytes{instance="half"}`, "50e9x20") +
@@ -565,7 +553,6 @@ func TestStoreFullAlertFiresOnItsCondition(t *testing.T) {
 // the run's first day (nothing to compare with). Per minute, 10 anchor
 // groups ranked at 0.7 on average, from minute 1440 at 0.3 for falling.
 func TestRankingFallAlertFiresOnItsCondition(t *testing.T) {
-	t.Parallel()
 	spearman := func(instance, sum string) string {
 		return inputSeries(fmt.Sprintf(`wmrl_wm_within_group_spearman_count{instance=%q}`, instance), "0+10x1900") +
 			inputSeries(fmt.Sprintf(`wmrl_wm_within_group_spearman_sum{instance=%q}`, instance), sum)

@@ -11,7 +11,6 @@ import (
 )
 
 func TestARunOfFailedExecutionsIsSaidOnce(t *testing.T) {
-	t.Parallel()
 	var said []string
 	e := &executions{metrics: NewMetrics(), notef: func(f string, a ...any) { said = append(said, fmt.Sprintf(f, a...)) }}
 	run := func(n int, status string) {

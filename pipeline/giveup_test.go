@@ -124,7 +124,6 @@ func (e brokenExecutor) Execute(_ context.Context, t schemas.Trajectory) (execut
 // redelivered after every restart) for good; the step is fused at its
 // anchor deadline on the world model.
 func TestOrphanedAnchorSideIsDeadLetteredAfterPairWait(t *testing.T) {
-	t.Parallel()
 	pol, _, cfg := oneBrokenGroup(t, 2)
 	cfg.Stages = slices.DeleteFunc(slices.Clone(AllStages), func(s string) bool { return s == StageExecute })
 	cfg.Anchors = route.SchedulerConfig{Fraction: 1, MinPerStep: 1}
@@ -281,7 +280,6 @@ func TestAPredictionDeliveredAgainAfterItsPairsIsLetGo(t *testing.T) {
 // once on the world model for that group (a failed anchor), not held for
 // its anchor deadline (an hour here); the other anchor group is used.
 func TestStepIsFusedAtOnceWhenAnAnchorGroupFails(t *testing.T) {
-	t.Parallel()
 	pol, broken, cfg := oneBrokenGroup(t, 2)
 	cfg.Anchors = route.SchedulerConfig{Fraction: 1, MinPerStep: 1}
 	cfg.ExecutorImpl = brokenExecutor{group: broken}
@@ -331,7 +329,6 @@ func (w brokenWorldModel) Predict(ctx context.Context, trajs []schemas.Trajector
 // recorded as ungraded, so that its step is still fused (without that
 // group's world-model signal) instead of waiting for good for a prediction.
 func TestStepIsFusedWhenTheWorldModelGivesUpOnAGroup(t *testing.T) {
-	t.Parallel()
 	pol, broken, cfg := oneBrokenGroup(t, 3)
 	cfg.WorldModelImpl = brokenWorldModel{group: broken}
 	cfg.MaxAttempts = 2
@@ -404,7 +401,6 @@ func (e *switchedExecutor) Execute(context.Context, schemas.Trajectory) (execute
 // deadline set for real executions, an hour here, its step waiting for
 // it). Once the executor is back, a probe finds it and anchors return.
 func TestPipelineGivesUpOnADownExecutorUntilItIsBack(t *testing.T) {
-	t.Parallel()
 	exe := &switchedExecutor{}
 	exe.down.Store(true)
 	cfg := testConfig(t)
@@ -479,7 +475,6 @@ func TestARunOfStepsEndsWhenItsLateGroupsPairsAreDeadLettered(t *testing.T) {
 // a group; route's and predict's hold up the step itself, and execute
 // sends a group it gives up on ungraded.
 func TestWhichDeadLettersHoldUpAGroupsPairs(t *testing.T) {
-	t.Parallel()
 	named := `{"schema":1,"run":"default","step":7,"group_id":"g3","items":[]}`
 	for _, c := range []struct {
 		stage, payload string

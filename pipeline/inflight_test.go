@@ -31,7 +31,6 @@ func (e heldExecutor) Execute(ctx context.Context, t schemas.Trajectory) (execut
 // With a cap on executions in flight, a step planned while earlier anchors
 // still run gets fewer anchors, and full ones again once they finish.
 func TestInFlightCapHoldsBackAnchors(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Source = SourceExternal
 	cfg.Anchors = route.SchedulerConfig{Fraction: 0.5, MinPerStep: 1, MaxInFlight: 2}
@@ -100,7 +99,6 @@ func TestInFlightCapHoldsBackAnchors(t *testing.T) {
 // A route that stored a step's anchors and died before its plan re-plans
 // that step with exactly those anchors, whatever the count says now.
 func TestRestartedRouteKeepsTheAnchorsItSent(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Source = SourceExternal
 	cfg.Anchors = route.SchedulerConfig{Fraction: 0.5, MinPerStep: 1, MaxInFlight: 2}
@@ -165,7 +163,6 @@ func TestRestartedRouteKeepsTheAnchorsItSent(t *testing.T) {
 // flight: route plans full anchors rather than waiting on an executor that
 // does not exist yet (when one starts, it reads every exec message).
 func TestNoExecuteConsumerMeansNothingInFlight(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Source, cfg.Stages = SourceExternal, []string{StageRoute}
 	cfg.Anchors = route.SchedulerConfig{Fraction: 0.5, MinPerStep: 1, MaxInFlight: 2}

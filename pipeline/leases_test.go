@@ -32,7 +32,6 @@ import (
 // the two split every step's messages and neither fused any until one
 // stopped.
 func TestASecondFuseWaitsAndTakesOver(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	const ttl = 3 * time.Second
@@ -223,7 +222,6 @@ func TestASecondFuseWaitsAndTakesOver(t *testing.T) {
 // it starts: their holder was the process before it on the same store,
 // killed before it could release them (as TestSIGKILLLosesNothing does).
 func TestARestartOnTheEmbeddedServerTakesItsLeasesAtOnce(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := testConfig(t)
@@ -276,7 +274,6 @@ func TestARestartOnTheEmbeddedServerTakesItsLeasesAtOnce(t *testing.T) {
 // meanwhile: status names nobody for them, not a process that does not
 // run them yet. Once the lease is free, it takes all of them.
 func TestAProcessWaitingForOneLeaseHoldsNoOther(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	srv, err := natsjs.StartServer(ctx, natsjs.ServerConfig{StoreDir: t.TempDir(), Listen: "127.0.0.1:0"})
@@ -348,7 +345,6 @@ func runnersOf(t *testing.T, ctx context.Context, url string) map[string]string 
 // them): behind a load balancer, a trainer's request may reach either
 // process. Stopped while waiting, it closes the gateway.
 func TestAStandbyServesTheGateway(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := testConfig(t)
@@ -413,7 +409,6 @@ func TestAStandbyServesTheGateway(t *testing.T) {
 // A gateway address another program holds fails the start, saying so,
 // before the process waits for or takes any stage.
 func TestAGatewayOnABusyAddressFailsTheStart(t *testing.T) {
-	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -536,7 +531,6 @@ func TestTheLookForLiveReadersGivesUpOnAClusterThatDoesNotAnswer(t *testing.T) {
 // A stop (Ctrl-C, SIGTERM) while the stages read their state from the
 // stream ends the process as a stop, saying so, not as a failure.
 func TestAStopWhileTheStagesAreBuiltIsAStop(t *testing.T) {
-	t.Parallel()
 	cfg, _ := runToEnd(t, 4)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

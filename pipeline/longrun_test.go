@@ -85,7 +85,6 @@ func theilSen(x, y []float64) float64 {
 }
 
 func TestTheilSenIgnoresASwing(t *testing.T) {
-	t.Parallel()
 	var x, y []float64
 	for i := range 40 {
 		swing := 0.0
@@ -133,7 +132,6 @@ func serverProcess(b *testing.B) string {
 // TestHelperServerProcess is serverProcess's child: a server until stdin
 // closes.
 func TestHelperServerProcess(t *testing.T) {
-	t.Parallel()
 	store := os.Getenv("WMRL_TEST_SERVER_STORE")
 	if store == "" {
 		t.Skip("run by serverProcess")

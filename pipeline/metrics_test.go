@@ -20,7 +20,6 @@ import (
 // a graded item, an anchor scored 0 because its code crashed, or a late
 // anchor's items the world model scored.
 func TestStepLossesAreCountedByKind(t *testing.T) {
-	t.Parallel()
 	score := 0.5
 	u := schemas.Update{
 		Items: []schemas.UpdateItem{
@@ -80,7 +79,6 @@ func finished(t *testing.T, cfg Config) *Pipeline {
 // archive says afterwards: the same number of anchor groups, the same mean
 // within-group Spearman.
 func TestLiveRankCorrelationIsTheAudits(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Steps = 8
 	cfg.Anchors.Fraction = 0.5

@@ -47,7 +47,6 @@ func get(t *testing.T, url string) (int, string) {
 // interface, asked through loopback and through this machine's own
 // network address.
 func TestProfilesGoToThisMachineOnly(t *testing.T) {
-	t.Parallel()
 	outside := outsideAddress(t)
 	for _, remote := range []bool{false, true} {
 		p := &Pipeline{cfg: Config{PprofRemote: remote}, metrics: NewMetrics()}
@@ -81,7 +80,6 @@ func TestProfilesGoToThisMachineOnly(t *testing.T) {
 // The command line the profiles show hides every URL's password (or a
 // token in the user info), in a flag's value and in each URL of a list.
 func TestTheProfilesCommandLineHidesPasswords(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct{ arg, want string }{
 		{"--nats=nats://ann:s3cret@h1:4222,nats://ann:s3cret@h2:4222", "--nats=nats://***@h1:4222,nats://***@h2:4222"},
 		{"tls://t0k3n@10.0.0.1:4222", "tls://***@10.0.0.1:4222"},
@@ -99,7 +97,6 @@ func TestTheProfilesCommandLineHidesPasswords(t *testing.T) {
 
 // --pprof-remote on an address other machines reach is said at start.
 func TestRemoteProfilesAreNamed(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		addr   string
 		remote bool

@@ -40,7 +40,6 @@ func (e *countingExecutor) Execute(_ context.Context, t schemas.Trajectory) (exe
 // the bucket and runs only the one that has none. The bucket ages outcomes
 // out with the stream's retention.
 func TestExecutionsOutliveTheExecuteProcess(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	js, closeIt := openStopped(t, ctx, t.TempDir())
@@ -106,7 +105,6 @@ func TestExecutionsOutliveTheExecuteProcess(t *testing.T) {
 // The pipeline's execute stage keeps every anchor trajectory's outcome in
 // the bucket.
 func TestPipelineStoresEveryExecution(t *testing.T) {
-	t.Parallel()
 	cfg, ctx := runToEnd(t, 4)
 	anchors := 0
 	for _, u := range decodeUpdates(t, readStored(t, cfg.DataDir, "wmrl.default.update")) {
@@ -139,7 +137,6 @@ func TestPipelineStoresEveryExecution(t *testing.T) {
 // name with another retention policy is in the way) costs the outcomes'
 // durability, said once at start, not the run.
 func TestExecuteRunsWithoutTheOutcomeBucket(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Steps = 3
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -206,7 +203,6 @@ func (e *stallingExecutor) Execute(ctx context.Context, t schemas.Trajectory) (e
 // again on its data, runs only the half that had not finished: the rest
 // comes from the outcome bucket, on the restarted server.
 func TestRestartRunsOnlyTheUnfinishedExecutions(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.ExecSlots = 1, 4, 4, 1
 	cfg.Anchors.Fraction = 0.25 // one anchor group of 4, executed one at a time

@@ -60,7 +60,6 @@ func (s *storedPairs) index() *pairsIndex {
 // oldest side asking and on from the newest read, and answers from what it
 // read.
 func TestThePairsStoredAreReadOnceForEverySideThatAsks(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	s := &storedPairs{}
 	s.add(10) // at sequences 1 to 10
@@ -108,7 +107,6 @@ func TestThePairsStoredAreReadOnceForEverySideThatAsks(t *testing.T) {
 // reads on from it (not the subject's whole past), and finds those stored
 // since.
 func TestPairsStoredLaterAreFoundWhenNoneWereAtFirst(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	s := &storedPairs{}
 	s.add(3) // at 1 to 3

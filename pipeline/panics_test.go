@@ -41,7 +41,6 @@ func (w bugWorldModel) Predict(ctx context.Context, trajs []schemas.Trajectory) 
 // message panicking on every redelivery for ever, and its step never
 // fused.
 func TestAHandlerThatPanicsStopsTheRunWithItsMessageDeadLettered(t *testing.T) {
-	t.Parallel()
 	pol, bad, cfg := oneBrokenGroup(t, 3)
 	fixed := new(atomic.Bool)
 	cfg.WorldModelImpl = bugWorldModel{group: bad, fixed: fixed}
@@ -113,7 +112,6 @@ func (failingPublisher) Publish(string, ...*message.Message) error {
 // could have handed it back, and the restart met the panic again (CI of
 // 1af0077). One that could not be stored is not acknowledged.
 func TestAPanickedMessageIsAcknowledgedBeforeTheRunStops(t *testing.T) {
-	t.Parallel()
 	for _, c := range []struct {
 		pub   message.Publisher
 		acked bool
@@ -141,7 +139,6 @@ func TestAPanickedMessageIsAcknowledgedBeforeTheRunStops(t *testing.T) {
 // stack printed; the restart, the bug fixed, finishes every step, each
 // update stored once. Before, the panic ended the process.
 func TestAPanicFusingAStepStopsTheRun(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Steps = 4
 	var fixed atomic.Bool

@@ -26,7 +26,6 @@ import (
 // "maximum payload exceeded" in its dead letters; the run now stops at
 // once and says what to change.
 func TestAStepTooLargeForTheServerStopsTheRun(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	// 64 groups of 48: 3,072 trajectories, about 1.2 MB of update, over a
 	// max_payload of 1 MiB.
@@ -77,7 +76,6 @@ func TestAStepTooLargeForTheServerStopsTheRun(t *testing.T) {
 // itself is refused by the gateway with 413, not 503, since no retry
 // stores it.
 func TestAGroupTooLargeForTheServerIsSkipped(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken, cfg.MaxPayloadMB = SourceExternal, "127.0.0.1:0", token, 1
 	cfg.Anchors.Fraction = 0.5 // one of the two groups an anchor
@@ -171,7 +169,6 @@ func TestAGroupTooLargeForTheServerIsSkipped(t *testing.T) {
 // trainer published it, through the real server. Decoded into Go values
 // at route, as it was, an integer past 2^53 reached them rounded.
 func TestATrajectorysMetaReachesTheStagesAsSent(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Source = SourceExternal
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

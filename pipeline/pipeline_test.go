@@ -179,7 +179,6 @@ func checkFusion(t *testing.T, u schemas.Update) {
 }
 
 func TestPipelineFusesEveryStepOnce(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Steps = 12
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -228,7 +227,6 @@ func lastAbsorbed(ups map[int64]schemas.Update) schemas.Update {
 // step, 1.6 on average, each step as the scheduler counts it; the archive
 // records the setting.
 func TestSpreadRoundingExecutesTheFraction(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Steps = 20
 	cfg.Anchors.Rounding = route.RoundSpread
@@ -271,7 +269,6 @@ func TestSpreadRoundingExecutesTheFraction(t *testing.T) {
 }
 
 func TestMalformedInputIsDeadLettered(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Source = SourceExternal
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -329,7 +326,6 @@ func TestMalformedInputIsDeadLettered(t *testing.T) {
 // in the message, and the message's others are fused; a message that is
 // no array of trajectories is dead-lettered whole.
 func TestATrajsMessageDeadLettersABadTrajectoryAlone(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Source = SourceExternal
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -418,7 +414,6 @@ func TestATrajsMessageDeadLettersABadTrajectoryAlone(t *testing.T) {
 }
 
 func TestTwoPredictProcessesShareTheLoad(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Steps = 20
 	cfg.Stages = []string{StageRoute, StageExecute, StagePair, StageCalibrate, StageFuse}
@@ -488,7 +483,6 @@ func waitEmpty(t *testing.T, ctx context.Context, js jetstream.JetStream, stage 
 }
 
 func TestMetricsEndpoint(t *testing.T) {
-	t.Parallel()
 	addr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 	cfg := testConfig(t)
 	cfg.MetricsAddr = addr
@@ -550,7 +544,6 @@ func TestMetricsEndpoint(t *testing.T) {
 // Retention and the de-duplication window reach the stream, also when a
 // restart changes them.
 func TestStreamTakesRetentionAndDedupWindow(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Stages, cfg.Source = []string{}, SourceExternal
 	info := func(c Config) jetstream.StreamConfig {
@@ -586,7 +579,6 @@ func TestStreamTakesRetentionAndDedupWindow(t *testing.T) {
 // refused ("cannot subscribe topic wmrl.default.traj: natsjs: closed")
 // made the run end with that error (exit code 1).
 func TestARunStartedAgainWhenDoneEndsWell(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := testConfig(t)

@@ -15,7 +15,6 @@ import (
 // after a crash asks about a few steps, many times each), the newest keep
 // of them.
 func TestPlansAreReadUpToTheStepAskedAbout(t *testing.T) {
-	t.Parallel()
 	// Step s's plan is at sequence 10(s+1), its trajectories before it.
 	var stored []natsjs.Record
 	for step := range int64(10) {

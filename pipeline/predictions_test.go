@@ -6,7 +6,6 @@ import "testing"
 // by its HTTP status, an unreadable reply by what was wrong with it,
 // whatever the numbers in it.
 func TestReplyCause(t *testing.T) {
-	t.Parallel()
 	for reason, want := range map[string]string{
 		`world model refused the request: HTTP 404: {"message":"The model x does not exist."}`: "world model refused the request: HTTP 404",
 		`world model refused the request: HTTP 400: maximum context length is 8192 tokens`:     "world model refused the request: HTTP 400",

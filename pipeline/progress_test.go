@@ -16,7 +16,6 @@ import (
 // A run stopped from outside says where it is and that starting it again
 // goes on; a run of --steps that finished says only that it is done.
 func TestAStoppedRunSaysWhereItIs(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := testConfig(t)
@@ -86,7 +85,6 @@ func TestAStoppedRunSaysWhereItIs(t *testing.T) {
 // archived says what the archive waited for: a run that does not end has
 // a reason to give.
 func TestAStoppedRunSaysWhatTheArchiveWaitedFor(t *testing.T) {
-	t.Parallel()
 	w, err := archive.OpenWriter(archive.WriterConfig{Dir: t.TempDir(), Run: "r"})
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +120,6 @@ func TestAStoppedRunSaysWhatTheArchiveWaitedFor(t *testing.T) {
 // With --step-summary, a run prints a line an interval instead of a line a
 // step, and its lines add up to every step fused, before the closing line.
 func TestAStepSummaryAddsUpEveryStep(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := testConfig(t)
@@ -163,7 +160,6 @@ func TestAStepSummaryAddsUpEveryStep(t *testing.T) {
 // the newest's state, the median and longest latency, and the losses of
 // all of them.
 func TestAStepSummaryLine(t *testing.T) {
-	t.Parallel()
 	start := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
 	s := newStepSummary(start)
 	var b strings.Builder
@@ -190,7 +186,6 @@ func TestAStepSummaryLine(t *testing.T) {
 
 // A run of one step closes on "step 0", not on a range of one.
 func TestARunOfOneStepSaysSo(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := testConfig(t)

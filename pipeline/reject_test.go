@@ -25,7 +25,6 @@ import (
 // same calibration again and stopped again: no step after it was ever
 // fused.
 func TestACalibrationWithANonMonotoneMapIsDeadLettered(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Steps = 6
 	cfg.AnchorDeadline = 2 * time.Second // the refused calibration's anchor group is late
@@ -120,7 +119,6 @@ func TestACalibrationWithANonMonotoneMapIsDeadLettered(t *testing.T) {
 // message back) is stored once: the letter's ID is the stage and the
 // message's stream sequence.
 func TestAMessageDeadLetteredTwiceIsStoredOnce(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Source = SourceExternal
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -222,7 +222,6 @@ func TestAStepHeldByAPredictionGivenUpIsFusedOnceItIsSentAgain(t *testing.T) {
 // and pair refuse the prediction, naming the score, and the step waits
 // for it as for any prediction an outside stage did not send.
 func TestAScoreOutOfRangeFromAnOutsideStageIsDeadLettered(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Steps = 4
 	top := filepath.Join(t.TempDir(), "topology.yaml")
@@ -283,7 +282,6 @@ func TestAScoreOutOfRangeFromAnOutsideStageIsDeadLettered(t *testing.T) {
 // Before, a rejected trajectory of 1 MB on a 1 MiB server was never
 // dead-lettered, and nothing was said.
 func TestADeadLetterOverMaxPayloadIsCutAndResentWhole(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Source, cfg.MaxPayloadMB = SourceExternal, 1
 	var out syncBuffer

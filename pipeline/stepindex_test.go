@@ -20,7 +20,6 @@ import (
 // Steps added in any order, twice or more, are kept as the fewest ranges
 // that hold exactly them.
 func TestAStepIndexKeepsItsStepsAsRanges(t *testing.T) {
-	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for trial := range 200 {
 		var want []int64
@@ -59,7 +58,6 @@ func planRecords(first uint64, steps ...int64) []natsjs.Record {
 // A start reads only the messages stored after the index kept, and keeps
 // the index so brought up to date; without one it reads them all.
 func TestAStartReadsOnlyWhatWasStoredAfterTheIndex(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	stored := planRecords(1, 0, 1, 2, 3, 5, 4)
 	var kept *stepIndex
@@ -130,7 +128,6 @@ func TestAStartReadsOnlyWhatWasStoredAfterTheIndex(t *testing.T) {
 // start read through, and is saved at most every so often: a start after a
 // kill reads what was stored since.
 func TestTheIndexFollowsWhatIsStoredWhileTheStageRuns(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stored := make(chan natsjs.Record, 10)
@@ -201,7 +198,6 @@ func TestTheIndexFollowsWhatIsStoredWhileTheStageRuns(t *testing.T) {
 // updates in the checkpoint bucket: the steps of the run before, through
 // the last of each it stored.
 func TestARunKeepsTheIndexOfItsPlansAndUpdates(t *testing.T) {
-	t.Parallel()
 	cfg, ctx := runToEnd(t, 12)
 	lastOf := map[schemas.Kind]uint64{}
 	func() {

@@ -255,7 +255,6 @@ func startOnAFullStore(t *testing.T, deleted bool) {
 // long as it takes someone to make room, and its messages must all go on
 // once there is. Another failure on the last delivery is dead-lettered.
 func TestAFullStoreIsAnOutageNotAFault(t *testing.T) {
-	t.Parallel()
 	full := fmt.Errorf("natsjs: publish to wmrl.default.pred: 1 message(s) not stored after 1 attempt(s) in 4ms: %w",
 		&jetstream.APIError{Code: 503, ErrorCode: 10023, Description: "insufficient resources"})
 	for _, c := range []struct {

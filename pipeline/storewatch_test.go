@@ -74,7 +74,6 @@ func TestStoreMetricsFollowTheStream(t *testing.T) {
 // without the bound leaves its readers the disk's. A bound beyond
 // what the disk gives the store is pointed out.
 func TestTheEmbeddedStoreKeepsItsBound(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := testConfig(t)
@@ -133,7 +132,6 @@ func TestTheEmbeddedStoreKeepsItsBound(t *testing.T) {
 // the tier's). The replies are nats-server 2.15's, for an account with
 // limits "" and R1.
 func TestTheStoresLimitIsTheStreamsTiers(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		name, reply string
 		replicas    int

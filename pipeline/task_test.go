@@ -31,7 +31,6 @@ import (
 // anchors on the example task: every anchor reward must be the sandbox's
 // grading of that same solution, computed here independently.
 func TestPipelineExecutesARealTask(t *testing.T) {
-	t.Parallel()
 	dir, files := housingTask(t)
 	cfg := testConfig(t)
 	cfg.TaskDir, cfg.Steps, cfg.Groups, cfg.GroupSize = dir, 3, 4, 4
@@ -89,7 +88,6 @@ func TestPipelineExecutesARealTask(t *testing.T) {
 // same data under another name and leaderboard, on which every valid
 // solution scores 0.5), and the run says which tasks it has.
 func TestPipelineExecutesSeveralTasks(t *testing.T) {
-	t.Parallel()
 	dirA, _ := housingTask(t)
 	dirB, _ := housingTask(t)
 	raw, _ := os.ReadFile(filepath.Join(dirB, "task.json"))
@@ -263,7 +261,6 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 // trajectory's code with its score; a solution that found them could run
 // the best one scored so far. They are out of its view, wherever they are.
 func TestTheCodeCannotSeeTheRunsData(t *testing.T) {
-	t.Parallel()
 	if !strings.Contains(sandbox.Isolation(), "wmrl's data out of view") {
 		t.Skipf("the code's view is the host's here: %s", sandbox.Isolation())
 	}
@@ -308,7 +305,6 @@ raise SystemExit("saw %%s" %% [sorted(os.listdir(d)) if os.path.isdir(d) else No
 // an import the sandbox's Python lacks) score 0 and would train the
 // calibration silently; the run says so, and the metrics count them.
 func TestExecutionsThatAllFailAreNoticed(t *testing.T) {
-	t.Parallel()
 	dir, files := housingTask(t)
 	for _, f := range files {
 		os.Remove(filepath.Join(dir, "solutions", filepath.Base(f)))
@@ -370,7 +366,6 @@ func TestExecutionsThatAllFailAreNoticed(t *testing.T) {
 // time and memory is part of its outcome, so the world model's prompt says
 // what an execution may take, as the executor resolves it.
 func TestTheWorldModelIsToldTheExecutionLimits(t *testing.T) {
-	t.Parallel()
 	dir, _ := housingTask(t)
 	var mu sync.Mutex
 	var prompts []string
@@ -417,7 +412,6 @@ func TestTheWorldModelIsToldTheExecutionLimits(t *testing.T) {
 // group when another), its true score the sandbox's grade of the
 // solution, its seconds 0.
 func TestCopiesOfASolutionAreExecutedOnceInARun(t *testing.T) {
-	t.Parallel()
 	dir, _ := housingTask(t)
 	task, err := sandbox.LoadTask(dir)
 	if err != nil {

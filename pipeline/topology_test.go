@@ -14,7 +14,6 @@ import (
 // on one of the two subjects trajectories come on and not the other: the
 // other's trajectories would pass that stage without a word.
 func TestATopologyIsRefusedSayingWhy(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct{ name, yaml, err string }{
 		{"unknown stage", "stages: {rout: {in: {traj: wmrl.r.x}}}", `unknown stage "rout"`},
 		{"unknown port", "stages: {route: {in: {pred: wmrl.r.x}}}", `stage route has no in port "pred"`},

@@ -101,7 +101,6 @@ func trainedOverHTTP(t *testing.T, anchorFraction float64) (context.Context, *Pi
 }
 
 func TestTrainerOverHTTPAndNATS(t *testing.T) {
-	t.Parallel()
 	ctx, p, h := trainedOverHTTP(t, 0.25)
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 8, GroupSize: 8}
 
@@ -208,7 +207,6 @@ func TestTrainerOverHTTPAndNATS(t *testing.T) {
 }
 
 func TestGatewayRejectsBadRequestsAndChangesNothing(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken = SourceExternal, "127.0.0.1:0", token
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -271,7 +269,6 @@ func TestGatewayRejectsBadRequestsAndChangesNothing(t *testing.T) {
 // TestPythonClient runs the standard-library Python client as a trainer,
 // over HTTP and over HTTPS under a CA of the test's own.
 func TestPythonClient(t *testing.T) {
-	t.Parallel()
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 not installed")
@@ -350,7 +347,6 @@ func TestPythonClient(t *testing.T) {
 // with every fused advantage as it recomputes it, having said the wait
 // once.
 func TestAPythonTrainerOutlivesARestartOfTheRun(t *testing.T) {
-	t.Parallel()
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 not installed")
@@ -439,7 +435,6 @@ func (d *demoTrainer) finish(what string) {
 // the run planned already is refused at once (409), told the run's next
 // step, and nothing is stored; from the next step on it trains as before.
 func TestATrainerResumedFromACheckpointIsToldTheNextStep(t *testing.T) {
-	t.Parallel()
 	_, p, h := trainedOverHTTP(t, DefaultConfig().Anchors.Fraction)
 	var steps struct {
 		Planned, Fused *int64
@@ -501,7 +496,6 @@ func TestATrainerResumedFromACheckpointIsToldTheNextStep(t *testing.T) {
 // trajectory's de-duplication ID holds its step, so a later step's are not
 // dropped as copies of the first's (they were, and step 1 waited for ever).
 func TestATrainerMayReuseItsIdsEveryStep(t *testing.T) {
-	t.Parallel()
 	_, _, h := trainedOverHTTP(t, 0.25)
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 4, GroupSize: 4}
 	for step := int64(0); step < 3; step++ {
@@ -534,7 +528,6 @@ func TestATrainerMayReuseItsIdsEveryStep(t *testing.T) {
 // of its group alone, and a request sent again as the same messages,
 // stored once.
 func TestTheGatewayStoresAGroupAsOneMessage(t *testing.T) {
-	t.Parallel()
 	_, nc, _, h := startTrainerRun(t)
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 3, GroupSize: 4}
 	trajs, wm := pol.Step(0)
@@ -620,7 +613,6 @@ func publishAsAnotherGateway(t *testing.T, ctx context.Context, js jetstream.Jet
 // trajectories): a trainer that sends its groups straight to NATS and asks
 // the gateway where to resume is not told to resume into a step it sent.
 func TestTheNextStepCountsTrajsMessages(t *testing.T) {
-	t.Parallel()
 	ctx, _, js, h := startTrainerRun(t)
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 2, GroupSize: 2}
 	stepOf := func(n int64) []schemas.Trajectory { trajs, _ := pol.Step(n); return trajs[:2] }
@@ -723,7 +715,6 @@ func TestATrajectoryIdTwoGroupsOfAStepShareIsRefused(t *testing.T) {
 // before (a world model sampled anew each time); the default answers it
 // from the score given (TestTrainerOverHTTPAndNATS).
 func TestARewardMemoryOfNothingAsksEachTime(t *testing.T) {
-	t.Parallel()
 	cfg := testConfig(t)
 	cfg.Source, cfg.HTTPAddr, cfg.RewardMemory = SourceExternal, "127.0.0.1:0", 0
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -753,7 +744,6 @@ func TestARewardMemoryOfNothingAsksEachTime(t *testing.T) {
 // for those ids were the old rollouts', without a word anywhere; then the
 // gateway answered 202 and only route's dead letters said so.
 func TestATrainerResentIntoAStepWithOtherRolloutsIsRefused(t *testing.T) {
-	t.Parallel()
 	ctx, nc, js, h := startTrainerRun(t)
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 2, GroupSize: 4}
 	before, wm := pol.Step(0)
@@ -819,7 +809,6 @@ func TestATrainerResentIntoAStepWithOtherRolloutsIsRefused(t *testing.T) {
 // takes 16 MiB), goes through the Python client in several requests and is
 // fused whole: 1,024 trajectories of 20 kB.
 func TestPythonClientSendsAStepLargerThanARequest(t *testing.T) {
-	t.Parallel()
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 not installed")
@@ -859,7 +848,6 @@ func watchedOverHTTP(t *testing.T, edit func(*Config)) (*Pipeline, httpTrainer, 
 // planned on --step-timeout with what came: the step is fused, and the
 // run says what was short and how to stop waiting, and counts it.
 func TestAStepShortOfItsWatermarkIsSaid(t *testing.T) {
-	t.Parallel()
 	p, h, out := watchedOverHTTP(t, func(cfg *Config) { cfg.StepTimeout = time.Second })
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 4, GroupSize: 4}
 	trajs, wm := pol.Step(0)
@@ -888,7 +876,6 @@ func TestAStepShortOfItsWatermarkIsSaid(t *testing.T) {
 // --stuck-after, naming the subject to send it on; it is planned once the
 // watermark comes.
 func TestAStepWithoutItsWatermarkIsSaid(t *testing.T) {
-	t.Parallel()
 	_, h, out := watchedOverHTTP(t, func(cfg *Config) { cfg.StuckAfter = time.Second })
 	pol := sim.Policy{Run: "default", Tasks: 8, Groups: 4, GroupSize: 4}
 	trajs, wm := pol.Step(0)
@@ -910,7 +897,6 @@ func TestAStepWithoutItsWatermarkIsSaid(t *testing.T) {
 // why. Before, the three were cut off (the reward request, later, with a
 // 503), and the trainer had to send again.
 func TestAStoppingGatewayLetsItsRequestsEnd(t *testing.T) {
-	t.Parallel()
 	gate := make(chan struct{})
 	judge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		<-gate
@@ -1012,7 +998,6 @@ func TestAStoppingGatewayLetsItsRequestsEnd(t *testing.T) {
 // (--http-drain) runs out is answered 503, saying why, which its client
 // asks again elsewhere, rather than have its connection cut.
 func TestARewardTheDrainOutlastsIsA503(t *testing.T) {
-	t.Parallel()
 	gate := make(chan struct{})
 	judge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -1062,7 +1047,6 @@ func TestARewardTheDrainOutlastsIsA503(t *testing.T) {
 // gateway, which takes over the stages, and every step's fused
 // advantages still match, with nothing started again.
 func TestAPythonTrainerOutlivesItsActiveProcess(t *testing.T) {
-	t.Parallel()
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 not installed")

@@ -30,7 +30,6 @@ import (
 // flight: the first requests wait until one more than that are in flight
 // (or a second passes), so a limit not passed on shows up as one too many.
 func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
-	t.Parallel()
 	const concurrency = 3
 	var mu sync.Mutex
 	calls, inflight, maxIn := 0, 0, 0
@@ -187,7 +186,6 @@ func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
 // The world model is a real openai connector against a real HTTP server
 // that answers 503 while down.
 func TestPipelineGivesUpOnADownWorldModelUntilItIsBack(t *testing.T) {
-	t.Parallel()
 	var down atomic.Bool
 	var requests atomic.Int32
 	down.Store(true)
@@ -297,7 +295,6 @@ func TestPipelineGivesUpOnADownWorldModelUntilItIsBack(t *testing.T) {
 // waves of them (2 x --wm-concurrency) fail with no answer between: the
 // run goes on, and once the server answers again, so does the world model.
 func TestPipelineGivesUpOnAWorldModelThatNeverAnswers(t *testing.T) {
-	t.Parallel()
 	var hung atomic.Bool
 	hung.Store(true)
 	stop := make(chan struct{})
@@ -344,7 +341,6 @@ func TestPipelineGivesUpOnAWorldModelThatNeverAnswers(t *testing.T) {
 // as vLLM answers it) leaves every trajectory ungraded; the run says why,
 // with the server's answer, rather than only counting them.
 func TestAWorldModelRefusingEveryRequestIsSaid(t *testing.T) {
-	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNotFound)
 		w.Write([]byte(`{"object":"error","message":"The model ` + "`qwen-typo`" + ` does not exist.","type":"NotFoundError","code":404}`))
@@ -376,7 +372,6 @@ func TestAWorldModelRefusingEveryRequestIsSaid(t *testing.T) {
 // The gateway's reward endpoints say it too: a trainer whose every reward
 // comes back null learns why from the run.
 func TestAWorldModelRefusingTheGatewayIsSaid(t *testing.T) {
-	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"error":"invalid api key"}`, http.StatusUnauthorized)
 	}))
