@@ -65,12 +65,12 @@ func downUntilStep2(t *testing.T, cfg Config, gauge func(*Metrics) prometheus.Ga
 			wasDown.Store(testutil.ToFloat64(gauge(p.Load().Metrics())) == 1)
 			back(p.Load())
 			// Hold this update until a probe has found the service back,
-			// or for 3 s: longer than the tests' probe interval (100 ms)
-			// and a hung call's timeout (1 s), so that the next call is a
-			// probe. Without the race detector the 9 steps left took
-			// 130 ms, and sometimes went by before any probe was due,
-			// leaving the service down to the end.
-			for deadline := time.Now().Add(3 * time.Second); testutil.ToFloat64(gauge(p.Load().Metrics())) == 1 && time.Now().Before(deadline); {
+			// or for a second: longer than the tests' probe interval
+			// (100 ms) and a hung call's timeout (200 ms), so that the
+			// next call is a probe. Without the race detector the 9 steps
+			// left took 130 ms, and sometimes went by before any probe
+			// was due, leaving the service down to the end.
+			for deadline := time.Now().Add(time.Second); testutil.ToFloat64(gauge(p.Load().Metrics())) == 1 && time.Now().Before(deadline); {
 				time.Sleep(5 * time.Millisecond)
 			}
 		}

@@ -314,10 +314,7 @@ func TestPipelineGivesUpOnAWorldModelThatNeverAnswers(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Steps = 12
 	cfg.WorldModel, cfg.WMURL, cfg.WMModel = "openai", srv.URL+"/v1", "judge"
-	// The hung server never answers, so any timeout finds it down; an
-	// answering one took more than 200 ms here with the package's tests 4
-	// at a time under the race detector, and was found down again.
-	cfg.WMTimeout, cfg.WMRetries, cfg.WMConcurrency = time.Second, 5, 4
+	cfg.WMTimeout, cfg.WMRetries, cfg.WMConcurrency = 200*time.Millisecond, 5, 4
 	cfg.WMProbeEvery = 100 * time.Millisecond
 	ups, out := downUntilStep2(t, cfg, func(m *Metrics) prometheus.Gauge { return m.WMDown }, func(*Pipeline) { hung.Store(false) })
 	if len(ups) != 12 {
