@@ -16,15 +16,15 @@ build:
 # far more than they compute, on leases' TTLs, ack waits, reconnects and
 # servers that do not answer. natsjs's lease, bucket and checkpoint tests
 # took 169 s for 38 s of CPU; pipeline's 13 that use under 40% of a core
-# took 85 s for 19 s one after another. Every cmd/wmrl test is parallel
-# but the 3 that set the environment or the working directory. A test
-# that sets a package variable or the environment stays serial: go runs
-# the parallel ones once every serial one of the package has ended.
-# Pipeline's other tests stay serial too: all of them 4 at a time took
-# its binary from 277 s to 166 s here, but in CI two failed on what the
-# sandbox does with four runs at once (unshare: "sigprocmask unblock
-# failed"; fewer anchor groups late than the test waited for), and the
-# cores were full anyway (make test's CPU rose from 693 s to 792 s).
+# took 85 s for 19 s one after another, and cmd/wmrl's 2, 27 s for 5 s. A
+# test that sets a package variable or the environment stays serial: go
+# runs the parallel ones once every serial one of the package has ended.
+# The other tests of pipeline and cmd/wmrl stay serial too: all of them 4
+# at a time took pipeline's binary from 277 s to 166 s here, but in CI
+# tests that run real sandboxes failed with four runs at once (unshare:
+# "sigprocmask unblock failed"; fewer anchor groups late than awaited; a
+# sandbox's "Cannot fork" beside cmd/wmrl's), and the cores were full
+# anyway (make test's CPU rose from 693 s to 792 s).
 #
 # go test starts packages in the order named, two at a time; ./... names
 # them alphabetically, and pipeline's tests (the longest) began once three

@@ -20,7 +20,6 @@ import (
 // settings, prints its table, and puts it in the
 // report; --expect-seeds 0 leaves it out, and 1 is refused.
 func TestAuditSaysWhatToExpect(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := finishedRun(ctx, t, 30, func(cfg *pipeline.Config) {
@@ -104,7 +103,6 @@ func TestAuditSaysWhatToExpect(t *testing.T) {
 // times against it, the late groups' times included (from their late
 // rows); --anchor-deadline replaces the recorded one.
 func TestAuditSetsTheExecutionTimesAgainstTheDeadline(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := finishedRun(ctx, t, 12, func(cfg *pipeline.Config) {

@@ -19,7 +19,6 @@ import (
 // merged by wmrl compact, holds the same rows in the same order, and a
 // replay over it still reproduces the run exactly.
 func TestCompactedArchiveReplaysTheSame(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := finishedRun(ctx, t, 40, func(cfg *pipeline.Config) {
@@ -77,7 +76,6 @@ func finishedRun(ctx context.Context, t *testing.T, steps int64, set func(*pipel
 // changed writes the replayed rows and, beside them, a PNG of what the
 // setting changed; the per-step table is printed only with --steps.
 func TestReplayUnderOtherSettingsDrawsWhatChanged(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := finishedRun(ctx, t, 20, func(cfg *pipeline.Config) {

@@ -28,7 +28,6 @@ func writeConfig(t *testing.T, text string) string {
 // a list for a flag given once per value, snake_case names too; the
 // command line wins over it.
 func TestAConfigFileSetsTheFlags(t *testing.T) {
-	t.Parallel()
 	path := writeConfig(t, `
 # the job's settings
 run: mle-9b
@@ -71,7 +70,6 @@ rho: reference
 
 // What a config file gets wrong is named: file, line, setting and why.
 func TestAConfigFileSaysWhatIsWrong(t *testing.T) {
-	t.Parallel()
 	for text, want := range map[string]string{
 		"anchor-fraction: 0.1\nanchor-fractoin: 0.2\n": `wmrl.yaml:2: wmrl run has no setting "anchor-fractoin" (did you mean "anchor-fraction"?)`,
 		"bins: [1, 2]\n":         `wmrl.yaml:1: bins: takes one value, not a list`,
@@ -104,7 +102,6 @@ func TestAConfigFileSaysWhatIsWrong(t *testing.T) {
 // wmrl run --config runs the job the file describes, the command line
 // overriding it.
 func TestRunReadsItsConfigFile(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	path := writeConfig(t, "steps: 5\nlisten: 127.0.0.1:0\nanchor-fraction: 0.25\ndata: "+t.TempDir()+"\n")

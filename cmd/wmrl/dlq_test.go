@@ -34,7 +34,6 @@ func wmrl(ctx context.Context, args ...string) (string, error) {
 // shows one that comes later; a stopped pipeline's data directory reads the
 // same, and a running one's is refused rather than opened twice.
 func TestDeadLettersAreShownWithTheirReasons(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	p, cfg, js := startExternal(t, ctx)
@@ -209,7 +208,6 @@ func waitUntil(t *testing.T, d time.Duration, ok func() bool) {
 // on its subject again, as it was, removes it from the dead letters, and
 // keeps the rejected input; --follow is refused with it.
 func TestResendSendsBackWhatAnOutageGaveUp(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	p, _, js := startExternal(t, ctx)
@@ -336,7 +334,6 @@ func TestFollowOutlivesARestartOfTheRun(t *testing.T) {
 // A dead letter whose payload was cut to fit says so on its line, with
 // where the whole is, instead of reading as a payload that is not JSON.
 func TestACutDeadLetterSaysWhereTheWholeIs(t *testing.T) {
-	t.Parallel()
 	line := dlqLine(schemas.DeadLetter{Stage: "route", Subject: "wmrl.default.traj", Reason: "route: invalid message: schema 2",
 		Payload: `{"schema":2,"run":"default","step":0,"response":"`, PayloadBytes: 1024153, Seq: 41})
 	if want := "[payload cut to 49 of 1024153 bytes; the whole at stream sequence 41]  route: invalid message: schema 2"; !strings.Contains(line, want) {

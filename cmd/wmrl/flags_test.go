@@ -21,7 +21,6 @@ import (
 // The calibration flags of run and stage land in the debiaser's config, and
 // left alone they keep the project's defaults.
 func TestCalibrationFlagsReachTheDebiaser(t *testing.T) {
-	t.Parallel()
 	parse := func(args ...string) pipeline.Config {
 		cfg := pipeline.DefaultConfig()
 		var estimator string
@@ -98,7 +97,6 @@ func TestNATSAuthComesFromTheEnvironmentAndTheFlags(t *testing.T) {
 // (here its closing line); before, it printed nothing at all, warnings
 // included.
 func TestQuietLeavesOutTheStepsAlone(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	out, err := wmrl(ctx, "run", "--steps", "4", "--quiet", "--data", t.TempDir(), "--listen", "127.0.0.1:0")
@@ -118,7 +116,6 @@ func TestQuietLeavesOutTheStepsAlone(t *testing.T) {
 // --anchor-deadline -1s read the archive's own, unsaid; wm-eval's --groups
 // -1 evaluated every group and its --wm-retries -1 tried each call once.
 func TestAFlagThatCannotBeZeroSaysSo(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	conf := filepath.Join(t.TempDir(), "run.yaml")
 	if err := os.WriteFile(conf, []byte("exec-slots: 0\n"), 0o644); err != nil {
@@ -168,7 +165,6 @@ func TestAFlagThatCannotBeZeroSaysSo(t *testing.T) {
 // run, stage and serve (serve's whole list), compact's --max-rows 0 and
 // wm-eval's --concurrency 0 ran with their defaults and said nothing.
 func TestEveryNumericFlagSaysWhatItsZeroDoes(t *testing.T) {
-	t.Parallel()
 	zeroSays := regexp.MustCompile(`(^|[^0-9.])0( [a-z]+)?: `)
 	// Refused by the command's own checks, with a reason of their own;
 	// args keep the command from doing more than check, were it to take 0.
@@ -221,7 +217,6 @@ func TestEveryNumericFlagSaysWhatItsZeroDoes(t *testing.T) {
 // `wmrl stage` without a stage's name lists the stages, where cobra said
 // "accepts 1 arg(s), received 0".
 func TestStageWithoutANameListsThem(t *testing.T) {
-	t.Parallel()
 	want := "stage NAME: name one stage (route, predict, execute, pair, calibrate, fuse, archive); got 0"
 	if out, err := wmrl(context.Background(), "stage", "--nats", "nats://127.0.0.1:1"); err == nil || err.Error() != want {
 		t.Errorf("wmrl stage: %v\n%s\nwant %q", err, out, want)
@@ -233,7 +228,6 @@ func TestStageWithoutANameListsThem(t *testing.T) {
 // embedded server's; run refuses those with --nats. Before, each of these
 // was taken and did nothing, and serve's help listed 80 flags (31 now).
 func TestAProcessTakesOnlyTheSettingsItReads(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	conf := filepath.Join(t.TempDir(), "gateway.yaml")
 	if err := os.WriteFile(conf, []byte("http: 127.0.0.1:1\nanchor-fraction: 0.2\n"), 0o644); err != nil {

@@ -65,7 +65,6 @@ func TestMain(m *testing.M) {
 // checkpoint and the pairs after it (the stored map versions are exactly
 // those a fresh replay of the stored pairs gives).
 func TestSIGKILLLosesNothing(t *testing.T) {
-	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}

@@ -50,7 +50,6 @@ func memoryCgroup(t *testing.T, limit int64) (procs string) {
 // a soft limit of 90% of it and says so; AUTOMEMLIMIT sets another share,
 // and GOMEMLIMIT set by hand is left as it is.
 func TestARunFollowsItsContainersMemoryLimit(t *testing.T) {
-	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}

@@ -8,7 +8,6 @@ import (
 )
 
 func TestProgressWritesWholeLinesOffTerminal(t *testing.T) {
-	t.Parallel()
 	var buf bytes.Buffer
 	bar := newProgressBar(&buf)
 	if bar.terminal {
@@ -41,7 +40,6 @@ func TestProgressWritesWholeLinesOffTerminal(t *testing.T) {
 }
 
 func TestProgressRedrawsOneLineOnTerminal(t *testing.T) {
-	t.Parallel()
 	var buf bytes.Buffer
 	bar := newProgressBar(&buf)
 	bar.terminal = true // what isTerminal says of a tty
@@ -65,7 +63,6 @@ func TestProgressRedrawsOneLineOnTerminal(t *testing.T) {
 }
 
 func TestIsTerminal(t *testing.T) {
-	t.Parallel()
 	f, err := os.CreateTemp(t.TempDir(), "log")
 	if err != nil {
 		t.Fatal(err)

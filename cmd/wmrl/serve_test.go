@@ -72,7 +72,6 @@ type lockedBuffer = stagetest.Output
 // against `wmrl run --source external --http`, then through `wmrl serve`
 // fronting the same pipeline from another process.
 func TestPythonTrainerAgainstTheBinary(t *testing.T) {
-	t.Parallel()
 	py, err := exec.LookPath("python3")
 	if testing.Short() || err != nil {
 		t.Skip("needs the binary and python3")

@@ -14,7 +14,6 @@ import (
 )
 
 func TestPickMethods(t *testing.T) {
-	t.Parallel()
 	names := func(ms []rl.Method) string {
 		var out []string
 		for _, m := range ms {
@@ -41,7 +40,6 @@ func TestPickMethods(t *testing.T) {
 // The header names the calibration cadence in force, defaults filled in,
 // and the first fit where the cadence puts it (not at --min-pairs alone).
 func TestCalibrationLine(t *testing.T) {
-	t.Parallel()
 	cfg := rl.DefaultConfig()
 	if got, want := calibrationLine(cfg), "first isotonic fit at 200 anchor pairs, then every 64; until then the map is flat at the anchors' mean true score"; got != want {
 		t.Errorf("default: %q, want %q", got, want)
@@ -57,7 +55,6 @@ func TestCalibrationLine(t *testing.T) {
 // the shape the flags give, and says where it placed it; it refuses what
 // it cannot place and the flags it replaces.
 func TestSimAtARankCorrelation(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	dir := t.TempDir()
 	out, err := wmrl(ctx, "sim", "--rank-corr", "0.4", "--seeds", "2", "--steps", "40", "--groups", "4", "--group-size", "4", "--out", dir, "--json")
@@ -98,7 +95,6 @@ func TestSimAtARankCorrelation(t *testing.T) {
 // refused by the anchor scheduler, as "route: invalid config: fraction
 // 3", before the benchmark's own check could name it.
 func TestSimRefusesASettingByItsName(t *testing.T) {
-	t.Parallel()
 	out, err := wmrl(context.Background(), "sim", "--out", t.TempDir(), "--anchor-fraction", "3")
 	if want := "sim: rl: --anchor-fraction 3: want [0, 1]"; err == nil || err.Error() != want {
 		t.Errorf("sim --anchor-fraction 3: %v; want %q\n%s", err, want, out)

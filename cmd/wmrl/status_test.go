@@ -54,7 +54,6 @@ func TestAReaderWhereNoRunRanSaysWhatToGiveAndMakesNothing(t *testing.T) {
 // on a stopped run's data the backlog that came in after it stopped, with
 // no pull waiting for it.
 func TestStatusShowsWhereTheRunIs(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	p, cfg, js := startExternal(t, ctx)
@@ -222,7 +221,6 @@ func consumerOf(doc statusDoc, name string) *consumerDoc {
 // whether it was given up (a service down) or rejected, and a long reason
 // is cut to one short line.
 func TestStatusTellsAnOutageFromBadInput(t *testing.T) {
-	t.Parallel()
 	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	reason := "gave up at once: the world model is down since 11:59:00 after 5 failures in a row: " + strings.Repeat("503 ", 100)
 	st := &pipeline.Status{Stream: "S", DeadLetters: 7,
@@ -302,7 +300,6 @@ func TestStatusTellsAnOutageFromBadInput(t *testing.T) {
 // while a later one is shows as held back, with what it waits for and
 // where to look; those after the last fused step as being fused.
 func TestStatusNamesStepsHeldBehindLaterOnes(t *testing.T) {
-	t.Parallel()
 	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	st := &pipeline.Status{Stream: "WMRL_WMRL", LastUpdate: &schemas.Update{Step: 5}, LastUpdateAt: now,
 		Unfused: []pipeline.UnfusedStep{{Step: 1, Planned: now.Add(-20 * time.Minute)}, {Step: 6, Planned: now.Add(-time.Second)}}}
@@ -324,7 +321,6 @@ func TestStatusNamesStepsHeldBehindLaterOnes(t *testing.T) {
 // not: a trainer that crashed during step 7 resumes at 8, not into the
 // step holding its old rollouts.
 func TestTheNextStepIsPastTheNewestTrajectorysStep(t *testing.T) {
-	t.Parallel()
 	seven, three := int64(7), int64(3)
 	for _, tc := range []struct {
 		st   pipeline.Status
@@ -347,7 +343,6 @@ func TestTheNextStepIsPastTheNewestTrajectorysStep(t *testing.T) {
 // JSON has every stage, with a null holder for those. A holder known to
 // no longer run is said to be so, with when its lease lapses.
 func TestStatusSaysWhoRunsEachOnePerRunStage(t *testing.T) {
-	t.Parallel()
 	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	a := &natsjs.Holder{Host: "h1", PID: 4242, Since: now.Add(-time.Hour), ID: "a"}
 	b := &natsjs.Holder{Host: "h2", PID: 7, Since: now.Add(-time.Minute), ID: "b"}
@@ -387,7 +382,6 @@ func TestStatusSaysWhoRunsEachOnePerRunStage(t *testing.T) {
 // for one stored without them (by a stage in fuse's place, or before they
 // were added).
 func TestStatusCountsTheAnchorGroupsThatMissedTheDeadline(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var mu sync.Mutex

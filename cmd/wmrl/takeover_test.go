@@ -26,7 +26,6 @@ import (
 // watermark) is given to it again at once, not after the consumers'
 // AckWait (30 s). Between the two, status says the holder is gone.
 func TestAStageKilledIsTakenOverAtOnceOnItsMachine(t *testing.T) {
-	t.Parallel()
 	killedAndTakenOver(t, false)
 }
 

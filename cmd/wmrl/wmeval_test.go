@@ -112,7 +112,6 @@ func executedTruth(t *testing.T, root string) ([]archive.Row, map[string]float64
 // An archive without code, and a call without the model, are refused
 // with the reason.
 func TestWMEvalSetsAWorldModelAgainstTheRecordedOne(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	archiveOf := func(code bool) string { return simulatedArchive(t, ctx, code) }
@@ -194,7 +193,6 @@ func TestWMEvalSetsAWorldModelAgainstTheRecordedOne(t *testing.T) {
 // advantage gained; one that reads past the claim gains nothing. The CSV
 // has each trajectory's score with the claim.
 func TestWMEvalMeasuresWhatAClaimInTheCodeBuys(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	root := simulatedArchive(t, ctx, true)
