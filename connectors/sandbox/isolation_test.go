@@ -228,6 +228,31 @@ func TestAnInterpreterInTmpStaysInView(t *testing.T) {
 	}
 }
 
+// TestTheCheckIsNotBoundBySolutionsWallClock: the check before a run gave
+// python the solutions' wall clock. With one of a second, a python that
+// took longer to start (a loaded machine: CI, at --exec-timeout 1s) failed
+// the check, and the run was refused with unshare's words for its child's
+// SIGKILL: "(exit code 1): unshare: sigprocmask unblock failed". The check
+// now gives it checkWallClock at least; solutions keep their own.
+func TestTheCheckIsNotBoundBySolutionsWallClock(t *testing.T) {
+	venv, err := os.MkdirTemp("", "wmrl-slow-python-") // readable by the user the code runs as
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(venv) })
+	os.Chmod(venv, 0o755)
+	python := filepath.Join(venv, "python")
+	os.WriteFile(python, []byte("#!/bin/sh\nsleep 2\nexec python3 \"$@\"\n"), 0o755)
+	s := exe(housing(t))
+	s.Command, s.Limits.Timeout = []string{python, "solution.py"}, time.Second
+	if v, err := s.Check(context.Background()); err != nil || !strings.Contains(v, "python") {
+		t.Fatalf("check of a python 2 s to start, with solutions' wall clock of 1 s: %q %v; want its version", v, err)
+	}
+	if r := run1(t, s, "print('hi')\n"); r.status != schemas.ExecTimedOut || r.detail != "killed after 1s, its wall-clock limit" {
+		t.Errorf("a solution run by it: %s: %s; want killed at its own wall clock of 1 s", r.status, r.detail)
+	}
+}
+
 func TestWhatOfTmpTheCodeKeeps(t *testing.T) {
 	real, err := os.MkdirTemp("/tmp", "wmrl-real-python-")
 	if err != nil {

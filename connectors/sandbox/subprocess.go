@@ -168,17 +168,29 @@ func (s *Subprocess) Check(ctx context.Context) (string, error) {
 	if err := s.checkHidden(); err != nil {
 		return "", err
 	}
-	run, err := s.run(ctx, "import sys; print(sys.executable, sys.version.split()[0])", false)
+	wall := max(s.limits().Timeout, checkWallClock)
+	run, err := s.run(ctx, "import sys; print(sys.executable, sys.version.split()[0])", false, wall)
 	switch {
 	case err != nil:
 		return "", err
-	case !run.Started && !run.TimedOut:
+	case run.TimedOut:
+		return "", fmt.Errorf("sandbox: python, run as the code's user, did not print its version within %v", wall)
+	case !run.Started:
 		return "", fmt.Errorf("sandbox: python does not run as the code's user: %s", cmp.Or(run.Shell, lastLines(run.Stderr, 3)))
-	case run.TimedOut || run.ExitCode != 0:
+	case run.ExitCode != 0:
 		return "", fmt.Errorf("sandbox: python does not run as the code's user (exit code %d): %s", run.ExitCode, lastLines(run.Stderr, 3))
 	}
 	return strings.TrimSpace(run.Stdout), nil
 }
+
+// checkWallClock is the least wall clock Check gives python to print its
+// version. The check is no solution's run: a wall clock for quick
+// solutions (one second) refused whole runs before they started, when
+// python took longer than that to start on a loaded machine. Killed at
+// its limit, util-linux's unshare before 2.39 did not even say so: it
+// cannot pass on its child's SIGKILL, and says "sigprocmask unblock
+// failed" instead.
+const checkWallClock = 30 * time.Second
 
 // lookPath finds name as the code's shell does, in the code's PATH.
 func (s *Subprocess) lookPath(name string) (string, bool) {
@@ -201,11 +213,12 @@ func (s *Subprocess) lookPath(name string) (string, bool) {
 // Run executes code in a fresh directory and returns what happened. An
 // error means the sandbox itself failed (not the code).
 func (s *Subprocess) Run(ctx context.Context, code string) (Run, error) {
-	return s.run(ctx, code, true)
+	return s.run(ctx, code, true, s.limits().Timeout)
 }
 
-// run is Run, with the task's public data copied in or not.
-func (s *Subprocess) run(ctx context.Context, code string, data bool) (run Run, err error) {
+// run is Run, with the task's public data copied in or not, killed after
+// wall of wall clock.
+func (s *Subprocess) run(ctx context.Context, code string, data bool, wall time.Duration) (run Run, err error) {
 	uid, free, err := s.user(ctx)
 	if err != nil {
 		return Run{}, err
@@ -237,9 +250,9 @@ func (s *Subprocess) run(ctx context.Context, code string, data bool) (run Run, 
 		kib = fmt.Sprint(l.MemoryBytes / 1024)
 	}
 	script := fmt.Sprintf(shellScript, kib, l.CPUSeconds, l.OpenFiles, l.Processes)
-	run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), true, uid, gpus)
+	run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), true, uid, gpus, wall)
 	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL) {
-		run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), false, uid, gpus)
+		run, err = s.start(ctx, dir, append([]string{"/bin/sh", "-c", script, "sandbox"}, cmdline...), false, uid, gpus, wall)
 	}
 	if err != nil {
 		return Run{}, err
@@ -325,7 +338,8 @@ func (c *capped) String() string {
 }
 
 // start runs argv, a shell that runs the code as its child, as uid when
-// root; isolate puts it in network, PID and IPC namespaces of its own.
+// root, for wall of wall clock at most; isolate puts it in network, PID
+// and IPC namespaces of its own.
 //
 // What start starts is killed when wmrl dies, however it dies: killed
 // (SIGKILL, the OOM killer) before its timer could stop the code, wmrl
@@ -335,7 +349,7 @@ func (c *capped) String() string {
 // that started the process ends, not the process: the goroutine stays on
 // that thread until the process is reaped, so that the Go runtime cannot
 // end the thread under it.
-func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolate bool, uid uint32, gpus []string) (Run, error) {
+func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isolate bool, uid uint32, gpus []string, wall time.Duration) (Run, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	attr := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -393,7 +407,7 @@ func (s *Subprocess) start(ctx context.Context, dir string, argv []string, isola
 	pgid := cmd.Process.Pid
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	timer := time.NewTimer(l.Timeout)
+	timer := time.NewTimer(wall)
 	defer timer.Stop()
 	run := Run{Isolated: isolate}
 	full := make(chan int64, 1)
