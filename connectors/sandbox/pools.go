@@ -3,6 +3,9 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -59,7 +62,8 @@ func (s *Subprocess) waitingFor(what string) func(int) {
 func (p *pool[T]) give(it T) { p.free <- it }
 
 // user is the uid an execution runs as (as root), and gives it back with
-// free: one of UIDs to itself, else RunAs.
+// free: one of UIDs to itself, claimed among every wmrl process on this
+// machine (claimUID), else RunAs.
 func (s *Subprocess) user(ctx context.Context) (uid uint32, free func(), err error) {
 	if len(s.UIDs) == 0 || os.Geteuid() != 0 {
 		if s.RunAs == 0 {
@@ -68,10 +72,104 @@ func (s *Subprocess) user(ctx context.Context) (uid uint32, free func(), err err
 		return s.RunAs, func() {}, nil
 	}
 	uids := &s.owner().uids
-	if uid, err = uids.take(ctx, s.UIDs, s.waitingFor("user")); err != nil {
-		return 0, nil, err
+	waiting, counted := s.waitingFor("user"), false
+	defer func() {
+		if counted {
+			waiting(-1)
+		}
+	}()
+	for tried := 1; ; tried++ {
+		tell := waiting
+		if counted {
+			tell = nil // counted as waiting already
+		}
+		if uid, err = uids.take(ctx, s.UIDs, tell); err != nil {
+			return 0, nil, err
+		}
+		claim, err := claimUID(uid)
+		if err != nil {
+			uids.give(uid)
+			return 0, nil, err
+		}
+		if claim != nil {
+			return uid, func() { killUser(uid); unclaim(claim); uids.give(uid) }, nil
+		}
+		// Another process on this machine runs an execution as uid.
+		uids.give(uid)
+		if tried%len(s.UIDs) == 0 { // as many as there are: wait, try again
+			if waiting != nil && !counted {
+				waiting(1)
+				counted = true
+			}
+			select {
+			case <-ctx.Done():
+				return 0, nil, ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
 	}
-	return uid, func() { killUser(uid); uids.give(uid) }, nil
+}
+
+// claimUID claims uid for an execution among every wmrl process on this
+// machine: a flock on its file in UIDClaims, held until unclaim. It
+// returns nil, and no error, when another process holds it.
+//
+// Users are taken back by killing whatever runs as them (killUser), so two
+// processes drawing on one range of --exec-uids (two runs on one machine,
+// a stage's two replicas) killed each other's executions when one ended,
+// and a solution killed so scored 0 as crashed; running as one user at
+// once, they could also read each other's files.
+func claimUID(uid uint32) (*os.File, error) {
+	dir := UIDClaims()
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("sandbox: claiming a user: %w", err)
+	}
+	// One made by another user (under a /run/lock every user writes)
+	// could be emptied by them.
+	if fi, err := os.Lstat(dir); err != nil {
+		return nil, fmt.Errorf("sandbox: claiming a user: %w", err)
+	} else if st, ok := fi.Sys().(*syscall.Stat_t); !fi.IsDir() || !ok || int(st.Uid) != os.Geteuid() {
+		return nil, fmt.Errorf("sandbox: %s, where wmrl processes claim the users of --exec-uids, is not a directory of this process's user (uid %d): remove it", dir, os.Geteuid())
+	}
+	path := filepath.Join(dir, strconv.FormatUint(uint64(uid), 10))
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: claiming user %d: %w", uid, err)
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	switch {
+	case err == nil:
+		return f, nil
+	case errors.Is(err, syscall.EWOULDBLOCK):
+		f.Close()
+		return nil, nil
+	default:
+		f.Close()
+		return nil, fmt.Errorf("sandbox: claiming user %d: %w", uid, err)
+	}
+}
+
+// unclaim gives a claimed user back. The flock goes with LOCK_UN, not only
+// with the close: a child forked elsewhere in this process holds a copy
+// of the descriptor until its exec.
+func unclaim(f *os.File) {
+	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	f.Close()
+}
+
+// UIDClaims is the directory where wmrl processes on this machine claim
+// the users of --exec-uids, a file each: /run/lock/wmrl-uids, the same for
+// every process whatever its TMPDIR (/tmp/wmrl-uids without /run/lock).
+func UIDClaims() string {
+	if fi, err := os.Stat("/run/lock"); err == nil && fi.IsDir() {
+		return "/run/lock/wmrl-uids"
+	}
+	return "/tmp/wmrl-uids"
 }
 
 // gpuSet takes a free set of GPUs for an execution, waiting for one, and

@@ -46,7 +46,9 @@ type Subprocess struct {
 	// submission): a policy can learn to. With a user of its own it
 	// cannot, and every process left under that user when it ends is
 	// killed, even one that left its process group (which its PID
-	// namespace ends anyway, where the kernel allows one).
+	// namespace ends anyway, where the kernel allows one). Other wmrl
+	// processes on the machine drawing on the same users wait for them
+	// as this one's executions do (UIDClaims).
 	UIDs []uint32
 	// GPUs are the sets of GPUs the executions at once share out: each
 	// execution takes a free set (it waits for one) and sees only those,
