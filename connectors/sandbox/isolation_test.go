@@ -229,54 +229,74 @@ func TestAnInterpreterInTmpStaysInView(t *testing.T) {
 	}
 }
 
-// TestTwoProcessesShareARangeOfUsers: each user of --exec-uids is taken
+// TestTwoProcessesShareUsersAndGPUs: each user of --exec-uids is taken
 // back by killing whatever runs as it. Two wmrl processes on one machine
 // given the same range (two runs, a stage's two replicas) ran executions
 // as one user at once, and the first to end killed the other's: a
-// solution that scored 0 as crashed by signal 9. A user is now claimed
-// machine-wide, and the other waits for it, counted as waiting for a user.
-// Two executors with pools of their own stand for the two processes (the
-// claim is a flock, which two opens of one file contend for in one process
-// too).
-func TestTwoProcessesShareARangeOfUsers(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("users of their own need root")
-	}
+// solution that scored 0 as crashed by signal 9. Given the same GPUs, they
+// ran two executions on one GPU at once. Each user and each GPU is now
+// claimed machine-wide, and the other waits for it, counted as waiting
+// for a user or for GPUs. Two executors with pools of their own stand for
+// the two processes (a claim is a flock, which two opens of one file
+// contend for in one process too); their GPU sets differ, and overlap.
+func TestTwoProcessesShareUsersAndGPUs(t *testing.T) {
 	task := housing(t)
-	var waits, waiting atomic.Int64
-	count := func(what string, d int) {
-		if what == "user" {
-			waiting.Add(int64(d))
-			if d > 0 {
-				waits.Add(1)
+	gpus := [][]string{{"wmrl-test-gpu-a", "wmrl-test-gpu-b"}, {"wmrl-test-gpu-b"}} // one set each
+	for _, c := range []struct {
+		what  string
+		share func(s *Subprocess, i int)
+	}{
+		{"user", func(s *Subprocess, i int) { s.UIDs = []uint32{2000000113} }},
+		{"gpus", func(s *Subprocess, i int) { s.GPUs = gpus[i : i+1] }},
+	} {
+		if c.what == "user" && os.Geteuid() != 0 {
+			t.Log("users of their own need root: GPUs only")
+			continue
+		}
+		var waits, waiting atomic.Int64
+		count := func(what string, d int) {
+			if what == c.what {
+				waiting.Add(int64(d))
+				if d > 0 {
+					waits.Add(1)
+				}
 			}
 		}
-	}
-	var runs [2]Run
-	var wg sync.WaitGroup
-	for i := range runs {
-		s := &Subprocess{Task: task, Limits: Limits{Timeout: 20 * time.Second}, UIDs: []uint32{2000000113}, Waiting: count}
-		// The second runs longer: the first ends while it runs.
-		code := fmt.Sprintf("import time\nprint(time.time())\ntime.sleep(%d)\nprint(time.time())\n", 1+i)
-		wg.Go(func() {
-			var err error
-			if runs[i], err = s.Run(context.Background(), code); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	wg.Wait()
-	var spans [2][2]float64
-	for i, r := range runs {
-		if _, err := fmt.Sscan(r.Stdout, &spans[i][0], &spans[i][1]); err != nil || !r.Started || r.ExitCode != 0 || r.Signal != 0 {
-			t.Fatalf("execution %d: exit code %d, signal %d, printed %q (%v); want both to run to their end", i+1, r.ExitCode, r.Signal, r.Stdout, err)
+		var runs [2]Run
+		var wg sync.WaitGroup
+		for i := range runs {
+			s := &Subprocess{Task: task, Limits: Limits{Timeout: 20 * time.Second}, Waiting: count}
+			c.share(s, i)
+			// The second runs longer: the first ends while it runs.
+			code := fmt.Sprintf("import os, time\nprint(time.time())\ntime.sleep(%d)\nprint(time.time(), os.environ.get('CUDA_VISIBLE_DEVICES'))\n", 1+i)
+			wg.Go(func() {
+				var err error
+				if runs[i], err = s.Run(context.Background(), code); err != nil {
+					t.Error(err)
+				}
+			})
 		}
-	}
-	if spans[0][0] < spans[1][1] && spans[1][0] < spans[0][1] {
-		t.Errorf("the two ran as one user at once: %v and %v", spans[0], spans[1])
-	}
-	if waits.Load() != 1 || waiting.Load() != 0 {
-		t.Errorf("waiting for a user: counted %d times, %d still; want the one that waited, once, and none left", waits.Load(), waiting.Load())
+		wg.Wait()
+		var spans [2][2]float64
+		for i, r := range runs {
+			var saw string
+			if _, err := fmt.Sscan(r.Stdout, &spans[i][0], &spans[i][1], &saw); err != nil || !r.Started || r.ExitCode != 0 || r.Signal != 0 {
+				t.Fatalf("%s: execution %d: exit code %d, signal %d, printed %q (%v); want both to run to their end", c.what, i+1, r.ExitCode, r.Signal, r.Stdout, err)
+			}
+			want := "None"
+			if c.what == "gpus" {
+				want = strings.Join(gpus[i], ",")
+			}
+			if saw != want {
+				t.Errorf("%s: execution %d saw GPUs %s, want %s", c.what, i+1, saw, want)
+			}
+		}
+		if spans[0][0] < spans[1][1] && spans[1][0] < spans[0][1] {
+			t.Errorf("%s: the two ran at once: %v and %v", c.what, spans[0], spans[1])
+		}
+		if waits.Load() != 1 || waiting.Load() != 0 {
+			t.Errorf("%s: waiting counted %d times, %d still; want the one that waited, once, and none left", c.what, waits.Load(), waiting.Load())
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -62,8 +63,15 @@ func (s *Subprocess) waitingFor(what string) func(int) {
 func (p *pool[T]) give(it T) { p.free <- it }
 
 // user is the uid an execution runs as (as root), and gives it back with
-// free: one of UIDs to itself, claimed among every wmrl process on this
-// machine (claimUID), else RunAs.
+// free: one of UIDs to itself, which no other wmrl process on the machine
+// holds either (takeClaimed), else RunAs.
+//
+// A user is taken back by killing whatever runs as it (killUser). Two
+// processes drawing on one range of --exec-uids (two runs on one machine,
+// a stage's two replicas) each took the whole range as their own: the
+// first execution to end as a user killed the other's, a solution that
+// scored 0 as crashed, and the two ran as one user at once, each able to
+// read the other's files.
 func (s *Subprocess) user(ctx context.Context) (uid uint32, free func(), err error) {
 	if len(s.UIDs) == 0 || os.Geteuid() != 0 {
 		if s.RunAs == 0 {
@@ -71,8 +79,35 @@ func (s *Subprocess) user(ctx context.Context) (uid uint32, free func(), err err
 		}
 		return s.RunAs, func() {}, nil
 	}
-	uids := &s.owner().uids
-	waiting, counted := s.waitingFor("user"), false
+	uid, release, err := takeClaimed(ctx, &s.owner().uids, s.UIDs, s.waitingFor("user"), "uids",
+		func(uid uint32) []string { return []string{strconv.FormatUint(uint64(uid), 10)} })
+	if err != nil {
+		return 0, nil, err
+	}
+	return uid, func() { killUser(uid); release() }, nil
+}
+
+// gpuSet takes a free set of GPUs for an execution, waiting for one, and
+// the func that gives it back (nil, without GPUs shared out). Another
+// wmrl process on the machine given the same GPUs (another run) gave them
+// out too: two trainings on one GPU, where one running out of the GPU's
+// memory crashes and scores 0. A GPU is claimed on the machine
+// (takeClaimed), each of a set's, so that processes that set them out
+// differently ("0,1 | 2,3" and "0 | 1 | 2 | 3") wait for each other too.
+func (s *Subprocess) gpuSet(ctx context.Context) (gpus []string, free func(), err error) {
+	if len(s.GPUs) == 0 {
+		return nil, func() {}, nil
+	}
+	return takeClaimed(ctx, &s.owner().gpus, s.GPUs, s.waitingFor("gpus"), "gpus", func(set []string) []string { return set })
+}
+
+// takeClaimed takes a free item of p (whose list is items) that no other
+// wmrl process of this user on the machine holds either: each of names(it)
+// is claimed with a flock on its file in claimsDir(kind). It waits for
+// one until ctx ends, telling waiting (if set) when it has to wait (+1)
+// and when that ends (-1); release gives the claims up and the item back.
+func takeClaimed[T any](ctx context.Context, p *pool[T], items []T, waiting func(int), kind string, names func(T) []string) (it T, release func(), err error) {
+	counted := false
 	defer func() {
 		if counted {
 			waiting(-1)
@@ -83,58 +118,58 @@ func (s *Subprocess) user(ctx context.Context) (uid uint32, free func(), err err
 		if counted {
 			tell = nil // counted as waiting already
 		}
-		if uid, err = uids.take(ctx, s.UIDs, tell); err != nil {
-			return 0, nil, err
+		if it, err = p.take(ctx, items, tell); err != nil {
+			return it, nil, err
 		}
-		claim, err := claimUID(uid)
-		if err != nil {
-			uids.give(uid)
-			return 0, nil, err
+		held, cerr := claimAll(kind, names(it))
+		if cerr != nil {
+			p.give(it)
+			return it, nil, cerr
 		}
-		if claim != nil {
-			return uid, func() { killUser(uid); unclaim(claim); uids.give(uid) }, nil
+		if held != nil {
+			return it, func() { unclaim(held); p.give(it) }, nil
 		}
-		// Another process on this machine runs an execution as uid.
-		uids.give(uid)
-		if tried%len(s.UIDs) == 0 { // as many as there are: wait, try again
+		// Another process on the machine holds it.
+		p.give(it)
+		if tried%len(items) == 0 { // as many as there are: wait, try again
 			if waiting != nil && !counted {
 				waiting(1)
 				counted = true
 			}
 			select {
 			case <-ctx.Done():
-				return 0, nil, ctx.Err()
+				return it, nil, ctx.Err()
 			case <-time.After(100 * time.Millisecond):
 			}
 		}
 	}
 }
 
-// claimUID claims uid for an execution among every wmrl process on this
-// machine: a flock on its file in UIDClaims, held until unclaim. It
-// returns nil, and no error, when another process holds it.
-//
-// Users are taken back by killing whatever runs as them (killUser), so two
-// processes drawing on one range of --exec-uids (two runs on one machine,
-// a stage's two replicas) killed each other's executions when one ended,
-// and a solution killed so scored 0 as crashed; running as one user at
-// once, they could also read each other's files.
-func claimUID(uid uint32) (*os.File, error) {
-	dir := UIDClaims()
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return nil, fmt.Errorf("sandbox: claiming a user: %w", err)
+// claimAll claims every one of names, or none: nil, and no error, when
+// another process holds one.
+func claimAll(kind string, names []string) ([]*os.File, error) {
+	dir, err := claimsDir(kind)
+	if err != nil {
+		return nil, err
 	}
-	// One made by another user (under a /run/lock every user writes)
-	// could be emptied by them.
-	if fi, err := os.Lstat(dir); err != nil {
-		return nil, fmt.Errorf("sandbox: claiming a user: %w", err)
-	} else if st, ok := fi.Sys().(*syscall.Stat_t); !fi.IsDir() || !ok || int(st.Uid) != os.Geteuid() {
-		return nil, fmt.Errorf("sandbox: %s, where wmrl processes claim the users of --exec-uids, is not a directory of this process's user (uid %d): remove it", dir, os.Geteuid())
+	held := make([]*os.File, 0, len(names))
+	for _, name := range names {
+		f, err := claim(filepath.Join(dir, url.PathEscape(name)))
+		if err != nil || f == nil {
+			unclaim(held)
+			return nil, err
+		}
+		held = append(held, f)
 	}
-	path := filepath.Join(dir, strconv.FormatUint(uint64(uid), 10))
+	return held, nil
+}
+
+// claim takes the flock of the file path, made if need be: nil, and no
+// error, when another holds it.
+func claim(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox: claiming user %d: %w", uid, err)
+		return nil, fmt.Errorf("sandbox: claim: %w", err)
 	}
 	for {
 		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
@@ -150,39 +185,44 @@ func claimUID(uid uint32) (*os.File, error) {
 		return nil, nil
 	default:
 		f.Close()
-		return nil, fmt.Errorf("sandbox: claiming user %d: %w", uid, err)
+		return nil, fmt.Errorf("sandbox: claim %s: %w", path, err)
 	}
 }
 
-// unclaim gives a claimed user back. The flock goes with LOCK_UN, not only
-// with the close: a child forked elsewhere in this process holds a copy
-// of the descriptor until its exec.
-func unclaim(f *os.File) {
-	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	f.Close()
+// unclaim gives claims up. Each flock goes with LOCK_UN, not only with
+// the close: a child forked elsewhere in this process holds a copy of the
+// descriptor until its exec.
+func unclaim(held []*os.File) {
+	for _, f := range held {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}
 }
 
-// UIDClaims is the directory where wmrl processes on this machine claim
-// the users of --exec-uids, a file each: /run/lock/wmrl-uids, the same for
-// every process whatever its TMPDIR (/tmp/wmrl-uids without /run/lock).
-func UIDClaims() string {
-	if fi, err := os.Stat("/run/lock"); err == nil && fi.IsDir() {
-		return "/run/lock/wmrl-uids"
+// claimsDir is the directory where the wmrl processes of this user on the
+// machine claim what executions share out (kind: "uids", "gpus"), a file
+// each: wmrl-<kind>-<euid> in /run/lock, the same for every process
+// whatever its TMPDIR, else in /tmp where /run/lock is not there or not
+// writable. It is made when it is not there, and refused when it is not
+// this user's own: one made by another user could be emptied by them.
+func claimsDir(kind string) (string, error) {
+	name := fmt.Sprintf("wmrl-%s-%d", kind, os.Geteuid())
+	var err error
+	for _, base := range []string{"/run/lock", "/tmp"} {
+		dir := filepath.Join(base, name)
+		if err = os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			continue // not there, or not writable: the next
+		}
+		fi, err := os.Lstat(dir)
+		if err != nil {
+			return dir, fmt.Errorf("sandbox: %w", err)
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); !fi.IsDir() || !ok || int(st.Uid) != os.Geteuid() {
+			return dir, fmt.Errorf("sandbox: %s, where wmrl processes claim the %s they share out, is not a directory of this process's user (uid %d): remove it", dir, kind, os.Geteuid())
+		}
+		return dir, nil
 	}
-	return "/tmp/wmrl-uids"
-}
-
-// gpuSet takes a free set of GPUs for an execution, waiting for one, and
-// the func that gives it back (nil, without GPUs shared out).
-func (s *Subprocess) gpuSet(ctx context.Context) (gpus []string, free func(), err error) {
-	if len(s.GPUs) == 0 {
-		return nil, func() {}, nil
-	}
-	sets := &s.owner().gpus
-	if gpus, err = sets.take(ctx, s.GPUs, s.waitingFor("gpus")); err != nil {
-		return nil, nil, err
-	}
-	return gpus, func() { sets.give(gpus) }, nil
+	return "", fmt.Errorf("sandbox: no directory to claim %s in: %w", kind, err)
 }
 
 // MachineGPUs counts the machine's NVIDIA GPUs by their device files

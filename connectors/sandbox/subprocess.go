@@ -48,13 +48,15 @@ type Subprocess struct {
 	// killed, even one that left its process group (which its PID
 	// namespace ends anyway, where the kernel allows one). Other wmrl
 	// processes on the machine drawing on the same users wait for them
-	// as this one's executions do (UIDClaims).
+	// as this one's executions do (claimsDir).
 	UIDs []uint32
 	// GPUs are the sets of GPUs the executions at once share out: each
 	// execution takes a free set (it waits for one) and sees only those,
 	// as CUDA_VISIBLE_DEVICES (an index or a UUID each, as nvidia-smi
 	// lists them). Empty: the code's environment does not name them, and
-	// CUDA gives every execution every GPU of the machine.
+	// CUDA gives every execution every GPU of the machine. Other wmrl
+	// processes of this user on the machine given the same GPUs wait for
+	// them as this one's executions do (claimsDir).
 	GPUs [][]string
 	// Hide are directories the code must not see, beside the task's
 	// private/ (always hidden): wmrl's own data, whose archive keeps every
