@@ -103,13 +103,7 @@ func TestArchiveKeepsLateAnchorPairs(t *testing.T) {
 	cfg := lateConfig(t)
 	// A run of fixed length ends once the late pairs are archived too.
 	ups, rows := runAndReadArchive(t, cfg)
-	late := 0
-	for _, u := range ups {
-		late += len(u.LateAnchors)
-	}
-	if late != 4*2 {
-		t.Fatalf("%d late anchor groups, want all 8 late", late)
-	}
+	late := len(lateGroupsOf(t, ups))
 	if n := len(rows) - 4*cfg.Groups*cfg.GroupSize; n != late*cfg.GroupSize {
 		t.Fatalf("%d late_anchor rows, want %d", n, late*cfg.GroupSize)
 	}
@@ -194,7 +188,10 @@ func TestLateRowsHoldTheExecutionsOfUngradedTrajectories(t *testing.T) {
 }
 
 // lateGroupsOf names the late anchor groups of a lateConfig run's updates
-// ("step/group"): all 8 of them.
+// ("step/group"), failing the test if there is none. Not all 8 need be:
+// on a loaded machine a step's predictions can come after its anchors'
+// 400 ms executions, and the group is then on time (in CI, with the
+// package's tests 4 at a time, 6 of 8 were late).
 func lateGroupsOf(t *testing.T, ups map[int64]schemas.Update) map[string]bool {
 	t.Helper()
 	late := map[string]bool{}
@@ -203,8 +200,8 @@ func lateGroupsOf(t *testing.T, ups map[int64]schemas.Update) map[string]bool {
 			late[fmt.Sprintf("%d/%s", u.Step, g)] = true
 		}
 	}
-	if len(late) != 4*2 {
-		t.Fatalf("%d late anchor groups, want all 8 late", len(late))
+	if len(late) == 0 {
+		t.Fatal("no anchor group was late: the test proves nothing")
 	}
 	return late
 }
