@@ -123,6 +123,22 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 	p.noteLimits("subprocess ("+python+")", tasks, limits, func(l sandbox.Limits) string {
 		return user + ", " + sandbox.Isolation() + "; " + l.String()
 	})
+	// Another run on this machine given the same users or GPUs: this
+	// one's executions wait for each while that one's execution holds it.
+	users, gpuIDs, err := exe.HeldElsewhere()
+	if err != nil {
+		return nil, fmt.Errorf("--executor subprocess: %w", err)
+	}
+	var held []string
+	if len(users) > 0 {
+		held = append(held, fmt.Sprintf("%d of the %d users of --exec-uids", len(users), len(exe.UIDs)))
+	}
+	if len(gpuIDs) > 0 {
+		held = append(held, "GPUs "+strings.Join(gpuIDs, ","))
+	}
+	if len(held) > 0 {
+		p.notef("execute: another wmrl process on this machine has an execution on %s now: this run's executions wait for them while it does (wmrl_executions_waiting)", strings.Join(held, " and "))
+	}
 	return oneOrByTask(tasks, exes), nil
 }
 

@@ -269,7 +269,7 @@ func NewMetrics() *Metrics {
 	m.ExecutionsShared = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "executions_shared_total",
 		Help: "Anchor trajectories this process did not execute because a copy of their solution (the same task, prompt and response), in their group or another, was, whose outcome they took (--exec-copies-once)."})
 	m.ExecutionsWaiting = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "wmrl", Name: "executions_waiting",
-		Help: "Anchor executions of this process waiting to start, by what for: slot (every one of --exec-slots busy), user (every one of --exec-uids taken), gpus (every set of --exec-gpus taken)."},
+		Help: "Anchor executions of this process waiting to start, by what for: slot (every one of --exec-slots busy), user (every one of --exec-uids taken, here or by another wmrl process on the machine), gpus (every set of --exec-gpus taken, likewise)."},
 		[]string{"for"})
 	for _, what := range []string{"slot", "user", "gpus"} {
 		m.ExecutionsWaiting.WithLabelValues(what)

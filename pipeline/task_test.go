@@ -237,7 +237,26 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	if os.Geteuid() == 0 {
 		cfg.ExecUIDs = "2000000201-2000000216"
 	}
+	// Another run on this machine has an execution on GPU 3: the run says
+	// so (its executions keep off the set 2,3 while it does, as
+	// TestTwoProcessesShareUsersAndGPUs shows).
+	task, err := sandbox.LoadTask(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := &sandbox.Subprocess{Task: task, Limits: sandbox.Limits{Timeout: time.Minute}, GPUs: [][]string{{"3"}}}
+	probe := &sandbox.Subprocess{GPUs: other.GPUs}
+	otherCtx, stopOther := context.WithCancel(context.Background())
+	otherDone := make(chan struct{})
+	go func() { defer close(otherDone); other.Run(otherCtx, "import time\ntime.sleep(60)\n") }()
+	t.Cleanup(func() { stopOther(); <-otherDone })
+	waitFor(t, 30*time.Second, func() bool { _, gpus, _ := probe.HeldElsewhere(); return len(gpus) == 1 })
 	said := runSaid(t, cfg)
+	stopOther()
+	<-otherDone
+	if want := "execute: another wmrl process on this machine has an execution on GPUs 3 now: "; !strings.Contains(said, want) {
+		t.Errorf("the run said:\n%s\nwant %q", said, want)
+	}
 	gpus := fmt.Sprintf(", GPUs 0,1 | 2,3 (a set each), GPUs 4 unused (fewer than --exec-gpus-each), 2 at once: fewer than the %d --exec-slots", cfg.ExecSlots)
 	want := ") on task housing, each execution: as this process's user" + gpus + ", " + sandbox.Isolation() + "; wall clock 1s, CPU time 30 s, address space 2048 MiB, 64 MiB on disk, 500 processes and threads for all at once\n"
 	if os.Geteuid() == 0 {

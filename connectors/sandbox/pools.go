@@ -79,8 +79,7 @@ func (s *Subprocess) user(ctx context.Context) (uid uint32, free func(), err err
 		}
 		return s.RunAs, func() {}, nil
 	}
-	uid, release, err := takeClaimed(ctx, &s.owner().uids, s.UIDs, s.waitingFor("user"), "uids",
-		func(uid uint32) []string { return []string{strconv.FormatUint(uint64(uid), 10)} })
+	uid, release, err := takeClaimed(ctx, &s.owner().uids, s.UIDs, s.waitingFor("user"), "uids", uidNames)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -99,6 +98,48 @@ func (s *Subprocess) gpuSet(ctx context.Context) (gpus []string, free func(), er
 		return nil, func() {}, nil
 	}
 	return takeClaimed(ctx, &s.owner().gpus, s.GPUs, s.waitingFor("gpus"), "gpus", func(set []string) []string { return set })
+}
+
+// uidNames names uid's claim.
+func uidNames(uid uint32) []string { return []string{strconv.FormatUint(uint64(uid), 10)} }
+
+// HeldElsewhere lists the users of UIDs (as root) and the GPUs of GPUs
+// that another wmrl process on this machine holds at this moment, for an
+// execution of its own: executions here wait for them while it does. It
+// is for a run's start, before its own executions hold any (those it
+// would count too). An error says claims cannot be made at all.
+func (s *Subprocess) HeldElsewhere() (users []uint32, gpus []string, err error) {
+	heldElsewhere := func(kind, name string) (bool, error) {
+		held, err := claimAll(kind, []string{name})
+		unclaim(held)
+		return held == nil && err == nil, err
+	}
+	if os.Geteuid() == 0 {
+		for _, uid := range s.UIDs {
+			switch held, err := heldElsewhere("uids", uidNames(uid)[0]); {
+			case err != nil:
+				return nil, nil, err
+			case held:
+				users = append(users, uid)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for _, set := range s.GPUs {
+		for _, g := range set {
+			if seen[g] {
+				continue
+			}
+			seen[g] = true
+			switch held, err := heldElsewhere("gpus", g); {
+			case err != nil:
+				return nil, nil, err
+			case held:
+				gpus = append(gpus, g)
+			}
+		}
+	}
+	return users, gpus, nil
 }
 
 // takeClaimed takes a free item of p (whose list is items) that no other

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -19,7 +20,7 @@ import (
 func TestExecutionsAtOnceShareTheGPUsOut(t *testing.T) {
 	task := housing(t)
 	s := exe(task)
-	s.GPUs = [][]string{{"0", "1"}, {"GPU-5f0c3e9a"}}
+	s.GPUs = [][]string{{"10", "11"}, {"GPU-5f0c3e9a"}} // none of another package's tests (a GPU is claimed machine-wide)
 	code := "import os, time\nstart = time.time()\ntime.sleep(0.5)\n" +
 		"raise SystemExit('gpus %s from %.3f to %.3f' % (os.environ.get('CUDA_VISIBLE_DEVICES'), start, time.time()))\n"
 	type held struct {
@@ -45,7 +46,7 @@ func TestExecutionsAtOnceShareTheGPUsOut(t *testing.T) {
 	sets := map[string]int{}
 	for i, a := range runs {
 		sets[a.gpus]++
-		if a.gpus != "0,1" && a.gpus != "GPU-5f0c3e9a" {
+		if a.gpus != "10,11" && a.gpus != "GPU-5f0c3e9a" {
 			t.Errorf("execution %d saw GPUs %q", i, a.gpus)
 		}
 		for j, b := range runs[:i] {
@@ -116,4 +117,38 @@ func TestExecutionsWaitingForGPUsAreTold(t *testing.T) {
 	if waiting != 0 || most != 3 {
 		t.Errorf("waiting %d at the end, at most %d; want 0, and 3", waiting, most)
 	}
+}
+
+// TestWhatAnotherProcessHoldsIsFound: HeldElsewhere lists the users (as
+// root) and the GPUs that another process has claimed, each GPU once
+// however many sets it is in, and leaves nothing claimed itself.
+func TestWhatAnotherProcessHoldsIsFound(t *testing.T) {
+	s := &Subprocess{UIDs: []uint32{2000000114, 2000000115},
+		GPUs: [][]string{{"wmrl-test-gpu-c", "wmrl-test-gpu-d"}, {"wmrl-test-gpu-d"}, {"wmrl-test-gpu-e"}}}
+	heldUser, err := claimAll("uids", uidNames(2000000115))
+	if err != nil {
+		t.Fatal(err)
+	}
+	heldGPU, err := claimAll("gpus", []string{"wmrl-test-gpu-d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wantUsers []uint32
+	if os.Geteuid() == 0 {
+		wantUsers = []uint32{2000000115}
+	}
+	users, gpus, err := s.HeldElsewhere()
+	if err != nil || !slices.Equal(users, wantUsers) || !slices.Equal(gpus, []string{"wmrl-test-gpu-d"}) {
+		t.Fatalf("held elsewhere: users %v, GPUs %v (%v); want users %v, GPUs [wmrl-test-gpu-d]", users, gpus, err, wantUsers)
+	}
+	unclaim(heldUser)
+	unclaim(heldGPU)
+	if users, gpus, err := s.HeldElsewhere(); err != nil || len(users)+len(gpus) > 0 {
+		t.Fatalf("once given up: users %v, GPUs %v (%v); want none", users, gpus, err)
+	}
+	all, err := claimAll("gpus", []string{"wmrl-test-gpu-c", "wmrl-test-gpu-d", "wmrl-test-gpu-e"})
+	if err != nil || all == nil {
+		t.Fatalf("after HeldElsewhere, claiming every GPU: %v (%v); want each free", all, err)
+	}
+	unclaim(all)
 }
