@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -151,4 +153,48 @@ func TestWhatAnotherProcessHoldsIsFound(t *testing.T) {
 		t.Fatalf("after HeldElsewhere, claiming every GPU: %v (%v); want each free", all, err)
 	}
 	unclaim(all)
+}
+
+// TestAGPUHeldByAnotherProcessIsWaitedFor: a claim is a flock on a file,
+// so another process holds one as wmrl's do, and util-linux's flock(1)
+// holds one for a command of an operator's own (a GPU kept for a job run
+// by hand): an execution given that GPU starts once the command ends.
+func TestAGPUHeldByAnotherProcessIsWaitedFor(t *testing.T) {
+	flock, err := exec.LookPath("flock")
+	if err != nil {
+		t.Skip("no flock(1) here")
+	}
+	dir, err := claimsDir("gpus")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const gpu = "wmrl-test-gpu-f"
+	s := exe(housing(t))
+	s.GPUs = [][]string{{gpu}}
+	held := time.Now()
+	other := exec.Command(flock, filepath.Join(dir, gpu), "sleep", "3")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer other.Wait()
+	defer other.Process.Kill()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, gpus, _ := s.HeldElsewhere(); len(gpus) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("flock(1) had not taken the GPU's claim after 10 s")
+		}
+	}
+	run, err := s.Run(context.Background(), "import time\nprint(time.time())\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var started float64
+	if _, err := fmt.Sscan(run.Stdout, &started); err != nil {
+		t.Fatalf("the execution printed %q: %v", run.Stdout, err)
+	}
+	if at := time.Unix(0, int64(started*1e9)); at.Before(held.Add(3 * time.Second)) {
+		t.Errorf("the execution started %v after flock(1) took the GPU for 3 s; want after it let go", at.Sub(held).Round(time.Millisecond))
+	}
 }
