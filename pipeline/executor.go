@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,6 +68,21 @@ func (p *Pipeline) buildExecutor(ctx context.Context) (execute.Executor, error) 
 			return nil, errors.New("--exec-uids: running executions as other users needs wmrl to run as root")
 		}
 		exe.UIDs, _ = uidRange(cfg.ExecUIDs) // checked by Validate
+		accounts, err := sandbox.Accounts(exe.UIDs)
+		if err != nil {
+			return nil, fmt.Errorf("--exec-uids: %w", err)
+		}
+		if len(accounts) > 0 {
+			ids := slices.Sorted(maps.Keys(accounts))
+			var names []string
+			for _, id := range ids[:min(len(ids), 5)] {
+				names = append(names, fmt.Sprintf("%d (%s)", id, accounts[id]))
+			}
+			if len(ids) > 5 {
+				names = append(names, fmt.Sprintf("and %d more", len(ids)-5))
+			}
+			return nil, fmt.Errorf("--exec-uids %s: takes the ids of accounts in /etc/passwd: %s. Every process of an execution's user is killed when it ends: give ids no account uses", cfg.ExecUIDs, strings.Join(names, ", "))
+		}
 		user = fmt.Sprintf("each as a user of its own (uids %s)", cfg.ExecUIDs)
 		if len(exe.UIDs) < cfg.ExecSlots {
 			user += fmt.Sprintf(", %d at once: fewer than the %d --exec-slots", len(exe.UIDs), cfg.ExecSlots)

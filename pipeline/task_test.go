@@ -232,11 +232,17 @@ func TestExecutionSettingsReachTheExecutor(t *testing.T) {
 	}
 	os.Chmod(venv, 0o755)
 	os.Chmod(python, 0o755)
-	cfg.DataDir = t.TempDir()
-	cfg.ExecEnv = []string{"SLEEP_FOR=60"}
 	if os.Geteuid() == 0 {
+		// Users whose every process is killed after each execution: not
+		// an account's, such as nobody's.
+		cfg.ExecUIDs = "65530-65535"
+		if err := Run(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "--exec-uids 65530-65535: takes the ids of accounts in /etc/passwd: 65534 (nobody). ") {
+			t.Fatalf("--exec-uids over nobody's id: %v; want the run refused, naming it", err)
+		}
 		cfg.ExecUIDs = "2000000201-2000000216"
 	}
+	cfg.DataDir = t.TempDir()
+	cfg.ExecEnv = []string{"SLEEP_FOR=60"}
 	// Another run on this machine has an execution on GPU 3: the run says
 	// so (its executions keep off the set 2,3 while it does, as
 	// TestTwoProcessesShareUsersAndGPUs shows).

@@ -103,6 +103,37 @@ func (s *Subprocess) gpuSet(ctx context.Context) (gpus []string, free func(), er
 // uidNames names uid's claim.
 func uidNames(uid uint32) []string { return []string{strconv.FormatUint(uint64(uid), 10)} }
 
+// Accounts names the accounts of /etc/passwd among uids. A user of UIDs
+// must be one no account uses: every process of an execution's user is
+// killed when the execution ends, so a range over an account's id (1000,
+// or nobody's 65534) would kill its login's processes, or a service's.
+func Accounts(uids []uint32) (map[uint32]string, error) {
+	return accountsIn("/etc/passwd", uids)
+}
+
+// accountsIn is Accounts, from the passwd file at path.
+func accountsIn(path string, uids []uint32) (map[uint32]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: the accounts: %w", err)
+	}
+	in := map[uint32]bool{}
+	for _, u := range uids {
+		in[u] = true
+	}
+	found := map[uint32]string{}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Split(strings.TrimSpace(line), ":") // name:password:uid:...
+		if len(f) < 3 {
+			continue
+		}
+		if u, err := strconv.ParseUint(f[2], 10, 32); err == nil && in[uint32(u)] {
+			found[uint32(u)] = f[0]
+		}
+	}
+	return found, nil
+}
+
 // HeldElsewhere lists the users of UIDs (as root) and the GPUs of GPUs
 // that another wmrl process on this machine holds at this moment, for an
 // execution of its own: executions here wait for them while it does. It

@@ -198,3 +198,25 @@ func TestAGPUHeldByAnotherProcessIsWaitedFor(t *testing.T) {
 		t.Errorf("the execution started %v after flock(1) took the GPU for 3 s; want after it let go", at.Sub(held).Round(time.Millisecond))
 	}
 }
+
+// TestTheAccountsInARangeOfUsersAreFound: every process of an execution's
+// user is killed when it ends, so a range of --exec-uids over an account's
+// id would kill its processes; Accounts finds them in a passwd file.
+func TestTheAccountsInARangeOfUsersAreFound(t *testing.T) {
+	passwd := filepath.Join(t.TempDir(), "passwd")
+	os.WriteFile(passwd, []byte("root:x:0:0:root:/root:/bin/bash\n"+
+		"alice:x:1000:1000:Alice:/home/alice:/bin/bash\n"+
+		"broken line\n"+
+		"+nis::::::\n"+
+		"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin"), 0o644) // no newline at the end
+	got, err := accountsIn(passwd, []uint32{999, 1000, 1001, 65534})
+	if err != nil || len(got) != 2 || got[1000] != "alice" || got[65534] != "nobody" {
+		t.Fatalf("accounts among 999, 1000, 1001 and 65534: %v (%v); want 1000 alice and 65534 nobody", got, err)
+	}
+	if got, err := accountsIn(passwd, []uint32{2000000201, 2000000202}); err != nil || len(got) != 0 {
+		t.Fatalf("accounts among unused ids: %v (%v); want none", got, err)
+	}
+	if _, err := accountsIn(filepath.Join(t.TempDir(), "none"), []uint32{1000}); err == nil {
+		t.Fatal("no passwd file: no error")
+	}
+}
