@@ -83,6 +83,12 @@ func (s *Subprocess) user(ctx context.Context) (uid uint32, free func(), err err
 	if err != nil {
 		return 0, nil, err
 	}
+	// Whatever runs as uid now was left by a wmrl killed with an execution
+	// under way (a process that left its group outlives it where there is
+	// no PID namespace): the claim says no execution is running as uid.
+	// It would otherwise run beside the next execution, as its user, able
+	// to read what that one writes.
+	killUser(uid)
 	return uid, func() { killUser(uid); release() }, nil
 }
 

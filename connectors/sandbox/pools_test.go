@@ -220,3 +220,45 @@ func TestTheAccountsInARangeOfUsersAreFound(t *testing.T) {
 		t.Fatal("no passwd file: no error")
 	}
 }
+
+// TestWhatAKilledWmrlLeftAsAUserIsKilledFirst: a wmrl killed with an
+// execution under way leaves, where there is no PID namespace, what the
+// code started outside its process group, running as the execution's
+// user. The next execution as that user met it (it could read what that
+// one wrote) until the execution ended. The user is now cleared when it is
+// claimed, before the code starts.
+func TestWhatAKilledWmrlLeftAsAUserIsKilledFirst(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("users of their own need root")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("no setpriv(1) here")
+	}
+	const uid = "2000000117"
+	left := exec.Command(setpriv, "--reuid="+uid, "--regid="+uid, "--clear-groups", "sleep", "60")
+	if err := left.Start(); err != nil {
+		t.Fatal(err)
+	}
+	gone := make(chan time.Time, 1)
+	go func() { left.Wait(); gone <- time.Now() }()
+	defer left.Process.Kill()
+	s := exe(housing(t))
+	s.UIDs = []uint32{2000000117}
+	run, err := s.Run(context.Background(), "import time\ntime.sleep(1)\nprint(time.time())\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ended float64
+	if _, err := fmt.Sscan(run.Stdout, &ended); err != nil {
+		t.Fatalf("the execution printed %q: %v", run.Stdout, err)
+	}
+	select {
+	case at := <-gone:
+		if end := time.Unix(0, int64(ended*1e9)); !at.Before(end) {
+			t.Errorf("the process left as the user ended %v after the execution; want it killed before the code ran", at.Sub(end).Round(time.Millisecond))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the process left as the user outlived the execution by 10 s")
+	}
+}
