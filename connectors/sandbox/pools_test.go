@@ -191,15 +191,7 @@ func TestAGPUHeldByAnotherProcessIsWaitedFor(t *testing.T) {
 			t.Fatal("flock(1) had not taken the GPU's claim after 10 s")
 		}
 	}
-	run, err := s.Run(context.Background(), "import time\nprint(time.time())\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var started float64
-	if _, err := fmt.Sscan(run.Stdout, &started); err != nil {
-		t.Fatalf("the execution printed %q: %v", run.Stdout, err)
-	}
-	if at := time.Unix(0, int64(started*1e9)); at.Before(held.Add(3 * time.Second)) {
+	if at := runUntil(t, s, "import time\nprint(time.time())\n"); at.Before(held.Add(3 * time.Second)) {
 		t.Errorf("the execution started %v after flock(1) took the GPU for 3 s; want after it let go", at.Sub(held).Round(time.Millisecond))
 	}
 }
@@ -250,20 +242,28 @@ func TestWhatAKilledWmrlLeftAsAUserIsKilledFirst(t *testing.T) {
 	defer left.Process.Kill()
 	s := exe(housing(t))
 	s.UIDs = []uint32{2000000117}
-	run, err := s.Run(context.Background(), "import time\ntime.sleep(1)\nprint(time.time())\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ended float64
-	if _, err := fmt.Sscan(run.Stdout, &ended); err != nil {
-		t.Fatalf("the execution printed %q: %v", run.Stdout, err)
-	}
+	end := runUntil(t, s, "import time\ntime.sleep(1)\nprint(time.time())\n")
 	select {
 	case at := <-gone:
-		if end := time.Unix(0, int64(ended*1e9)); !at.Before(end) {
+		if !at.Before(end) {
 			t.Errorf("the process left as the user ended %v after the execution; want it killed before the code ran", at.Sub(end).Round(time.Millisecond))
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the process left as the user outlived the execution by 10 s")
 	}
+}
+
+// runUntil runs code, which prints time.time() once, in s, and returns
+// that time: when, by the machine's clock, the code got there.
+func runUntil(t *testing.T, s *Subprocess, code string) time.Time {
+	t.Helper()
+	run, err := s.Run(context.Background(), code)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var at float64
+	if _, err := fmt.Sscan(run.Stdout, &at); err != nil {
+		t.Fatalf("the execution printed %q: %v", run.Stdout, err)
+	}
+	return time.Unix(0, int64(at*1e9))
 }
