@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/wmrl/wmrl/connectors/tlsfiles"
+	"github.com/wmrl/wmrl/stages/flock"
 )
 
 // ServerConfig configures an embedded NATS server with JetStream.
@@ -115,21 +116,11 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	}
 	srv, err := runServer(ctx, cfg)
 	if err != nil {
-		unlockStore(lock)
+		flock.Release(lock)
 		return nil, err
 	}
 	srv.lock = lock
 	return srv, nil
-}
-
-// unlockStore releases lockStore's lock and closes its file. The unlock
-// is explicit: a child process forked elsewhere in this process between
-// its fork and its exec holds a copy of the descriptor, and a close alone
-// would leave the store locked until that child execs (a run's tests,
-// each started with the data the last one stored, met that under load).
-func unlockStore(f *os.File) {
-	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	f.Close()
 }
 
 // ErrStoreInUse is the error of a store another server holds.
@@ -143,13 +134,9 @@ func lockStore(dir string) (*os.File, error) {
 		return nil, fmt.Errorf("natsjs: store %s: %w", dir, err)
 	}
 	path := filepath.Join(dir, "wmrl.lock")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := flock.Open(path, os.O_RDWR|os.O_CREATE, 0o644, syscall.LOCK_EX|syscall.LOCK_NB)
 	if err != nil {
-		return nil, fmt.Errorf("natsjs: store %s: %w", dir, err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		holder, _ := os.ReadFile(path)
-		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			who := "another process"
 			if pid := strings.TrimSpace(string(holder)); pid != "" {
@@ -332,7 +319,7 @@ func (s *Server) Shutdown() {
 	s.ns.Shutdown()
 	s.ns.WaitForShutdown()
 	if s.lock != nil {
-		unlockStore(s.lock)
+		flock.Release(s.lock)
 		s.lock = nil
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/wmrl/wmrl/stages/flock"
 )
 
 // pool hands out items to the executions at once, one each, filled from
@@ -245,35 +247,21 @@ func claimAll(kind string, names []string) ([]*os.File, error) {
 // claim takes the flock of the file path, made if need be: nil, and no
 // error, when another holds it.
 func claim(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox: claim: %w", err)
-	}
-	for {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err != syscall.EINTR {
-			break
-		}
-	}
+	f, err := flock.Open(path, os.O_RDONLY|os.O_CREATE|syscall.O_NOFOLLOW, 0o600, syscall.LOCK_EX|syscall.LOCK_NB)
 	switch {
 	case err == nil:
 		return f, nil
 	case errors.Is(err, syscall.EWOULDBLOCK):
-		f.Close()
 		return nil, nil
 	default:
-		f.Close()
 		return nil, fmt.Errorf("sandbox: claim %s: %w", path, err)
 	}
 }
 
-// unclaim gives claims up. Each flock goes with LOCK_UN, not only with
-// the close: a child forked elsewhere in this process holds a copy of the
-// descriptor until its exec.
+// unclaim gives claims up (flock.Release).
 func unclaim(held []*os.File) {
 	for _, f := range held {
-		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		f.Close()
+		flock.Release(f)
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/wmrl/wmrl/stages/flock"
 )
 
 // prepare writes the code and a read-only copy of the public data (an
@@ -123,21 +125,11 @@ func workParent() (string, error) {
 // how, again when a signal interrupts the wait; closing the file
 // releases it.
 func lockDir(path string, how int) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err = syscall.Flock(int(f.Fd()), how)
-		if err != syscall.EINTR {
-			break
-		}
-	}
-	if err != nil {
-		f.Close()
+	f, err := flock.Open(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0, how)
+	if errno := syscall.Errno(0); errors.As(err, &errno) { // the lock's (the open's names the path)
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
-	return f, nil
+	return f, err
 }
 
 // RemoveLeftovers removes the work directories in WorkParent that no

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/parquet-go/parquet-go"
+
+	"github.com/wmrl/wmrl/stages/flock"
 )
 
 // A run's directory gets a file every --archive-max-age (10 s) while the
@@ -346,10 +348,10 @@ func ReadLock(root, run string) (release func(), err error) {
 	switch {
 	case err == nil:
 		if err := recoverCompaction(dir); err != nil {
-			unlock(f)
+			flock.Release(f)
 			return nil, err
 		}
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH)
+		err = flock.Lock(f, syscall.LOCK_SH)
 	case errors.Is(err, syscall.EWOULDBLOCK): // a merge is running: wait for it
 		f, err = flockAt(path, os.O_RDONLY, syscall.LOCK_SH)
 	case errors.Is(err, syscall.EROFS) || errors.Is(err, syscall.EACCES):
@@ -357,11 +359,11 @@ func ReadLock(root, run string) (release func(), err error) {
 	}
 	if err != nil {
 		if f != nil {
-			unlock(f)
+			flock.Release(f)
 		}
 		return nil, fmt.Errorf("archive: lock %s: %w", dir, err)
 	}
-	return func() { unlock(f) }, nil
+	return func() { flock.Release(f) }, nil
 }
 
 // lockMerges holds dir for a merge; without wait, a reader or merge
@@ -378,29 +380,12 @@ func lockMerges(dir string, wait bool) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("archive: lock %s: %w", dir, err)
 	}
-	return func() { unlock(f) }, nil
-}
-
-// unlock releases flockAt's lock and closes its file. The unlock is
-// explicit: a child process forked elsewhere in this process (an
-// execution's sandbox) holds a copy of the descriptor until its exec,
-// and a close alone would leave the lock held until then.
-func unlock(f *os.File) {
-	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	f.Close()
+	return func() { flock.Release(f) }, nil
 }
 
 // flockAt opens path (made if missing) with flag and takes the flock how
 // on it. The error is the system's, unwrapped, so that callers can tell a
 // lock held by another (syscall.EWOULDBLOCK with LOCK_NB).
 func flockAt(path string, flag, how int) (*os.File, error) {
-	f, err := os.OpenFile(path, flag|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), how); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return f, nil
+	return flock.Open(path, flag|os.O_CREATE, 0o644, how)
 }

@@ -4,10 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -307,28 +305,4 @@ func TestMergedNamesAreNeverReused(t *testing.T) {
 	if w.next != 8 {
 		t.Errorf("the writer's next file is part %d; parts up to 7 held rows before", w.next)
 	}
-}
-
-// A lock released while a child process holds a copy of its descriptor
-// (one forked elsewhere in the process, an execution's sandbox, not yet
-// at its exec; here one given the descriptor to keep) is released all
-// the same: a merge may take it at once.
-func TestAReleasedLockIsFreeWhateverAChildHolds(t *testing.T) {
-	dir := t.TempDir()
-	f, err := flockAt(filepath.Join(dir, compactLock), os.O_RDONLY, syscall.LOCK_EX|syscall.LOCK_NB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	child := exec.Command("sleep", "60")
-	child.ExtraFiles = []*os.File{f}
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { child.Process.Kill(); child.Wait() }()
-	unlock(f)
-	release, err := lockMerges(dir, false)
-	if err != nil {
-		t.Fatalf("a merge, once the lock was released with a child holding its descriptor: %v", err)
-	}
-	release()
 }
