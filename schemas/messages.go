@@ -1,6 +1,9 @@
 package schemas
 
-import "time"
+import (
+	"cmp"
+	"time"
+)
 
 // Trajectory is one candidate solution (public, in: <prefix>.<run>.traj).
 type Trajectory struct {
@@ -63,6 +66,20 @@ type Update struct {
 	// PublishedAt: when this update was made.
 	ClosedAt    time.Time `json:"closed_at"`
 	PublishedAt time.Time `json:"published_at"`
+	// WMModel: the world model that scored the step (its predictions'
+	// model), when every group of it was scored by the same one; empty
+	// otherwise, when each item names its own (UpdateItem.WMModel).
+	WMModel string `json:"wm_model,omitempty"`
+}
+
+// ItemModel is the world model that scored it, an item of u: u's, or the
+// item's own in a step scored by more than one; none for an item whose
+// group was not sent to be scored.
+func (u *Update) ItemModel(it *UpdateItem) string {
+	if it.WMStatus == PredNotSent {
+		return ""
+	}
+	return cmp.Or(u.WMModel, it.WMModel)
 }
 
 // UpdateItem is one trajectory's share of the step's gradient.
@@ -116,6 +133,11 @@ type UpdateItem struct {
 	// AbsorbedSeq: for an anchor, the calibration seq at which its group's
 	// pairs were absorbed (0 for others).
 	AbsorbedSeq int64 `json:"absorbed_seq"`
+	// WMModel: the world model that scored this trajectory, set only in a
+	// step whose groups were scored by more than one (Update.WMModel
+	// empty: two predict processes with different models, a restart
+	// onto another one); empty there when not known.
+	WMModel string `json:"wm_model,omitempty"`
 }
 
 // SkippedGroup is a group that does not contribute.

@@ -100,6 +100,7 @@ var columns = []column{
 	{"exec_copy_of", func(r []Row, i int, v parquet.Value, c *colState) { r[i].ExecCopyOf = c.text(i, v, false) }},
 	{"exec_copy_step", func(r []Row, i int, v parquet.Value, c *colState) { r[i].ExecCopyStep = c.int(i, v) }},
 	{"exec_copy_group", func(r []Row, i int, v parquet.Value, c *colState) { r[i].ExecCopyGroup = c.text(i, v, false) }},
+	{"wm_model", func(r []Row, i int, v parquet.Value, c *colState) { r[i].WMModel = c.text(i, v, true) }},
 }
 
 // codeColumns hold the anchors' trajectories: kilobytes a row where the
@@ -111,7 +112,7 @@ var codeColumns = map[string]bool{"prompt": true, "response": true}
 // without one reads it as null (its zero value), and a merge (Compact)
 // rewrites such a file with the column.
 var laterColumns = map[string]bool{"exec_detail": true, "wm_verdict": true, "wm_rationale": true, "prompt": true, "response": true, "response_bytes": true, "exec_copy_of": true,
-	"exec_copy_step": true, "exec_copy_group": true}
+	"exec_copy_step": true, "exec_copy_group": true, "wm_model": true}
 
 // missingColumns lists the later columns schema lacks.
 func missingColumns(schema *parquet.Schema) []string {
@@ -147,7 +148,7 @@ func readRowGroup(pf *parquet.File, rg parquet.RowGroup, vals []parquet.Value, r
 			st.floats = make([]float64, n)
 		case "response_bytes", "exec_copy_step":
 			st.ints = make([]int64, n)
-		case "exec_status", "wm_verdict":
+		case "exec_status", "wm_verdict", "wm_model":
 			st.texts = make([]string, n)
 			st.strs = map[string]string{}
 		case "exec_detail", "wm_rationale", "prompt", "response", "exec_copy_of", "exec_copy_group":

@@ -206,6 +206,8 @@ func ourAggregates(rows []Row) map[string]string {
 	tasks, runs := map[string]bool{}, map[string]bool{}
 	var predicted, truth, status, details, copies, copyGroups, verdicts, rationales, prompts, responses, responseChars, anchors, late int
 	var copySteps int64
+	var wmModels int
+	models := map[string]bool{}
 	var responseBytes int64
 	var fusedByStep, calibrated float64
 	first := rows[0].TS
@@ -226,6 +228,10 @@ func ourAggregates(rows []Row) map[string]string {
 			copySteps += *r.ExecCopyStep
 		}
 		count(r.WMVerdict != nil, &verdicts)
+		if r.WMModel != nil {
+			wmModels++
+			models[*r.WMModel] = true
+		}
 		count(r.WMRationale != nil, &rationales)
 		count(r.Prompt != nil, &prompts)
 		if r.Response != nil {
@@ -255,6 +261,7 @@ func ourAggregates(rows []Row) map[string]string {
 		"prompts": itoa(prompts), "responses": itoa(responses), "response_chars": itoa(responseChars),
 		"response_bytes": strconv.FormatInt(responseBytes, 10),
 		"late":           itoa(late), "runs": strings.Join(slices.Sorted(maps.Keys(runs)), ","),
+		"wm_models": itoa(wmModels), "wm_model_names": strings.Join(slices.Sorted(maps.Keys(models)), ","),
 		"tasks":         strings.Join(slices.Sorted(maps.Keys(tasks)), ","),
 		"first_ts":      first.UTC().Format("2006-01-02 15:04:05"),
 		"fused_by_step": strconv.FormatFloat(fusedByStep, 'g', -1, 64),

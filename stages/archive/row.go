@@ -110,6 +110,11 @@ type Row struct {
 	// Added after the first archives (see laterColumns).
 	ExecCopyStep  *int64  `parquet:"exec_copy_step,optional"`
 	ExecCopyGroup *string `parquet:"exec_copy_group,optional"`
+	// WMModel is the world model whose prediction the row holds (its
+	// name: --wm-model, or "sim"), null when the trajectory was not sent
+	// to be scored or its prediction named none. Added after the first
+	// archives (see laterColumns): older files read it as null.
+	WMModel *string `parquet:"wm_model,optional,dict"`
 }
 
 // Detached is r with what its optional fields point to copied: a row
@@ -121,7 +126,7 @@ func (r Row) Detached() Row {
 	for _, p := range []**float64{&r.Predicted, &r.TrueScore, &r.Calibrated, &r.Reward, &r.ExecSeconds} {
 		*p = Detach(*p)
 	}
-	for _, p := range []**string{&r.ExecStatus, &r.ExecDetail, &r.WMVerdict, &r.WMRationale, &r.Prompt, &r.Response, &r.ExecCopyOf, &r.ExecCopyGroup} {
+	for _, p := range []**string{&r.ExecStatus, &r.ExecDetail, &r.WMVerdict, &r.WMRationale, &r.Prompt, &r.Response, &r.ExecCopyOf, &r.ExecCopyGroup, &r.WMModel} {
 		*p = Detach(*p)
 	}
 	r.ResponseBytes, r.ExecCopyStep = Detach(r.ResponseBytes), Detach(r.ExecCopyStep)
@@ -192,6 +197,9 @@ type LateGroup struct {
 	// come from their executions' outcomes alone. Absent from the files
 	// of archives from before it was kept.
 	Ungraded []UngradedTraj `json:"ungraded,omitempty"`
+	// WMModel is the world model that scored the group (Row.WMModel);
+	// absent from the files of archives from before it was kept.
+	WMModel string `json:"wm_model,omitempty"`
 }
 
 // UngradedTraj is a late anchor trajectory without a world-model score.
@@ -227,10 +235,11 @@ func FromUpdate(u schemas.Update) ([]Row, []LateGroup) {
 		r.ExecStatus, r.ExecDetail, r.ExecCopyOf = nonEmpty(it.ExecStatus), nonEmpty(it.ExecDetail), nonEmpty(it.ExecCopyOf)
 		r.ExecCopyStep, r.ExecCopyGroup = it.ExecCopyStep, nonEmpty(it.ExecCopyGroup)
 		r.WMVerdict, r.WMRationale = nonEmpty(it.WMVerdict), nonEmpty(it.WMRationale)
+		r.WMModel = nonEmpty(u.ItemModel(&u.Items[i]))
 		if lg != nil {
 			s := ExecLate
 			r.ExecStatus = &s
-			lg.TaskID = it.TaskID
+			lg.TaskID, lg.WMModel = it.TaskID, u.ItemModel(&u.Items[i])
 			lg.PolicyVersion[it.TrajID] = it.PolicyVersion
 			if it.Predicted == nil {
 				lg.Ungraded = append(lg.Ungraded, UngradedTraj{TrajID: it.TrajID, WMStatus: it.WMStatus})
@@ -270,7 +279,7 @@ func FromLate(c schemas.Calibration, g LateGroup, outcomes map[string]schemas.Ex
 			Run: c.Run, Step: c.Step, GroupID: c.GroupID, TrajID: traj, TaskID: g.TaskID,
 			PolicyVersion: g.PolicyVersion[traj], IsAnchor: true, CalibrationVersion: c.Version,
 			Source: SourceLateAnchor, WMStatus: wmStatus, TS: now.UTC(),
-			CalibrationSeq: c.Seq, AbsorbedSeq: c.Seq,
+			CalibrationSeq: c.Seq, AbsorbedSeq: c.Seq, WMModel: nonEmpty(g.WMModel),
 		}
 		if ok {
 			seconds := it.Seconds

@@ -14,7 +14,7 @@ import (
 // before the exec_detail column (at f81bfa1): three files of run "r".
 
 // later are the columns added since.
-var later = []string{"exec_detail", "wm_verdict", "wm_rationale", "prompt", "response", "response_bytes", "exec_copy_of", "exec_copy_step", "exec_copy_group"}
+var later = []string{"exec_detail", "wm_verdict", "wm_rationale", "prompt", "response", "response_bytes", "exec_copy_of", "exec_copy_step", "exec_copy_group", "wm_model"}
 
 // oldArchive copies it into root as run.
 func oldArchive(t *testing.T, root, run string) {
@@ -78,7 +78,7 @@ func TestAnArchiveFromBeforeExecDetailReadsAsBefore(t *testing.T) {
 	var want []Row
 	for _, r := range rows {
 		r.ExecDetail, r.WMVerdict, r.WMRationale, r.Prompt, r.Response, r.ResponseBytes, r.ExecCopyOf = nil, nil, nil, nil, nil, nil, nil
-		r.ExecCopyStep, r.ExecCopyGroup = nil, nil
+		r.ExecCopyStep, r.ExecCopyGroup, r.WMModel = nil, nil, nil
 		if r.Source == SourceLateAnchor {
 			if r.Predicted == nil {
 				continue

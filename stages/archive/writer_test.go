@@ -17,12 +17,19 @@ func f64(x float64) *float64 { return &x }
 func testUpdate(step int64, late ...string) schemas.Update {
 	u := schemas.Update{Schema: 1, Run: "r", Step: step, Rho: 2, D: 0.1, CalibrationVersion: 3, CalibrationSeq: 7,
 		PublishedAt: time.Date(2026, 12, 2, 10, 0, int(step), 0, time.UTC), LateAnchors: late}
+	// Odd steps were scored by two world models, one a group.
+	if step%2 == 0 {
+		u.WMModel = "qwen"
+	}
 	for g, group := range []string{"a", "b"} {
 		for i := range 3 {
 			it := schemas.UpdateItem{TrajID: group + string(rune('0'+i)), GroupID: group, Source: SourceWorldModel,
 				TaskID: "t" + group, PolicyVersion: step, Predicted: f64(0.1 * float64(i+g)), WMStatus: schemas.PredOK,
 				Calibrated: f64(0.2 * float64(i)), Reward: f64(0.2 * float64(i)), Advantage: float64(i) - 1, Weight: 1,
 				FusedAdvantage: (float64(i) - 1) / 3}
+			if step%2 == 1 {
+				it.WMModel = map[string]string{"a": "qwen", "b": "llama"}[group]
+			}
 			if group == "a" {
 				it.Source, it.TrueScore, it.ExecStatus, it.ExecSeconds, it.AbsorbedSeq = SourceAnchor, f64(0.3), schemas.ExecScored, f64(0.02), 5
 				if i == 2 { // the same solution as a1's, run once

@@ -364,7 +364,34 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 		}
 		u.Items = append(u.Items, ui)
 	}
+	nameModels(&u, a)
 	return u
+}
+
+// nameModels says in u which world model scored step a: once for the
+// step when one scored every group that was sent to be scored, else on
+// each item (empty where a prediction named none).
+func nameModels(u *schemas.Update, a *stepAsm) {
+	models := map[string]string{} // group to the model of its prediction
+	one, mixed := "", false
+	for _, pg := range a.plan.Groups {
+		p := a.preds[pg.GroupID]
+		if pg.Dropped != "" || p == nil {
+			continue
+		}
+		if len(models) == 0 {
+			one = p.Model
+		}
+		models[pg.GroupID] = p.Model
+		mixed = mixed || p.Model != one
+	}
+	if !mixed {
+		u.WMModel = one
+		return
+	}
+	for i := range u.Items {
+		u.Items[i].WMModel = models[u.Items[i].GroupID]
+	}
 }
 
 // recordKey is a trajectory of a step's update: its group and its ID.

@@ -321,3 +321,47 @@ func TestItemsKeepTheirGroupsRecords(t *testing.T) {
 		}
 	}
 }
+
+// An update names the world model that scored it: once, when one scored
+// every group sent to be scored (a dropped group has none), and on each
+// item when two did (a restart onto another --wm-model, two predict
+// processes), an item of a prediction that named none left empty.
+func TestAnUpdateNamesItsWorldModel(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		models  [3]string // of groups a, b, c
+		one     string
+		perItem map[string]string // group to its items' model; nil: none set
+	}{
+		{"one model", [3]string{"qwen", "qwen", "qwen"}, "qwen", nil},
+		{"two models", [3]string{"qwen", "llama", "qwen"}, "", map[string]string{"a": "qwen", "b": "llama", "c": "qwen", "big": ""}},
+		{"one named, one not", [3]string{"", "qwen", "qwen"}, "", map[string]string{"a": "", "b": "qwen", "c": "qwen", "big": ""}},
+		{"none named", [3]string{"", "", ""}, "", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := NewSteps(StepsConfig{Run: "r", AnchorDeadline: time.Hour, Denoiser: DenoiserConfig{Estimator: EstimatorOff}})
+			t0 := time.Unix(0, 0)
+			plan := schemas.Plan{Step: 1, Groups: []schemas.PlanGroup{{GroupID: "big", TrajIDs: []string{"x0", "x1"}, Dropped: "over max_payload"}}}
+			for _, g := range []string{"a", "b", "c"} {
+				plan.Groups = append(plan.Groups, schemas.PlanGroup{GroupID: g, TrajIDs: []string{g + "0", g + "1"}})
+			}
+			s.AddPlan(plan, t0)
+			for i, g := range []string{"a", "b", "c"} {
+				s.AddPrediction(schemas.Prediction{Step: 1, GroupID: g, Model: tc.models[i], Items: []schemas.PredItem{
+					{TrajID: g + "0", Score: score(0.1)}, {TrajID: g + "1", Score: score(0.6)}}})
+			}
+			u := s.Fuse(1, t0)
+			if u.WMModel != tc.one {
+				t.Errorf("update's wm_model %q, want %q", u.WMModel, tc.one)
+			}
+			for _, it := range u.Items {
+				if want := tc.perItem[it.GroupID]; it.WMModel != want {
+					t.Errorf("item %s of group %s: wm_model %q, want %q", it.TrajID, it.GroupID, it.WMModel, want)
+				}
+				if want := map[string]string{"a": tc.models[0], "b": tc.models[1], "c": tc.models[2]}[it.GroupID]; u.ItemModel(&it) != want {
+					t.Errorf("item %s of group %s: its model %q, want %q", it.TrajID, it.GroupID, u.ItemModel(&it), want)
+				}
+			}
+		})
+	}
+}

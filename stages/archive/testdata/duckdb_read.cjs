@@ -22,6 +22,8 @@ const { DuckDBInstance } = require('@duckdb/node-api');
            coalesce(sum(exec_copy_step), 0)::BIGINT AS exec_copy_steps,
            count(wm_verdict)::BIGINT AS wm_verdicts,
            count(wm_rationale)::BIGINT AS wm_rationales,
+           count(wm_model)::BIGINT AS wm_models,
+           coalesce(string_agg(DISTINCT wm_model, ',' ORDER BY wm_model), '') AS wm_model_names,
            count(prompt)::BIGINT AS prompts,
            count(response)::BIGINT AS responses,
            coalesce(sum(length(response)), 0)::BIGINT AS response_chars,

@@ -28,6 +28,8 @@ print(json.dumps({
     "exec_copy_steps": str(int(df["exec_copy_step"].fillna(0).sum())) if "exec_copy_step" in df else "no column",
     "wm_verdicts": str(int(df["wm_verdict"].notna().sum())) if "wm_verdict" in df else "no column",
     "wm_rationales": str(int(df["wm_rationale"].notna().sum())) if "wm_rationale" in df else "no column",
+    "wm_models": str(int(df["wm_model"].notna().sum())) if "wm_model" in df else "no column",
+    "wm_model_names": ",".join(sorted(df["wm_model"].dropna().astype(str).unique())) if "wm_model" in df else "no column",
     "prompts": str(int(df["prompt"].notna().sum())) if "prompt" in df else "no column",
     "responses": str(int(df["response"].notna().sum())) if "response" in df else "no column",
     "response_chars": str(int(df["response"].dropna().str.len().sum())) if "response" in df else "no column",
