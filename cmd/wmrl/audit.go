@@ -24,7 +24,7 @@ func auditCommand() *cobra.Command {
 		opt            offline.AuditOptions
 		expect         offline.ExpectOptions
 		deadline, last time.Duration
-		steps          string
+		steps, model   string
 	)
 	cmd := &cobra.Command{
 		Use:   "audit [--archive DIR] [--out REPORT]",
@@ -42,6 +42,9 @@ func auditCommand() *cobra.Command {
 			defer release()
 			if opt.Steps, err = pickSteps("audit", steps, last, src); err != nil {
 				return err
+			}
+			if cmd.Flags().Changed("wm-model") {
+				opt.Model = &model
 			}
 			if deadline > 0 {
 				opt.AnchorDeadline = deadline.Seconds()
@@ -76,7 +79,11 @@ func auditCommand() *cobra.Command {
 			if last > 0 {
 				which += fmt.Sprintf(" (fused in the last %s of the run)", last)
 			}
+			if opt.Model != nil {
+				which += fmt.Sprintf(", world model %q", model)
+			}
 			fmt.Fprintf(stdout, "audited %s: %d rows, %d anchor pairs, %d tasks in %s\n", which, a.Rows, a.Pairs, len(a.Tasks), time.Since(start).Round(time.Millisecond))
+			printWorldModels(stdout, a.WorldModels)
 			fmt.Fprintf(stdout, "overall: %s (max |residual| by level %.3f before, %.3f after one monotone map, %.3f after the run's maps as recorded; within-group Kendall %.3f)\n",
 				a.Overall.Verdict, a.Overall.MaxBefore, a.Overall.MaxMonotone, a.Overall.MaxAfter, float64(a.Overall.Ranks.WithinKendall))
 			if first, last, se, ok := a.RankTrend(); ok {
@@ -132,6 +139,7 @@ func auditCommand() *cobra.Command {
 	fs.StringVar(&run, "run", "", "run to audit (default: the only one)")
 	fs.StringVar(&out, "out", "", "report directory (index.html, PNG plots, summary.json; default: audit-<run>)")
 	stepFlags(fs, &steps, &last, "audit")
+	fs.StringVar(&model, "wm-model", "", `audit the rows of this world model alone (the name its predictions gave: the run's --wm-model, or "sim"; "" for rows from before the archive kept it), where a run was scored by more than one`)
 	fs.IntVar(&opt.Bins, "bins", 10, "score bins")
 	fs.Float64Var(&opt.Tolerance, "tolerance", 0.05, "a level's mean residual within this counts as unbiased")
 	fs.IntVar(&opt.MinBinPairs, "min-bin-pairs", 10, "levels with fewer anchor pairs are not judged")
@@ -144,6 +152,29 @@ func auditCommand() *cobra.Command {
 	fs.Float64Var(&expect.Costs.Execute, "cost-exec", expect.Costs.Execute, "what to expect: cost of an execution, in generations (0: counted free)")
 	positive(fs, "bins", "tolerance", "min-bin-pairs", "min-task-pairs", "anchor-deadline")
 	return cmd
+}
+
+// printWorldModels names the world models whose predictions were
+// audited: more than one are measured together, as if one, unless
+// --wm-model picks one.
+func printWorldModels(w io.Writer, models []offline.WorldModelUse) {
+	name := func(m offline.WorldModelUse) string {
+		if m.Model == "" {
+			return "not recorded (rows from before the archive kept it)"
+		}
+		return m.Model
+	}
+	switch len(models) {
+	case 0:
+	case 1:
+		fmt.Fprintf(w, "world model: %s\n", name(models[0]))
+	default:
+		parts := make([]string, len(models))
+		for i, m := range models {
+			parts[i] = fmt.Sprintf("%s (steps %d-%d: %d rows, %d anchor pairs)", name(m), m.FirstStep, m.LastStep, m.Rows, m.Pairs)
+		}
+		fmt.Fprintf(w, "world models: %s; this audit measures them together, as if one: --wm-model NAME audits one alone\n", strings.Join(parts, ", "))
+	}
 }
 
 // writeExpectation prints what wmrl sim expects at the audited world

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/pipeline/offline"
 )
 
 // TestAuditSaysWhatToExpect: wmrl audit runs wmrl sim at the audited run's
@@ -67,6 +68,24 @@ func TestAuditSaysWhatToExpect(t *testing.T) {
 	}
 	if e := sum.Expect; math.Abs(e.RankCorr-first) > 1e-12 || math.Abs(e.Sim-e.RankCorr) > 0.01 || e.Groups != 4 || e.GroupSize != 4 {
 		t.Errorf("expect %+v; the audit measured within-group Spearman %.4f over the first quarter of the steps", *e, first)
+	}
+
+	// It names the world model it audited, and --wm-model audits one's
+	// rows alone.
+	if !strings.Contains(out, "\nworld model: sim\n") {
+		t.Errorf("wmrl audit does not name the world model it audited:\n%s", out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(report, "index.html")); !strings.Contains(string(b), "World model: <code>sim</code>.") {
+		t.Error("the report does not name the world model it audited")
+	}
+	picked := filepath.Join(t.TempDir(), "picked")
+	if out, err := wmrl(ctx, "audit", "--archive", root, "--out", picked, "--expect-seeds", "0", "--wm-model", "sim"); err != nil ||
+		!regexp.MustCompile(`audited run default, world model "sim": \d+ rows`).MatchString(out) {
+		t.Errorf("--wm-model sim (%v):\n%s", err, out)
+	}
+	if _, err := wmrl(ctx, "audit", "--archive", root, "--out", picked, "--wm-model", "qwen"); err == nil ||
+		!strings.Contains(err.Error(), `no rows of world model "qwen": the rows' world models are "sim"`) {
+		t.Errorf("--wm-model qwen, of a run scored by sim alone: %v", err)
 	}
 
 	again := filepath.Join(t.TempDir(), "report")
@@ -164,5 +183,23 @@ func TestAuditSetsTheExecutionTimesAgainstTheDeadline(t *testing.T) {
 	out, err = wmrl(ctx, "audit", "--archive", cfg.ArchiveRoot(), "--out", report, "--expect-seeds", "0", "--anchor-deadline", "1m")
 	if err != nil || !strings.Contains(out, "late for the deadline of 1m0s, and 0.0% of the groups' slowest executions ran past it (exec-times.png): more groups were late than executions ran past it") {
 		t.Errorf("--anchor-deadline 1m (%v):\n%s", err, out)
+	}
+}
+
+// Several world models are named with the steps they scored, and said to
+// be measured together; rows from before the archive kept the name are
+// said to be so.
+func TestTheAuditNamesEachWorldModel(t *testing.T) {
+	var b strings.Builder
+	printWorldModels(&b, []offline.WorldModelUse{{Model: "", Rows: 10, Pairs: 2, FirstStep: 0, LastStep: 3}, {Model: "qwen", Rows: 40, Pairs: 8, FirstStep: 4, LastStep: 9}})
+	want := "world models: not recorded (rows from before the archive kept it) (steps 0-3: 10 rows, 2 anchor pairs), qwen (steps 4-9: 40 rows, 8 anchor pairs); " +
+		"this audit measures them together, as if one: --wm-model NAME audits one alone\n"
+	if b.String() != want {
+		t.Errorf("printed %q, want %q", b.String(), want)
+	}
+	b.Reset()
+	printWorldModels(&b, nil)
+	if b.Len() != 0 {
+		t.Errorf("no world model: printed %q", b.String())
 	}
 }

@@ -163,8 +163,22 @@ func loadExecuted(root, run, steps string, last time.Duration, opt offline.EvalO
 // difference.
 func writeEval(w io.Writer, e *offline.Eval, run, model string, took time.Duration) {
 	n := len(e.Items)
-	fmt.Fprintf(w, "evaluated %s on %d anchor groups of run %s (%d executed trajectories) in %s, against the world model the run recorded:\n",
-		model, e.Groups, run, n, took.Round(time.Millisecond))
+	recorded := e.RecordedModels()
+	for i, m := range recorded {
+		if m == "" {
+			recorded[i] = "one not named in the archive"
+		}
+	}
+	which := "the world model the run recorded"
+	switch len(recorded) {
+	case 1:
+		which += " (" + recorded[0] + ")"
+	case 0:
+	default:
+		which = "the world models the run recorded, together (" + strings.Join(recorded, ", ") + ")"
+	}
+	fmt.Fprintf(w, "evaluated %s on %d anchor groups of run %s (%d executed trajectories) in %s, against %s:\n",
+		model, e.Groups, run, n, took.Round(time.Millisecond), which)
 	num := func(x float64) string {
 		if math.IsNaN(x) {
 			return "-"

@@ -136,6 +136,7 @@ func TestWMEvalSetsAWorldModelAgainstTheRecordedOne(t *testing.T) {
 		fmt.Sprintf(`(?m)^\s+graded\s+%d \(100%%\)\s+%d \(100%%\)$`, n, n),
 		`(?m)^\s+within-group Spearman\s+0\.\d+\s+1\.000$`,
 		`paired over \d+ groups: \+0\.\d+ ± 0\.\d+ \(2 SE\): oracle ranks better`,
+		`, against the world model the run recorded \(sim\):\n`,
 	} {
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("wm-eval with the oracle does not say %s", want)
@@ -261,5 +262,16 @@ func checkPNG(t *testing.T, path string, panels int) {
 	t.Helper()
 	if b := offlinetest.DecodePNG(t, path).Bounds(); b.Dx() < 600 || math.Abs(float64(b.Dy())/float64(b.Dx())-float64(panels)*4.5/8) > 0.01 {
 		t.Errorf("%s is %dx%d; want %d panels of 8 by 4.5 stacked", path, b.Dx(), b.Dy(), panels)
+	}
+}
+
+// The recorded world models are named once each, in the order met, and
+// rows that name none are said to be so.
+func TestWMEvalNamesTheRecordedWorldModels(t *testing.T) {
+	e := &offline.Eval{Items: []offline.EvalItem{{RecordedModel: "sim"}, {RecordedModel: ""}, {RecordedModel: "sim"}, {RecordedModel: "qwen"}}}
+	var b strings.Builder
+	writeEval(&b, e, "default", "oracle", time.Second)
+	if want := ", against the world models the run recorded, together (sim, one not named in the archive, qwen):\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("wm-eval over three recorded world models printed:\n%s\nwant %q", b.String(), want)
 	}
 }

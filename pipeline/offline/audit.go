@@ -48,6 +48,9 @@ type AuditOptions struct {
 	// Steps, if set, audits those steps alone (their late anchors' rows
 	// too, whenever they came); nil: every step.
 	Steps *StepRange `json:"Steps,omitempty"`
+	// Model, if set, audits the rows of that world model alone (their
+	// wm_model; "" for rows that name none); nil: every row.
+	Model *string `json:"WMModel,omitempty"`
 }
 
 func (o *AuditOptions) setDefaults() {
@@ -188,9 +191,28 @@ type Audit struct {
 	Executions *ExecTimes `json:"execution_times,omitempty"`
 	// Expect, if set (Expect), is wmrl sim's benchmark at this world model.
 	Expect *rl.Expectation `json:"expect,omitempty"`
+	// WorldModels are the world models whose predictions the rows hold,
+	// in the order of their first steps: more than one when the run was
+	// restarted onto another --wm-model, or predict processes with
+	// different ones shared it.
+	WorldModels []WorldModelUse `json:"world_models"`
 
 	pairs        []pairRow // for the plots
 	groups, size int       // the median step's groups and group's trajectories (Expect)
+}
+
+// WorldModelUse is what the audited rows hold of one world model.
+type WorldModelUse struct {
+	// Model is its name as its predictions gave it (--wm-model, or
+	// "sim"); empty for rows that name none (archives from before the
+	// wm_model column).
+	Model string `json:"model"`
+	// Rows counts its rows (a late anchor's second row apart), Pairs its
+	// anchor pairs; FirstStep and LastStep bound the steps it scored.
+	Rows      int   `json:"rows"`
+	Pairs     int   `json:"anchor_pairs"`
+	FirstStep int64 `json:"first_step"`
+	LastStep  int64 `json:"last_step"`
 }
 
 type pairRow struct {
@@ -216,6 +238,10 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	if opt.Steps != nil {
 		src, held = rowsIn(src, *opt.Steps)
 	}
+	var models func() []string
+	if opt.Model != nil {
+		src, models = rowsOf(src, *opt.Model)
+	}
 	lo, hi := math.Inf(1), math.Inf(-1)
 	err := src([]string{"predicted"}, func(rows []archive.Row) error {
 		for i := range rows {
@@ -233,6 +259,9 @@ func RunAuditRows(src Rows, opt AuditOptions) (*Audit, error) {
 	case err != nil:
 		return nil, err
 	case a.Rows == 0:
+		if models != nil && len(models()) > 0 {
+			return nil, fmt.Errorf("audit: no rows of world model %q: the rows' world models are %s", *opt.Model, modelNames(models()))
+		}
 		if held != nil {
 			if first, last, ok := held(); ok {
 				return nil, fmt.Errorf("audit: no rows in %s: the run's rows are of steps %d to %d", opt.Steps, first, last)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
@@ -75,12 +76,14 @@ type auditPass struct {
 	misses     *missAcc
 	execs      *execAcc
 	shape      shapeAcc
+	models     map[string]*WorldModelUse
 	read       int
 }
 
 func newAuditPass(a *Audit, lv levels) *auditPass {
 	return &auditPass{a: a, lv: lv, all: newTaskAcc(lv), tasks: map[string]*taskAcc{}, steps: map[int64]*stepAcc{},
-		outcomes: map[string]*Outcome{}, lateLength: map[trajKey]int64{}, misses: newMissAcc(), execs: newExecAcc()}
+		outcomes: map[string]*Outcome{}, lateLength: map[trajKey]int64{}, misses: newMissAcc(), execs: newExecAcc(),
+		models: map[string]*WorldModelUse{}}
 }
 
 // add takes one row.
@@ -105,6 +108,10 @@ func (p *auditPass) add(r archive.Row) {
 	}
 	if r.Source != archive.SourceLateAnchor && !s.seen {
 		s.d, s.rho, s.seen = r.D, r.Rho, true
+	}
+	m := p.model(r)
+	if m != nil && r.Source != archive.SourceLateAnchor {
+		m.Rows++
 	}
 	if r.Predicted == nil {
 		if r.Source != archive.SourceLateAnchor { // else counted on its world-model row
@@ -131,6 +138,9 @@ func (p *auditPass) add(r archive.Row) {
 		pr.cal, pr.hasCal = *r.Calibrated, true
 	}
 	a.Pairs++
+	if m != nil {
+		m.Pairs++
+	}
 	if r.Source == archive.SourceLateAnchor {
 		a.LatePairs++
 	}
@@ -165,9 +175,35 @@ func (p *auditPass) add(r archive.Row) {
 	}
 }
 
+// model is the use of the world model that scored r, nil for a row no
+// world model was asked for (its group over max_payload).
+func (p *auditPass) model(r archive.Row) *WorldModelUse {
+	if r.WMStatus == schemas.PredNotSent {
+		return nil
+	}
+	name := ""
+	if r.WMModel != nil {
+		name = *r.WMModel
+	}
+	m := p.models[name]
+	if m == nil {
+		m = &WorldModelUse{Model: name, FirstStep: r.Step, LastStep: r.Step}
+		p.models[name] = m
+	}
+	m.FirstStep, m.LastStep = min(m.FirstStep, r.Step), max(m.LastStep, r.Step)
+	return m
+}
+
 // finish sums up what the pass kept into its Audit.
 func (p *auditPass) finish() {
 	a := p.a
+	a.WorldModels = make([]WorldModelUse, 0, len(p.models))
+	for _, m := range p.models {
+		a.WorldModels = append(a.WorldModels, *m)
+	}
+	slices.SortFunc(a.WorldModels, func(x, y WorldModelUse) int {
+		return cmp.Or(cmp.Compare(x.FirstStep, y.FirstStep), strings.Compare(x.Model, y.Model))
+	})
 	a.groups, a.size = p.shape.result()
 	a.Steps = len(p.steps)
 	for _, s := range []string{schemas.ExecScored, schemas.ExecInvalid, schemas.ExecCrashed, schemas.ExecTimedOut} {

@@ -514,7 +514,10 @@ figure{margin:0}figure img{width:100%;border:1px solid #ddd}figcaption{font-size
 </style></head><body>
 <h1>World-model bias audit: run <code>{{.A.Run}}</code></h1>
 <p>{{.A.Rows}} rows over {{.A.Steps}} steps{{with .A.Options.Steps}} ({{.}} of the run alone){{end}}; {{.A.Pairs}} anchor pairs (predicted and true){{if .A.LatePairs}}, of which {{.A.LatePairs}} from anchors late for their step{{end}}; {{.A.Ungraded}} ungraded predictions.
-Overall rank agreement: Spearman {{num .A.Overall.Ranks.Spearman}}, Kendall {{num .A.Overall.Ranks.Kendall}};
+{{if gt (len .A.WorldModels) 1}}World models: {{range $i, $m := .A.WorldModels}}{{if $i}}, {{end}}<code>{{or $m.Model "not recorded"}}</code> (steps {{$m.FirstStep}}-{{$m.LastStep}}: {{$m.Rows}} rows, {{$m.Pairs}} anchor pairs){{end}};
+this audit measures them together, as if one: <code>wmrl audit --wm-model NAME</code> audits one alone.
+{{else}}{{range .A.WorldModels}}World model: <code>{{or .Model "not recorded"}}</code>.
+{{end}}{{end}}Overall rank agreement: Spearman {{num .A.Overall.Ranks.Spearman}}, Kendall {{num .A.Overall.Ranks.Kendall}};
 within groups (what GRPO's advantages depend on): Spearman {{num .A.Overall.Ranks.WithinSpearman}}, Kendall {{num .A.Overall.Ranks.WithinKendall}} over {{.A.Overall.Ranks.Groups}} groups.
 Overall verdict: <span class="{{cls .A.Overall.Verdict}}"><b>{{.A.Overall.Verdict}}</b></span>.</p>
 

@@ -2,6 +2,7 @@ package offline
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -99,5 +100,83 @@ func TestLastStepsCountsBackFromTheNewestUpdate(t *testing.T) {
 	}
 	if _, err := LastSteps(InMemory(rows[len(rows)-1:]), time.Hour); err == nil || !strings.Contains(err.Error(), "no step fused") {
 		t.Errorf("late rows alone: %v", err)
+	}
+}
+
+// A run's rows name the world model that scored them, and the audit says
+// which it measured: several when a run was scored by more than one, in
+// the order of their first steps; --wm-model audits one alone, as an
+// audit of its rows alone says, and a name the rows do not hold is
+// refused, naming those they do.
+func TestAuditNamesItsWorldModels(t *testing.T) {
+	rows, _, files := archiveRunFiles(t, 6, nil)
+	for _, r := range rows {
+		if r.WMModel == nil || *r.WMModel != "sim" {
+			t.Fatalf("step %d, %s: wm_model %v, want the simulated world model's name, sim", r.Step, r.TrajID, r.WMModel)
+		}
+	}
+	a, err := RunAuditRows(files, AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []WorldModelUse{{Model: "sim", Rows: a.Rows, Pairs: a.Pairs, FirstStep: 0, LastStep: 5}}; !slices.Equal(a.WorldModels, want) {
+		t.Fatalf("world models %+v, want %+v", a.WorldModels, want)
+	}
+
+	// Step 0's rows as an archive from before wm_model has them, steps 1
+	// and 2 by sim, the rest by another world model after a restart.
+	qwen := "qwen"
+	uses := map[string]*WorldModelUse{}
+	var mixed, ofQwen []archive.Row
+	for _, r := range rows {
+		switch {
+		case r.Step == 0:
+			r.WMModel = nil
+		case r.Step >= 3:
+			r.WMModel = &qwen
+		}
+		name := modelOf(r)
+		u := uses[name]
+		if u == nil {
+			u = &WorldModelUse{Model: name, FirstStep: r.Step}
+			uses[name] = u
+		}
+		u.FirstStep, u.LastStep = min(u.FirstStep, r.Step), max(u.LastStep, r.Step)
+		if r.Source != archive.SourceLateAnchor {
+			u.Rows++
+		}
+		if r.IsAnchor && r.Predicted != nil && r.TrueScore != nil && r.Source != archive.SourceWorldModel {
+			u.Pairs++
+		}
+		mixed = append(mixed, r)
+		if name == qwen {
+			ofQwen = append(ofQwen, r)
+		}
+	}
+	a, err = RunAudit(mixed, AuditOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []WorldModelUse{*uses[""], *uses["sim"], *uses["qwen"]}; !slices.Equal(a.WorldModels, want) {
+		t.Fatalf("world models %+v, want %+v", a.WorldModels, want)
+	}
+	want, err := RunAudit(ofQwen, AuditOptions{Model: &qwen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := RunAudit(mixed, AuditOptions{Model: &qwen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Rows != uses["qwen"].Rows || len(got.WorldModels) != 1 || got.WorldModels[0].Model != qwen {
+		t.Errorf("audited %d rows of %+v; want qwen's %d alone", got.Rows, got.WorldModels, uses["qwen"].Rows)
+	}
+	if g, w := summaryJSON(t, got), summaryJSON(t, want); g != w {
+		t.Errorf("qwen's rows picked out:\n%s\nits rows alone:\n%s", g, w)
+	}
+	other := "gpt"
+	if _, err := RunAudit(mixed, AuditOptions{Model: &other}); err == nil ||
+		!strings.Contains(err.Error(), `no rows of world model "gpt": the rows' world models are none named (rows from before wm_model was kept), "qwen", "sim"`) {
+		t.Errorf("a world model the rows do not hold: %v", err)
 	}
 }

@@ -195,6 +195,9 @@ type EvalItem struct {
 	TaskID, ExecStatus string
 	True               float64
 	Recorded, New      *float64
+	// RecordedModel is the world model that made Recorded, as the archive
+	// names it ("": not recorded).
+	RecordedModel string
 	// Verdict and Rationale are the evaluated model's, when it gives them;
 	// Reason says why its score is missing.
 	Verdict, Rationale, Reason string
@@ -259,6 +262,19 @@ type Eval struct {
 	// Claims, with EvalOptions.Claim: how far the model takes a
 	// solution's word for its score.
 	Claims *EvalClaims
+}
+
+// RecordedModels names the world models that made the recorded scores
+// of e's trajectories, each once, in the order first met ("": not
+// recorded, as in archives from before the archive kept it).
+func (e *Eval) RecordedModels() []string {
+	var names []string
+	for _, it := range e.Items {
+		if !slices.Contains(names, it.RecordedModel) {
+			names = append(names, it.RecordedModel)
+		}
+	}
+	return names
 }
 
 // GroupRank is one anchor group's within-group Spearman under the run's
@@ -450,7 +466,7 @@ func evalGroup(ctx context.Context, wm predict.WorldModel, rows []archive.Row, c
 		}
 		trajs[i] = schemas.Trajectory{Schema: schemas.Version, Run: r.Run, Step: r.Step, GroupID: r.GroupID, TrajID: r.TrajID,
 			GroupSize: len(rows), TaskID: r.TaskID, Prompt: prompt, Response: *r.Response, PolicyVersion: r.PolicyVersion}
-		items[i] = EvalItem{Step: r.Step, GroupID: r.GroupID, TrajID: r.TrajID, TaskID: r.TaskID, True: *r.TrueScore, Recorded: r.Predicted}
+		items[i] = EvalItem{Step: r.Step, GroupID: r.GroupID, TrajID: r.TrajID, TaskID: r.TaskID, True: *r.TrueScore, Recorded: r.Predicted, RecordedModel: modelOf(r)}
 		if r.ExecStatus != nil {
 			items[i].ExecStatus = *r.ExecStatus
 		}
