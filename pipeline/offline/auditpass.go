@@ -181,10 +181,7 @@ func (p *auditPass) model(r archive.Row) *WorldModelUse {
 	if r.WMStatus == schemas.PredNotSent {
 		return nil
 	}
-	name := ""
-	if r.WMModel != nil {
-		name = *r.WMModel
-	}
+	name := modelOf(r)
 	m := p.models[name]
 	if m == nil {
 		m = &WorldModelUse{Model: name, FirstStep: r.Step, LastStep: r.Step}
