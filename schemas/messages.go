@@ -2,6 +2,7 @@ package schemas
 
 import (
 	"cmp"
+	"slices"
 	"time"
 )
 
@@ -80,6 +81,22 @@ func (u *Update) ItemModel(it *UpdateItem) string {
 		return ""
 	}
 	return cmp.Or(u.WMModel, it.WMModel)
+}
+
+// Models names the world models that scored u's items, each once, in
+// item order ("" for a prediction that named none; an item never sent to
+// be scored is left out).
+func (u *Update) Models() []string {
+	if u.WMModel != "" {
+		return []string{u.WMModel}
+	}
+	var names []string
+	for i := range u.Items {
+		if m := u.ItemModel(&u.Items[i]); u.Items[i].WMStatus != PredNotSent && !slices.Contains(names, m) {
+			names = append(names, m)
+		}
+	}
+	return names
 }
 
 // UpdateItem is one trajectory's share of the step's gradient.

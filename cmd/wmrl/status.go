@@ -28,8 +28,8 @@ func statusCommand() *cobra.Command {
 		Short: "Show where a run is: the last step received, fused and calibrated, dead letters and the newest one's reason, and each consumer's backlog",
 		Long: `Show where a run is, from its stream: the newest step watermark and
 calibration, and the highest step fused (not the newest update stored
-when a step held back was fused after later ones), with their age,
-the steps planned and not fused (one
+when a step held back was fused after later ones), with their age and
+the world model that scored that step, the steps planned and not fused (one
 held back behind a later fused step waits for an anchor group within its
 deadline, or for a prediction that a stage between predict and fuse may
 have dead-lettered), the dead letters with the newest one's
@@ -110,8 +110,8 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 	case u == nil:
 		fmt.Fprintln(w, "steps fused:     none yet")
 	default:
-		fmt.Fprintf(w, "steps fused:     up to %d (%s): rho %.3f, D %.3f, calibration v%d, groups %d, anchors %d\n",
-			u.Step, ago(st.LastUpdateAt), u.Rho, u.D, u.CalibrationVersion, u.Groups, u.Anchors)
+		fmt.Fprintf(w, "steps fused:     up to %d (%s): rho %.3f, D %.3f, calibration v%d, groups %d, anchors %d%s\n",
+			u.Step, ago(st.LastUpdateAt), u.Rho, u.D, u.CalibrationVersion, u.Groups, u.Anchors, scoredBy(u))
 	}
 	if next, ok := nextStep(st); ok {
 		fmt.Fprintf(w, "next step:       %d (a closed step takes no more trajectories: a trainer resumed from a checkpoint numbers its steps on from here)\n", next)
@@ -166,6 +166,24 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 	if unread > 0 {
 		fmt.Fprintf(w, "* %d consumer(s) with a backlog and no pull request waiting: nothing reads them; is their stage running?\n", unread)
 	}
+}
+
+// scoredBy names the world models that scored u, for its line: whether a
+// restart onto another --wm-model took, or which predict processes score.
+func scoredBy(u *schemas.Update) string {
+	names := u.Models()
+	for i, m := range names {
+		if m == "" {
+			names[i] = "(not named)"
+		}
+	}
+	switch len(names) {
+	case 0:
+		return ""
+	case 1:
+		return ", world model " + names[0]
+	}
+	return ", world models " + strings.Join(names, ", ")
 }
 
 // writeUnfused names the steps planned and not fused: those behind a

@@ -110,7 +110,7 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 
 	// The same as JSON, for scripts.
 	doc := statusJSON(t, ctx, "--nats", p.URL())
-	if doc.Fused == nil || doc.Fused.Step != 0 || doc.Fused.Groups != 4 || doc.Fused.Anchors != 1 || doc.Fused.Rho < 1 ||
+	if doc.Fused == nil || doc.Fused.Step != 0 || doc.Fused.Groups != 4 || doc.Fused.Anchors != 1 || doc.Fused.Rho < 1 || !slices.Equal(doc.Fused.WMModels, []string{"sim"}) ||
 		doc.NextStep == nil || *doc.NextStep != 1 || doc.Received == nil || doc.Received.Step != 0 || doc.Calibration == nil {
 		t.Errorf("status --json: received %+v, fused %+v, next %v, calibration %+v", doc.Received, doc.Fused, doc.NextStep, doc.Calibration)
 	}
@@ -150,8 +150,8 @@ func TestStatusShowsWhereTheRunIs(t *testing.T) {
 		!strings.Contains(out, "* 1 consumer(s) with a backlog and no pull request waiting: nothing reads them") {
 		t.Errorf("the stopped run's status does not show the 16 trajectories waiting for route, unread:\n%s", out)
 	}
-	if !strings.Contains(out, "steps fused:     up to 0") {
-		t.Errorf("the stopped run's status lost its last update:\n%s", out)
+	if !regexp.MustCompile(`(?m)^steps fused:     up to 0 .*, anchors 1, world model sim$`).MatchString(out) {
+		t.Errorf("the stopped run's status lost its last update, or does not name the world model that scored it:\n%s", out)
 	}
 	if !regexp.MustCompile(`(?m)^trajectories:    of step 1, the newest \S+, \S+ ago, whose watermark has not come`).MatchString(out) {
 		t.Errorf("the stopped run's status does not show step 1 waiting for its watermark:\n%s", out)
@@ -457,4 +457,26 @@ func (slowGroups) Execute(ctx context.Context, t schemas.Trajectory) (execute.Re
 		e.Latency = 600 * time.Millisecond
 	}
 	return e.Execute(ctx, t)
+}
+
+// A step scored by two world models names both, one its predictions did
+// not name too; a group never sent to be scored names none.
+func TestStatusNamesTheWorldModelsOfTheNewestStep(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	u := &schemas.Update{Step: 9, Groups: 3, Items: []schemas.UpdateItem{
+		{GroupID: "a", WMModel: "qwen", WMStatus: schemas.PredOK}, {GroupID: "b", WMModel: "", WMStatus: schemas.PredUngraded},
+		{GroupID: "c", WMModel: "gpt", WMStatus: schemas.PredNotSent}, {GroupID: "d", WMModel: "llama", WMStatus: schemas.PredOK},
+	}}
+	st := &pipeline.Status{Stream: "S", LastUpdate: u, LastUpdateAt: now.Add(-time.Second)}
+	var b strings.Builder
+	writeStatus(&b, st, "here", "wmrl", "default", now)
+	if line := regexp.MustCompile(`(?m)^steps fused:.*$`).FindString(b.String()); !strings.HasSuffix(line, ", world models qwen, (not named), llama") {
+		t.Errorf("the newest step's line is %q", line)
+	}
+	u.WMModel = "qwen"
+	b.Reset()
+	writeStatus(&b, st, "here", "wmrl", "default", now)
+	if line := regexp.MustCompile(`(?m)^steps fused:.*$`).FindString(b.String()); !strings.HasSuffix(line, ", world model qwen") {
+		t.Errorf("the newest step's line, one world model: %q", line)
+	}
 }

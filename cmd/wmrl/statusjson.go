@@ -79,6 +79,9 @@ type fusedDoc struct {
 	CalibrationVersion int64   `json:"calibration_version"`
 	Groups             int     `json:"groups"`
 	Anchors            int     `json:"anchors"`
+	// WMModels: the world models that scored the step (more than one
+	// when two did; "" for one its predictions did not name).
+	WMModels []string `json:"wm_models"`
 }
 
 type unfusedDoc struct {
@@ -192,7 +195,8 @@ func writeStatusJSON(w io.Writer, st *pipeline.Status, run string, now time.Time
 		d.NewestTrajectory = &r
 	}
 	if u := st.LastUpdate; u != nil {
-		d.Fused = &fusedDoc{stepDoc: step(u.Step, st.LastUpdateAt), Rho: u.Rho, D: u.D, CalibrationVersion: u.CalibrationVersion, Groups: u.Groups, Anchors: u.Anchors}
+		d.Fused = &fusedDoc{stepDoc: step(u.Step, st.LastUpdateAt), Rho: u.Rho, D: u.D, CalibrationVersion: u.CalibrationVersion, Groups: u.Groups, Anchors: u.Anchors,
+			WMModels: append([]string{}, u.Models()...)}
 	}
 	if next, ok := nextStep(st); ok {
 		d.NextStep = &next

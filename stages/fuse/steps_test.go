@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -332,11 +333,12 @@ func TestAnUpdateNamesItsWorldModel(t *testing.T) {
 		models  [3]string // of groups a, b, c
 		one     string
 		perItem map[string]string // group to its items' model; nil: none set
+		all     []string          // Models
 	}{
-		{"one model", [3]string{"qwen", "qwen", "qwen"}, "qwen", nil},
-		{"two models", [3]string{"qwen", "llama", "qwen"}, "", map[string]string{"a": "qwen", "b": "llama", "c": "qwen", "big": ""}},
-		{"one named, one not", [3]string{"", "qwen", "qwen"}, "", map[string]string{"a": "", "b": "qwen", "c": "qwen", "big": ""}},
-		{"none named", [3]string{"", "", ""}, "", nil},
+		{"one model", [3]string{"qwen", "qwen", "qwen"}, "qwen", nil, []string{"qwen"}},
+		{"two models", [3]string{"qwen", "llama", "qwen"}, "", map[string]string{"a": "qwen", "b": "llama", "c": "qwen", "big": ""}, []string{"qwen", "llama"}},
+		{"one named, one not", [3]string{"", "qwen", "qwen"}, "", map[string]string{"a": "", "b": "qwen", "c": "qwen", "big": ""}, []string{"", "qwen"}},
+		{"none named", [3]string{"", "", ""}, "", nil, []string{""}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, _ := NewSteps(StepsConfig{Run: "r", AnchorDeadline: time.Hour, Denoiser: DenoiserConfig{Estimator: EstimatorOff}})
@@ -353,6 +355,9 @@ func TestAnUpdateNamesItsWorldModel(t *testing.T) {
 			u := s.Fuse(1, t0)
 			if u.WMModel != tc.one {
 				t.Errorf("update's wm_model %q, want %q", u.WMModel, tc.one)
+			}
+			if !slices.Equal(u.Models(), tc.all) {
+				t.Errorf("the update's models %q, want %q", u.Models(), tc.all)
 			}
 			for _, it := range u.Items {
 				if want := tc.perItem[it.GroupID]; it.WMModel != want {
