@@ -203,3 +203,38 @@ func TestTheAuditNamesEachWorldModel(t *testing.T) {
 		t.Errorf("no world model: printed %q", b.String())
 	}
 }
+
+// A run restarted onto another world model archives each one's rows under
+// its name: status names the one scoring now, the audit names both with
+// their steps, and --wm-model audits the new one's rows alone.
+func TestARestartOntoAnotherWorldModelIsAuditedApart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := finishedRun(ctx, t, 4, func(*pipeline.Config) {})
+	hashed := judge(t, func(code string) (float64, bool) {
+		return float64(len(code)%10) / 10, true
+	})
+	cfg.Steps = 8
+	cfg.WorldModel, cfg.WMURL, cfg.WMModel = "openai", hashed.URL+"/v1", "judge"
+	if err := pipeline.Run(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := wmrl(ctx, "status", "--data", cfg.DataDir); err != nil ||
+		!regexp.MustCompile(`(?m)^steps fused:     up to 7 .*, world model judge$`).MatchString(out) {
+		t.Errorf("status after the restart (%v):\n%s", err, out)
+	}
+	report := filepath.Join(t.TempDir(), "report")
+	out, err := wmrl(ctx, "audit", "--archive", cfg.ArchiveRoot(), "--out", report, "--expect-seeds", "0")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	both := regexp.MustCompile(`(?m)^world models: sim \(steps 0-3: (\d+) rows, \d+ anchor pairs\), judge \(steps 4-7: (\d+) rows, \d+ anchor pairs\); this audit measures them together`)
+	m := both.FindStringSubmatch(out)
+	if m == nil || m[1] != "512" || m[2] != "512" {
+		t.Fatalf("the audit of a run scored by two world models, 4 steps of 128 trajectories each, says:\n%s", out)
+	}
+	out, err = wmrl(ctx, "audit", "--archive", cfg.ArchiveRoot(), "--out", report, "--expect-seeds", "0", "--wm-model", "judge")
+	if err != nil || !strings.Contains(out, `audited run default, world model "judge": 512 rows`) || !strings.Contains(out, "\nworld model: judge\n") {
+		t.Errorf("--wm-model judge (%v):\n%s", err, out)
+	}
+}
