@@ -8,8 +8,10 @@ PKGS     ?= ./...
 
 all: lint test
 
+# -buildvcs=auto: the binary records its commit (wmrl --version,
+# wmrl_build_info) even where GOFLAGS says -buildvcs=false.
 build:
-	$(GO) build -o bin/wmrl ./cmd/wmrl
+	$(GO) build -buildvcs=auto -o bin/wmrl ./cmd/wmrl
 
 # The whole suite with the race detector; CI runs exactly this. The tests
 # marked t.Parallel run 4 at a time, not GOMAXPROCS (2) at a time: they wait

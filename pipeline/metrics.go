@@ -127,6 +127,9 @@ type Metrics struct {
 	// Standby is 1 for each one-per-run stage this process waits to run
 	// while another process holds its lease, 0 once it runs it.
 	Standby *prometheus.GaugeVec
+	// WorldModel is 1 for the world model this process asks (its name:
+	// --wm-model, or sim), once it has built it: which one a run is on.
+	WorldModel *prometheus.GaugeVec
 }
 
 // NewMetrics registers the collectors, with the Go runtime's (go_*) and
@@ -135,6 +138,12 @@ type Metrics struct {
 func NewMetrics() *Metrics {
 	r := prometheus.NewRegistry()
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	b := ReadBuild()
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "wmrl", Name: "build_info",
+		Help: "1, labelled with which build of wmrl this process runs: its module version, commit (empty when the binary records none), whether the tree had changes not committed, and Go release."},
+		[]string{"version", "revision", "modified", "go_version"})
+	build.WithLabelValues(b.Version, b.Revision, strconv.FormatBool(b.Modified), b.Go).Set(1)
+	r.MustRegister(build)
 	cv := func(name, help string) *prometheus.CounterVec {
 		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: name, Help: help}, []string{"stage"})
 		r.MustRegister(c)
@@ -190,6 +199,10 @@ func NewMetrics() *Metrics {
 	m.TrajectoriesFused = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "wmrl", Name: "trajectories_fused_total",
 		Help: "Trajectories in the updates this process published: what wm_ungraded and sandbox_error of step_losses_total are shares of."})
 	r.MustRegister(m.TrajectoriesFused)
+	m.WorldModel = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "wmrl", Name: "world_model_info",
+		Help: "1 for the world model this process asks (predict, or the gateway's reward endpoints), labelled with its name (--wm-model, or sim): after a restart onto another, which one the run is on."},
+		[]string{"model"})
+	r.MustRegister(m.WorldModel)
 	m.TrajectoriesIn = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "trajectories_received_total",
 		Help: "Trajectories route took into their steps, each once, by the subject they came on: traj (one a message) or trajs (a group or more a message, which the pipeline handles at a higher rate)."},
 		[]string{"subject"})

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -500,6 +501,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		body = string(b)
 		return strings.Contains(body, "wmrl_step_latency_seconds_count 5")
 	})
+	build := ReadBuild()
 	for _, want := range []string{
 		`wmrl_messages_in_total{stage="route"}`, `wmrl_messages_out_total{stage="fuse"}`,
 		`wmrl_handler_seconds_bucket{stage="predict"`, "wmrl_rho ", "wmrl_disagreement ",
@@ -507,6 +509,8 @@ func TestMetricsEndpoint(t *testing.T) {
 		`wmrl_step_losses_total{kind="wm_ungraded"} 0`, "wmrl_wm_within_group_spearman_count ",
 		`wmrl_dead_letters_total{stage="route"} 0`, `wmrl_checkpoint_errors_total{stage="fuse"} 0`,
 		"go_goroutines ", "go_memstats_heap_inuse_bytes ", "process_resident_memory_bytes ",
+		`wmrl_world_model_info{model="sim"} 1`,
+		fmt.Sprintf(`wmrl_build_info{go_version=%q,modified="%t",revision=%q,version=%q} 1`, runtime.Version(), build.Modified, build.Revision, build.Version),
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)

@@ -87,19 +87,19 @@ func (p *Pipeline) worldModel() (predict.WorldModel, error) {
 	if p.wm != nil {
 		return p.wm, nil
 	}
-	if p.cfg.WorldModelImpl != nil {
-		p.wm = p.cfg.WorldModelImpl
-		return p.wm, nil
-	}
-	var onAttempt func(error)
-	if p.cfg.WorldModel == "openai" {
-		onAttempt = p.worldModelBreaker().Attempt
-	}
-	wm, err := NewWorldModel(p.cfg, onAttempt, p.metrics.ObserveWMRequest)
-	if err != nil {
-		return nil, err
+	wm := p.cfg.WorldModelImpl
+	if wm == nil {
+		var onAttempt func(error)
+		if p.cfg.WorldModel == "openai" {
+			onAttempt = p.worldModelBreaker().Attempt
+		}
+		var err error
+		if wm, err = NewWorldModel(p.cfg, onAttempt, p.metrics.ObserveWMRequest); err != nil {
+			return nil, err
+		}
 	}
 	p.wm = wm
+	p.metrics.WorldModel.WithLabelValues(wm.Name()).Set(1)
 	return wm, nil
 }
 

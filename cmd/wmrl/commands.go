@@ -34,6 +34,8 @@ func rootCommand() *cobra.Command {
 			return refuseNotPositive(cmd)
 		},
 	}
+	root.Version = pipeline.ReadBuild().String()
+	root.SetVersionTemplate("wmrl {{.Version}}\n")
 	root.PersistentFlags().String(configFlag, "", "YAML file of this command's settings (name: value, a flag's name without its dashes; a list for a flag given once per value); a flag on the command line wins")
 	root.AddCommand(runCommand(), stageCommand(), serveCommand(), simCommand(), replayCommand(), auditCommand(), compactCommand(), dlqCommand(), statusCommand(), wmEvalCommand())
 	return root

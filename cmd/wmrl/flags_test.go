@@ -268,3 +268,11 @@ func TestAProcessTakesOnlyTheSettingsItReads(t *testing.T) {
 		t.Errorf("wmrl run --listen 127.0.0.1:4333 --nats-max-payload-mb 16: %v", err)
 	}
 }
+
+// wmrl --version says which build it is, as wmrl_build_info labels it.
+func TestVersionSaysWhichBuild(t *testing.T) {
+	out, err := wmrl(context.Background(), "--version")
+	if want := "wmrl " + pipeline.ReadBuild().String() + "\n"; err != nil || out != want {
+		t.Errorf("wmrl --version (%v): %q, want %q", err, out, want)
+	}
+}
