@@ -14,28 +14,11 @@ import (
 // of every row src gave so far.
 func rowsOf(src Rows, model string) (of Rows, seen func() []string) {
 	names := map[string]bool{}
-	of = func(columns []string, fn func([]archive.Row) error) error {
-		if len(columns) > 0 && !slices.Contains(columns, "wm_model") {
-			columns = append(slices.Clone(columns), "wm_model")
-		}
-		return src(columns, func(rows []archive.Row) error {
-			var kept []archive.Row // fn may keep it
-			for _, row := range rows {
-				name := modelOf(row)
-				names[name] = true
-				if name == model {
-					kept = append(kept, row)
-				}
-			}
-			switch len(kept) {
-			case 0:
-				return nil
-			case len(rows):
-				return fn(rows)
-			}
-			return fn(kept)
-		})
-	}
+	of = rowsWhere(src, "wm_model", func(row archive.Row) bool {
+		name := modelOf(row)
+		names[name] = true
+		return name == model
+	})
 	return of, func() []string { return slices.Sorted(maps.Keys(names)) }
 }
 

@@ -73,21 +73,31 @@ func (r StepRange) String() string {
 // read, says which steps src held, in r or not (ok false: none).
 func rowsIn(src Rows, r StepRange) (in Rows, held func() (first, last int64, ok bool)) {
 	first, last, seen := int64(0), int64(0), false
-	in = func(columns []string, fn func([]archive.Row) error) error {
-		if len(columns) > 0 && !slices.Contains(columns, "step") {
-			columns = append(slices.Clone(columns), "step")
+	in = rowsWhere(src, "step", func(row archive.Row) bool {
+		if !seen || row.Step < first {
+			first = row.Step
+		}
+		if !seen || row.Step > last {
+			last = row.Step
+		}
+		seen = true
+		return r.Has(row.Step)
+	})
+	return in, func() (int64, int64, bool) { return first, last, seen }
+}
+
+// rowsWhere is src's rows that keep takes, reading column too when src is
+// asked for some columns alone. keep sees every row src gives, and may
+// note what it saw.
+func rowsWhere(src Rows, column string, keep func(archive.Row) bool) Rows {
+	return func(columns []string, fn func([]archive.Row) error) error {
+		if len(columns) > 0 && !slices.Contains(columns, column) {
+			columns = append(slices.Clone(columns), column)
 		}
 		return src(columns, func(rows []archive.Row) error {
 			var kept []archive.Row // fn may keep it (a replay keeps its steps' rows)
 			for _, row := range rows {
-				if !seen || row.Step < first {
-					first = row.Step
-				}
-				if !seen || row.Step > last {
-					last = row.Step
-				}
-				seen = true
-				if r.Has(row.Step) {
+				if keep(row) {
 					kept = append(kept, row)
 				}
 			}
@@ -100,7 +110,6 @@ func rowsIn(src Rows, r StepRange) (in Rows, held func() (first, last int64, ok 
 			return fn(kept)
 		})
 	}
-	return in, func() (int64, int64, bool) { return first, last, seen }
 }
 
 // LastSteps is the steps fused in the span d up to the newest update src
