@@ -225,8 +225,23 @@ func LoadTemplate(path string) (string, error) {
 	return string(b), nil
 }
 
-// Name identifies the model in predictions.
-func (w *WorldModel) Name() string { return w.cfg.Model }
+// Name identifies the world model in predictions, and so in updates and
+// the archive, whose audits tell world models apart by it: the model, and
+// what else makes its scores another world model's when it is not the
+// default, a prompt template of its own (by digest: an edited file is
+// another one) and more than one sample (averaged, less noisy):
+// "Qwen3.5-9B, template 3fa2c1d0, 4 samples".
+func (w *WorldModel) Name() string {
+	name := w.cfg.Model
+	if w.cfg.Template != DefaultTemplate {
+		sum := sha256.Sum256([]byte(w.cfg.Template))
+		name += fmt.Sprintf(", template %x", sum[:4])
+	}
+	if w.cfg.Samples > 1 {
+		name += fmt.Sprintf(", %d samples", w.cfg.Samples)
+	}
+	return name
+}
 
 // Predict scores every trajectory, concurrently within the bound. A
 // trajectory whose replies cannot be read is ungraded with the reason; an
