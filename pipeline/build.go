@@ -255,6 +255,13 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 		return err
 	}
 	st.MarkPublished(published...)
+	// The world models of the newest update stored, by this process or
+	// one before it, for the note when they change (a restart onto
+	// another); a read that fails leaves only that note out.
+	var newest schemas.Update
+	if ok, err := p.tr.last(ctx, out, &newest); ok && err == nil {
+		p.models.seed(newest.Models())
+	}
 	if err := p.wireFuseCheckpoints(ctx, st); err != nil {
 		return err
 	}

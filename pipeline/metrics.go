@@ -127,8 +127,9 @@ type Metrics struct {
 	// Standby is 1 for each one-per-run stage this process waits to run
 	// while another process holds its lease, 0 once it runs it.
 	Standby *prometheus.GaugeVec
-	// WorldModel is 1 for the world model this process asks (its name:
-	// --wm-model, or sim), once it has built it: which one a run is on.
+	// WorldModel is 1 for the world model this process asks, labelled
+	// with its name (predict.WorldModel's Name, as predictions carry it),
+	// once it has built it: which one a run is on.
 	WorldModel *prometheus.GaugeVec
 }
 

@@ -1,7 +1,9 @@
 package pipeline
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -67,6 +69,9 @@ func (p *Pipeline) onUpdate(u schemas.Update) {
 	if den := p.cfg.Denoiser.Effective(); u.Rho == 1 && u.CalibrationSeq < int64(den.Warmup) && den.Estimator != fuse.EstimatorOff && !p.cfg.Quiet {
 		p.warmUpOnce.Do(func() { p.sayWarmingUp(u, den) })
 	}
+	if then, ok := p.models.changed(u); ok {
+		p.sayWorldModels(u, then)
+	}
 	latency := u.PublishedAt.Sub(u.ClosedAt)
 	if p.source != nil {
 		if d := p.source.updated(u.Step); d > 0 {
@@ -80,6 +85,68 @@ func (p *Pipeline) onUpdate(u schemas.Update) {
 	if p.progress != nil && p.progress.add(u.Step) {
 		p.finishIfComplete()
 	}
+}
+
+// worldModels follows the world models the steps this process fuses were
+// scored by. Safe for concurrent use.
+type worldModels struct {
+	mu   sync.Mutex
+	last []string        // of the step fused last
+	said map[string]bool // the sets said, each once
+}
+
+// seed makes models those of the step fused last: before this process
+// fused any, the newest update stored.
+func (w *worldModels) seed(models []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.last, w.said = models, map[string]bool{}
+}
+
+// changed says whether u was scored by world models other than the step
+// fused before it (or by more than one, at the first), with those, the
+// first time for this set of them.
+func (w *worldModels) changed(u schemas.Update) (then []string, ok bool) {
+	now := u.Models()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	then, first := w.last, w.said == nil
+	w.last = now
+	key := strings.Join(now, "\x00")
+	if first {
+		w.said = map[string]bool{key: true}
+		return nil, len(now) > 1
+	}
+	if slices.Equal(now, then) || w.said[key] {
+		return nil, false
+	}
+	w.said[key] = true
+	return then, true
+}
+
+// sayWorldModels says that step u was scored by other world models than
+// the step before (then; nil at this process's first), which the
+// calibration and rho, fitted on the anchor pairs of both, mix. A predict
+// process started without the run's world-model flags scores with the
+// simulated world model.
+func (p *Pipeline) sayWorldModels(u schemas.Update, then []string) {
+	names := func(ms []string) string {
+		out := make([]string, len(ms))
+		for i, m := range ms {
+			out[i] = cmp.Or(m, "(a world model its predictions did not name)")
+		}
+		return strings.Join(out, " and ")
+	}
+	before := ""
+	if then != nil {
+		before = fmt.Sprintf(", the step fused before it by %s", names(then))
+	}
+	sim := ""
+	if all := append(slices.Clone(then), u.Models()...); slices.Contains(all, "sim") && slices.ContainsFunc(all, func(m string) bool { return m != "sim" }) {
+		sim = "; sim is the simulated world model, which a predict process started without --world-model openai scores with"
+	}
+	p.notef("fuse: step %d was scored by %s%s: the calibration's map, fitted on a buffer of anchor pairs, and rho, a running average over anchor groups, "+
+		"mix them until the old one's pairs age out (wmrl audit --wm-model audits each alone; wmrl status names the newest step's)%s", u.Step, names(u.Models()), before, sim)
 }
 
 // sayBeforeFit says, at the first update fused before the calibration's

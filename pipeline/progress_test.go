@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -197,5 +198,55 @@ func TestARunOfOneStepSaysSo(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "done: step 0 fused and archived, 1 of them by this process in ") {
 		t.Errorf("a run of one step closed with:\n%s\nwant \"done: step 0 fused and archived, 1 of them ...\"", out.String())
+	}
+}
+
+// The note about the world models is said when the set of them changes
+// from the step fused before (seeded with the newest update stored), each
+// set once, so that two predict processes taking turns do not say it a
+// step; at a first step with nothing before, only when it has more than
+// one.
+func TestTheWorldModelsAreSaidWhenTheyChange(t *testing.T) {
+	update := func(models ...string) schemas.Update {
+		u := schemas.Update{}
+		if len(models) == 1 {
+			u.WMModel = models[0]
+		}
+		for _, m := range models {
+			u.Items = append(u.Items, schemas.UpdateItem{WMModel: m, WMStatus: schemas.PredOK})
+		}
+		if len(models) == 1 {
+			u.Items[0].WMModel = ""
+		}
+		return u
+	}
+	var w worldModels
+	w.seed([]string{"sim"})
+	for i, tc := range []struct {
+		models []string
+		said   bool
+		then   []string
+	}{
+		{[]string{"sim"}, false, nil},
+		{[]string{"judge"}, true, []string{"sim"}},
+		{[]string{"judge"}, false, nil},
+		{[]string{"sim", "judge"}, true, []string{"judge"}},
+		{[]string{"judge"}, false, nil}, // said before
+		{[]string{"sim"}, true, []string{"judge"}},
+		{[]string{"judge"}, false, nil}, // said before
+		{[]string{"sim"}, false, nil},   // said before
+	} {
+		then, said := w.changed(update(tc.models...))
+		if said != tc.said || !slices.Equal(then, tc.then) {
+			t.Errorf("update %d, scored by %v: said %v after %v; want %v after %v", i, tc.models, said, then, tc.said, tc.then)
+		}
+	}
+	var fresh worldModels
+	if _, said := fresh.changed(update("judge")); said {
+		t.Error("the first step, by one world model, was said")
+	}
+	var two worldModels
+	if then, said := two.changed(update("sim", "judge")); !said || then != nil {
+		t.Errorf("the first step, by two world models: said %v after %v", said, then)
 	}
 }

@@ -82,6 +82,7 @@ type Pipeline struct {
 	doneOnce      sync.Once    // the closing line of a run of --steps
 	beforeFitOnce sync.Once    // the line about the calibration before its first fit
 	warmUpOnce    sync.Once    // the line about rho before the denoiser's warm-up ends
+	models        worldModels  // the world models the fused steps were scored by (progress.go)
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup

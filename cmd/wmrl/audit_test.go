@@ -14,6 +14,7 @@ import (
 
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/pipeline/offline"
+	"github.com/wmrl/wmrl/stages/stagetest"
 )
 
 // TestAuditSaysWhatToExpect: wmrl audit runs wmrl sim at the audited run's
@@ -216,8 +217,15 @@ func TestARestartOntoAnotherWorldModelIsAuditedApart(t *testing.T) {
 	})
 	cfg.Steps = 8
 	cfg.WorldModel, cfg.WMURL, cfg.WMModel = "openai", hashed.URL+"/v1", "judge"
+	var said stagetest.Output
+	cfg.Quiet, cfg.Out = false, &said
 	if err := pipeline.Run(ctx, cfg); err != nil {
 		t.Fatal(err)
+	}
+	// The restarted run says, once, that the world model changed.
+	note := regexp.MustCompile(`(?m)^fuse: step [4-7] was scored by judge, the step fused before it by sim: .*; sim is the simulated world model, which a predict process started without --world-model openai scores with$`)
+	if n := len(note.FindAllString(said.String(), -1)); n != 1 {
+		t.Errorf("the run restarted onto another world model said %d times that it changed, want once:\n%s", n, said.String())
 	}
 	if out, err := wmrl(ctx, "status", "--data", cfg.DataDir); err != nil ||
 		!regexp.MustCompile(`(?m)^steps fused:     up to 7 .*, world model judge$`).MatchString(out) {
