@@ -108,16 +108,21 @@ func (w *worldModels) seed(models []string) {
 // first time for this set of them.
 func (w *worldModels) changed(u schemas.Update) (then []string, ok bool) {
 	now := u.Models()
+	if len(now) == 0 { // no group of it was scored
+		return nil, false
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	then, first := w.last, w.said == nil
-	w.last = now
-	key := strings.Join(now, "\x00")
-	if first {
-		w.said = map[string]bool{key: true}
-		return nil, len(now) > 1
+	then, w.last = w.last, now
+	if w.said == nil {
+		w.said = map[string]bool{}
 	}
-	if slices.Equal(now, then) || w.said[key] {
+	key := strings.Join(now, "\x00")
+	switch {
+	case len(then) == 0: // the first step
+		w.said[key] = true
+		return nil, len(now) > 1
+	case slices.Equal(now, then) || w.said[key]:
 		return nil, false
 	}
 	w.said[key] = true

@@ -241,7 +241,14 @@ func TestTheWorldModelsAreSaidWhenTheyChange(t *testing.T) {
 			t.Errorf("update %d, scored by %v: said %v after %v; want %v after %v", i, tc.models, said, then, tc.said, tc.then)
 		}
 	}
+	if then, said := w.changed(schemas.Update{}); said || then != nil {
+		t.Errorf("a step no world model scored: said %v after %v", said, then)
+	}
+	if _, said := w.changed(update("sim")); said {
+		t.Error("after a step no world model scored, the same as before it was said")
+	}
 	var fresh worldModels
+	fresh.seed(nil) // the newest update stored had no group scored
 	if _, said := fresh.changed(update("judge")); said {
 		t.Error("the first step, by one world model, was said")
 	}
