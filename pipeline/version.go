@@ -9,8 +9,8 @@ import (
 // (debug.ReadBuildInfo): the module's version ("(devel)" when built from
 // a checkout), the commit with its time and whether the tree had changes
 // not committed, and the Go release. A binary built without version
-// control stamping (GOFLAGS=-buildvcs=false, or outside a checkout)
-// records no commit.
+// control stamping (go run, GOFLAGS=-buildvcs=false, a build outside a
+// checkout) records no commit.
 type Build struct {
 	Version, Revision, Time string
 	Modified                bool
@@ -44,7 +44,7 @@ func (b Build) String() string {
 	s := b.Version
 	switch {
 	case b.Revision == "":
-		s += ", no commit recorded (built with -buildvcs=false or outside a checkout: make build records it)"
+		s += ", no commit recorded (go run, -buildvcs=false or a build outside a checkout: make build records it)"
 	default:
 		s += ", commit " + b.Revision[:min(12, len(b.Revision))]
 		if b.Time != "" {
