@@ -207,16 +207,15 @@ func TestARunOfOneStepSaysSo(t *testing.T) {
 // step; at a first step with nothing before, only when it has more than
 // one.
 func TestTheWorldModelsAreSaidWhenTheyChange(t *testing.T) {
+	// An update scored by models: by one, named once for the step; by
+	// several, an item each.
 	update := func(models ...string) schemas.Update {
-		u := schemas.Update{}
 		if len(models) == 1 {
-			u.WMModel = models[0]
+			return schemas.Update{WMModel: models[0], Items: []schemas.UpdateItem{{WMStatus: schemas.PredOK}}}
 		}
+		u := schemas.Update{}
 		for _, m := range models {
 			u.Items = append(u.Items, schemas.UpdateItem{WMModel: m, WMStatus: schemas.PredOK})
-		}
-		if len(models) == 1 {
-			u.Items[0].WMModel = ""
 		}
 		return u
 	}
