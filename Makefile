@@ -13,31 +13,39 @@ all: lint test
 build:
 	$(GO) build -buildvcs=auto -o bin/wmrl ./cmd/wmrl
 
-# The whole suite with the race detector; CI runs exactly this. The tests
-# marked t.Parallel run 4 at a time, not GOMAXPROCS (2) at a time: they wait
-# far more than they compute, on leases' TTLs, ack waits, reconnects and
-# servers that do not answer. natsjs's lease, bucket and checkpoint tests
-# took 169 s for 38 s of CPU; pipeline's 13 that use under 40% of a core
-# took 85 s for 19 s one after another, and cmd/wmrl's 2, 27 s for 5 s. A
-# test that sets a package variable or the environment stays serial: go
-# runs the parallel ones once every serial one of the package has ended.
-# The other tests of pipeline and cmd/wmrl stay serial too: all of them 4
-# at a time took pipeline's binary from 277 s to 166 s here, but the
-# cores were full (make test's CPU rose from 693 s to 792 s), and in CI
-# three tests failed under that load. Their causes are mended since: the
-# check before a run had --exec-timeout's 1 s to start python (unshare's
-# "sigprocmask unblock failed"), the sandbox tests' executions as nobody
-# shared nobody's process limit with every package's ("Cannot fork"), and
-# the late-rows tests wanted every anchor group late; but a green CI is
-# worth more than the time, and it has not been tried again.
+# The whole suite with the race detector; CI runs exactly this.
 #
-# go test starts packages in the order named, two at a time; ./... names
-# them alphabetically, and pipeline's tests (the longest) began once three
-# others had run. The slowest start first, so that both run to the end
-# together: 422 s here against 496 s.
+# Three packages at once (-p 3), not GOMAXPROCS (2): the tests wait as
+# well as compute, on leases' TTLs, ack waits, reconnects, deadlines,
+# subprocesses and servers that do not answer. At -p 2, make test took
+# 522 s here for 771 s of CPU (74% of the two cores); at -p 3, 469 s for
+# 841 s (90%), the same clean clone's CI on the same day. More would only
+# queue for the cores: pipeline's binary, the longest, already went from
+# 317 s to 395 s under the load.
+#
+# The tests marked t.Parallel run 4 at a time: those that use well under
+# a core (natsjs's lease, bucket and checkpoint tests took 169 s for 38 s
+# of CPU; pipeline's that wait on deadlines, Prometheus's scrapes or a
+# cluster's elections used 6% to 65% of one, alone). A test that sets a
+# package variable or the environment stays serial: go runs the parallel
+# ones once every serial one of the package has ended. The other tests of
+# pipeline and cmd/wmrl stay serial too: all of them 4 at a time took
+# pipeline's binary from 277 s to 166 s here, but the cores were full
+# (make test's CPU rose from 693 s to 792 s), and in CI three tests failed
+# under that load. Their causes are mended since: the check before a run
+# had --exec-timeout's 1 s to start python (unshare's "sigprocmask unblock
+# failed"), the sandbox tests' executions as nobody shared nobody's
+# process limit with every package's ("Cannot fork"), and the late-rows
+# tests wanted every anchor group late; but a green CI is worth more than
+# the time, and it has not been tried again.
+#
+# go test starts packages in the order named; ./... names them
+# alphabetically, and pipeline's tests (the longest) began once three
+# others had run. The slowest start first, so that all run to the end
+# together: 422 s here against 496 s (at -p 2).
 SLOWEST := ./pipeline ./cmd/wmrl ./connectors/natsjs ./connectors/sandbox
 test:
-	$(GO) test -race -count=1 -parallel 4 $(if $(filter ./...,$(PKGS)),$(SLOWEST)) $(PKGS)
+	$(GO) test -race -count=1 -p 3 -parallel 4 $(if $(filter ./...,$(PKGS)),$(SLOWEST)) $(PKGS)
 
 # Benchmarks, each run $(COUNT) times; benchstat prints the medians (with
 # their spread) of every figure, including the project's own units such as

@@ -84,6 +84,7 @@ func startDeployCluster(t *testing.T) ([]*natstest.Process, string) {
 // readers made their own consumers again, a kill could leave calibrate or
 // fuse waiting on a consumer the library could not recreate, for good.
 func TestClusterSurvivesTheLossOfTheStreamLeader(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	nodes, urls := startDeployCluster(t)
 	cfg := testConfig(t)
 	cfg.NATSURL, cfg.Replicas = urls, 3

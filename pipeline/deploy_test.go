@@ -244,6 +244,7 @@ func promQuery(t *testing.T, base, path string, params url.Values, data any) err
 // A real Prometheus scraping a running pipeline evaluates every query of
 // the dashboard to a result, and every alert rule without error.
 func TestPrometheusEvaluatesTheDashboardAndAlerts(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	bin := prometheusBinary(t)
 	metrics := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 	cfg := testConfig(t)

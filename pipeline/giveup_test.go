@@ -124,6 +124,7 @@ func (e brokenExecutor) Execute(_ context.Context, t schemas.Trajectory) (execut
 // redelivered after every restart) for good; the step is fused at its
 // anchor deadline on the world model.
 func TestOrphanedAnchorSideIsDeadLetteredAfterPairWait(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	pol, _, cfg := oneBrokenGroup(t, 2)
 	cfg.Stages = slices.DeleteFunc(slices.Clone(AllStages), func(s string) bool { return s == StageExecute })
 	cfg.Anchors = route.SchedulerConfig{Fraction: 1, MinPerStep: 1}

@@ -76,6 +76,7 @@ func TestAStepTooLargeForTheServerStopsTheRun(t *testing.T) {
 // itself is refused by the gateway with 413, not 503, since no retry
 // stores it.
 func TestAGroupTooLargeForTheServerIsSkipped(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	cfg := testConfig(t)
 	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken, cfg.MaxPayloadMB = SourceExternal, "127.0.0.1:0", token, 1
 	cfg.Anchors.Fraction = 0.5 // one of the two groups an anchor

@@ -25,6 +25,7 @@ import (
 // same calibration again and stopped again: no step after it was ever
 // fused.
 func TestACalibrationWithANonMonotoneMapIsDeadLettered(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	cfg := testConfig(t)
 	cfg.Steps = 6
 	cfg.AnchorDeadline = 2 * time.Second // the refused calibration's anchor group is late

@@ -39,6 +39,7 @@ func (b buggyCalibrate) Publish(topic string, msgs ...*message.Message) error {
 // the panic ended the process, and every restart read the group again and
 // ended again.
 func TestAPanicInCalibrateStopsTheRunOnceAndTheRestartPassesOverIt(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	cfg := testConfig(t)
 	cfg.Steps = 6
 	cfg.AnchorDeadline = 2 * time.Second // the skipped group's step falls back for it

@@ -347,6 +347,7 @@ func TestPythonClient(t *testing.T) {
 // with every fused advantage as it recomputes it, having said the wait
 // once.
 func TestAPythonTrainerOutlivesARestartOfTheRun(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 not installed")

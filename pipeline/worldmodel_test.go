@@ -30,6 +30,7 @@ import (
 // flight: the first requests wait until one more than that are in flight
 // (or a second passes), so a limit not passed on shows up as one too many.
 func TestPipelineWithAnOpenAIWorldModel(t *testing.T) {
+	t.Parallel() // waits far more than it computes: see the Makefile
 	const concurrency = 3
 	var mu sync.Mutex
 	calls, inflight, maxIn := 0, 0, 0
