@@ -339,7 +339,8 @@ func (p *Pipeline) buildArchive(ctx context.Context) error {
 		MaxRows: p.cfg.ArchiveMaxRows, MaxAge: p.cfg.ArchiveMaxAge,
 		Settings: archive.Settings{Debias: p.cfg.Debias, Debiaser: p.cfg.Debiaser, Denoiser: p.cfg.Denoiser,
 			AnchorFraction: p.cfg.Anchors.Fraction, AnchorMin: p.cfg.Anchors.MinPerStep,
-			AnchorRounding: p.cfg.Anchors.Rounding, AnchorDeadline: p.cfg.AnchorDeadline.Seconds()}})
+			AnchorRounding: p.cfg.Anchors.Rounding, AnchorDeadline: p.cfg.AnchorDeadline.Seconds(),
+			Build: ReadBuild().String()}})
 	if err != nil {
 		return err
 	}

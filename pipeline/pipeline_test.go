@@ -226,7 +226,7 @@ func lastAbsorbed(ups map[int64]schemas.Update) schemas.Update {
 
 // With --anchor-rounding spread, 0.10 of 16 groups is 1 or 2 anchors a
 // step, 1.6 on average, each step as the scheduler counts it; the archive
-// records the setting.
+// records the setting, and the build that wrote it.
 func TestSpreadRoundingExecutesTheFraction(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Steps = 20
@@ -264,8 +264,12 @@ func TestSpreadRoundingExecutesTheFraction(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("archive files: %v, %v", files, err)
 	}
-	if set, err := archive.ReadSettings(files[0]); err != nil || set.AnchorRounding != route.RoundSpread {
+	set, err := archive.ReadSettings(files[0])
+	if err != nil || set.AnchorRounding != route.RoundSpread {
 		t.Fatalf("the archive records rounding %q (%v); want %q", set.AnchorRounding, err, route.RoundSpread)
+	}
+	if want := ReadBuild().String(); set.Build != want {
+		t.Errorf("the archive records build %q; want this one's, %q", set.Build, want)
 	}
 }
 

@@ -85,27 +85,37 @@ func archiveThere(root string) error {
 	return nil
 }
 
+// runRecord is what streamRun says of a run besides its rows.
+type runRecord struct {
+	name     string
+	settings archive.Settings // those its newest file recorded
+	builds   []string         // the wmrl builds that wrote its files (archive.Builds)
+	steps    func() int       // how many steps it holds, once the first read is through
+}
+
 // streamRun opens one run of an archive root (run "" picks the only one)
 // for replay and audit: its rows as a stream, which offline.ReplayRows and
 // offline.RunAuditRows read twice, with a progress bar over the first read
 // and, labelled again, over the second (the replay's has its own, by
-// steps: steps gives their number once the first read is through), and
-// the settings its newest file recorded. release, once the reads are
-// done, lets a merge of the archive's files go ahead (a second call does
+// steps), and what its files record. release, once the reads are done,
+// lets a merge of the archive's files go ahead (a second call does
 // nothing).
-func streamRun(root, run, again string, stderr io.Writer) (src offline.Rows, settings archive.Settings, name string, steps func() int, release func(), err error) {
+func streamRun(root, run, again string, stderr io.Writer) (src offline.Rows, rec runRecord, release func(), err error) {
 	run, files, release, err := openRun(root, run)
 	if err != nil {
-		return nil, settings, "", nil, nil, err
+		return nil, rec, nil, err
 	}
-	fail := func(err error) (offline.Rows, archive.Settings, string, func() int, func(), error) {
+	fail := func(err error) (offline.Rows, runRecord, func(), error) {
 		release()
-		return nil, settings, "", nil, nil, err
+		return nil, rec, nil, err
 	}
 	if len(files) == 0 {
 		return fail(fmt.Errorf("run %s has no closed archive files in %s", run, archive.RunDir(root, run)))
 	}
-	if settings, err = archive.ReadSettings(files[len(files)-1]); err != nil {
+	if rec.settings, err = archive.ReadSettings(files[len(files)-1]); err != nil {
+		return fail(err)
+	}
+	if rec.builds, err = archive.Builds(files); err != nil {
 		return fail(err)
 	}
 	total, err := archive.Count(files)
@@ -149,7 +159,8 @@ func streamRun(root, run, again string, stderr io.Writer) (src offline.Rows, set
 		}
 		return err
 	}
-	return src, settings, run, func() int { return max(len(seen), 1) }, sync.OnceFunc(release), nil
+	rec.name, rec.steps = run, func() int { return max(len(seen), 1) }
+	return src, rec, sync.OnceFunc(release), nil
 }
 
 // stepFlags adds --steps and --last, which pick the steps a command

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -35,11 +36,12 @@ func auditCommand() *cobra.Command {
 			if expect.Seeds == 1 || expect.Seeds < 0 {
 				return fmt.Errorf("audit: --expect-seeds %d: intervals need at least 2 (0 skips what to expect)", expect.Seeds)
 			}
-			src, settings, run, _, release, err := streamRun(root, run, "auditing", stderr)
+			src, rec, release, err := streamRun(root, run, "auditing", stderr)
 			if err != nil {
 				return err
 			}
 			defer release()
+			run := rec.name
 			if opt.Steps, err = pickSteps("audit", steps, last, src); err != nil {
 				return err
 			}
@@ -49,7 +51,7 @@ func auditCommand() *cobra.Command {
 			if deadline > 0 {
 				opt.AnchorDeadline = deadline.Seconds()
 			} else {
-				opt.AnchorDeadline = settings.AnchorDeadline
+				opt.AnchorDeadline = rec.settings.AnchorDeadline
 			}
 			start := time.Now()
 			a, err := offline.RunAuditRows(src, opt)
@@ -57,10 +59,11 @@ func auditCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			a.Builds = rec.builds
 			if expect.Seeds > 0 {
 				bar := newProgressBar(stderr)
 				expect.Progress = bar.set("what to expect (wmrl sim)")
-				a.Expect, err = offline.Expect(a, settings, expect)
+				a.Expect, err = offline.Expect(a, rec.settings, expect)
 				bar.done()
 				if err != nil { // the audit stands without it
 					fmt.Fprintf(stderr, "audit: nothing to expect: %v\n", err)
@@ -84,6 +87,7 @@ func auditCommand() *cobra.Command {
 			}
 			fmt.Fprintf(stdout, "audited %s: %d rows, %d anchor pairs, %d tasks in %s\n", which, a.Rows, a.Pairs, len(a.Tasks), time.Since(start).Round(time.Millisecond))
 			printWorldModels(stdout, a.WorldModels)
+			printBuilds(stdout, a.Builds)
 			fmt.Fprintf(stdout, "overall: %s (max |residual| by level %.3f before, %.3f after one monotone map, %.3f after the run's maps as recorded; within-group Kendall %.3f)\n",
 				a.Overall.Verdict, a.Overall.MaxBefore, a.Overall.MaxMonotone, a.Overall.MaxAfter, float64(a.Overall.Ranks.WithinKendall))
 			if first, last, se, ok := a.RankTrend(); ok {
@@ -174,6 +178,17 @@ func printWorldModels(w io.Writer, models []offline.WorldModelUse) {
 			parts[i] = fmt.Sprintf("%s (steps %d-%d: %d rows, %d anchor pairs)", name(m), m.FirstStep, m.LastStep, m.Rows, m.Pairs)
 		}
 		fmt.Fprintf(w, "world models: %s; this audit measures them together, as if one: --wm-model NAME audits one alone\n", strings.Join(parts, ", "))
+	}
+}
+
+// printBuilds names the wmrl builds that wrote the audited archive.
+func printBuilds(w io.Writer, builds []string) {
+	names := make([]string, len(builds))
+	for i, b := range builds {
+		names[i] = cmp.Or(b, "not recorded (files from before the archive kept it)")
+	}
+	if len(names) > 0 {
+		fmt.Fprintf(w, "written by wmrl %s\n", strings.Join(names, ", then "))
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -40,7 +41,8 @@ func TestAuditSaysWhatToExpect(t *testing.T) {
 		}
 	}
 	var sum struct {
-		Drift []struct {
+		Builds []string `json:"wmrl_builds"`
+		Drift  []struct {
 			Within *float64 `json:"within_group_spearman"`
 		}
 		Expect *struct {
@@ -75,6 +77,10 @@ func TestAuditSaysWhatToExpect(t *testing.T) {
 	// rows alone.
 	if !strings.Contains(out, "\nworld model: sim\n") {
 		t.Errorf("wmrl audit does not name the world model it audited:\n%s", out)
+	}
+	// And the build of wmrl that wrote the archive: this test's.
+	if build := pipeline.ReadBuild().String(); !strings.Contains(out, "\nwritten by wmrl "+build+"\n") || !slices.Equal(sum.Builds, []string{build}) {
+		t.Errorf("wmrl audit does not name the build that wrote the archive (%s); summary.json's %q:\n%s", build, sum.Builds, out)
 	}
 	if b, _ := os.ReadFile(filepath.Join(report, "index.html")); !strings.Contains(string(b), "World model: <code>sim</code>.") {
 		t.Error("the report does not name the world model it audited")

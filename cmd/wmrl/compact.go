@@ -25,8 +25,8 @@ func compactCommand() *cobra.Command {
 		Long: `Merge each run's closed archive files, in order, into files of up to
 --max-rows rows. A running archive stage closes a file every
 --archive-max-age (10 s): 8,640 a day, which readers pay for per file.
-Files recorded with other settings (a restart with other flags) are kept
-apart. Safe while the pipeline runs and after a crash at any point: no row
+Files recorded with other settings (a restart with other flags, or on
+another build of wmrl) are kept apart. Safe while the pipeline runs and after a crash at any point: no row
 is lost or, for wmrl's readers, read twice. A replay or audit reading the
 run is waited for.
 

@@ -141,3 +141,34 @@ func TestTheOfflineCommandsReadRunsArchiveByDefault(t *testing.T) {
 		t.Errorf("wmrl audit without --out: %v; it said:\n%s", err, out)
 	}
 }
+
+// A replay that does not reproduce its archive says whether the wmrl
+// build that wrote the archive is the one replaying it, and says so only
+// as far as the builds tell.
+func TestAReplayThatDiffersNamesTheBuildThatWroteTheArchive(t *testing.T) {
+	tagged := pipeline.Build{Version: "v1.2.0", Revision: "9492b48c1a2b33", Go: "go1.26.8"}
+	untagged := pipeline.Build{Version: "(devel)", Go: "go1.26.8"}
+	changed := tagged
+	changed.Modified = true
+	for _, c := range []struct {
+		name   string
+		builds []string
+		this   pipeline.Build
+		want   []string
+	}{
+		{"an upgrade", []string{"v1.1.0, commit 1111, go1.26.8", tagged.String()}, tagged,
+			[]string{"written by wmrl v1.1.0, commit 1111, go1.26.8, then v1.2.0, commit 9492b48c1a2b", "this replay ran on wmrl v1.2.0", "a change between them may be why"}},
+		{"files from before the build was kept", []string{""}, tagged,
+			[]string{"written by wmrl a build from before the archive kept it;", "a change between them may be why"}},
+		{"the same commit", []string{tagged.String()}, tagged, []string{"this same build (wmrl v1.2.0, commit 9492b48c1a2b", "not a change of wmrl"}},
+		{"no commit on either side", []string{untagged.String()}, untagged, []string{"cannot tell whether they are the same code"}},
+		{"changes not committed", []string{changed.String()}, changed, []string{"with changes not committed, cannot tell"}},
+	} {
+		got := writtenBy(c.builds, c.this)
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: %q lacks %q", c.name, got, w)
+			}
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -41,11 +42,12 @@ func replayCommand() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
-			src, recorded, run, nsteps, release, err := streamRun(root, run, "", stderr)
+			src, rec, release, err := streamRun(root, run, "", stderr)
 			if err != nil {
 				return err
 			}
 			defer release()
+			run, recorded := rec.name, rec.settings
 			opt := offline.ReplayOptions{Settings: recorded}
 			fs := cmd.Flags()
 			var changed []string
@@ -133,7 +135,7 @@ func replayCommand() *cobra.Command {
 				if steps {
 					fmt.Fprintf(stdout, "%8d  %8.4f  %8.4f  %7d  %12.3g  %5.1f%%\n", r.Step, r.Rho, r.RecordedRho, r.Anchors, r.MaxFusedDiff, 100*r.SignAgreement)
 				} else {
-					show(done, nsteps())
+					show(done, rec.steps())
 				}
 				if curves != nil {
 					curves.Add(r)
@@ -168,6 +170,7 @@ func replayCommand() *cobra.Command {
 				}
 				fmt.Fprintf(stdout, "%s (recorded settings; max |d fused| %.3g, max |d calibrated| %.3g)\n", verdict, sum.MaxFusedDiff, sum.MaxCalibratedDiff)
 				if !ok {
+					fmt.Fprintln(stdout, writtenBy(rec.builds, pipeline.ReadBuild()))
 					return fmt.Errorf("replay with the recorded settings differs from the archive")
 				}
 			} else {
@@ -205,4 +208,26 @@ func replayCommand() *cobra.Command {
 	fs.BoolVar(&steps, "steps", false, "print every step: its rho, replayed and recorded, its anchor groups, how far its fused advantages moved and how many kept their sign")
 	fs.StringVar(&pic, "plot", "", "with changed settings, draw what they changed step by step to this PNG (default: --out's name, .png)")
 	return cmd
+}
+
+// writtenBy says, of a replay that did not reproduce its archive, whether
+// the wmrl build that wrote the archive (builds, archive.Builds) is the one
+// replaying it: an upgrade that changed what calibration or fusion
+// computes is the first cause to rule out.
+func writtenBy(builds []string, this pipeline.Build) string {
+	names := make([]string, len(builds))
+	same := true
+	for i, b := range builds {
+		names[i] = cmp.Or(b, "a build from before the archive kept it")
+		same = same && b == this.String()
+	}
+	switch {
+	case !same:
+		return fmt.Sprintf("the archive was written by wmrl %s; this replay ran on wmrl %s: a change between them may be why",
+			strings.Join(names, ", then "), this)
+	case this.Revision == "" || this.Modified:
+		return fmt.Sprintf("the archive was written by wmrl %s, as this replay ran, but a build without its commit, or with changes not committed, cannot tell whether they are the same code", this)
+	default:
+		return fmt.Sprintf("the archive was written by this same build (wmrl %s): not a change of wmrl", this)
+	}
 }

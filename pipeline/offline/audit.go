@@ -196,6 +196,10 @@ type Audit struct {
 	// restarted onto another --wm-model, or predict processes with
 	// different ones shared it.
 	WorldModels []WorldModelUse `json:"world_models"`
+	// Builds are the wmrl builds that wrote the audited archive's files
+	// (archive.Builds; "" for files from before it was kept), set by the
+	// caller that opened them, wmrl audit.
+	Builds []string `json:"wmrl_builds,omitempty"`
 
 	pairs        []pairRow // for the plots
 	groups, size int       // the median step's groups and group's trajectories (Expect)

@@ -98,10 +98,10 @@ type journal struct {
 
 // Compact merges a run's closed files, oldest first, into files of up to
 // MaxRows rows. Files of different recorded settings (a restart with
-// other flags) are never merged together, nor are files that are not
-// consecutive in the order. Safe while the run's archive stage writes: it
-// only touches closed files, and a merged file keeps its first input's
-// number, which the writer never hands out again.
+// other flags, or on another build) are never merged together, nor are
+// files that are not consecutive in the order. Safe while the run's
+// archive stage writes: it only touches closed files, and a merged file
+// keeps its first input's number, which the writer never hands out again.
 func Compact(root, run string, cfg CompactConfig) (CompactReport, error) {
 	if cfg.MaxRows <= 0 {
 		cfg.MaxRows = 1_000_000

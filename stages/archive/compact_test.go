@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 )
@@ -183,6 +184,44 @@ func TestCompactKeepsSettingsAgeAndSizeApart(t *testing.T) {
 	// Files of 6 rows with MaxRows 6 are full already.
 	if rep, err := Compact(dir, "r", CompactConfig{MaxRows: 6}); err != nil || rep.Merged != 0 {
 		t.Errorf("with every file at MaxRows: %+v, %v", rep, err)
+	}
+}
+
+// Each file names the wmrl build that wrote it, and a compaction keeps the
+// files of two builds apart, so that a file's rows are all of one build:
+// files from before the build was kept, then a run's two builds, an
+// upgrade between its restarts.
+func TestFilesNameTheBuildThatWroteThem(t *testing.T) {
+	dir := t.TempDir()
+	older, a, b := Settings{AnchorFraction: 0.1}, Settings{AnchorFraction: 0.1, Build: "v1, commit 1a"}, Settings{AnchorFraction: 0.1, Build: "v2, commit 2b"}
+	var want []Row
+	want = append(want, smallFiles(t, dir, 0, 2, older, nil)...)
+	want = append(want, smallFiles(t, dir, 2, 4, a, nil)...)
+	want = append(want, smallFiles(t, dir, 4, 6, b, nil)...)
+	files, _ := readRun(t, dir)
+	if builds, err := Builds(files); err != nil || !slices.Equal(builds, []string{"", "v1, commit 1a", "v2, commit 2b"}) {
+		t.Fatalf("builds %q (%v); want none recorded, then v1's, then v2's", builds, err)
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	for _, f := range files {
+		if err := os.Chtimes(f, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := Compact(dir, "r", CompactConfig{MaxRows: 1000, MinAge: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	after, got := readRun(t, dir)
+	if !reflect.DeepEqual(got, want) {
+		t.Error("rows changed")
+	}
+	if len(after) != 3 {
+		t.Fatalf("%d files after compaction; want one of each build", len(after))
+	}
+	for i, want := range []string{"", "v1, commit 1a", "v2, commit 2b"} {
+		if s, err := ReadSettings(after[i]); err != nil || s.Build != want {
+			t.Errorf("merged file %d names build %q (%v); want %q", i, s.Build, err, want)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package archive
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/parquet-go/parquet-go"
 
@@ -27,6 +28,12 @@ type Settings struct {
 	// the executions' times against (0 in archives from before it was
 	// kept).
 	AnchorDeadline float64 `json:"anchor_deadline_seconds,omitempty"`
+	// Build is the wmrl build whose archive stage wrote the file, as
+	// wmrl --version says it (empty in files from before it was kept).
+	// Compaction merges only files of equal settings, so a file's rows
+	// are all of one build: a replay on another build that does not
+	// reproduce the archive can name the build that wrote it.
+	Build string `json:"wmrl_build,omitempty"`
 }
 
 // ReadSettings returns the settings recorded in a file.
@@ -45,4 +52,21 @@ func ReadSettings(path string) (Settings, error) {
 		return s, fmt.Errorf("archive: %s: settings: %w", path, err)
 	}
 	return s, nil
+}
+
+// Builds returns the builds that wrote files (Settings.Build), each once,
+// in the order of the files that first record them; "" stands for files
+// from before the build was kept.
+func Builds(files []string) ([]string, error) {
+	var builds []string
+	for _, f := range files {
+		s, err := ReadSettings(f)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(builds, s.Build) {
+			builds = append(builds, s.Build)
+		}
+	}
+	return builds, nil
 }
