@@ -93,6 +93,19 @@ type runRecord struct {
 	steps    func() int       // how many steps it holds, once the first read is through
 }
 
+// buildNames lists the builds that wrote an archive (archive.Builds) for
+// people, oldest first.
+func buildNames(builds []string) string {
+	names := make([]string, len(builds))
+	for i, b := range builds {
+		names[i] = "wmrl " + b
+		if b == "" {
+			names[i] = "a build from before the archive kept it"
+		}
+	}
+	return strings.Join(names, ", then ")
+}
+
 // streamRun opens one run of an archive root (run "" picks the only one)
 // for replay and audit: its rows as a stream, which offline.ReplayRows and
 // offline.RunAuditRows read twice, with a progress bar over the first read

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -183,12 +182,8 @@ func printWorldModels(w io.Writer, models []offline.WorldModelUse) {
 
 // printBuilds names the wmrl builds that wrote the audited archive.
 func printBuilds(w io.Writer, builds []string) {
-	names := make([]string, len(builds))
-	for i, b := range builds {
-		names[i] = cmp.Or(b, "not recorded (files from before the archive kept it)")
-	}
-	if len(names) > 0 {
-		fmt.Fprintf(w, "written by wmrl %s\n", strings.Join(names, ", then "))
+	if len(builds) > 0 {
+		fmt.Fprintf(w, "written by %s\n", buildNames(builds))
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"html"
 	"math"
 	"os"
 	"path/filepath"
@@ -81,6 +82,8 @@ func TestAuditSaysWhatToExpect(t *testing.T) {
 	// And the build of wmrl that wrote the archive: this test's.
 	if build := pipeline.ReadBuild().String(); !strings.Contains(out, "\nwritten by wmrl "+build+"\n") || !slices.Equal(sum.Builds, []string{build}) {
 		t.Errorf("wmrl audit does not name the build that wrote the archive (%s); summary.json's %q:\n%s", build, sum.Builds, out)
+	} else if b, _ := os.ReadFile(filepath.Join(report, "index.html")); !strings.Contains(string(b), "Written by wmrl <code>"+html.EscapeString(build)+"</code>.") {
+		t.Error("the report does not name the build that wrote the archive")
 	}
 	if b, _ := os.ReadFile(filepath.Join(report, "index.html")); !strings.Contains(string(b), "World model: <code>sim</code>.") {
 		t.Error("the report does not name the world model it audited")

@@ -26,9 +26,9 @@ func compactCommand() *cobra.Command {
 --max-rows rows. A running archive stage closes a file every
 --archive-max-age (10 s): 8,640 a day, which readers pay for per file.
 Files recorded with other settings (a restart with other flags, or on
-another build of wmrl) are kept apart. Safe while the pipeline runs and after a crash at any point: no row
-is lost or, for wmrl's readers, read twice. A replay or audit reading the
-run is waited for.
+another build of wmrl) are kept apart. Safe while the pipeline runs and
+after a crash at any point: no row is lost or, for wmrl's readers, read
+twice. A replay or audit reading the run is waited for.
 
 Files written before a column was added to the archive (exec_detail,
 wm_verdict, wm_rationale) are rewritten with it, null throughout, even alone: pandas (pyarrow) takes a

@@ -157,9 +157,9 @@ func TestAReplayThatDiffersNamesTheBuildThatWroteTheArchive(t *testing.T) {
 		want   []string
 	}{
 		{"an upgrade", []string{"v1.1.0, commit 1111, go1.26.8", tagged.String()}, tagged,
-			[]string{"written by wmrl v1.1.0, commit 1111, go1.26.8, then v1.2.0, commit 9492b48c1a2b", "this replay ran on wmrl v1.2.0", "a change between them may be why"}},
+			[]string{"written by wmrl v1.1.0, commit 1111, go1.26.8, then wmrl v1.2.0, commit 9492b48c1a2b", "this replay ran on wmrl v1.2.0", "a change between them may be why"}},
 		{"files from before the build was kept", []string{""}, tagged,
-			[]string{"written by wmrl a build from before the archive kept it;", "a change between them may be why"}},
+			[]string{"written by a build from before the archive kept it;", "a change between them may be why"}},
 		{"the same commit", []string{tagged.String()}, tagged, []string{"this same build (wmrl v1.2.0, commit 9492b48c1a2b", "not a change of wmrl"}},
 		{"no commit on either side", []string{untagged.String()}, untagged, []string{"cannot tell whether they are the same code"}},
 		{"changes not committed", []string{changed.String()}, changed, []string{"with changes not committed, cannot tell"}},

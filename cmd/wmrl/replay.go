@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -215,16 +214,13 @@ func replayCommand() *cobra.Command {
 // replaying it: an upgrade that changed what calibration or fusion
 // computes is the first cause to rule out.
 func writtenBy(builds []string, this pipeline.Build) string {
-	names := make([]string, len(builds))
 	same := true
-	for i, b := range builds {
-		names[i] = cmp.Or(b, "a build from before the archive kept it")
+	for _, b := range builds {
 		same = same && b == this.String()
 	}
 	switch {
 	case !same:
-		return fmt.Sprintf("the archive was written by wmrl %s; this replay ran on wmrl %s: a change between them may be why",
-			strings.Join(names, ", then "), this)
+		return fmt.Sprintf("the archive was written by %s; this replay ran on wmrl %s: a change between them may be why", buildNames(builds), this)
 	case this.Revision == "" || this.Modified:
 		return fmt.Sprintf("the archive was written by wmrl %s, as this replay ran, but a build without its commit, or with changes not committed, cannot tell whether they are the same code", this)
 	default:

@@ -517,7 +517,7 @@ figure{margin:0}figure img{width:100%;border:1px solid #ddd}figcaption{font-size
 {{if gt (len .A.WorldModels) 1}}World models: {{range $i, $m := .A.WorldModels}}{{if $i}}, {{end}}<code>{{or $m.Model "not recorded"}}</code> (steps {{$m.FirstStep}}-{{$m.LastStep}}: {{$m.Rows}} rows, {{$m.Pairs}} anchor pairs){{end}};
 this audit measures them together, as if one: <code>wmrl audit --wm-model NAME</code> audits one alone.
 {{else}}{{range .A.WorldModels}}World model: <code>{{or .Model "not recorded"}}</code>.
-{{end}}{{end}}{{with .A.Builds}}Written by wmrl {{range $i, $b := .}}{{if $i}}, then {{end}}<code>{{or $b "not recorded"}}</code>{{end}}.
+{{end}}{{end}}{{with .A.Builds}}Written by {{range $i, $b := .}}{{if $i}}, then {{end}}{{if $b}}wmrl <code>{{$b}}</code>{{else}}a build from before the archive kept it{{end}}{{end}}.
 {{end}}Overall rank agreement: Spearman {{num .A.Overall.Ranks.Spearman}}, Kendall {{num .A.Overall.Ranks.Kendall}};
 within groups (what GRPO's advantages depend on): Spearman {{num .A.Overall.Ranks.WithinSpearman}}, Kendall {{num .A.Overall.Ranks.WithinKendall}} over {{.A.Overall.Ranks.Groups}} groups.
 Overall verdict: <span class="{{cls .A.Overall.Verdict}}"><b>{{.A.Overall.Verdict}}</b></span>.</p>

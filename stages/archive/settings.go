@@ -29,7 +29,8 @@ type Settings struct {
 	// kept).
 	AnchorDeadline float64 `json:"anchor_deadline_seconds,omitempty"`
 	// Build is the wmrl build whose archive stage wrote the file, as
-	// wmrl --version says it (empty in files from before it was kept).
+	// wmrl --version says it: the archive stage's own process's, as with
+	// the settings above (empty in files from before it was kept).
 	// Compaction merges only files of equal settings, so a file's rows
 	// are all of one build: a replay on another build that does not
 	// reproduce the archive can name the build that wrote it.
