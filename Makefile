@@ -20,8 +20,9 @@ build:
 # subprocesses and servers that do not answer. At -p 2, make test took
 # 522 s here for 771 s of CPU (74% of the two cores); at -p 3, 469 s for
 # 841 s (90%), the same clean clone's CI on the same day. More would only
-# queue for the cores: pipeline's binary, the longest, already went from
-# 317 s to 395 s under the load.
+# queue for the cores: pipeline's binary, the longest, went from 312 s to
+# 395 s under the load (330 to 362 s once eight more of its tests ran in
+# parallel, below).
 #
 # The tests marked t.Parallel run 4 at a time: those that use well under
 # a core (natsjs's lease, bucket and checkpoint tests took 169 s for 38 s
