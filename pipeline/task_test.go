@@ -45,14 +45,15 @@ func TestPipelineExecutesARealTask(t *testing.T) {
 		t.Fatal(err)
 	}
 	exe := &sandbox.Subprocess{Task: task}
-	want := map[string]float64{} // solution code -> reward
+	want := map[string]float64{}  // solution code -> reward
+	graded := map[string]string{} // solution code -> how this grading ended, for a failure
 	for _, f := range files {
 		code, _ := os.ReadFile(f)
 		r, err := exe.Execute(ctx, schemas.Trajectory{Response: string(code)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		want[string(code)] = r.Score
+		want[string(code)], graded[string(code)] = r.Score, fmt.Sprintf("%s: %s", r.Status, r.Detail)
 	}
 	pol, _ := sim.NewTaskPolicy("default", dir, task.Name, task.Description, 0, 4, 4)
 	anchors, distinct := 0, map[float64]bool{}
@@ -72,7 +73,7 @@ func TestPipelineExecutesARealTask(t *testing.T) {
 				if it.Reward != nil {
 					got = fmt.Sprint(*it.Reward)
 				}
-				t.Fatalf("step %d %s: anchor reward %s, the sandbox grades that solution %v\n%s", u.Step, it.TrajID, got, want[code[it.TrajID]], code[it.TrajID][:60])
+				t.Fatalf("step %d %s: anchor reward %s, the sandbox grades that solution %v (%s)\n%s", u.Step, it.TrajID, got, want[code[it.TrajID]], graded[code[it.TrajID]], code[it.TrajID][:60])
 			}
 			distinct[*it.Reward] = true
 		}
