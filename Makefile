@@ -15,16 +15,16 @@ build:
 
 # The whole suite with the race detector; CI runs exactly this.
 #
-# Two packages at once (-p 2, GOMAXPROCS), though the tests wait as well
-# as compute, on leases' TTLs, ack waits, reconnects, deadlines,
-# subprocesses and servers that do not answer: at -p 2, make test took
-# 522 s here for 771 s of CPU (74% of the two cores). At -p 3 it took 469
-# s and 465 s for 841 s (90%), but in the fourth CI at -p 3
-# TestPipelineExecutesARealTask's own grading of a solution scored 0
-# where the pipeline's execution of it scored 1, under that load; until
-# why is known (the test now prints how its grading ended), -p 3 waits.
-# (pipeline's binary, the longest, took 312 s at -p 2, 330 to 395 s at
-# -p 3.)
+# Three packages at once (-p 3), not GOMAXPROCS (2): the tests wait as
+# well as compute, on leases' TTLs, ack waits, reconnects, deadlines,
+# subprocesses and servers that do not answer. At -p 2, make test took
+# 522 s here for 771 s of CPU (74% of the two cores); at -p 3, 469 s and
+# 465 s for 841 s (90%), the same clean clone's CI on the same day. More
+# would only queue for the cores: pipeline's binary, the longest, took
+# 312 s at -p 2 and 330 to 395 s at -p 3. One CI at -p 3 failed: the
+# sandbox package's 16 executions at once, as nobody, left pipeline's
+# executions as nobody "Cannot fork" (nobody's process limit counts every
+# process of nobody on the machine); they now run as a user of their own.
 #
 # The tests marked t.Parallel run 4 at a time: those that use well under
 # a core (natsjs's lease, bucket and checkpoint tests took 169 s for 38 s
@@ -48,7 +48,7 @@ build:
 # together: 422 s here against 496 s (at -p 2).
 SLOWEST := ./pipeline ./cmd/wmrl ./connectors/natsjs ./connectors/sandbox
 test:
-	$(GO) test -race -count=1 -parallel 4 $(if $(filter ./...,$(PKGS)),$(SLOWEST)) $(PKGS)
+	$(GO) test -race -count=1 -p 3 -parallel 4 $(if $(filter ./...,$(PKGS)),$(SLOWEST)) $(PKGS)
 
 # Benchmarks, each run $(COUNT) times; benchstat prints the medians (with
 # their spread) of every figure, including the project's own units such as

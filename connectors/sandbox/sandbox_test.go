@@ -499,10 +499,13 @@ func TestExecutionsLeaveNoZombies(t *testing.T) {
 // user, whose processes and threads the kernel counts together. With the
 // process limit of 16 slots, 16 executions that each start 8 threads all
 // run to their end; a flat 64 had 12 of them crash ("can't start new
-// thread") and score 0.
+// thread") and score 0. As root they run as a user of this test's own:
+// as nobody, their 200 or so threads left other packages' executions as
+// nobody, whose limit is one slot's, "Cannot fork" (pipeline's
+// TestPipelineExecutesARealTask graded a solution 0 that way in CI).
 func TestConcurrentExecutionsEachStartThreads(t *testing.T) {
 	task := housing(t)
-	s := &Subprocess{Task: task, Limits: Limits{Timeout: 30 * time.Second, Processes: DefaultProcesses(16)}}
+	s := &Subprocess{Task: task, RunAs: 2000000120, Limits: Limits{Timeout: 30 * time.Second, Processes: DefaultProcesses(16)}}
 	code := "import threading, time\nts = [threading.Thread(target=time.sleep, args=(1,)) for _ in range(8)]\n" +
 		"[x.start() for x in ts]\n[x.join() for x in ts]\nopen('submission.csv', 'w').write('id,price\\n')\n"
 	var wg sync.WaitGroup
