@@ -89,11 +89,11 @@ func archiveThere(root string) error {
 type runRecord struct {
 	name     string
 	settings archive.Settings // those its newest file recorded
-	builds   []string         // the wmrl builds that wrote its files (archive.Builds)
+	builds   []string         // the wmrl builds that wrote its files (archive.Description)
 	steps    func() int       // how many steps it holds, once the first read is through
 }
 
-// buildNames lists the builds that wrote an archive (archive.Builds) for
+// buildNames lists the builds that wrote an archive (archive.Description) for
 // people, oldest first.
 func buildNames(builds []string) string {
 	names := make([]string, len(builds))
@@ -125,16 +125,11 @@ func streamRun(root, run, again string, stderr io.Writer) (src offline.Rows, rec
 	if len(files) == 0 {
 		return fail(fmt.Errorf("run %s has no closed archive files in %s", run, archive.RunDir(root, run)))
 	}
-	if rec.settings, err = archive.ReadSettings(files[len(files)-1]); err != nil {
-		return fail(err)
-	}
-	if rec.builds, err = archive.Builds(files); err != nil {
-		return fail(err)
-	}
-	total, err := archive.Count(files)
+	d, err := archive.Describe(files)
 	if err != nil {
 		return fail(err)
 	}
+	rec.settings, rec.builds = d.Settings, d.Builds
 	reads := 0
 	seen := map[int64]struct{}{}
 	scan := func(columns []string, fn func([]archive.Row) error) error {
@@ -162,7 +157,7 @@ func streamRun(root, run, again string, stderr io.Writer) (src offline.Rows, rec
 				}
 			}
 			done += len(rows)
-			show(done, int(total))
+			show(done, int(d.Rows))
 			return fn(rows)
 		})
 		bar.done()

@@ -172,3 +172,28 @@ func TestAReplayThatDiffersNamesTheBuildThatWroteTheArchive(t *testing.T) {
 		}
 	}
 }
+
+// A replay that reproduces an archive that other builds wrote says so:
+// the upgrade computes the same on it. One that this build wrote whole
+// says nothing more.
+func TestAReplayThatReproducesNamesTheOtherBuildsThatWroteTheArchive(t *testing.T) {
+	this := pipeline.Build{Version: "v1.2.0", Revision: "9492b48c1a2b33", Go: "go1.26.8"}
+	untagged := pipeline.Build{Version: "(devel)", Go: "go1.26.8"}
+	for _, c := range []struct {
+		name   string
+		builds []string
+		this   pipeline.Build
+		want   string // "": no line
+	}{
+		{"an upgrade", []string{"v1.1.0, commit 1111, go1.26.8", this.String()}, this,
+			"written by wmrl v1.1.0, commit 1111, go1.26.8, then wmrl v1.2.0, commit 9492b48c1a2b, go1.26.8; this replay ran on wmrl v1.2.0, commit 9492b48c1a2b, go1.26.8: the builds between them compute the same on it"},
+		{"files from before the build was kept", []string{""}, this, "written by a build from before the archive kept it; this replay ran on wmrl v1.2.0"},
+		{"this build alone", []string{this.String()}, this, ""},
+		{"a build without a commit alone", []string{untagged.String()}, untagged, ""},
+	} {
+		got := reproducedAcross(c.builds, c.this)
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+}

@@ -172,6 +172,9 @@ func replayCommand() *cobra.Command {
 					fmt.Fprintln(stdout, writtenBy(rec.builds, pipeline.ReadBuild()))
 					return fmt.Errorf("replay with the recorded settings differs from the archive")
 				}
+				if line := reproducedAcross(rec.builds, pipeline.ReadBuild()); line != "" {
+					fmt.Fprintln(stdout, line)
+				}
 			} else {
 				fmt.Fprintf(stdout, "with %v: max |d fused| %.3g, fused sign kept on %.1f%% of rows, %d anchor groups dropped\n",
 					changed, sum.MaxFusedDiff, 100*sum.SignAgreement, sum.DroppedAnchors)
@@ -210,20 +213,37 @@ func replayCommand() *cobra.Command {
 }
 
 // writtenBy says, of a replay that did not reproduce its archive, whether
-// the wmrl build that wrote the archive (builds, archive.Builds) is the one
+// the wmrl build that wrote the archive (builds, archive.Description) is the one
 // replaying it: an upgrade that changed what calibration or fusion
 // computes is the first cause to rule out.
 func writtenBy(builds []string, this pipeline.Build) string {
-	same := true
-	for _, b := range builds {
-		same = same && b == this.String()
-	}
 	switch {
-	case !same:
+	case !writtenByThis(builds, this):
 		return fmt.Sprintf("the archive was written by %s; this replay ran on wmrl %s: a change between them may be why", buildNames(builds), this)
 	case this.Revision == "" || this.Modified:
 		return fmt.Sprintf("the archive was written by wmrl %s, as this replay ran, but a build without its commit, or with changes not committed, cannot tell whether they are the same code", this)
 	default:
 		return fmt.Sprintf("the archive was written by this same build (wmrl %s): not a change of wmrl", this)
 	}
+}
+
+// reproducedAcross says, of a replay that reproduced its archive, which
+// other builds wrote it ("" when this one wrote all of it): the upgrade
+// left what calibration and fusion compute on this archive as it was.
+func reproducedAcross(builds []string, this pipeline.Build) string {
+	if writtenByThis(builds, this) {
+		return ""
+	}
+	return fmt.Sprintf("the archive was written by %s; this replay ran on wmrl %s: the builds between them compute the same on it", buildNames(builds), this)
+}
+
+// writtenByThis is whether this build wrote every file (builds,
+// archive.Description).
+func writtenByThis(builds []string, this pipeline.Build) bool {
+	for _, b := range builds {
+		if b != this.String() {
+			return false
+		}
+	}
+	return true
 }

@@ -197,7 +197,7 @@ type Audit struct {
 	// different ones shared it.
 	WorldModels []WorldModelUse `json:"world_models"`
 	// Builds are the wmrl builds that wrote the audited archive's files
-	// (archive.Builds; "" for files from before it was kept), set by the
+	// (archive.Description; "" for files from before it was kept), set by the
 	// caller that opened them, wmrl audit.
 	Builds []string `json:"wmrl_builds,omitempty"`
 

@@ -199,8 +199,12 @@ func TestFilesNameTheBuildThatWroteThem(t *testing.T) {
 	want = append(want, smallFiles(t, dir, 2, 4, a, nil)...)
 	want = append(want, smallFiles(t, dir, 4, 6, b, nil)...)
 	files, _ := readRun(t, dir)
-	if builds, err := Builds(files); err != nil || !slices.Equal(builds, []string{"", "v1, commit 1a", "v2, commit 2b"}) {
-		t.Fatalf("builds %q (%v); want none recorded, then v1's, then v2's", builds, err)
+	d, err := Describe(files)
+	if err != nil || !slices.Equal(d.Builds, []string{"", "v1, commit 1a", "v2, commit 2b"}) {
+		t.Fatalf("builds %q (%v); want none recorded, then v1's, then v2's", d.Builds, err)
+	}
+	if d.Rows != int64(len(want)) || d.Settings != b {
+		t.Errorf("described %d rows and settings %+v; want %d and the newest file's %+v", d.Rows, d.Settings, len(want), b)
 	}
 	old := time.Now().Add(-2 * time.Hour)
 	for _, f := range files {

@@ -39,12 +39,16 @@ type Settings struct {
 
 // ReadSettings returns the settings recorded in a file.
 func ReadSettings(path string) (Settings, error) {
-	var s Settings
 	f, pf, err := openParquet(path, parquet.SkipPageIndex(true))
 	if err != nil {
-		return s, err
+		return Settings{}, err
 	}
 	defer f.Close()
+	return settingsOf(path, pf)
+}
+
+func settingsOf(path string, pf *parquet.File) (Settings, error) {
+	var s Settings
 	v, ok := pf.Lookup(metaSettings)
 	if !ok {
 		return s, fmt.Errorf("archive: %s records no settings", path)
@@ -55,19 +59,35 @@ func ReadSettings(path string) (Settings, error) {
 	return s, nil
 }
 
-// Builds returns the builds that wrote files (Settings.Build), each once,
-// in the order of the files that first record them; "" stands for files
-// from before the build was kept.
-func Builds(files []string) ([]string, error) {
-	var builds []string
-	for _, f := range files {
-		s, err := ReadSettings(f)
+// Description is what a run's files say of it in their footers.
+type Description struct {
+	Rows     int64
+	Settings Settings // the newest file's (the last of files)
+	// Builds are the builds that wrote the files (Settings.Build), each
+	// once, in the order of the files that first record them; "" stands
+	// for files from before the build was kept.
+	Builds []string
+}
+
+// Describe reads the footers of files, in order, once each.
+func Describe(files []string) (Description, error) {
+	var d Description
+	for _, path := range files {
+		f, pf, err := openParquet(path, parquet.SkipPageIndex(true))
 		if err != nil {
-			return nil, err
+			return d, err
 		}
-		if !slices.Contains(builds, s.Build) {
-			builds = append(builds, s.Build)
+		s, err := settingsOf(path, pf)
+		rows := pf.NumRows()
+		f.Close()
+		if err != nil {
+			return d, err
+		}
+		d.Rows += rows
+		d.Settings = s
+		if !slices.Contains(d.Builds, s.Build) {
+			d.Builds = append(d.Builds, s.Build)
 		}
 	}
-	return builds, nil
+	return d, nil
 }
