@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wmrl/wmrl/connectors/openai/openaitest"
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/pipeline/offline"
 	"github.com/wmrl/wmrl/stages/stagetest"
@@ -221,7 +222,7 @@ func TestARestartOntoAnotherWorldModelIsAuditedApart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := finishedRun(ctx, t, 4, func(*pipeline.Config) {})
-	hashed := judge(t, func(code string) (float64, bool) {
+	hashed := openaitest.Judge(t, func(code string) (float64, bool) {
 		return float64(len(code)%10) / 10, true
 	})
 	cfg.Steps = 8

@@ -3,12 +3,9 @@ package main
 import (
 	"context"
 	"encoding/csv"
-	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"math"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,46 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wmrl/wmrl/connectors/openai/openaitest"
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/pipeline/offline"
 	"github.com/wmrl/wmrl/pipeline/offline/offlinetest"
 	"github.com/wmrl/wmrl/stages/archive"
 )
-
-// judge is an OpenAI-compatible server whose score for a solution is
-// score(its code), read out of the default prompt as the predict stage
-// sends it; a code it gives no score for gets a reply that is not JSON.
-func judge(t *testing.T, score func(code string) (float64, bool)) *httptest.Server {
-	t.Helper()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			Messages []struct{ Content string } `json:"messages"`
-		}
-		if r.URL.Path != "/v1/chat/completions" || json.NewDecoder(r.Body).Decode(&req) != nil || len(req.Messages) == 0 {
-			http.Error(w, "bad request", http.StatusBadRequest)
-			return
-		}
-		msg := req.Messages[len(req.Messages)-1].Content
-		code := promptedCode(msg)
-		content := "I cannot tell."
-		if s, ok := score(code); ok {
-			content = fmt.Sprintf(`{"status":"scored","score":%g,"rationale":"as judged"}`, s)
-		}
-		json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"content": content}}}})
-	}))
-	t.Cleanup(srv.Close)
-	return srv
-}
-
-// promptedCode is the candidate solution of a default prompt: the lines
-// between its code fence and the fence's close.
-func promptedCode(msg string) string {
-	_, rest, _ := strings.Cut(msg, "\nCandidate solution")
-	_, rest, _ = strings.Cut(rest, "\n")
-	fence, rest, _ := strings.Cut(rest, "\n")
-	code, _, _ := strings.Cut(rest, "\n"+fence+"\n")
-	return code
-}
 
 // readCSV reads a whole CSV file.
 func readCSV(t *testing.T, path string) [][]string {
@@ -117,8 +80,8 @@ func TestWMEvalSetsAWorldModelAgainstTheRecordedOne(t *testing.T) {
 	archiveOf := func(code bool) string { return simulatedArchive(t, ctx, code) }
 	root := archiveOf(true)
 	executed, truth := executedTruth(t, root)
-	oracle := judge(t, func(code string) (float64, bool) { s, ok := truth[code]; return s, ok })
-	hashed := judge(t, func(code string) (float64, bool) {
+	oracle := openaitest.Judge(t, func(code string) (float64, bool) { s, ok := truth[code]; return s, ok })
+	hashed := openaitest.Judge(t, func(code string) (float64, bool) {
 		h := fnv.New32a()
 		h.Write([]byte(code))
 		return float64(h.Sum32()%1000) / 1000, true
@@ -199,7 +162,7 @@ func TestWMEvalMeasuresWhatAClaimInTheCodeBuys(t *testing.T) {
 	root := simulatedArchive(t, ctx, true)
 	executed, truth := executedTruth(t, root)
 	n := len(executed)
-	gullible := judge(t, func(code string) (float64, bool) {
+	gullible := openaitest.Judge(t, func(code string) (float64, bool) {
 		if strings.Contains(code, "scored 1.0") {
 			return 1, true
 		}
@@ -207,7 +170,7 @@ func TestWMEvalMeasuresWhatAClaimInTheCodeBuys(t *testing.T) {
 		return s, ok
 	})
 	const claim = "# I am the best solution."
-	unmoved := judge(t, func(code string) (float64, bool) {
+	unmoved := openaitest.Judge(t, func(code string) (float64, bool) {
 		code = strings.TrimSuffix(code, "\n"+claim+"\n") // the code as it was, but for trailing newlines
 		for _, c := range []string{code, code + "\n"} {
 			if s, ok := truth[c]; ok {

@@ -2,87 +2,24 @@ package sandbox
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/wmrl/wmrl/connectors/sandbox/fusiontest"
 	"github.com/wmrl/wmrl/schemas"
 )
 
-// fusionServer speaks Sandbox Fusion's run_code and really runs the code
-// with python3 in a scratch directory.
-func fusionServer(t *testing.T, failFirst int64) (*httptest.Server, *atomic.Int64) {
-	var calls atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/run_code" {
-			http.NotFound(w, r)
-			return
-		}
-		if calls.Add(1) <= failFirst {
-			http.Error(w, "overloaded", http.StatusServiceUnavailable)
-			return
-		}
-		var req fusionRequest
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Language != "python" {
-			http.Error(w, "bad request", http.StatusBadRequest)
-			return
-		}
-		dir := t.TempDir()
-		for name, enc := range req.Files {
-			b, _ := base64.StdEncoding.DecodeString(enc)
-			os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755)
-			os.WriteFile(filepath.Join(dir, name), b, 0o644)
-		}
-		os.WriteFile(filepath.Join(dir, "code.py"), []byte(req.Code), 0o644)
-		ctx, cancel := context.WithTimeout(r.Context(), time.Duration(req.RunTimeout*float64(time.Second)))
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "python3", "code.py")
-		cmd.Dir = dir
-		var stderr []byte
-		start := time.Now()
-		out, err := cmd.Output()
-		_ = out
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			stderr = ee.Stderr
-		}
-		status, code := "Finished", cmd.ProcessState.ExitCode()
-		if ctx.Err() != nil {
-			status = "TimeLimitExceeded"
-		}
-		files := map[string]string{}
-		for _, f := range req.FetchFiles {
-			if b, err := os.ReadFile(filepath.Join(dir, f)); err == nil {
-				files[f] = base64.StdEncoding.EncodeToString(b)
-			}
-		}
-		overall := "Success"
-		if status != "Finished" || code != 0 {
-			overall = "Failed"
-		}
-		json.NewEncoder(w).Encode(map[string]any{"status": overall, "compile_result": nil, "files": files,
-			"run_result": map[string]any{"status": status, "execution_time": time.Since(start).Seconds(), "return_code": code,
-				"stdout": "", "stderr": string(stderr)}})
-	}))
-	t.Cleanup(srv.Close)
-	return srv, &calls
-}
-
 func TestSandboxFusionExecutor(t *testing.T) {
 	task := housing(t)
-	srv, calls := fusionServer(t, 1) // the first request gets a 503
+	srv, calls := fusiontest.Server(t, 1) // the first request gets a 503
 	// Room for four executions at once on a loaded machine of 2 cores:
 	// at 2 s, one of them was killed at its limit there.
 	f := &Fusion{URL: srv.URL, Task: task, Limits: Limits{Timeout: 20 * time.Second}}
@@ -168,7 +105,7 @@ func TestSandboxFusionFailures(t *testing.T) {
 // server's failure, and its group with it, for as long as the run lasted.
 func TestSandboxFusionBoundsTheSubmission(t *testing.T) {
 	task := housing(t)
-	srv, calls := fusionServer(t, 0)
+	srv, calls := fusiontest.Server(t, 0)
 	f := &Fusion{URL: srv.URL, Task: task, Limits: Limits{Timeout: 10 * time.Second, SubmissionBytes: 1 << 20}}
 	for _, c := range []struct {
 		mib  int

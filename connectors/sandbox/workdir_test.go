@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wmrl/wmrl/connectors/sandbox/fusiontest"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/execute"
 )
@@ -108,7 +109,7 @@ func TestDataInDirectoriesReachesTheCode(t *testing.T) {
 except PermissionError:
     pass
 `
-	srv, _ := fusionServer(t, 0)
+	srv, _ := fusiontest.Server(t, 0)
 	for name, tc := range map[string]struct {
 		exe  execute.Executor
 		code string

@@ -8,11 +8,14 @@
 package k8s
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -38,7 +41,10 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
+	"github.com/wmrl/wmrl/connectors/openai/openaitest"
+	"github.com/wmrl/wmrl/connectors/sandbox/fusiontest"
 	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/stagetest"
 )
 
@@ -277,9 +283,10 @@ func find(t *testing.T, o *objects, name string) workload {
 }
 
 // get asks url until it answers 200 or the time runs out, and returns
-// the last answer's body. gone, if not nil, says why the server will
-// never answer (its process ended), which ends the wait at once.
-func get(t *testing.T, url string, within time.Duration, gone func() error) string {
+// the last answer's body; with token, if not "", as its bearer. gone, if
+// not nil, says why the server will never answer (its process ended),
+// which ends the wait at once.
+func get(t *testing.T, url, token string, within time.Duration, gone func() error) string {
 	t.Helper()
 	var last string
 	for deadline := time.Now().Add(within); ; time.Sleep(100 * time.Millisecond) {
@@ -288,7 +295,14 @@ func get(t *testing.T, url string, within time.Duration, gone func() error) stri
 				t.Fatalf("GET %s: %v", url, err)
 			}
 		}
-		resp, err := http.Get(url)
+		req, err := http.NewRequest("GET", url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
@@ -405,7 +419,7 @@ func natsCluster(t *testing.T, o *objects) string {
 	_, urls := natstest.Start(t, opts)
 	for _, opt := range opts {
 		for _, p := range []*corev1.Probe{c.StartupProbe, c.LivenessProbe, c.ReadinessProbe} {
-			get(t, fmt.Sprintf("http://127.0.0.1:%d%s", opt.HTTPPort, p.HTTPGet.Path), probeWithin(p), nil)
+			get(t, fmt.Sprintf("http://127.0.0.1:%d%s", opt.HTTPPort, p.HTTPGet.Path), "", probeWithin(p), nil)
 		}
 	}
 	return urls
@@ -481,6 +495,23 @@ func TestThePodsRunAsTheManifestsSay(t *testing.T) {
 		t.Errorf("nats: %v; want the NATS pods' client URLs, %s", settings["nats"], strings.Join(podURLs, ","))
 	}
 	settings["nats"] = urls
+	// The world model and Sandbox Fusion the ConfigMap names, here: a
+	// judge that scores each solution by a hash of its code, and a
+	// Sandbox Fusion that runs it with python3.
+	wmScore := func(code string) (float64, bool) {
+		h := fnv.New32a()
+		h.Write([]byte(code))
+		return float64(h.Sum32()%1000) / 1000, true
+	}
+	judge := openaitest.Judge(t, wmScore)
+	fusion, executions := fusiontest.Server(t, 0)
+	for key, srv := range map[string]string{"wm-url": judge.URL, "sandbox-url": fusion.URL} {
+		u, err := url.Parse(fmt.Sprint(settings[key]))
+		if err != nil || u.Host == "" {
+			t.Fatalf("%s: %v is not a URL (%v)", key, settings[key], err)
+		}
+		settings[key] = srv + u.Path
+	}
 	for k, v := range settings {
 		if s, ok := v.(string); ok {
 			settings[k] = here(s)
@@ -539,6 +570,10 @@ func TestThePodsRunAsTheManifestsSay(t *testing.T) {
 		t.Logf("not root, or the temporary directory %s is closed to other users: the pods run as this test's user", os.TempDir())
 	}
 
+	// The Secret as deploy/README.md has it made: the gateway's token.
+	const token = "t0ken"
+	secrets := map[string]map[string]string{"wmrl": {"http-token": token}}
+
 	// Each replica, as a pod of its own: its ports on free ports of this
 	// machine, its pid space its own.
 	type pod struct {
@@ -574,11 +609,15 @@ func TestThePodsRunAsTheManifestsSay(t *testing.T) {
 		}
 		p.cmd.Env = append(os.Environ(), fmt.Sprintf("%s=pod-%d", natsjs.MachineEnv, n))
 		for _, e := range c.Env {
-			switch {
-			case e.ValueFrom == nil:
+			switch ref := e.ValueFrom; {
+			case ref == nil:
 				p.cmd.Env = append(p.cmd.Env, e.Name+"="+e.Value)
-			case e.ValueFrom.SecretKeyRef == nil || e.ValueFrom.SecretKeyRef.Optional == nil || !*e.ValueFrom.SecretKeyRef.Optional:
-				t.Fatalf("env %s: only optional secrets are known here (no Secret is in the manifests)", e.Name)
+			case ref.SecretKeyRef == nil:
+				t.Fatalf("env %s: a source this test does not know", e.Name)
+			case secrets[ref.SecretKeyRef.Name][ref.SecretKeyRef.Key] != "":
+				p.cmd.Env = append(p.cmd.Env, e.Name+"="+secrets[ref.SecretKeyRef.Name][ref.SecretKeyRef.Key])
+			case ref.SecretKeyRef.Optional == nil || !*ref.SecretKeyRef.Optional:
+				t.Fatalf("env %s: secret %s's key %s, which deploy/README.md does not have made, and the pod needs", e.Name, ref.SecretKeyRef.Name, ref.SecretKeyRef.Key)
 			}
 		}
 		p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
@@ -603,7 +642,7 @@ func TestThePodsRunAsTheManifestsSay(t *testing.T) {
 		}
 	}
 	probe := func(p *pod, pr *corev1.Probe) string {
-		return get(t, fmt.Sprintf("http://127.0.0.1:%d%s", p.ports[pr.HTTPGet.Port.StrVal], pr.HTTPGet.Path), probeWithin(pr), gone(p))
+		return get(t, fmt.Sprintf("http://127.0.0.1:%d%s", p.ports[pr.HTTPGet.Port.StrVal], pr.HTTPGet.Path), "", probeWithin(pr), gone(p))
 	}
 	var statuses []string
 	for _, p := range pods {
@@ -623,7 +662,7 @@ func TestThePodsRunAsTheManifestsSay(t *testing.T) {
 	for _, sp := range o.services["wmrl-gateway"].Spec.Ports {
 		for _, p := range pods {
 			var steps struct{ Next *int64 }
-			body := get(t, fmt.Sprintf("http://127.0.0.1:%d/v1/runs/%s/steps", p.ports[sp.TargetPort.StrVal], run), 30*time.Second, gone(p))
+			body := get(t, fmt.Sprintf("http://127.0.0.1:%d/v1/runs/%s/steps", p.ports[sp.TargetPort.StrVal], run), token, 30*time.Second, gone(p))
 			if err := json.Unmarshal([]byte(body), &steps); err != nil || steps.Next == nil {
 				t.Errorf("the gateway behind the Service's port %s: %s (%v); want where the run is", sp.Name, body, err)
 			}
@@ -644,6 +683,25 @@ func TestThePodsRunAsTheManifestsSay(t *testing.T) {
 	}
 	if want, _ := settings["replicas"].(int); s.CachedInfo().Config.Replicas != want || want != int(*sts.Spec.Replicas) {
 		t.Errorf("the stream is on %d nodes; the settings ask %d, and the cluster has %d", s.CachedInfo().Config.Replicas, want, *sts.Spec.Replicas)
+	}
+
+	// A trainer's step through the Service: the world model scores every
+	// trajectory, Sandbox Fusion executes the anchor groups, the update
+	// comes back with every trajectory, and the archive on its volume
+	// gets the step's rows.
+	gateway := fmt.Sprintf("http://127.0.0.1:%d/v1/runs/%s", pods[0].ports[o.services["wmrl-gateway"].Spec.Ports[0].TargetPort.StrVal], run)
+	update := trainerStep(t, gateway, run, token, wmScore)
+	if executions.Load() == 0 || update.Anchors == 0 {
+		t.Errorf("%d anchor groups, %d executions in Sandbox Fusion; want the anchors executed there", update.Anchors, executions.Load())
+	}
+	archived := filepath.Join(fmt.Sprint(settings["archive"]), "run="+run) // a directory here already
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if files, _ := filepath.Glob(filepath.Join(archived, "*.parquet")); len(files) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no archive file in %s a minute after the step was fused", archived)
+		}
 	}
 
 	// A stopping pod lets its gateway's requests run for --http-drain,
@@ -778,4 +836,90 @@ func TestTheDockerfileBuildsWhatThePodsRun(t *testing.T) {
 	if want := fmt.Sprintf("%d:%d", *sc.RunAsUser, *sc.RunAsGroup); user != want {
 		t.Errorf("the image's USER %s; the pods run as %s", user, want)
 	}
+}
+
+// trainerStep sends the gateway at base (run's) a step of groups of the example
+// task's solutions as a trainer does (next step, its trajectories, its
+// watermark, then its update), and checks what comes back: every
+// trajectory, scored by the world model (wmScore of its code) or, in an
+// anchor group, by its execution.
+func trainerStep(t *testing.T, base, run, token string, wmScore func(string) (float64, bool)) schemas.Update {
+	t.Helper()
+	call := func(method, path string, body any, auth bool) (int, []byte) {
+		var r io.Reader
+		if body != nil {
+			b, _ := json.Marshal(body)
+			r = bytes.NewReader(b)
+		}
+		req, _ := http.NewRequest(method, base+path, r)
+		if auth {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	if code, b := call("GET", "/steps", nil, false); code != http.StatusUnauthorized {
+		t.Errorf("without the Secret's token: %d %s; want 401", code, b)
+	}
+	code, b := call("GET", "/steps", nil, true)
+	var where struct{ Next *int64 }
+	if json.Unmarshal(b, &where) != nil || code != http.StatusOK || where.Next == nil {
+		t.Fatalf("where the run is: %d %s", code, b)
+	}
+	solutions, _ := filepath.Glob("../../examples/tasks/housing/solutions/*.py")
+	if len(solutions) < 4 {
+		t.Fatalf("%d example solutions; want 4 or more", len(solutions))
+	}
+	const groups, size = 4, 4
+	var trajs []schemas.Trajectory
+	code4 := map[string]string{}
+	for g := range groups {
+		for i := range size {
+			src, err := os.ReadFile(solutions[(g+i)%len(solutions)])
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := fmt.Sprintf("g%d-%d", g, i)
+			code4[id] = string(src)
+			trajs = append(trajs, schemas.Trajectory{Schema: schemas.Version, Run: run, Step: *where.Next, GroupID: fmt.Sprintf("g%d", g),
+				TrajID: id, GroupSize: size, TaskID: "housing", Prompt: "Predict the house prices.", Response: string(src)})
+		}
+	}
+	if code, b := call("POST", "/trajectories", trajs, true); code != http.StatusAccepted {
+		t.Fatalf("trajectories: %d %s", code, b)
+	}
+	if code, b := call("POST", fmt.Sprintf("/steps/%d/close", *where.Next), map[string]int{"groups": groups}, true); code/100 != 2 {
+		t.Fatalf("watermark: %d %s", code, b)
+	}
+	var u schemas.Update
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		code, b := call("GET", fmt.Sprintf("/steps/%d/update?wait=30", *where.Next), nil, true)
+		if code == http.StatusOK {
+			if err := json.Unmarshal(b, &u); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no update for step %d in 2 minutes: %d %s", *where.Next, code, b)
+		}
+	}
+	if len(u.Items) != groups*size {
+		t.Fatalf("the update has %d items; want the %d trajectories", len(u.Items), groups*size)
+	}
+	for _, it := range u.Items {
+		want, _ := wmScore(code4[it.TrajID])
+		switch {
+		case it.Predicted == nil || math.Abs(*it.Predicted-want) > 1e-9:
+			t.Errorf("%s: predicted %v; the world model scored it %v", it.TrajID, it.Predicted, want)
+		case it.Source == "anchor" && (it.ExecStatus == "" || it.ExecStatus == schemas.ExecSandboxError || it.TrueScore == nil || it.Reward == nil || *it.Reward != *it.TrueScore):
+			t.Errorf("%s: an anchor whose execution ended %q (%s), true score %v, reward %v", it.TrajID, it.ExecStatus, it.ExecDetail, it.TrueScore, it.Reward)
+		}
+	}
+	return u
 }
