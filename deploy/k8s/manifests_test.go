@@ -395,8 +395,8 @@ func natsCluster(t *testing.T, o *objects) string {
 		if !slices.Equal(hosts, want) {
 			t.Errorf("routes %v; want the StatefulSet's %d pods by their stable names, %v", hosts, w.replicas, want)
 		}
-		if !mounted(opt.StoreDir) || !mounted(opt.PidFile) {
-			t.Errorf("store_dir %s and pid_file %s must be on the pod's volumes (the store on its claim)", opt.StoreDir, opt.PidFile)
+		if claimed := mountOf(t, w, c, sts.Spec.VolumeClaimTemplates[0].Name); !strings.HasPrefix(opt.StoreDir, claimed+"/") || !mounted(opt.PidFile) {
+			t.Errorf("store_dir %s must be on the pod's claim (%s: it outlives the pod), and pid_file %s on a volume", opt.StoreDir, claimed, opt.PidFile)
 		}
 		if stop := c.Lifecycle.PreStop.Exec.Command; !slices.Contains(stop, "ldm="+opt.PidFile) {
 			t.Errorf("preStop %q does not signal lame duck mode to the server's pid_file %s", stop, opt.PidFile)
@@ -430,8 +430,10 @@ func natsCluster(t *testing.T, o *objects) string {
 // command line and settings as the manifests give them: both become
 // ready where their probes ask, one runs the one-per-run stages and the
 // other waits as its standby, the Service's port reaches each one's
-// gateway, the run's stream is on three nodes, and SIGTERM stops both
-// cleanly within the pod's grace period.
+// gateway, a trainer's step through it is scored by the world model and
+// its anchors executed in Sandbox Fusion at the ConfigMap's URLs and
+// archived on the archive's volume, the run's stream is on three nodes,
+// and SIGTERM stops both cleanly within the pod's grace period.
 func TestThePodsRunAsTheManifestsSay(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 (to make the example task the pods read) not installed")
