@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/wmrl/wmrl/connectors/sandbox"
+	"github.com/wmrl/wmrl/connectors/sandbox/sandboxtest"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/pipeline/offline"
 	"github.com/wmrl/wmrl/schemas"
@@ -172,22 +172,14 @@ func storedExecutions(t *testing.T, dataDir string) []schemas.ExecItem {
 // into a temporary directory.
 func housingTask(t *testing.T) (dir string, solutions []string) {
 	t.Helper()
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 not installed")
-	}
 	dir = t.TempDir()
-	src := "../examples/tasks/housing"
+	solutions = sandboxtest.Housing(t, dir)
 	os.MkdirAll(filepath.Join(dir, "solutions"), 0o755)
-	files, _ := filepath.Glob(filepath.Join(src, "solutions", "*.py"))
-	for _, f := range append(files, filepath.Join(src, "generate.py"), filepath.Join(src, "task.json")) {
+	for _, f := range solutions {
 		b, _ := os.ReadFile(f)
-		rel, _ := filepath.Rel(src, f)
-		os.WriteFile(filepath.Join(dir, rel), b, 0o644)
+		os.WriteFile(filepath.Join(dir, "solutions", filepath.Base(f)), b, 0o644)
 	}
-	if out, err := exec.Command("python3", filepath.Join(dir, "generate.py")).CombinedOutput(); err != nil {
-		t.Fatalf("generate: %v\n%s", err, out)
-	}
-	return dir, files
+	return dir, solutions
 }
 
 // TestExecutionSettingsReachTheExecutor: --exec-timeout and friends bound

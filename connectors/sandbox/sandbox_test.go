@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wmrl/wmrl/connectors/sandbox/sandboxtest"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/execute"
 )
@@ -52,23 +53,7 @@ func housing(t testing.TB) *Task {
 // housingIn generates the example task into dir.
 func housingIn(t testing.TB, dir string) *Task {
 	t.Helper()
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 not installed")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	src := "../../examples/tasks/housing"
-	for _, f := range []string{"generate.py", "task.json"} {
-		b, err := os.ReadFile(filepath.Join(src, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		os.WriteFile(filepath.Join(dir, f), b, 0o644)
-	}
-	if out, err := exec.Command("python3", filepath.Join(dir, "generate.py")).CombinedOutput(); err != nil {
-		t.Fatalf("generate: %v\n%s", err, out)
-	}
+	sandboxtest.Housing(t, dir)
 	task, err := LoadTask(dir)
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"hash/fnv"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -30,6 +31,7 @@ import (
 	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
 	"github.com/wmrl/wmrl/connectors/openai/openaitest"
 	"github.com/wmrl/wmrl/connectors/sandbox/fusiontest"
+	"github.com/wmrl/wmrl/connectors/sandbox/sandboxtest"
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/stagetest"
@@ -71,9 +73,6 @@ func (p *pod) probe(t *testing.T, pr *corev1.Probe) string {
 // archived on the archive's volume, the run's stream is on three nodes,
 // and SIGTERM stops both cleanly within the pod's grace period.
 func TestThePodsRunAsTheManifestsSay(t *testing.T) {
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 (to make the example task the pods read) not installed")
-	}
 	o := load(t)
 	urls := natsCluster(t, o)
 	bin := filepath.Join(t.TempDir(), "wmrl")
@@ -102,7 +101,7 @@ func TestThePodsRunAsTheManifestsSay(t *testing.T) {
 	if !ok {
 		t.Fatal("the settings name no task directory")
 	}
-	exampleTask(t, tasks)
+	solutions := sandboxtest.Housing(t, filepath.Join(tasks, "housing"))
 	asUser := runAs(t, w, c, where, bin)
 
 	// The Secret as deploy/README.md has it made: the gateway's token.
@@ -160,7 +159,7 @@ func TestThePodsRunAsTheManifestsSay(t *testing.T) {
 	// comes back with every trajectory, and the archive on its volume
 	// gets the step's rows.
 	gateway := fmt.Sprintf("http://127.0.0.1:%d/v1/runs/%s", pods[0].ports[o.services["wmrl-gateway"].Spec.Ports[0].TargetPort.StrVal], run)
-	update := trainerStep(t, gateway, run, token, wmScore)
+	update := trainerStep(t, gateway, run, token, solutions, wmScore)
 	if executions.Load() == 0 || update.Anchors == 0 {
 		t.Errorf("%d anchor groups, %d executions in Sandbox Fusion; want the anchors executed there", update.Anchors, executions.Load())
 	}
@@ -289,28 +288,6 @@ func settingsHere(t *testing.T, o *objects, c corev1.Container, here func(string
 	return settings
 }
 
-// exampleTask makes the example task in tasks, the directory of tasks
-// the pods read.
-func exampleTask(t *testing.T, tasks string) {
-	t.Helper()
-	housing := filepath.Join(tasks, "housing")
-	if err := os.MkdirAll(housing, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range []string{"generate.py", "task.json"} {
-		b, err := os.ReadFile(filepath.Join("../../examples/tasks/housing", f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(housing, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if out, err := exec.Command("python3", filepath.Join(housing, "generate.py")).CombinedOutput(); err != nil {
-		t.Fatalf("generate the example task: %v\n%s", err, out)
-	}
-}
-
 // runAs is who w's pods run as here. As root, the pods run as their
 // securityContext's user, their volumes (where) given to its fsGroup as
 // Kubernetes does: a pod that writes beside its volumes, or cannot read
@@ -351,7 +328,7 @@ func startPod(t *testing.T, c corev1.Container, n int, bin string, here func(str
 		p.ports[cp.Name] = natstest.FreePort(t)
 		found := false
 		for j, a := range args {
-			if _, port, err := netSplit(a); err == nil && port == int(cp.ContainerPort) {
+			if _, port, err := net.SplitHostPort(a); err == nil && port == strconv.Itoa(int(cp.ContainerPort)) {
 				args[j], found = fmt.Sprintf("127.0.0.1:%d", p.ports[cp.Name]), true
 			}
 		}
@@ -392,16 +369,6 @@ func startPod(t *testing.T, c corev1.Container, n int, bin string, here func(str
 	return p
 }
 
-// netSplit reads an address argument (0.0.0.0:8080, :8080).
-func netSplit(a string) (string, int, error) {
-	host, p, ok := strings.Cut(a, ":")
-	if !ok || strings.Contains(p, ":") || strings.Contains(a, "/") {
-		return "", 0, fmt.Errorf("not an address")
-	}
-	n, err := strconv.Atoi(p)
-	return host, n, err
-}
-
 // reachable opens the directories above path (a test's temporary
 // directories are 0700) to other users, as far as the temporary root.
 func reachable(t *testing.T, path string) {
@@ -440,12 +407,12 @@ func fsGroup(dir string, gid int, writable bool) error {
 	})
 }
 
-// trainerStep sends the gateway at base (run's) a step of groups of the example
-// task's solutions as a trainer does (next step, its trajectories, its
-// watermark, then its update), and checks what comes back: every
-// trajectory, scored by the world model (wmScore of its code) or, in an
-// anchor group, by its execution.
-func trainerStep(t *testing.T, base, run, token string, wmScore func(string) (float64, bool)) schemas.Update {
+// trainerStep sends the gateway at base (run's) a step of groups of the
+// example task's solutions (their paths) as a trainer does (next step,
+// its trajectories, its watermark, then its update), and checks what
+// comes back: every trajectory, scored by the world model (wmScore of
+// its code) or, in an anchor group, by its execution.
+func trainerStep(t *testing.T, base, run, token string, solutions []string, wmScore func(string) (float64, bool)) schemas.Update {
 	t.Helper()
 	call := func(method, path string, body any, auth bool) (int, []byte) {
 		var r io.Reader
@@ -473,7 +440,6 @@ func trainerStep(t *testing.T, base, run, token string, wmScore func(string) (fl
 	if json.Unmarshal(b, &where) != nil || code != http.StatusOK || where.Next == nil {
 		t.Fatalf("where the run is: %d %s", code, b)
 	}
-	solutions, _ := filepath.Glob("../../examples/tasks/housing/solutions/*.py")
 	if len(solutions) < 4 {
 		t.Fatalf("%d example solutions; want 4 or more", len(solutions))
 	}
