@@ -201,7 +201,7 @@ func NewMetrics() *Metrics {
 		Help: "Trajectories in the updates this process published: what wm_ungraded and sandbox_error of step_losses_total are shares of."})
 	r.MustRegister(m.TrajectoriesFused)
 	m.WorldModel = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "wmrl", Name: "world_model_info",
-		Help: "1 for the world model this process asks (predict, or the gateway's reward endpoints), labelled with its name (--wm-model, with its own --wm-template's digest and --wm-samples when set, or sim): after a restart onto another, which one the run is on."},
+		Help: "1 for the world model this process asks (predict, or the gateway's reward endpoints), labelled with its name (--wm-model, with its own --wm-template's digest, --wm-samples and --wm-temperature when set, or sim): after a restart onto another, which one the run is on."},
 		[]string{"model"})
 	r.MustRegister(m.WorldModel)
 	m.TrajectoriesIn = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "wmrl", Name: "trajectories_received_total",

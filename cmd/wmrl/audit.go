@@ -142,7 +142,7 @@ func auditCommand() *cobra.Command {
 	fs.StringVar(&run, "run", "", "run to audit (default: the only one)")
 	fs.StringVar(&out, "out", "", "report directory (index.html, PNG plots, summary.json; default: audit-<run>)")
 	stepFlags(fs, &steps, &last, "audit")
-	fs.StringVar(&model, "wm-model", "", `audit the rows of this world model alone (the name its predictions gave, as wmrl audit lists them: the run's --wm-model, with its own --wm-template's digest and --wm-samples when set, or "sim"; "" for rows from before the archive kept it), where a run was scored by more than one`)
+	fs.StringVar(&model, "wm-model", "", `audit the rows of this world model alone (the name its predictions gave, as wmrl audit lists them: the run's --wm-model, with its own --wm-template's digest, --wm-samples and --wm-temperature when set, or "sim"; "" for rows from before the archive kept it), where a run was scored by more than one`)
 	fs.IntVar(&opt.Bins, "bins", 10, "score bins")
 	fs.Float64Var(&opt.Tolerance, "tolerance", 0.05, "a level's mean residual within this counts as unbiased")
 	fs.IntVar(&opt.MinBinPairs, "min-bin-pairs", 10, "levels with fewer anchor pairs are not judged")

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -209,6 +210,9 @@ func New(cfg Config) (*WorldModel, error) {
 	if cfg.Concurrency < 1 {
 		return nil, fmt.Errorf("%w: concurrency %d: want >= 1", ErrConfig, cfg.Concurrency)
 	}
+	if !(cfg.Temperature >= 0) || math.IsInf(cfg.Temperature, 1) {
+		return nil, fmt.Errorf("%w: temperature %v: want a number >= 0", ErrConfig, cfg.Temperature)
+	}
 	tmpl, err := template.New("prompt").Option("missingkey=error").Parse(cfg.Template)
 	if err != nil {
 		return nil, fmt.Errorf("%w: prompt template: %v", ErrConfig, err)
@@ -228,9 +232,12 @@ func LoadTemplate(path string) (string, error) {
 // Name identifies the world model in predictions, and so in updates and
 // the archive, whose audits tell world models apart by it: the model, and
 // what else makes its scores another world model's when it is not the
-// default, a prompt template of its own (by digest: an edited file is
-// another one) and more than one sample (averaged, less noisy):
-// "Qwen3.5-9B, template 3fa2c1d0, 4 samples".
+// default: a prompt template of its own (by digest: an edited file is
+// another one), more than one sample (averaged, less noisy) and a
+// sampling temperature above 0 (noisier scores, and samples that differ):
+// "Qwen3.5-9B, template 3fa2c1d0, 4 samples, temperature 0.7". The reply's
+// token budget and guided JSON are not in it: they decide whether a reply
+// can be read (ungraded when not), not the score a read reply gives.
 func (w *WorldModel) Name() string {
 	name := w.cfg.Model
 	if w.cfg.Template != DefaultTemplate {
@@ -239,6 +246,9 @@ func (w *WorldModel) Name() string {
 	}
 	if w.cfg.Samples > 1 {
 		name += fmt.Sprintf(", %d samples", w.cfg.Samples)
+	}
+	if w.cfg.Temperature > 0 {
+		name += ", temperature " + strconv.FormatFloat(w.cfg.Temperature, 'g', -1, 64)
 	}
 	return name
 }

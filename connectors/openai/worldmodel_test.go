@@ -560,8 +560,9 @@ func TestACodeBlockHoldsTheWholeSolution(t *testing.T) {
 }
 
 // A world model is named by its model, and by a prompt template of its
-// own (an edited one is another) and more than one sample, which make its
-// scores another world model's: the archive tells them apart by it.
+// own (an edited one is another), more than one sample and a temperature
+// above 0, which make its scores another world model's: the archive tells
+// them apart by it. The token budget does not.
 func TestTheNameSaysWhatMakesItAnotherWorldModel(t *testing.T) {
 	name := func(c Config) string {
 		c.BaseURL, c.Model = "http://wm/v1", "qwen"
@@ -579,10 +580,13 @@ func TestTheNameSaysWhatMakesItAnotherWorldModel(t *testing.T) {
 		{Config{}, "qwen"},
 		{Config{Template: DefaultTemplate, Samples: 1}, "qwen"},
 		{Config{Samples: 4}, "qwen, 4 samples"},
+		{Config{Temperature: 0.7}, "qwen, temperature 0.7"},
+		{Config{Samples: 4, Temperature: 1}, "qwen, 4 samples, temperature 1"},
+		{Config{MaxTokens: 2048}, "qwen"},
 		{Config{Template: own}, fmt.Sprintf("qwen, template %x", sha256.Sum256([]byte(own)))[:len("qwen, template ")+8]},
 	} {
 		if got := name(tc.c); got != tc.want {
-			t.Errorf("samples %d, template of %d bytes: named %q, want %q", tc.c.Samples, len(tc.c.Template), got, tc.want)
+			t.Errorf("samples %d, temperature %v, template of %d bytes: named %q, want %q", tc.c.Samples, tc.c.Temperature, len(tc.c.Template), got, tc.want)
 		}
 	}
 	if a, b := name(Config{Template: own}), name(Config{Template: own + " "}); a == b {
@@ -590,5 +594,19 @@ func TestTheNameSaysWhatMakesItAnotherWorldModel(t *testing.T) {
 	}
 	if got := name(Config{Template: own, Samples: 3}); !strings.HasPrefix(got, "qwen, template ") || !strings.HasSuffix(got, ", 3 samples") {
 		t.Errorf("a template of its own and 3 samples: named %q", got)
+	}
+}
+
+// A temperature no server takes is refused when the client is made, not
+// at every call of a running pipeline.
+func TestATemperatureBelowZeroIsRefused(t *testing.T) {
+	for _, temp := range []float64{-0.1, math.NaN(), math.Inf(1)} {
+		_, err := New(Config{BaseURL: "http://wm/v1", Model: "qwen", Temperature: temp})
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "temperature") {
+			t.Errorf("temperature %v: %v, want ErrConfig naming the temperature", temp, err)
+		}
+	}
+	if _, err := New(Config{BaseURL: "http://wm/v1", Model: "qwen", Temperature: 2}); err != nil {
+		t.Errorf("temperature 2: %v", err)
 	}
 }
