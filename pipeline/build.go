@@ -245,7 +245,7 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 	cfg := &p.cfg
 	out := p.topo.Out(StageFuse, schemas.KindUpdate)
 	st, err := fuse.NewStage(fuse.StepsConfig{
-		Run: cfg.Run, Debias: cfg.Debias, Denoiser: cfg.Denoiser, AnchorDeadline: cfg.AnchorDeadline,
+		Run: cfg.Run, Debias: cfg.Debias, Denoiser: cfg.Denoiser, Norm: cfg.AdvantageNorm, AnchorDeadline: cfg.AnchorDeadline,
 	}, out, p.stagePublisher(StageFuse))
 	if err != nil {
 		return err
@@ -334,13 +334,22 @@ func (p *Pipeline) buildFuse(ctx context.Context) error {
 // AckWait (30 s; see README, Known limits).
 const ArchiveCodeWait = 35 * time.Second
 
+// recordedNorm is n as the archive's settings record it: empty for the
+// default, as in the files from before they recorded it.
+func recordedNorm(n fuse.Normalization) fuse.Normalization {
+	if n == fuse.Standardize {
+		return ""
+	}
+	return n
+}
+
 func (p *Pipeline) buildArchive(ctx context.Context) error {
 	w, err := archive.OpenWriter(archive.WriterConfig{Dir: p.cfg.ArchiveRoot(), Run: p.cfg.Run,
 		MaxRows: p.cfg.ArchiveMaxRows, MaxAge: p.cfg.ArchiveMaxAge,
 		Settings: archive.Settings{Debias: p.cfg.Debias, Debiaser: p.cfg.Debiaser, Denoiser: p.cfg.Denoiser,
 			AnchorFraction: p.cfg.Anchors.Fraction, AnchorMin: p.cfg.Anchors.MinPerStep,
 			AnchorRounding: p.cfg.Anchors.Rounding, AnchorDeadline: p.cfg.AnchorDeadline.Seconds(),
-			Build: ReadBuild().String()}})
+			AdvantageNorm: recordedNorm(p.cfg.AdvantageNorm), Build: ReadBuild().String()}})
 	if err != nil {
 		return err
 	}

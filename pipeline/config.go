@@ -173,6 +173,10 @@ type Config struct {
 	Debias       bool
 	Debiaser     calibrate.DebiaserConfig
 	Denoiser     fuse.DenoiserConfig
+	// AdvantageNorm is how the fused advantages are formed within a
+	// group, as the trainer they replace forms its own: fuse.Standardize
+	// (GRPO, the default) or fuse.CenterOnly (Dr. GRPO).
+	AdvantageNorm fuse.Normalization
 	// AnchorDeadline: anchors later than this fall back to world-model
 	// rewards for their step (default 30s).
 	AnchorDeadline time.Duration
@@ -294,7 +298,7 @@ type Config struct {
 
 // DefaultConfig is `wmrl run` with no flags.
 func DefaultConfig() Config {
-	c := Config{Debias: true, Anchors: route.SchedulerConfig{Fraction: route.DefaultFraction, MinPerStep: 1, Rounding: route.RoundEven}}
+	c := Config{Debias: true, AdvantageNorm: fuse.Standardize, Anchors: route.SchedulerConfig{Fraction: route.DefaultFraction, MinPerStep: 1, Rounding: route.RoundEven}}
 	c.Debiaser = calibrate.DefaultDebiaserConfig()
 	c.ArchiveCompactAfter = time.Hour
 	c.ArchiveCode = true

@@ -29,6 +29,7 @@ import (
 	"github.com/wmrl/wmrl/connectors/natsjs/natstest"
 	"github.com/wmrl/wmrl/connectors/sim"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 const token = "s3cret"
@@ -263,6 +264,44 @@ func TestGatewayRejectsBadRequestsAndChangesNothing(t *testing.T) {
 		if n := len(scanAll(t, nc, subject)); n != 0 {
 			t.Fatalf("%d messages on %s after only bad requests", n, subject)
 		}
+	}
+}
+
+// A run started for Dr. GRPO (--advantage-norm center) says so in its
+// updates: the example trainer, recomputing the fused advantages as the
+// update says they were formed, finds them all, and verl's example takes
+// them when verl is set for Dr. GRPO and refuses them when it is not.
+func TestAPythonTrainerTakesDrGRPOAdvantages(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	cfg := testConfig(t)
+	cfg.Source, cfg.HTTPAddr, cfg.HTTPToken, cfg.AdvantageNorm = SourceExternal, "127.0.0.1:0", token, fuse.CenterOnly
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	out, err := exec.CommandContext(ctx, py, "../examples/python/trainer_demo.py", "--url", p.HTTPURL(), "--token", token, "--steps", "2").CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil || !strings.Contains(string(out), "step 1: 32 fused advantages match (center)") {
+		t.Fatalf("the python trainer on a Dr. GRPO run: %v", err)
+	}
+	verl := `
+import sys
+sys.path.insert(0, "../examples/verl")
+import wmrl_verl
+from wmrl_client import WMRLClient
+u = WMRLClient(sys.argv[1], token=sys.argv[2]).update(1, wait=0)
+wmrl_verl.check_advantage_norm(u, norm_adv_by_std_in_grpo=False)
+try:
+    wmrl_verl.check_advantage_norm(u, norm_adv_by_std_in_grpo=True)
+    raise SystemExit("verl's GRPO took Dr. GRPO's advantages")
+except ValueError as e:
+    print(e)
+`
+	out, err = exec.CommandContext(ctx, py, "-c", verl, p.HTTPURL(), token).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "forms its advantages as 'center'; verl's norm_adv_by_std_in_grpo=True wants 'std': start the run with --advantage-norm std") {
+		t.Errorf("verl's check of a Dr. GRPO run's update (%v):\n%s", err, out)
 	}
 }
 

@@ -147,7 +147,19 @@ func (c *Config) validateCorrections() error {
 	case a.Rounding != "" && !slices.Contains(route.Roundings, a.Rounding):
 		return fmt.Errorf("%w: --anchor-rounding %q: want %s", ErrConfig, a.Rounding, strings.Join(route.Roundings, " or "))
 	}
+	if err := CheckAdvantageNorm(c.AdvantageNorm); err != nil {
+		return err
+	}
 	return CheckCalibration(c.Debiaser, c.Denoiser.Estimator)
+}
+
+// CheckAdvantageNorm checks the advantages' normalisation ("": the
+// default) by its flag's name, as run, stage and replay take it.
+func CheckAdvantageNorm(n fuse.Normalization) error {
+	if _, err := fuse.ParseNormalization(string(n)); err != nil {
+		return fmt.Errorf("%w: --advantage-norm %q: want %q (GRPO: (r - mean) / std within the group) or %q (Dr. GRPO: r - mean), as the trainer the fused advantages replace forms its own", ErrConfig, n, fuse.Standardize, fuse.CenterOnly)
+	}
+	return nil
 }
 
 // CheckCalibration checks the calibration's settings and rho's estimator

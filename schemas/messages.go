@@ -71,6 +71,12 @@ type Update struct {
 	// model), when every group of it was scored by the same one; empty
 	// otherwise, when each item names its own (UpdateItem.WMModel).
 	WMModel string `json:"wm_model,omitempty"`
+	// AdvantageNorm says how the items' advantages were formed within
+	// their groups: "center" (r - mean, Dr. GRPO) when the run was told
+	// so; absent, "std" ((r - mean) / (std + 1e-4), GRPO). A trainer that
+	// uses the fused advantages in place of its own checks that it is
+	// the one it would use.
+	AdvantageNorm string `json:"advantage_norm,omitempty"`
 }
 
 // ItemModel is the world model that scored it, an item of u: u's, or the

@@ -239,6 +239,7 @@ func stageFlags(fs *pflag.FlagSet, cfg *pipeline.Config, estimator *string) {
 	fs.IntVar(&cfg.Debiaser.Bins, "bins", cfg.Debiaser.Bins, "equal-width bins before the isotonic fit (0: raw pairs)")
 	fs.IntVar(&cfg.Debiaser.BufferSize, "buffer", cfg.Debiaser.BufferSize, "anchor pairs kept for the fit")
 	fs.StringVar(estimator, "rho", string(fuse.DefaultEstimator), "rho estimator: reference, ratio, advantage or off")
+	fs.StringVar((*string)(&cfg.AdvantageNorm), "advantage-norm", string(cfg.AdvantageNorm), "how a group's advantages are formed, as the trainer the fused advantages replace forms its own: std ((r - mean) / std, GRPO; verl's norm_adv_by_std_in_grpo true) or center (r - mean, Dr. GRPO; norm_adv_by_std_in_grpo false)")
 	fs.DurationVar(&cfg.StepTimeout, "step-timeout", 30*time.Second, "a step is planned this long after its watermark with what came, when groups are missing or short of their group_size (said, and counted in wmrl_steps_closed_short_total)")
 	fs.DurationVar(&cfg.AnchorDeadline, "anchor-deadline", cfg.AnchorDeadline, "anchors later than this fall back to world-model rewards for their step")
 	fs.DurationVar(&cfg.PairWait, "pair-wait", cfg.PairWait, "an anchor group's prediction or execution waits at most this long for the other (their pairs calibrate even when late), then goes to the dead letters")

@@ -13,6 +13,7 @@ import (
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/pipeline/offline/offlinetest"
 	"github.com/wmrl/wmrl/stages/archive"
+	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 // TestCompactedArchiveReplaysTheSame: an archive of many small files,
@@ -105,6 +106,37 @@ func TestReplayUnderOtherSettingsDrawsWhatChanged(t *testing.T) {
 	out, err = wmrl(ctx, "replay", "--archive", cfg.ArchiveRoot(), "--rho", "reference", "--out", filepath.Join(dir, "ref.parquet"), "--steps")
 	if err != nil || strings.Count(out, "\n      19  ") != 1 {
 		t.Errorf("wmrl replay --steps (%v) said:\n%s\nwant a line for step 19", err, out)
+	}
+}
+
+// A run that forms its advantages as Dr. GRPO does records so in its
+// archive: a replay on the recorded settings reproduces it, and one with
+// GRPO's standardised advantages moves every fused advantage but none of
+// their signs (a group's standard deviation only rescales it).
+func TestARunsAdvantageNormIsReplayedAsRecorded(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := finishedRun(ctx, t, 20, func(cfg *pipeline.Config) {
+		cfg.Debiaser.MinPairs, cfg.Debiaser.RefitEvery = 32, 16
+		cfg.AdvantageNorm = fuse.CenterOnly
+	})
+	files, _ := archive.Files(cfg.ArchiveRoot(), cfg.Run)
+	d, err := archive.Describe(files)
+	if err != nil || d.Settings.AdvantageNorm != fuse.CenterOnly {
+		t.Fatalf("the archive records advantage norm %q (%v), want center", d.Settings.AdvantageNorm, err)
+	}
+	out, err := wmrl(ctx, "replay", "--archive", cfg.ArchiveRoot())
+	if err != nil || !strings.Contains(out, "REPRODUCED: identical") {
+		t.Errorf("replay on the recorded settings (%v):\n%s", err, out)
+	}
+	out, err = wmrl(ctx, "replay", "--archive", cfg.ArchiveRoot(), "--advantage-norm", "std", "--out", filepath.Join(t.TempDir(), "std.parquet"))
+	if err != nil || !strings.Contains(out, "with [advantage-norm std]: max |d fused| ") || !strings.Contains(out, "fused sign kept on 100.0% of rows") ||
+		strings.Contains(out, "max |d fused| 0,") {
+		t.Errorf("replay with standardised advantages (%v):\n%s\nwant every fused advantage moved, none of their signs", err, out)
+	}
+	if out, err := wmrl(ctx, "replay", "--archive", cfg.ArchiveRoot(), "--advantage-norm", "zscore"); err == nil ||
+		!strings.Contains(err.Error(), `--advantage-norm "zscore": want "std" (GRPO`) {
+		t.Errorf("replay --advantage-norm zscore (%v):\n%s\nwant it refused, naming the flag", err, out)
 	}
 }
 

@@ -30,10 +30,10 @@ func onOff(flag, v string) (bool, error) {
 
 func replayCommand() *cobra.Command {
 	var (
-		root, run, out, pic, debias, denoise, rho, beforeFit string
-		bins, buffer, minPairs, refitEvery                   int
-		fraction                                             float64
-		steps                                                bool
+		root, run, out, pic, debias, denoise, rho, beforeFit, norm string
+		bins, buffer, minPairs, refitEvery                         int
+		fraction                                                   float64
+		steps                                                      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "replay [--archive DIR]",
@@ -88,6 +88,13 @@ func replayCommand() *cobra.Command {
 					*o.dst = o.v
 					changed = append(changed, fmt.Sprintf("%s %d", o.flag, o.v))
 				}
+			}
+			if fs.Changed("advantage-norm") {
+				if err := pipeline.CheckAdvantageNorm(fuse.Normalization(norm)); err != nil {
+					return err
+				}
+				opt.Settings.AdvantageNorm = fuse.Normalization(norm)
+				changed = append(changed, "advantage-norm "+norm)
 			}
 			if err := pipeline.CheckCalibration(opt.Settings.Debiaser, opt.Settings.Denoiser.Estimator); err != nil {
 				return err
@@ -201,6 +208,7 @@ func replayCommand() *cobra.Command {
 	fs.StringVar(&denoise, "denoise", "", "on or off: inverse-variance anchor weight (off: rho 1; default: as recorded)")
 	fs.StringVar(&rho, "rho", "", "rho estimator: reference, ratio, advantage or off (default: as recorded)")
 	fs.StringVar(&beforeFit, "before-fit", "", "the calibration map before its first fit: mean or identity (default: as recorded)")
+	fs.StringVar(&norm, "advantage-norm", "", "how a group's advantages are formed: std (GRPO) or center (Dr. GRPO) (default: as recorded)")
 	fs.IntVar(&minPairs, "min-pairs", 0, "anchor pairs buffered before the first isotonic fit (default: as recorded; 0: the reference's 200)")
 	fs.IntVar(&refitEvery, "refit-every", 0, "refit the isotonic map after this many new pairs (default: as recorded; 0: the reference's 64)")
 	fs.IntVar(&bins, "bins", 0, "equal-width bins before the isotonic fit (default: as recorded; 0: raw pairs)")

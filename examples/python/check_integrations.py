@@ -74,4 +74,13 @@ for i, row in enumerate(out.batch["advantages"]):
     assert row == [want, want, 0], (i, row, want)
 assert out.batch["returns"] is out.batch["advantages"]
 print("verl apply_fused_advantages: step", wstep, "groups", update["groups"], "advantages", [r[0] for r in out.batch["advantages"]])
+
+# verl set for Dr. GRPO against this run, which standardises: refused at
+# its first update, saying what to start the run with.
+try:
+    wmrl_verl.apply_fused_advantages(batch, 8, Tokenizer(), norm_adv_by_std_in_grpo=False)
+    raise AssertionError("verl's Dr. GRPO took a run's standardised advantages")
+except ValueError as e:
+    assert "--advantage-norm center" in str(e), e
+    print("verl norm_adv_by_std_in_grpo=False against a std run:", e)
 print("ok")

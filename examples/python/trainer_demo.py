@@ -6,6 +6,10 @@ WMRL's fusion from the update's rewards and rho:
 
     fused_i = A_i * w_i * m / (rho*|A| + |W|)
 
+with A_i formed within the group as the update's advantage_norm says:
+(r - mean) / (std + 1e-4) (GRPO, absent or "std"), or r - mean
+(Dr. GRPO, "center", a run started with --advantage-norm center).
+
 Exits non-zero on any mismatch. Standard library only.
 
     python3 examples/python/trainer_demo.py --url http://127.0.0.1:8080 --steps 3
@@ -22,22 +26,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from wmrl_client import WMRLClient, WMRLError  # noqa: E402
 
 
-def advantages(rewards):
-    """GRPO: (r - mean) / (population std + 1e-4) over graded entries."""
+def advantages(rewards, norm="std"):
+    """GRPO: (r - mean) / (population std + 1e-4) over graded entries;
+    Dr. GRPO (norm "center"): r - mean."""
     graded = [r for r in rewards if r is not None]
     if len(graded) < 2:
         return None
     mean = sum(graded) / len(graded)
     sd = math.sqrt(sum((r - mean) ** 2 for r in graded) / len(graded))
-    return [0.0 if r is None else (r - mean) / (sd + 1e-4) for r in rewards]
+    scale = 1.0 if norm == "center" else 1 / (sd + 1e-4)
+    return [0.0 if r is None else (r - mean) * scale for r in rewards]
 
 
 def check(update):
     groups = {}
     for it in update["items"]:
         groups.setdefault(it["group_id"], []).append(it)
-    rho = update["rho"]
-    adv = {gid: advantages([it["reward"] for it in items]) for gid, items in groups.items()}
+    rho, norm = update["rho"], update.get("advantage_norm", "std")
+    adv = {gid: advantages([it["reward"] for it in items], norm) for gid, items in groups.items()}
     contributing = [gid for gid in groups if adv[gid] is not None]
     n_anchor = sum(1 for gid in contributing if groups[gid][0]["source"] == "anchor")
     n_wm = len(contributing) - n_anchor
@@ -99,7 +105,8 @@ def main():
         n = check(update)
         assert n == len(trajs), f"update has {n} items for {len(trajs)} trajectories"
         mb = sum(len(json.dumps(t)) for t in trajs) / 1e6
-        print(f"step {step}: {n} fused advantages match, rho {update['rho']:.3f}, anchors {update['anchors']}, {mb:.1f} MB of trajectories")
+        norm = update.get("advantage_norm", "std")
+        print(f"step {step}: {n} fused advantages match ({norm}), rho {update['rho']:.3f}, anchors {update['anchors']}, {mb:.1f} MB of trajectories")
     try:
         client.update(10**9, wait=0)
         raise AssertionError("an unknown step returned an update")

@@ -38,7 +38,10 @@ live gateway with stand-ins for the few things it takes from them
    tokens. It numbers wmrl's steps by the run's next (GET .../steps), not
    by verl's: a trainer resumed from a checkpoint goes on where the run is
    (steps the run has closed take no more trajectories), and verl's step
-   is kept as each trajectory's policy_version.
+   is kept as each trajectory's policy_version. Give it verl's
+   `algorithm.norm_adv_by_std_in_grpo`: with false (Dr. GRPO) start the
+   run with `--advantage-norm center`; it raises at the first update
+   when the run forms its advantages otherwise than verl would.
 """
 
 import os
@@ -84,8 +87,21 @@ def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=
     return [{"score": 0.0, "wmrl_ungraded": True} if x is None else {"score": x, "wmrl_ungraded": False} for x in scores]
 
 
-def apply_fused_advantages(batch, step, tokenizer):  # pragma: no cover - needs verl + torch
-    """Replace GRPO advantages with wmrl's fused advantages for one step."""
+def check_advantage_norm(update, norm_adv_by_std_in_grpo=True):
+    """Raise ValueError when the run formed the update's advantages
+    otherwise than verl's GRPO would: standardised within the group
+    (norm_adv_by_std_in_grpo true, the update's advantage_norm absent or
+    "std") or only centred (false, Dr. GRPO: "center")."""
+    got = update.get("advantage_norm", "std")
+    want = "std" if norm_adv_by_std_in_grpo else "center"
+    if got != want:
+        raise ValueError(f"wmrl run {update.get('run')!r} forms its advantages as {got!r}; verl's "
+                         f"norm_adv_by_std_in_grpo={norm_adv_by_std_in_grpo} wants {want!r}: start the run with --advantage-norm {want}")
+
+
+def apply_fused_advantages(batch, step, tokenizer, norm_adv_by_std_in_grpo=True):  # pragma: no cover - needs verl + torch
+    """Replace GRPO advantages with wmrl's fused advantages for one step;
+    norm_adv_by_std_in_grpo is verl's setting of that name."""
     import torch  # noqa: F401  (verl's tensors)
 
     uids = batch.non_tensor_batch["uid"]  # verl's group id per sample
@@ -99,6 +115,7 @@ def apply_fused_advantages(batch, step, tokenizer):  # pragma: no cover - needs 
     } for i, (u, p, r) in enumerate(zip(uids, prompts, responses))]
     client().send_step(wstep, trajs)  # each group's size as sent
     update = client().update(wstep, wait=3600)
+    check_advantage_norm(update, norm_adv_by_std_in_grpo)
     fused = {it["traj_id"]: it["fused_advantage"] for it in update["items"]}
     scores = torch.tensor([fused[t["traj_id"]] for t in trajs], dtype=torch.float32)
     mask = batch.batch["response_mask"]

@@ -136,7 +136,7 @@ func ReplayRows(src Rows, opt ReplayOptions, report func(StepReport)) (ReplaySum
 		return r.sum, fmt.Errorf("replay: %w", err)
 	}
 	r.cal = &calibrate.Stage{RunID: r.sum.Run, Deb: deb}
-	r.asm, err = fuse.NewSteps(fuse.StepsConfig{Run: r.sum.Run, Debias: opt.Settings.Debias, Denoiser: opt.Settings.Denoiser, AnchorDeadline: time.Hour})
+	r.asm, err = fuse.NewSteps(fuse.StepsConfig{Run: r.sum.Run, Debias: opt.Settings.Debias, Denoiser: opt.Settings.Denoiser, Norm: opt.Settings.AdvantageNorm, AnchorDeadline: time.Hour})
 	if err != nil {
 		return r.sum, fmt.Errorf("replay: %w", err)
 	}

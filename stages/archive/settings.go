@@ -28,6 +28,11 @@ type Settings struct {
 	// the executions' times against (0 in archives from before it was
 	// kept).
 	AnchorDeadline float64 `json:"anchor_deadline_seconds,omitempty"`
+	// AdvantageNorm is how the rows' advantages were formed within their
+	// groups: empty for fuse.Standardize (GRPO, and every archive from
+	// before it was kept), so that files of a run that did not change it
+	// keep equal settings across an upgrade; fuse.CenterOnly otherwise.
+	AdvantageNorm fuse.Normalization `json:"advantage_norm,omitempty"`
 	// Build is the wmrl build whose archive stage wrote the file, as
 	// wmrl --version says it: the archive stage's own process's, as with
 	// the settings above (empty in files from before it was kept).

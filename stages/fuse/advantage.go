@@ -1,19 +1,38 @@
 package fuse
 
-import "math"
+import (
+	"fmt"
+	"math"
+)
 
 // AdvantageEps is added to the group's standard deviation, as in GRPO.
 const AdvantageEps = 1e-4
 
-// Normalization says how group-relative advantages are formed.
+// Normalization says how group-relative advantages are formed: as the
+// trainer the fused advantages replace would form them.
 type Normalization string
 
 const (
-	// Standardize: (r - mean) / (std + 1e-4), population std (GRPO).
+	// Standardize: (r - mean) / (std + 1e-4), population std (GRPO;
+	// verl's norm_adv_by_std_in_grpo true).
 	Standardize Normalization = "std"
-	// CenterOnly: r - mean (Dr. GRPO style; no per-group rescaling).
+	// CenterOnly: r - mean, no per-group rescaling (Dr. GRPO; verl's
+	// norm_adv_by_std_in_grpo false, TRL's scale_rewards "none"). Anchor
+	// groups' advantages are still weighted by rho, as the reference
+	// does when it only centres.
 	CenterOnly Normalization = "center"
 )
+
+// ParseNormalization reads a normalisation by its name; "" is Standardize.
+func ParseNormalization(s string) (Normalization, error) {
+	switch n := Normalization(s); n {
+	case "":
+		return Standardize, nil
+	case Standardize, CenterOnly:
+		return n, nil
+	}
+	return "", fmt.Errorf("%w: advantage normalisation %q: want %q (GRPO) or %q (Dr. GRPO)", ErrConfig, s, Standardize, CenterOnly)
+}
 
 // Advantages writes the group-relative advantages of rewards into dst (grown
 // if short) and returns it. Entries with graded[i] false are left out of the

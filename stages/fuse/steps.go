@@ -106,8 +106,8 @@ func NewSteps(cfg StepsConfig) (*Steps, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Norm == "" {
-		cfg.Norm = Standardize
+	if cfg.Norm, err = ParseNormalization(string(cfg.Norm)); err != nil {
+		return nil, err
 	}
 	if cfg.AnchorDeadline <= 0 {
 		return nil, fmt.Errorf("%w: anchor deadline %v must be > 0", ErrConfig, cfg.AnchorDeadline)
@@ -336,6 +336,9 @@ func (s *Steps) Fuse(n int64, now time.Time) schemas.Update {
 	}
 	if !s.debias {
 		u.CalibrationVersion = 0
+	}
+	if s.norm != Standardize {
+		u.AdvantageNorm = string(s.norm)
 	}
 	groups := make([]Group, 0, len(a.plan.Groups))
 	// By group and trajectory: what the numbers came from. Route keeps

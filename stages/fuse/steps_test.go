@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,6 +84,50 @@ func TestStepsUseExecutionOnceCalibrated(t *testing.T) {
 	want := 0.25 / (0.25 + AdvantageEps)
 	if math.Abs(u.Items[1].FusedAdvantage-want) > 1e-12 {
 		t.Fatalf("fused %v, want %v", u.Items[1].FusedAdvantage, want)
+	}
+}
+
+// The advantages are formed as the run was told, its trainer's way:
+// standardised (GRPO) by default, centred only (Dr. GRPO) when asked, and
+// the update says which when it is not the default. Another name is
+// refused.
+func TestStepsFormAdvantagesAsTheTrainerDoes(t *testing.T) {
+	fused := func(norm Normalization) schemas.Update {
+		s, err := NewSteps(StepsConfig{Run: "r", Debias: true, Norm: norm, AnchorDeadline: time.Hour, Denoiser: DenoiserConfig{Estimator: EstimatorOff}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Unix(0, 0)
+		s.AddPlan(schemas.Plan{Step: 1, Groups: []schemas.PlanGroup{{GroupID: "a", Anchor: true, TrajIDs: []string{"a0", "a1", "a2"}}}}, t0)
+		s.AddPrediction(schemas.Prediction{Step: 1, GroupID: "a", Items: []schemas.PredItem{{TrajID: "a0", Score: score(0.5)}, {TrajID: "a1", Score: score(0.5)}, {TrajID: "a2", Score: score(0.5)}}})
+		s.AddExecution(schemas.Execution{Step: 1, GroupID: "a", Items: []schemas.ExecItem{{TrajID: "a0", Score: score(0.2)}, {TrajID: "a1", Score: score(0.3)}, {TrajID: "a2", Score: score(0.7)}}})
+		s.AddCalibration(schemas.Calibration{Seq: 1, Step: 1, GroupID: "a"})
+		return s.Fuse(1, t0)
+	}
+	sd := math.Sqrt((0.2*0.2 + 0.1*0.1 + 0.3*0.3) / 3) // around the mean 0.4
+	for _, tc := range []struct {
+		norm     Normalization
+		said     string
+		wantA2   float64
+		wantNorm string
+	}{
+		{"", "", 0.3 / (sd + AdvantageEps), ""},
+		{Standardize, "", 0.3 / (sd + AdvantageEps), ""},
+		{CenterOnly, "center", 0.3, "center"},
+	} {
+		u := fused(tc.norm)
+		if u.AdvantageNorm != tc.wantNorm {
+			t.Errorf("norm %q: the update says %q, want %q", tc.norm, u.AdvantageNorm, tc.wantNorm)
+		}
+		if got := u.Items[2].Advantage; math.Abs(got-tc.wantA2) > 1e-12 {
+			t.Errorf("norm %q: the advantage of 0.7 among 0.2, 0.3, 0.7 is %v, want %v", tc.norm, got, tc.wantA2)
+		}
+		if got := u.Items[2].FusedAdvantage; math.Abs(got-tc.wantA2) > 1e-12 { // rho 1, one group
+			t.Errorf("norm %q: fused %v, want %v", tc.norm, got, tc.wantA2)
+		}
+	}
+	if _, err := NewSteps(StepsConfig{Run: "r", Norm: "zscore", AnchorDeadline: time.Hour}); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), `"zscore"`) {
+		t.Errorf("norm zscore: %v, want ErrConfig naming it", err)
 	}
 }
 
