@@ -130,6 +130,9 @@ func simCommand() *cobra.Command {
 				seeds, cfg.Steps, cfg.Groups, cfg.GroupSize, cfg.AnchorFraction, anchors, cfg.Groups, perStep, 100*anchors/float64(cfg.Groups),
 				policyName(cfg), cfg.Optimizer, cfg.EffectiveLR())
 			fmt.Fprintf(w, "calibration: %s\n", calibrationLine(cfg))
+			if cfg.AdvantageNorm == fuse.CenterOnly {
+				fmt.Fprintln(w, "advantages: centred only (r - mean within the group, Dr. GRPO), for every method")
+			}
 			if cfg.Scale == rl.ScaleReference {
 				fmt.Fprintln(w, "gradient scale: reference (anchor advantages times rho, averaged over the step's trajectories: a step (rho|A|+|W|)/(|A|+|W|) times WMRL.md's)")
 			}
@@ -167,6 +170,7 @@ func simCommand() *cobra.Command {
 	fs.StringVar(&cfg.AnchorRounding, "anchor-rounding", route.RoundEven, "how the fraction of a step's groups becomes a whole count: even (round half to even every step, the reference: 2 of 16 for 0.10) or spread (1 or 2 of 16, 1.6 on average)")
 	fs.Var(choiceFlag[rl.Optimizer]{&cfg.Optimizer, rl.Optimizers}, "optimizer", fmt.Sprintf("how the policy follows the gradient: %v (adam: a normalised step per parameter, as LLM trainers take)", rl.Optimizers))
 	fs.Var(choiceFlag[rl.Scale]{&cfg.Scale, rl.Scales}, "scale", fmt.Sprintf("how the trainer scales a step's gradient: %v (exact: WMRL.md's fused gradient, the step mean of the fused advantages; reference: the released code's, anchor advantages times rho averaged over the step's trajectories, a step (rho|A|+|W|)/(|A|+|W|) times as long)", rl.Scales))
+	fs.Var(choiceFlag[fuse.Normalization]{&cfg.AdvantageNorm, []fuse.Normalization{fuse.Standardize, fuse.CenterOnly}}, "advantage-norm", "how every method forms a group's advantages: std ((r - mean) / std, GRPO) or center (r - mean, Dr. GRPO: the advantages, and so the step, scale with the scores' spread, which the isotonic map changes)")
 	fs.Float64Var(&cfg.LR, "lr", 0, "learning rate; 0 is the default (sgd 2, or 16 for the shared policy; adam 0.3)")
 	fs.IntVar(&cfg.Debiaser.MinPairs, "min-pairs", cfg.Debiaser.MinPairs, "anchor pairs buffered before the first isotonic fit (0: the reference's 200)")
 	fs.IntVar(&cfg.Debiaser.RefitEvery, "refit-every", cfg.Debiaser.RefitEvery, "refit the isotonic map after this many new pairs (0: the reference's 64)")
@@ -241,7 +245,7 @@ func calibrationLine(cfg rl.Config) string {
 func writeSimJSON(w io.Writer, cfg rl.Config, seeds int, anchors float64, viaPipeline bool, res []rl.ScenarioResult, cells []rl.SweepCell, at *rl.Expectation) error {
 	doc := map[string]any{
 		"cost_model": cfg.Costs, "seeds": seeds, "steps": cfg.Steps, "groups": cfg.Groups, "group_size": cfg.GroupSize,
-		"anchor_fraction": cfg.AnchorFraction, "exec_noise": cfg.ExecNoise, "scale": cfg.Scale, "anchor_groups_per_step": anchors, "anchor_rounding": cfg.AnchorRounding, "policy": cfg.Policy, "tasks": cfg.Tasks,
+		"anchor_fraction": cfg.AnchorFraction, "exec_noise": cfg.ExecNoise, "scale": cfg.Scale, "advantage_norm": cfg.AdvantageNorm, "anchor_groups_per_step": anchors, "anchor_rounding": cfg.AnchorRounding, "policy": cfg.Policy, "tasks": cfg.Tasks,
 		"optimizer": cfg.Optimizer, "lr": cfg.EffectiveLR(), "sweep": cells, "via_pipeline": viaPipeline,
 		"debiaser": cfg.Debiaser.Effective(),
 	}

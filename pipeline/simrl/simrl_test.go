@@ -6,6 +6,7 @@ import (
 
 	"github.com/wmrl/wmrl/connectors/sim/rl"
 	"github.com/wmrl/wmrl/stages/calibrate"
+	"github.com/wmrl/wmrl/stages/fuse"
 	"github.com/wmrl/wmrl/stages/route"
 )
 
@@ -25,10 +26,14 @@ func TestPipelineGivesTheCoreNumbers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct{ name, beforeFit, rounding string }{
-		{"grpo", "", ""}, {"grpo-anchors", "", ""}, {"wm", "", ""}, {"anchor", "", ""}, {"wmrl", "", ""}, {"wmrl-reference", "", ""},
-		{"wmrl", calibrate.BeforeFitIdentity, ""},
-		{"wmrl", "", route.RoundSpread}, {"grpo-anchors", "", route.RoundSpread},
+	for _, tc := range []struct {
+		name, beforeFit, rounding string
+		norm                      fuse.Normalization
+	}{
+		{"grpo", "", "", ""}, {"grpo-anchors", "", "", ""}, {"wm", "", "", ""}, {"anchor", "", "", ""}, {"wmrl", "", "", ""}, {"wmrl-reference", "", "", ""},
+		{"wmrl", calibrate.BeforeFitIdentity, "", ""},
+		{"wmrl", "", route.RoundSpread, ""}, {"grpo-anchors", "", route.RoundSpread, ""},
+		{"wmrl", "", "", fuse.CenterOnly},
 	} {
 		name, m, label := tc.name, rl.Methods[methodIndex(t, tc.name)], tc.name
 		if tc.beforeFit != "" {
@@ -37,6 +42,9 @@ func TestPipelineGivesTheCoreNumbers(t *testing.T) {
 		if tc.rounding != "" {
 			label += "/rounding=" + tc.rounding
 		}
+		if tc.norm != "" {
+			label += "/advantage-norm=" + string(tc.norm)
+		}
 		t.Run(label, func(t *testing.T) {
 			cfg := cfg
 			cfg.Seed = 1000
@@ -44,6 +52,9 @@ func TestPipelineGivesTheCoreNumbers(t *testing.T) {
 				cfg.Debiaser.BeforeFit = tc.beforeFit
 			}
 			cfg.AnchorRounding = tc.rounding
+			if tc.norm != "" {
+				cfg.AdvantageNorm = tc.norm
+			}
 			core, err := rl.Train(cfg, sc, m)
 			if err != nil {
 				t.Fatal(err)

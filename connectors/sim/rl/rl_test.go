@@ -438,6 +438,7 @@ func TestAConfigThatCannotTrainIsRefused(t *testing.T) {
 		{func(c *Config) { c.AnchorFraction = math.NaN() }, "--anchor-fraction NaN: want [0, 1]"},
 		{func(c *Config) { c.Costs.Execute = math.Inf(1) }, "--cost-exec +Inf: want a finite number, 0 or more"},
 		{func(c *Config) { c.ExecNoise = -0.1 }, "--exec-noise -0.1: want a finite number, 0 or more"},
+		{func(c *Config) { c.AdvantageNorm = "zscore" }, `--advantage-norm "zscore": want "std" or "center"`},
 	} {
 		cfg := DefaultConfig()
 		cfg.Steps = 5

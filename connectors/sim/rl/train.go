@@ -74,9 +74,12 @@ type Config struct {
 	ExecNoise float64
 	// Scale is how the trainer turns a step's fused advantages into its
 	// gradient: ScaleExact (""), or ScaleReference.
-	Scale    Scale
-	Costs    Costs
-	Debiaser calibrate.DebiaserConfig
+	Scale Scale
+	// AdvantageNorm is how a group's advantages are formed, for every
+	// method alike: fuse.Standardize (GRPO) or fuse.CenterOnly (Dr. GRPO).
+	AdvantageNorm fuse.Normalization
+	Costs         Costs
+	Debiaser      calibrate.DebiaserConfig
 }
 
 // Scale is how a trainer scales a step's gradient.
@@ -117,7 +120,7 @@ func (s Scale) length(r StepRewards) float64 {
 // DefaultConfig is the default run's shape.
 func DefaultConfig() Config {
 	return Config{Tasks: 32, Styles: 8, Groups: 16, GroupSize: 8, Steps: 300, Policy: Tabular, Optimizer: SGD, AnchorFraction: 0.1,
-		Scale: ScaleExact, Costs: DefaultCosts, Debiaser: calibrate.DefaultDebiaserConfig()}
+		Scale: ScaleExact, AdvantageNorm: fuse.Standardize, Costs: DefaultCosts, Debiaser: calibrate.DefaultDebiaserConfig()}
 }
 
 // Check names what in c cannot make a training run: a problem without
@@ -137,6 +140,9 @@ func (c Config) Check() error {
 	}
 	if !(c.AnchorFraction >= 0 && c.AnchorFraction <= 1) {
 		errs = append(errs, fmt.Errorf("--anchor-fraction %v: want [0, 1]", c.AnchorFraction))
+	}
+	if _, err := fuse.ParseNormalization(string(c.AdvantageNorm)); err != nil {
+		errs = append(errs, fmt.Errorf("--advantage-norm %q: want %q or %q", c.AdvantageNorm, fuse.Standardize, fuse.CenterOnly))
 	}
 	for _, x := range []struct {
 		name string
@@ -490,7 +496,7 @@ func (c *CoreRewarder) Reward(step int, groups [][]Traj) (StepRewards, error) {
 		fg[g] = fuse.Group{ID: ids[g], Anchor: out.Anchor[g], Items: items}
 	}
 	out.Rho = c.corr.Rho()
-	res := fuse.Fuse(fg, out.Rho, fuse.Standardize)
+	res := fuse.Fuse(fg, out.Rho, c.cfg.AdvantageNorm)
 	k := 0
 	for g, trajs := range groups {
 		out.Fused[g] = make([]float64, len(trajs))
