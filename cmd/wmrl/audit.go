@@ -149,8 +149,8 @@ func auditCommand() *cobra.Command {
 	fs.IntVar(&opt.MinTaskPairs, "min-task-pairs", 30, "tasks with fewer anchor pairs get no verdict")
 	fs.DurationVar(&deadline, "anchor-deadline", 0, "the run's --anchor-deadline, which the execution times are set against (default: as the archive records it; archives from before it was recorded need it)")
 	fs.IntVar(&expect.Seeds, "expect-seeds", 8, "seeds of the wmrl sim run at this world model (what to expect; 0: none)")
-	expect.Optimizer, expect.Costs = rl.DefaultConfig().Optimizer, rl.DefaultCosts
-	fs.Var(choiceFlag[rl.Optimizer]{&expect.Optimizer, rl.Optimizers}, "expect-optimizer", fmt.Sprintf("the simulated learner's optimizer for what to expect: %v", rl.Optimizers))
+	expect.Costs = rl.DefaultCosts
+	fs.Var(choiceFlag[rl.Optimizer]{&expect.Optimizer, rl.Optimizers}, "expect-optimizer", fmt.Sprintf("the simulated learner's optimizer for what to expect: %v (default: sgd, the benchmark's; adam for a run of centred advantages, --advantage-norm center, which sgd at the benchmark's learning rate leaves short)", rl.Optimizers))
 	fs.Float64Var(&expect.Costs.WorldModel, "cost-wm", expect.Costs.WorldModel, "what to expect: cost of a world-model call, in generations (0: counted free)")
 	fs.Float64Var(&expect.Costs.Execute, "cost-exec", expect.Costs.Execute, "what to expect: cost of an execution, in generations (0: counted free)")
 	positive(fs, "bins", "tolerance", "min-bin-pairs", "min-task-pairs", "anchor-deadline")
@@ -203,8 +203,8 @@ func writeExpectation(w io.Writer, e *rl.Expectation, overall float64) {
 	if est == "" {
 		est = fuse.EstimatorOff
 	}
-	fmt.Fprintf(w, "  this run's shape and settings: %d groups of %d a step, anchor fraction %.2f (%s), debias %v, rho %s; %d steps of a %s learner; costs in generations: world-model call %g, execution %g\n",
-		e.Groups, e.GroupSize, e.AnchorFraction, rounding, e.Debias, est, e.Steps, e.Optimizer, e.Costs.WorldModel, e.Costs.Execute)
+	fmt.Fprintf(w, "  this run's shape and settings: %d groups of %d a step, anchor fraction %.2f (%s), debias %v, rho %s, advantages %s; %d steps of a %s learner; costs in generations: world-model call %g, execution %g\n",
+		e.Groups, e.GroupSize, e.AnchorFraction, rounding, e.Debias, est, e.AdvantageNorm, e.Steps, e.Optimizer, e.Costs.WorldModel, e.Costs.Execute)
 	fmt.Fprintf(w, "  over all their steps, an audit of the simulated run measures %.3f and this one %.3f (a learning policy's groups grow alike, which lowers it; the simulated policy's become copies of one solution)\n",
 		e.SimAuditedRankCorr, overall)
 	rl.WriteTable(w, e.Result, e.Methods)

@@ -17,8 +17,42 @@ import (
 	"github.com/wmrl/wmrl/connectors/openai/openaitest"
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/pipeline/offline"
+	"github.com/wmrl/wmrl/stages/fuse"
 	"github.com/wmrl/wmrl/stages/stagetest"
 )
+
+// A run of centred advantages is expected with them, and with Adam unless
+// told otherwise: SGD at the benchmark's learning rate leaves every
+// learner short of its steps there.
+func TestAuditExpectsARunsAdvantages(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := finishedRun(ctx, t, 30, func(cfg *pipeline.Config) {
+		cfg.Groups, cfg.GroupSize, cfg.Anchors.Fraction, cfg.AdvantageNorm = 4, 4, 0.5, fuse.CenterOnly
+	})
+	for _, tc := range []struct {
+		flags []string
+		want  string
+	}{
+		{nil, "rho advantage, advantages center; 300 steps of a adam learner;"},
+		{[]string{"--expect-optimizer", "sgd"}, "rho advantage, advantages center; 300 steps of a sgd learner;"},
+	} {
+		report := filepath.Join(t.TempDir(), "report")
+		out, err := wmrl(ctx, append([]string{"audit", "--archive", cfg.ArchiveRoot(), "--out", report, "--expect-seeds", "2"}, tc.flags...)...)
+		if err != nil || !strings.Contains(out, tc.want) {
+			t.Errorf("wmrl audit %v of a run of centred advantages (%v) lacks %q:\n%s", tc.flags, err, tc.want, out)
+		}
+		var sum struct {
+			Expect struct {
+				Norm string `json:"advantage_norm"`
+			}
+		}
+		b, _ := os.ReadFile(filepath.Join(report, "summary.json"))
+		if err := json.Unmarshal(b, &sum); err != nil || sum.Expect.Norm != "center" {
+			t.Errorf("summary.json's expectation: advantage_norm %q (%v), want center", sum.Expect.Norm, err)
+		}
+	}
+}
 
 // TestAuditSaysWhatToExpect: wmrl audit runs wmrl sim at the audited run's
 // world model (its ranking over the first quarter of the steps), shape and
@@ -36,7 +70,7 @@ func TestAuditSaysWhatToExpect(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	for _, want := range []string{"what to expect (wmrl sim at this world model: within-group Spearman ", " over the first quarter of the steps, ",
-		"this run's shape and settings: 4 groups of 4 a step, anchor fraction 0.50 (even), debias true, rho advantage;", "execution 50\n", "\ngrpo-anchors ", "\nwmrl ",
+		"this run's shape and settings: 4 groups of 4 a step, anchor fraction 0.50 (even), debias true, rho advantage, advantages std; 300 steps of a sgd learner;", "execution 50\n", "\ngrpo-anchors ", "\nwmrl ",
 		"reading 100% ", "auditing 100% "} { // each read of the archive shows its progress
 		if !strings.Contains(out, want) {
 			t.Errorf("wmrl audit's output lacks %q:\n%s", want, out)

@@ -1,6 +1,7 @@
 package offline
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -18,9 +19,12 @@ var ErrNoRanking = errors.New("no anchor group with varying scores: the world mo
 
 // ExpectOptions set the benchmark an audit runs at the audited world model.
 type ExpectOptions struct {
-	// Seeds (default 8), Optimizer (default the benchmark's, SGD) and
-	// Costs (default rl.DefaultCosts) are wmrl sim's --seeds, --optimizer,
-	// --cost-wm and --cost-exec.
+	// Seeds (default 8), Optimizer and Costs (default rl.DefaultCosts)
+	// are wmrl sim's --seeds, --optimizer, --cost-wm and --cost-exec. The
+	// default optimizer is the benchmark's, SGD, for a run of standardised
+	// advantages, and Adam for one of centred advantages, which SGD at the
+	// benchmark's learning rate leaves short (steps five or more times
+	// shorter; the README's "Under Dr. GRPO's advantages").
 	Seeds     int
 	Optimizer rl.Optimizer
 	Costs     rl.Costs
@@ -32,7 +36,7 @@ type ExpectOptions struct {
 // within groups as the audited one did on its anchors, with the run's
 // shape (the median groups per step and group size of its updates) and
 // its recorded correction settings (anchor fraction and rounding,
-// calibration, rho estimator): what the sweep of wmrl sim tells a user to
+// calibration, rho estimator, advantages): what the sweep of wmrl sim tells a user to
 // expect, at their own point. The
 // within-group Spearman is the first quarter of the steps' (RankTrend; all
 // anchor groups' for a run of fewer than 8 steps that have one): the
@@ -55,8 +59,12 @@ func Expect(a *Audit, s archive.Settings, o ExpectOptions) (*rl.Expectation, err
 	cfg := rl.DefaultConfig()
 	cfg.Groups, cfg.GroupSize = groups, size
 	cfg.AnchorFraction, cfg.AnchorRounding, cfg.Debiaser = s.AnchorFraction, s.AnchorRounding, s.Debiaser
-	if o.Optimizer != "" {
+	cfg.AdvantageNorm = cmp.Or(s.AdvantageNorm, fuse.Standardize)
+	switch {
+	case o.Optimizer != "":
 		cfg.Optimizer = o.Optimizer
+	case cfg.AdvantageNorm == fuse.CenterOnly:
+		cfg.Optimizer = rl.Adam
 	}
 	if o.Costs != (rl.Costs{}) {
 		cfg.Costs = o.Costs

@@ -1,6 +1,7 @@
 package rl
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 
@@ -63,14 +64,15 @@ type Expectation struct {
 	// Seeds is how many seeds each method trained on (paired).
 	Seeds int `json:"seeds"`
 	// Config is the benchmark's: the run's shape and settings.
-	Config         Config    `json:"-"`
-	Groups         int       `json:"groups"`
-	GroupSize      int       `json:"group_size"`
-	AnchorFraction float64   `json:"anchor_fraction"`
-	AnchorRounding string    `json:"anchor_rounding,omitempty"`
-	Optimizer      Optimizer `json:"optimizer"`
-	Steps          int       `json:"steps"`
-	Costs          Costs     `json:"cost_model"`
+	Config         Config             `json:"-"`
+	Groups         int                `json:"groups"`
+	GroupSize      int                `json:"group_size"`
+	AnchorFraction float64            `json:"anchor_fraction"`
+	AnchorRounding string             `json:"anchor_rounding,omitempty"`
+	Optimizer      Optimizer          `json:"optimizer"`
+	AdvantageNorm  fuse.Normalization `json:"advantage_norm"`
+	Steps          int                `json:"steps"`
+	Costs          Costs              `json:"cost_model"`
 	// Debias and Estimator are wmrl's corrections (ExpectConfig).
 	Debias    bool           `json:"debias"`
 	Estimator fuse.Estimator `json:"rho_estimator"`
@@ -100,7 +102,7 @@ func Expect(c ExpectConfig) (*Expectation, error) {
 	}
 	cfg := c.Config
 	e := &Expectation{RankCorr: c.RankCorr, Measured: c.Measured, Seeds: c.Seeds, Config: cfg, Groups: cfg.Groups, GroupSize: cfg.GroupSize,
-		AnchorFraction: cfg.AnchorFraction, AnchorRounding: cfg.AnchorRounding, Optimizer: cfg.Optimizer, Steps: cfg.Steps, Costs: cfg.Costs,
+		AnchorFraction: cfg.AnchorFraction, AnchorRounding: cfg.AnchorRounding, Optimizer: cfg.Optimizer, AdvantageNorm: cmp.Or(cfg.AdvantageNorm, fuse.Standardize), Steps: cfg.Steps, Costs: cfg.Costs,
 		Debias: c.Debias, Estimator: c.Estimator}
 	sc := e.place(cfg)
 	wmrl := Method{Name: "wmrl", Debias: c.Debias, Estimator: c.Estimator}
