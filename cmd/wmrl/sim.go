@@ -132,6 +132,9 @@ func simCommand() *cobra.Command {
 			fmt.Fprintf(w, "calibration: %s\n", calibrationLine(cfg))
 			if cfg.AdvantageNorm == fuse.CenterOnly {
 				fmt.Fprintln(w, "advantages: centred only (r - mean within the group, Dr. GRPO), for every method")
+				if cfg.Optimizer == rl.SGD && cfg.LR == 0 {
+					fmt.Fprintln(w, "  (their steps are five or more times shorter than standardised ones at sgd's default learning rate, which leaves every learner short: the README compares at --lr 20, where grpo ends as it does standardised, or use --optimizer adam)")
+				}
 			}
 			if cfg.Scale == rl.ScaleReference {
 				fmt.Fprintln(w, "gradient scale: reference (anchor advantages times rho, averaged over the step's trajectories: a step (rho|A|+|W|)/(|A|+|W|) times WMRL.md's)")

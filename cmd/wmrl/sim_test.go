@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -109,6 +110,49 @@ func TestSimRefusesASettingByItsName(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), w) {
 				t.Errorf("sim %s: %v; want it to say %q\n%s", strings.Join(c.args, " "), err, w, out)
 			}
+		}
+	}
+}
+
+// --advantage-norm center trains every method on centred advantages (the
+// same seeds end elsewhere), says so, and says once that SGD at its
+// default learning rate leaves them short; the JSON names them.
+func TestSimOnCentredAdvantages(t *testing.T) {
+	ctx := context.Background()
+	args := []string{"sim", "--scenario", "monotone", "--methods", "grpo,wmrl", "--seeds", "2", "--steps", "20", "--no-sweep", "--out", t.TempDir()}
+	final := func(more ...string) (float64, string) {
+		t.Helper()
+		out, err := wmrl(ctx, append(append(slices.Clone(args), more...), "--json")...)
+		if err != nil {
+			t.Fatalf("wmrl sim %v: %v\n%s", more, err, out)
+		}
+		var doc struct {
+			Norm      string `json:"advantage_norm"`
+			Scenarios map[string]map[string]struct {
+				Final float64 `json:"final_reward"`
+			} `json:"scenarios"`
+		}
+		if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &doc); err != nil { // after the progress bar's lines
+			t.Fatalf("wmrl sim %v --json: %v\n%s", more, err, out)
+		}
+		return doc.Scenarios["monotone"]["grpo"].Final, doc.Norm
+	}
+	std, norm := final()
+	if norm != "std" {
+		t.Errorf("the default run's JSON says advantage_norm %q, want std", norm)
+	}
+	centred, norm := final("--advantage-norm", "center")
+	if norm != "center" || centred == std {
+		t.Errorf("--advantage-norm center: advantage_norm %q, grpo's final reward %v (standardised: %v); want center, and another reward", norm, centred, std)
+	}
+	const short = "leaves every learner short"
+	for _, tc := range []struct {
+		more []string
+		said bool
+	}{{[]string{"--advantage-norm", "center"}, true}, {[]string{"--advantage-norm", "center", "--optimizer", "adam"}, false}, {[]string{"--advantage-norm", "center", "--lr", "20"}, false}} {
+		out, err := wmrl(ctx, append(slices.Clone(args), tc.more...)...)
+		if err != nil || !strings.Contains(out, "advantages: centred only (r - mean within the group, Dr. GRPO), for every method") || strings.Contains(out, short) != tc.said {
+			t.Errorf("wmrl sim %v (%v): want the advantages named, and %q said: %v\n%s", tc.more, err, short, tc.said, out)
 		}
 	}
 }
