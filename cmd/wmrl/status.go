@@ -15,6 +15,7 @@ import (
 	"github.com/wmrl/wmrl/connectors/natsjs"
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 func statusCommand() *cobra.Command {
@@ -110,8 +111,12 @@ func writeStatus(w io.Writer, st *pipeline.Status, where, prefix, run string, no
 	case u == nil:
 		fmt.Fprintln(w, "steps fused:     none yet")
 	default:
-		fmt.Fprintf(w, "steps fused:     up to %d (%s): rho %.3f, D %.3f, calibration v%d, groups %d, anchors %d%s\n",
-			u.Step, ago(st.LastUpdateAt), u.Rho, u.D, u.CalibrationVersion, u.Groups, u.Anchors, scoredBy(u))
+		centred := ""
+		if u.AdvantageNorm == string(fuse.CenterOnly) {
+			centred = ", advantages centred (Dr. GRPO)"
+		}
+		fmt.Fprintf(w, "steps fused:     up to %d (%s): rho %.3f, D %.3f, calibration v%d, groups %d, anchors %d%s%s\n",
+			u.Step, ago(st.LastUpdateAt), u.Rho, u.D, u.CalibrationVersion, u.Groups, u.Anchors, centred, scoredBy(u))
 	}
 	if next, ok := nextStep(st); ok {
 		fmt.Fprintf(w, "next step:       %d (a closed step takes no more trajectories: a trainer resumed from a checkpoint numbers its steps on from here)\n", next)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -478,5 +479,28 @@ func TestStatusNamesTheWorldModelsOfTheNewestStep(t *testing.T) {
 	writeStatus(&b, st, "here", "wmrl", "default", now)
 	if line := regexp.MustCompile(`(?m)^steps fused:.*$`).FindString(b.String()); !strings.HasSuffix(line, ", world model qwen") {
 		t.Errorf("the newest step's line, one world model: %q", line)
+	}
+	// Centred advantages are said, in the line and in --json; GRPO's are
+	// said in --json alone.
+	for _, norm := range []string{"", "center"} {
+		u.AdvantageNorm = norm
+		b.Reset()
+		writeStatus(&b, st, "here", "wmrl", "default", now)
+		line := regexp.MustCompile(`(?m)^steps fused:.*$`).FindString(b.String())
+		if centred := strings.HasSuffix(line, ", advantages centred (Dr. GRPO), world model qwen"); centred != (norm == "center") {
+			t.Errorf("advantage norm %q: the newest step's line is %q", norm, line)
+		}
+		b.Reset()
+		if err := writeStatusJSON(&b, st, "default", now); err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			Fused struct {
+				Norm string `json:"advantage_norm"`
+			}
+		}
+		if err := json.Unmarshal([]byte(b.String()), &doc); err != nil || doc.Fused.Norm != cmp.Or(norm, "std") {
+			t.Errorf("advantage norm %q: status --json says %q (%v)", norm, doc.Fused.Norm, err)
+		}
 	}
 }

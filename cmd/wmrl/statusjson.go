@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"io"
 	"time"
 
 	"github.com/wmrl/wmrl/pipeline"
+	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 // statusDoc is `wmrl status --json`: what the text shows, for a script
@@ -82,6 +84,9 @@ type fusedDoc struct {
 	// WMModels: the world models that scored the step (more than one
 	// when two did; "" for one its predictions did not name).
 	WMModels []string `json:"wm_models"`
+	// AdvantageNorm: how the step's advantages were formed, "std" (GRPO)
+	// or "center" (Dr. GRPO), for a trainer's check before it trains.
+	AdvantageNorm string `json:"advantage_norm"`
 }
 
 type unfusedDoc struct {
@@ -196,7 +201,7 @@ func writeStatusJSON(w io.Writer, st *pipeline.Status, run string, now time.Time
 	}
 	if u := st.LastUpdate; u != nil {
 		d.Fused = &fusedDoc{stepDoc: step(u.Step, st.LastUpdateAt), Rho: u.Rho, D: u.D, CalibrationVersion: u.CalibrationVersion, Groups: u.Groups, Anchors: u.Anchors,
-			WMModels: append([]string{}, u.Models()...)}
+			WMModels: append([]string{}, u.Models()...), AdvantageNorm: cmp.Or(u.AdvantageNorm, string(fuse.Standardize))}
 	}
 	if next, ok := nextStep(st); ok {
 		d.NextStep = &next
