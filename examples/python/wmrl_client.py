@@ -9,7 +9,10 @@
     update = client.update(step, wait=60)  # the step's fused update (long poll)
     adv = {it["traj_id"]: it["fused_advantage"] for it in update["items"]}
 
-Use fused_advantage where your trainer would use the GRPO advantage.
+Use fused_advantage where your trainer would use the GRPO advantage. The
+update's "advantage_norm" says how it was formed within its group:
+"center" (r - mean, Dr. GRPO) for a run started with --advantage-norm
+center; absent, GRPO's (r - mean) / (std + 1e-4).
 
 A 503 (the world model or NATS is down for the moment) or 429 is asked
 again for up to `retry_for` seconds (default 120; 0: never), waiting what
