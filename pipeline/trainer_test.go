@@ -860,7 +860,7 @@ func TestPythonClientSendsAStepLargerThanARequest(t *testing.T) {
 	if err != nil {
 		t.Fatalf("python trainer: %v", err)
 	}
-	m := regexp.MustCompile(`step 0: 1024 fused advantages match, .*, ([\d.]+) MB of trajectories`).FindSubmatch(out)
+	m := regexp.MustCompile(`step 0: 1024 fused advantages match \(std\), .*, ([\d.]+) MB of trajectories`).FindSubmatch(out)
 	if m == nil {
 		t.Fatal("the python trainer did not have its step of 1024 fused")
 	}
