@@ -3,6 +3,7 @@ package fuse
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
 // AdvantageEps is added to the group's standard deviation, as in GRPO.
@@ -23,12 +24,15 @@ const (
 	CenterOnly Normalization = "center"
 )
 
+// Normalizations are the accepted names, the default first.
+var Normalizations = []Normalization{Standardize, CenterOnly}
+
 // ParseNormalization reads a normalisation by its name; "" is Standardize.
 func ParseNormalization(s string) (Normalization, error) {
-	switch n := Normalization(s); n {
-	case "":
+	if s == "" {
 		return Standardize, nil
-	case Standardize, CenterOnly:
+	}
+	if n := Normalization(s); slices.Contains(Normalizations, n) {
 		return n, nil
 	}
 	return "", fmt.Errorf("%w: advantage normalisation %q: want %q (GRPO) or %q (Dr. GRPO)", ErrConfig, s, Standardize, CenterOnly)
