@@ -3,11 +3,13 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/wmrl/wmrl/pipeline"
 	"github.com/wmrl/wmrl/pipeline/offline"
@@ -28,12 +30,106 @@ func onOff(flag, v string) (bool, error) {
 	return false, fmt.Errorf("--%s %q: want on or off", flag, v)
 }
 
+// replayFlags are replay's flags that change the recorded settings.
+type replayFlags struct {
+	debias, denoise, rho, beforeFit, norm string
+	bins, buffer, minPairs, refitEvery    int
+	fraction                              float64
+}
+
+// options are the replay's settings: those recorded, with what the flags
+// given (fs.Changed) change, each named in changed.
+func (f *replayFlags) options(fs *pflag.FlagSet, recorded archive.Settings) (opt offline.ReplayOptions, changed []string, err error) {
+	opt.Settings = recorded
+	if fs.Changed("debias") {
+		if opt.Settings.Debias, err = onOff("debias", f.debias); err != nil {
+			return opt, nil, err
+		}
+		changed = append(changed, "debias "+f.debias)
+	}
+	if fs.Changed("denoise") {
+		on, err := onOff("denoise", f.denoise)
+		if err != nil {
+			return opt, nil, err
+		}
+		if !on {
+			opt.Settings.Denoiser.Estimator = fuse.EstimatorOff
+		}
+		changed = append(changed, "denoise "+f.denoise)
+	}
+	if fs.Changed("rho") {
+		opt.Settings.Denoiser.Estimator = fuse.Estimator(f.rho)
+		changed = append(changed, "rho "+f.rho)
+	}
+	if fs.Changed("before-fit") {
+		opt.Settings.Debiaser.BeforeFit = f.beforeFit
+		changed = append(changed, "before-fit "+f.beforeFit)
+	}
+	for _, o := range []struct {
+		flag string
+		dst  *int
+		v    int
+	}{
+		{"min-pairs", &opt.Settings.Debiaser.MinPairs, f.minPairs},
+		{"refit-every", &opt.Settings.Debiaser.RefitEvery, f.refitEvery},
+		{"bins", &opt.Settings.Debiaser.Bins, f.bins},
+		{"buffer", &opt.Settings.Debiaser.BufferSize, f.buffer},
+	} {
+		if fs.Changed(o.flag) {
+			*o.dst = o.v
+			changed = append(changed, fmt.Sprintf("%s %d", o.flag, o.v))
+		}
+	}
+	if fs.Changed("advantage-norm") {
+		if err := pipeline.CheckAdvantageNorm(fuse.Normalization(f.norm)); err != nil {
+			return opt, nil, err
+		}
+		opt.Settings.AdvantageNorm = fuse.Normalization(f.norm)
+		changed = append(changed, "advantage-norm "+f.norm)
+	}
+	if err := pipeline.CheckCalibration(opt.Settings.Debiaser, opt.Settings.Denoiser.Estimator); err != nil {
+		return opt, nil, err
+	}
+	if fs.Changed("anchor-fraction") {
+		if f.fraction <= 0 || f.fraction > recorded.AnchorFraction {
+			return opt, nil, fmt.Errorf("--anchor-fraction %v: replays can only subsample the recorded anchors (recorded fraction %v)", f.fraction, recorded.AnchorFraction)
+		}
+		opt.AnchorFraction = f.fraction
+		changed = append(changed, fmt.Sprintf("anchor fraction %v (recorded %v)", f.fraction, recorded.AnchorFraction))
+	}
+	return opt, changed, nil
+}
+
+// sayVerdict says what the replay found: with the recorded settings
+// (changed empty), whether it reproduced the archive, an error when not;
+// with others, how far they moved the fused advantages.
+func sayVerdict(w io.Writer, sum offline.ReplaySummary, changed []string, builds []string) error {
+	if len(changed) > 0 {
+		fmt.Fprintf(w, "with %v: max |d fused| %.3g, fused sign kept on %.1f%% of rows, %d anchor groups dropped\n",
+			changed, sum.MaxFusedDiff, 100*sum.SignAgreement, sum.DroppedAnchors)
+		return nil
+	}
+	ok := sum.MaxFusedDiff <= 1e-9 && sum.MaxCalibratedDiff <= 1e-9
+	verdict := "REPRODUCED: identical to the archive within 1e-9"
+	if !ok {
+		verdict = "NOT REPRODUCED"
+	}
+	fmt.Fprintf(w, "%s (recorded settings; max |d fused| %.3g, max |d calibrated| %.3g)\n", verdict, sum.MaxFusedDiff, sum.MaxCalibratedDiff)
+	if !ok {
+		fmt.Fprintln(w, writtenBy(builds, pipeline.ReadBuild()))
+		return fmt.Errorf("replay with the recorded settings differs from the archive")
+	}
+	if line := reproducedAcross(builds, pipeline.ReadBuild()); line != "" {
+		fmt.Fprintln(w, line)
+	}
+	return nil
+}
+
 func replayCommand() *cobra.Command {
 	var (
-		root, run, out, pic, debias, denoise, rho, beforeFit, norm string
-		bins, buffer, minPairs, refitEvery                         int
-		fraction                                                   float64
-		steps                                                      bool
+		root, run, out, pic string
+		steps               bool
+		f                   replayFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "replay [--archive DIR]",
@@ -46,65 +142,10 @@ func replayCommand() *cobra.Command {
 				return err
 			}
 			defer release()
-			run, recorded := rec.name, rec.settings
-			opt := offline.ReplayOptions{Settings: recorded}
-			fs := cmd.Flags()
-			var changed []string
-			if fs.Changed("debias") {
-				if opt.Settings.Debias, err = onOff("debias", debias); err != nil {
-					return err
-				}
-				changed = append(changed, "debias "+debias)
-			}
-			if fs.Changed("denoise") {
-				on, err := onOff("denoise", denoise)
-				if err != nil {
-					return err
-				}
-				if !on {
-					opt.Settings.Denoiser.Estimator = fuse.EstimatorOff
-				}
-				changed = append(changed, "denoise "+denoise)
-			}
-			if fs.Changed("rho") {
-				opt.Settings.Denoiser.Estimator = fuse.Estimator(rho)
-				changed = append(changed, "rho "+rho)
-			}
-			if fs.Changed("before-fit") {
-				opt.Settings.Debiaser.BeforeFit = beforeFit
-				changed = append(changed, "before-fit "+beforeFit)
-			}
-			for _, o := range []struct {
-				flag string
-				dst  *int
-				v    int
-			}{
-				{"min-pairs", &opt.Settings.Debiaser.MinPairs, minPairs},
-				{"refit-every", &opt.Settings.Debiaser.RefitEvery, refitEvery},
-				{"bins", &opt.Settings.Debiaser.Bins, bins},
-				{"buffer", &opt.Settings.Debiaser.BufferSize, buffer},
-			} {
-				if fs.Changed(o.flag) {
-					*o.dst = o.v
-					changed = append(changed, fmt.Sprintf("%s %d", o.flag, o.v))
-				}
-			}
-			if fs.Changed("advantage-norm") {
-				if err := pipeline.CheckAdvantageNorm(fuse.Normalization(norm)); err != nil {
-					return err
-				}
-				opt.Settings.AdvantageNorm = fuse.Normalization(norm)
-				changed = append(changed, "advantage-norm "+norm)
-			}
-			if err := pipeline.CheckCalibration(opt.Settings.Debiaser, opt.Settings.Denoiser.Estimator); err != nil {
+			run := rec.name
+			opt, changed, err := f.options(cmd.Flags(), rec.settings)
+			if err != nil {
 				return err
-			}
-			if fs.Changed("anchor-fraction") {
-				if fraction <= 0 || fraction > recorded.AnchorFraction {
-					return fmt.Errorf("--anchor-fraction %v: replays can only subsample the recorded anchors (recorded fraction %v)", fraction, recorded.AnchorFraction)
-				}
-				opt.AnchorFraction = fraction
-				changed = append(changed, fmt.Sprintf("anchor fraction %v (recorded %v)", fraction, recorded.AnchorFraction))
 			}
 			if len(changed) > 0 && out == "" {
 				out = fmt.Sprintf("replay-%s.parquet", run)
@@ -168,23 +209,8 @@ func replayCommand() *cobra.Command {
 			if len(sum.Gaps) > 0 {
 				fmt.Fprintf(stdout, "warning: the archive holds no anchor group for %d calibration seqs (first %d): those pairs were never archived, so the live calibration saw pairs this replay cannot\n", len(sum.Gaps), sum.Gaps[0])
 			}
-			if len(changed) == 0 {
-				ok := sum.MaxFusedDiff <= 1e-9 && sum.MaxCalibratedDiff <= 1e-9
-				verdict := "REPRODUCED: identical to the archive within 1e-9"
-				if !ok {
-					verdict = "NOT REPRODUCED"
-				}
-				fmt.Fprintf(stdout, "%s (recorded settings; max |d fused| %.3g, max |d calibrated| %.3g)\n", verdict, sum.MaxFusedDiff, sum.MaxCalibratedDiff)
-				if !ok {
-					fmt.Fprintln(stdout, writtenBy(rec.builds, pipeline.ReadBuild()))
-					return fmt.Errorf("replay with the recorded settings differs from the archive")
-				}
-				if line := reproducedAcross(rec.builds, pipeline.ReadBuild()); line != "" {
-					fmt.Fprintln(stdout, line)
-				}
-			} else {
-				fmt.Fprintf(stdout, "with %v: max |d fused| %.3g, fused sign kept on %.1f%% of rows, %d anchor groups dropped\n",
-					changed, sum.MaxFusedDiff, 100*sum.SignAgreement, sum.DroppedAnchors)
+			if err := sayVerdict(stdout, sum, changed, rec.builds); err != nil {
+				return err
 			}
 			if w != nil {
 				abs, _ := filepath.Abs(out)
@@ -204,16 +230,16 @@ func replayCommand() *cobra.Command {
 	archiveFlag(fs, &root)
 	fs.StringVar(&run, "run", "", "run to replay (default: the only one)")
 	fs.StringVar(&out, "out", "", "write the replayed rows to this Parquet file (default with changed settings: replay-<run>.parquet)")
-	fs.StringVar(&debias, "debias", "", "on or off: apply the isotonic map (default: as recorded)")
-	fs.StringVar(&denoise, "denoise", "", "on or off: inverse-variance anchor weight (off: rho 1; default: as recorded)")
-	fs.StringVar(&rho, "rho", "", "rho estimator: reference, ratio, advantage or off (default: as recorded)")
-	fs.StringVar(&beforeFit, "before-fit", "", "the calibration map before its first fit: mean or identity (default: as recorded)")
-	fs.StringVar(&norm, "advantage-norm", "", "how a group's advantages are formed: std (GRPO) or center (Dr. GRPO) (default: as recorded)")
-	fs.IntVar(&minPairs, "min-pairs", 0, "anchor pairs buffered before the first isotonic fit (default: as recorded; 0: the reference's 200)")
-	fs.IntVar(&refitEvery, "refit-every", 0, "refit the isotonic map after this many new pairs (default: as recorded; 0: the reference's 64)")
-	fs.IntVar(&bins, "bins", 0, "equal-width bins before the isotonic fit (default: as recorded; 0: raw pairs)")
-	fs.IntVar(&buffer, "buffer", 0, "anchor pairs kept for the fit (default: as recorded)")
-	fs.Float64Var(&fraction, "anchor-fraction", 0, "keep this share of groups as anchors, below the recorded one: a fixed subsample (default: as recorded)")
+	fs.StringVar(&f.debias, "debias", "", "on or off: apply the isotonic map (default: as recorded)")
+	fs.StringVar(&f.denoise, "denoise", "", "on or off: inverse-variance anchor weight (off: rho 1; default: as recorded)")
+	fs.StringVar(&f.rho, "rho", "", "rho estimator: reference, ratio, advantage or off (default: as recorded)")
+	fs.StringVar(&f.beforeFit, "before-fit", "", "the calibration map before its first fit: mean or identity (default: as recorded)")
+	fs.StringVar(&f.norm, "advantage-norm", "", "how a group's advantages are formed: std (GRPO) or center (Dr. GRPO) (default: as recorded)")
+	fs.IntVar(&f.minPairs, "min-pairs", 0, "anchor pairs buffered before the first isotonic fit (default: as recorded; 0: the reference's 200)")
+	fs.IntVar(&f.refitEvery, "refit-every", 0, "refit the isotonic map after this many new pairs (default: as recorded; 0: the reference's 64)")
+	fs.IntVar(&f.bins, "bins", 0, "equal-width bins before the isotonic fit (default: as recorded; 0: raw pairs)")
+	fs.IntVar(&f.buffer, "buffer", 0, "anchor pairs kept for the fit (default: as recorded)")
+	fs.Float64Var(&f.fraction, "anchor-fraction", 0, "keep this share of groups as anchors, below the recorded one: a fixed subsample (default: as recorded)")
 	positive(fs, "buffer")
 	fs.BoolVar(&steps, "steps", false, "print every step: its rho, replayed and recorded, its anchor groups, how far its fused advantages moved and how many kept their sign")
 	fs.StringVar(&pic, "plot", "", "with changed settings, draw what they changed step by step to this PNG (default: --out's name, .png)")
