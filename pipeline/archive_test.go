@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/wmrl/wmrl/schemas"
 	"github.com/wmrl/wmrl/stages/archive"
 	"github.com/wmrl/wmrl/stages/execute"
+	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 // checkArchive compares the archived rows with the stored updates: one row
@@ -409,6 +411,35 @@ func TestOneArchiveStagePerRun(t *testing.T) {
 		t.Fatalf("run other's archive stage beside run %s's: %v", cfg.Run, err)
 	}
 	q.Stop()
+}
+
+// An archive stage in a process of its own, given another
+// --advantage-norm than the fuse stage's, says so once and archives every
+// step all the same.
+func TestAnArchiveStageOfOtherAdvantagesSaysSo(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.AdvantageNorm = fuse.CenterOnly // and no --steps: a run of steps would end, its server with it, before another process archived them
+	cfg.Stages = slices.DeleteFunc(slices.Clone(AllStages), func(s string) bool { return s == StageArchive })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := started(t, ctx, cfg)
+	archiver := testConfig(t)
+	archiver.NATSURL, archiver.Source, archiver.Stages = p.URL(), SourceExternal, []string{StageArchive}
+	var out syncBuffer
+	archiver.Quiet, archiver.Out = false, &out
+	a := started(t, ctx, archiver)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the archive stage's process said:\n%s", out.String())
+		}
+	})
+	const said = "'s update was fused with center advantages, and this process's archive stage records std (its --advantage-norm) in its files" // whichever step it handled first
+	waitFor(t, 30*time.Second, func() bool {
+		return strings.Contains(out.String(), said) && len(a.archiveWriter.Archived()) >= 3
+	})
+	if n := strings.Count(out.String(), "was fused with center advantages"); n != 1 {
+		t.Errorf("said %d times, want once:\n%s", n, out.String())
+	}
 }
 
 // TestArchiveKeepsTheAnchorsCode: every anchor group's row holds the

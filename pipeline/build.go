@@ -359,6 +359,13 @@ func (p *Pipeline) buildArchive(ctx context.Context) error {
 	})
 	st := archive.NewStage(p.cfg.Run, w)
 	st.Stored = natsjs.Stored
+	var otherNorms sync.Map // the pairs of advantages said, each once
+	st.OnOtherAdvantages = func(step int64, fused, recorded fuse.Normalization) {
+		if _, said := otherNorms.LoadOrStore([2]fuse.Normalization{fused, recorded}, true); !said {
+			p.notef("archive: step %d's update was fused with %s advantages, and this process's archive stage records %s (its --advantage-norm) in its files: "+
+				"the rows are archived, but a replay on the files' settings will not reproduce them; give this process the fuse stage's --advantage-norm (said once)", step, fused, recorded)
+		}
+	}
 	p.archiveWriter = w
 	if p.cfg.Steps > 0 {
 		p.archived = newProgress(p.cfg.Steps, w.Archived())

@@ -1,6 +1,7 @@
 package archive
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/fuse"
 )
 
 // Stage is the archive stage. It reads the run's updates and calibrations
@@ -35,6 +37,13 @@ type Stage struct {
 	// until some come.
 	CodeWait time.Duration
 	OnNoCode func(step int64, groups []string)
+	// OnOtherAdvantages, if set, hears of an update whose advantages were
+	// formed otherwise (its advantage_norm) than the files record (the
+	// writer's Settings.AdvantageNorm, this process's --advantage-norm):
+	// the fuse stage of another process was given another one, and a
+	// replay on the files' settings will not reproduce the run. The rows
+	// are archived all the same.
+	OnOtherAdvantages func(step int64, fused, recorded fuse.Normalization)
 	// Outcome, if set, reads an anchor trajectory's execution (the
 	// outcome execute stored) by its step, group and ID: a late
 	// anchor group's rows take its status, seconds, detail and the
@@ -83,6 +92,12 @@ func (s *Stage) HandleUpdate(msg *message.Message) error {
 	var u schemas.Update
 	if err := schemas.Decode(msg.Payload, s.Run, &u); err != nil {
 		return fmt.Errorf("archive: %w", err)
+	}
+	if s.OnOtherAdvantages != nil {
+		fused, recorded := fuse.Normalization(cmp.Or(u.AdvantageNorm, string(fuse.Standardize))), cmp.Or(s.W.cfg.Settings.AdvantageNorm, fuse.Standardize)
+		if fused != recorded {
+			s.OnOtherAdvantages(u.Step, fused, recorded)
+		}
 	}
 	rows, late := FromUpdate(u)
 	if s.CodeWait > 0 && s.W.Has(UpdateKey(u.Step)) == nil { // a redelivery of an archived one needs none

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/wmrl/wmrl/schemas"
+	"github.com/wmrl/wmrl/stages/fuse"
 	"github.com/wmrl/wmrl/stages/stagetest"
 )
 
@@ -400,5 +401,45 @@ func TestLateRowsTakeTheirExecutionsFromTheOutcomes(t *testing.T) {
 	}
 	if fmt.Sprint(asked) != "[7/g1/t0 7/g1/t1]" || len(heard) != 1 {
 		t.Errorf("with t1's read failing, asked for %v, heard %v", asked, heard)
+	}
+}
+
+// An update whose advantages were formed otherwise than the files record
+// (another process's fuse stage given another --advantage-norm) is
+// heard of, and archived all the same; one formed as they record is not.
+func TestStageHearsOfAnUpdateOfOtherAdvantages(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		recorded fuse.Normalization
+		fused    string
+		heard    string
+	}{
+		{"", "", ""},
+		{"", "center", "step 0: center, recorded std"},
+		{fuse.CenterOnly, "center", ""},
+		{fuse.CenterOnly, "", "step 0: std, recorded center"},
+	} {
+		w, err := OpenWriter(WriterConfig{Dir: t.TempDir(), Run: "r", MaxAge: 10 * time.Millisecond, Settings: Settings{AdvantageNorm: tc.recorded}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := NewStage("r", w)
+		var heard []string
+		s.OnOtherAdvantages = func(step int64, fused, recorded fuse.Normalization) {
+			heard = append(heard, fmt.Sprintf("step %d: %s, recorded %s", step, fused, recorded))
+		}
+		u := testUpdate(0)
+		u.AdvantageNorm = tc.fused
+		if err := s.HandleUpdate(stagetest.Message(t, ctx, u)); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(heard, "; "); got != tc.heard {
+			t.Errorf("files recording %q, an update of %q: heard %q, want %q", tc.recorded, tc.fused, got, tc.heard)
+		}
+		if archived := w.Archived(); len(archived) != 1 || archived[0] != 0 {
+			t.Errorf("files recording %q, an update of %q: archived steps %v, want [0]", tc.recorded, tc.fused, archived)
+		}
+		w.Close()
 	}
 }
