@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"encoding/json"
 	"io"
 	"time"
@@ -201,7 +200,7 @@ func writeStatusJSON(w io.Writer, st *pipeline.Status, run string, now time.Time
 	}
 	if u := st.LastUpdate; u != nil {
 		d.Fused = &fusedDoc{stepDoc: step(u.Step, st.LastUpdateAt), Rho: u.Rho, D: u.D, CalibrationVersion: u.CalibrationVersion, Groups: u.Groups, Anchors: u.Anchors,
-			WMModels: append([]string{}, u.Models()...), AdvantageNorm: cmp.Or(u.AdvantageNorm, string(fuse.Standardize))}
+			WMModels: append([]string{}, u.Models()...), AdvantageNorm: string(fuse.Normalization(u.AdvantageNorm).Effective())}
 	}
 	if next, ok := nextStep(st); ok {
 		d.NextStep = &next

@@ -1,7 +1,6 @@
 package offline
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -59,7 +58,7 @@ func Expect(a *Audit, s archive.Settings, o ExpectOptions) (*rl.Expectation, err
 	cfg := rl.DefaultConfig()
 	cfg.Groups, cfg.GroupSize = groups, size
 	cfg.AnchorFraction, cfg.AnchorRounding, cfg.Debiaser = s.AnchorFraction, s.AnchorRounding, s.Debiaser
-	cfg.AdvantageNorm = cmp.Or(s.AdvantageNorm, fuse.Standardize)
+	cfg.AdvantageNorm = s.AdvantageNorm.Effective()
 	switch {
 	case o.Optimizer != "":
 		cfg.Optimizer = o.Optimizer

@@ -16,7 +16,6 @@
 package simrl
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -84,7 +83,7 @@ func start(dir string, cfg rl.Config, env *rl.Env, m rl.Method) (*rewarder, erro
 	pc.Anchors = rl.SchedulerConfig(cfg, m)
 	cc := rl.CorrectorConfig(cfg, m)
 	pc.Debias, pc.Debiaser, pc.Denoiser = cc.Debias, cc.Debiaser, cc.Denoiser
-	pc.AdvantageNorm = cmp.Or(cfg.AdvantageNorm, fuse.Standardize)
+	pc.AdvantageNorm = cfg.AdvantageNorm.Effective()
 	// The core packages never drop an anchor for lateness: neither may the
 	// pipeline here (a late anchor is a timing outcome, not the method).
 	pc.AnchorDeadline, pc.StepTimeout = time.Hour, time.Hour

@@ -1,7 +1,6 @@
 package archive
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -94,7 +93,7 @@ func (s *Stage) HandleUpdate(msg *message.Message) error {
 		return fmt.Errorf("archive: %w", err)
 	}
 	if s.OnOtherAdvantages != nil {
-		fused, recorded := fuse.Normalization(cmp.Or(u.AdvantageNorm, string(fuse.Standardize))), cmp.Or(s.W.cfg.Settings.AdvantageNorm, fuse.Standardize)
+		fused, recorded := fuse.Normalization(u.AdvantageNorm).Effective(), s.W.cfg.Settings.AdvantageNorm.Effective()
 		if fused != recorded {
 			s.OnOtherAdvantages(u.Step, fused, recorded)
 		}

@@ -27,12 +27,18 @@ const (
 // Normalizations are the accepted names, the default first.
 var Normalizations = []Normalization{Standardize, CenterOnly}
 
+// Effective is n with the default filled in: "" (unset, as in every
+// update and archive from before it was said) is Standardize.
+func (n Normalization) Effective() Normalization {
+	if n == "" {
+		return Standardize
+	}
+	return n
+}
+
 // ParseNormalization reads a normalisation by its name; "" is Standardize.
 func ParseNormalization(s string) (Normalization, error) {
-	if s == "" {
-		return Standardize, nil
-	}
-	if n := Normalization(s); slices.Contains(Normalizations, n) {
+	if n := Normalization(s).Effective(); slices.Contains(Normalizations, n) {
 		return n, nil
 	}
 	return "", fmt.Errorf("%w: advantage normalisation %q: want %q (GRPO) or %q (Dr. GRPO)", ErrConfig, s, Standardize, CenterOnly)

@@ -1,7 +1,6 @@
 package rl
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 
@@ -102,7 +101,7 @@ func Expect(c ExpectConfig) (*Expectation, error) {
 	}
 	cfg := c.Config
 	e := &Expectation{RankCorr: c.RankCorr, Measured: c.Measured, Seeds: c.Seeds, Config: cfg, Groups: cfg.Groups, GroupSize: cfg.GroupSize,
-		AnchorFraction: cfg.AnchorFraction, AnchorRounding: cfg.AnchorRounding, Optimizer: cfg.Optimizer, AdvantageNorm: cmp.Or(cfg.AdvantageNorm, fuse.Standardize), Steps: cfg.Steps, Costs: cfg.Costs,
+		AnchorFraction: cfg.AnchorFraction, AnchorRounding: cfg.AnchorRounding, Optimizer: cfg.Optimizer, AdvantageNorm: cfg.AdvantageNorm.Effective(), Steps: cfg.Steps, Costs: cfg.Costs,
 		Debias: c.Debias, Estimator: c.Estimator}
 	sc := e.place(cfg)
 	wmrl := Method{Name: "wmrl", Debias: c.Debias, Estimator: c.Estimator}
